@@ -1,0 +1,43 @@
+"""`specrouter` command line: one entry point, each subcommand owned by its module.
+
+Subcommands are imported lazily so `specrouter sim` does not pay for the gateway's imports and
+each module keeps its own argument parser next to the code it drives.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("proxy.serve", "run the gateway"),
+    "demo": ("proxy.demo", "run the gateway on simulated GB10 backends"),
+    "sim": ("loadtests.sim.cli", "run a simulated vLLM backend"),
+    "policy": ("policies.cli", "check, explain and diff policy files"),
+    "probe": ("loadtests.probe", "measure decode throughput and acceptance"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: specrouter COMMAND [ARGS]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
+    entry = SUBCOMMANDS.get(args[0])
+    if entry is None:
+        print(f"specrouter: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(entry[0])
+    result: int = module.main(args[1:])
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
