@@ -1,0 +1,383 @@
+"""The public listener: the OpenAI-compatible API, as a plain ASGI app.
+
+No framework on this path: each request is a handful of dict lookups, one orjson parse, the
+policy decision and the relay. The admin surface lives on its own listener (proxy/admin.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import orjson
+from policies.engine import canary_bucket, decide
+
+from policies.types import Endpoint, RequestView
+from proxy import auth
+from proxy.errors import error_body
+from proxy.gateway import Gateway, RequestRecord
+from proxy.measure import StreamFilter
+from proxy.relay import DisconnectWatch, Receive, Send, first_chunk, relay_body, relay_sse
+from proxy.rewrite import content_signals, plan_usage, upstream_body
+from proxy.upstream import RESPONSE_DROP, UpstreamError
+
+ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
+}
+_JSON = [(b"content-type", b"application/json")]
+
+
+async def respond(send: Send, status: int, body: bytes,
+                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*_JSON, *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def respond_error(send: Send, status: int, message: str, *, param: str | None = None,
+                        type_: str | None = None, headers: list[tuple[bytes, bytes]] | None = None,
+                        code: int | str | None = None) -> None:
+    await respond(send, status, error_body(status, message, param=param, type_=type_, code=code),
+                  headers)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionResetError("client gone while sending the body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class PublicApp:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is not None:
+            if method != "POST":
+                await respond_error(send, 405, f"{method} is not allowed on {path}",
+                                    headers=[(b"allow", b"POST")])
+                return
+            await self.generate(scope, receive, send, endpoint)
+        elif path == "/v1/models" and method == "GET":
+            await self.models(scope, send)
+        elif path == "/healthz":
+            await respond(send, 200, b'{"status":"ok"}')
+        elif path == "/readyz":
+            await self.readyz(send)
+        else:
+            await respond_error(send, 404, f"no route for {method} {path}")
+
+    def _client(self, scope: dict[str, Any]) -> Any:
+        policy = self.gw.policy.current
+        authz = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authz = value
+                break
+        token = auth.bearer(authz)
+        if token is None:
+            return None
+        return policy.client_by_key_hash(auth.hash_key(token))
+
+    async def models(self, scope: dict[str, Any], send: Send) -> None:
+        if self._client(scope) is None:
+            await _unauthorized(send)
+            return
+        created = int(time.time())
+        data: list[dict[str, Any]] = [{"id": name, "object": "model", "created": created, "owned_by": "specrouter",
+                 "root": name, "parent": None, "max_model_len": None, "permission": []}
+                for name in self.gw.policy.current.model_names()]
+        await respond(send, 200, orjson.dumps({"object": "list", "data": data}))
+
+    async def readyz(self, send: Send) -> None:
+        policy = self.gw.policy.current
+        state = self.gw.live.snapshot()
+        routes: dict[str, bool] = {}
+        for name, route in policy.document.routes.items():
+            routes[name] = any(state.backends.get(b) is None or state.backends[b].health == "up"
+                               for b in route.variants)
+        ready = all(routes.values())
+        await respond(send, 200 if ready else 503,
+                      orjson.dumps({"ready": ready, "routes": routes}))
+
+    async def generate(self, scope: dict[str, Any], receive: Receive, send: Send,
+                       endpoint: Endpoint) -> None:
+        gw = self.gw
+        t0 = time.perf_counter()
+        policy = gw.policy.current  # this request's policy, whatever is applied meanwhile
+        headers = dict(scope["headers"])
+        request_id = (headers.get(b"x-request-id") or uuid.uuid4().hex.encode()).decode("latin-1")
+        rid = [(b"x-request-id", request_id.encode("latin-1"))]
+
+        token = auth.bearer(headers.get(b"authorization"))
+        client = None if token is None else policy.client_by_key_hash(auth.hash_key(token))
+        if client is None:
+            await _unauthorized(send, rid)
+            return
+        try:
+            raw = await read_body(receive, gw.settings.max_body_bytes)
+        except BodyTooLarge:
+            await respond_error(send, 413, f"request body larger than "
+                                f"{gw.settings.max_body_bytes} bytes", headers=rid)
+            return
+        except ConnectionResetError:
+            return
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            await respond_error(send, 400, f"request body is not valid JSON: {exc}", headers=rid)
+            return
+        if not isinstance(body, dict):
+            await respond_error(send, 400, "request body must be a JSON object", headers=rid)
+            return
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            await respond_error(send, 400, "`model` is required and must be a string",
+                                param="model", headers=rid)
+            return
+
+        record = RequestRecord(request_id=request_id, client=client.name, endpoint=endpoint,
+                               stream=body.get("stream") is True)
+        record.m.t_start = t0
+        view = _view(body, endpoint, model, client.name, headers, t0)
+        decision = decide(view, gw.live.snapshot(), policy)
+        record.route, record.reason = decision.route, decision.reason
+        record.content_class, record.canary = decision.content_class, decision.canary
+        if decision.rejection is not None or decision.backend is None:
+            rej = decision.rejection
+            record.outcome, record.status = "rejected", rej.status if rej else 503
+            if rej is not None:
+                await respond_error(send, rej.status, rej.message, param=rej.param,
+                                    type_=rej.type, headers=rid)
+            else:
+                await respond_error(send, 503, "no backend available", headers=rid)
+            gw.finished(record)
+            return
+        record.defaults_applied = decision.defaults_applied
+        temperature = decision.inject.get("temperature", body.get("temperature"))
+        record.temperature = temperature if isinstance(temperature, int | float) else None
+        record.temperature_defaulted = "temperature" in decision.defaults_applied
+        gw.metrics.decisions.labels(decision.route, decision.backend, decision.reason).inc()
+        for name in decision.defaults_applied:
+            gw.metrics.defaults_applied.labels(decision.route, name).inc()
+
+        extra = [*rid, (b"x-specrouter-variant", decision.backend.encode()),
+                 (b"x-specrouter-reason", decision.reason.encode())]
+        if decision.defaults_applied:
+            applied = ",".join(f"{k}={_fmt(decision.inject[k])}" for k in decision.defaults_applied)
+            extra.append((b"x-specrouter-defaults", applied.encode()))
+
+        watch = DisconnectWatch(receive)
+        try:
+            await self._forward(policy, send, watch, body, endpoint, model, decision, record,
+                                extra, headers)
+        finally:
+            watch.stop()
+
+    async def _forward(self, policy: Any, send: Send, watch: DisconnectWatch,
+                       body: dict[str, Any], endpoint: Endpoint, model: str, decision: Any,
+                       record: RequestRecord, extra: list[tuple[bytes, bytes]],
+                       headers: dict[bytes, bytes]) -> None:
+        gw = self.gw
+        attempts = [decision.backend, *decision.fallbacks]
+        last_error: UpstreamError | None = None
+        resp: aiohttp.ClientResponse | None = None
+        first = b""
+        backend_name = ""
+        gw.in_flight[id(record)] = record
+        try:
+            for i, backend_name in enumerate(attempts):
+                if watch.gone:
+                    break
+                backend = policy.backend(backend_name)
+                usage = plan_usage(body, endpoint, backend.kind)
+                payload = upstream_body(body, dict(decision.inject), backend.served_model_name,
+                                        usage)
+                url = backend.endpoints[0] + _PATHS[endpoint]
+                up_headers = _upstream_headers(headers, record.request_id, backend)
+                record.backend = backend_name
+                gw.live.begin(backend_name)
+                gw.metrics.in_flight.labels(record.route, backend_name).inc()
+                try:
+                    watch.pending = asyncio.ensure_future(gw.upstream.post(url, payload,
+                                                                          up_headers))
+                    resp = await watch.pending
+                    watch.pending = None
+                    watch.response = resp
+                    if resp.status >= 500 and i + 1 < len(attempts):
+                        raise UpstreamError("status", f"backend answered {resp.status}",
+                                            resp.status)
+                    first = await first_chunk(resp, gw.settings.first_byte_timeout_s)
+                    gw.live.success(backend_name)
+                    break
+                except asyncio.CancelledError:
+                    if not watch.gone:
+                        raise
+                    break
+                except UpstreamError as exc:
+                    last_error = exc
+                    gw.metrics.upstream_errors.labels(backend_name, exc.kind).inc()
+                    if exc.kind == "connect" and resp is None:
+                        gw.live.down_now(backend_name)
+                    else:
+                        gw.live.failure(backend_name)
+                    if resp is not None:
+                        resp.close()
+                        resp = None
+                        watch.response = None
+                    gw.live.end(backend_name)
+                    gw.metrics.in_flight.labels(record.route, backend_name).dec()
+                    if i + 1 < len(attempts):
+                        record.retries += 1
+                        gw.metrics.retries.labels(record.route, attempts[i + 1]).inc()
+                    backend_name = ""
+            if watch.gone:
+                record.outcome = "client_gone"
+                return
+            if resp is None:
+                status = 504 if last_error is not None and last_error.kind == "timeout" else 502
+                if last_error is not None and last_error.status == 503:
+                    status = 503
+                record.outcome, record.status = "upstream_error", status
+                await respond_error(send, status, f"no backend could serve the request: "
+                                    f"{last_error}", headers=[*extra, (b"retry-after", b"5")])
+                return
+            await self._relay(policy.backend(record.backend), resp, first, send, watch, body,
+                              endpoint, model, record, extra)
+        finally:
+            if resp is not None:
+                if resp.content.at_eof() and record.outcome == "ok":
+                    resp.release()
+                else:
+                    resp.close()
+            if backend_name:
+                gw.live.end(backend_name)
+                gw.metrics.in_flight.labels(record.route, backend_name).dec()
+            gw.in_flight.pop(id(record), None)
+            record.m.t_end = time.perf_counter()
+            if record.outcome == "client_gone" and record.backend:
+                gw.metrics.client_disconnects.labels(record.route, record.backend).inc()
+            gw.metrics.observe_request(record.route, record.backend or "none", record.client,
+                                       record.outcome, record.m)
+            gw.finished(record)
+
+    async def _relay(self, backend: Any, resp: aiohttp.ClientResponse, first: bytes, send: Send,
+                     watch: DisconnectWatch, body: dict[str, Any], endpoint: Endpoint,
+                     model: str, record: RequestRecord,
+                     extra: list[tuple[bytes, bytes]]) -> None:
+        gw = self.gw
+        served = backend.served_model_name
+        rename = None
+        if served != model:
+            rename = (b'"model":"' + served.encode() + b'"', b'"model":"' + model.encode() + b'"')
+        out_headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                       for k, v in resp.headers.items() if k.lower() not in RESPONSE_DROP
+                       and k.lower() != "x-request-id"]
+        is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        if is_sse:
+            out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+        record.status = resp.status
+        await send({"type": "http.response.start", "status": resp.status,
+                    "headers": out_headers + extra})
+        if is_sse:
+            usage = plan_usage(body, endpoint, backend.kind)
+            filt = StreamFilter(record.m, strip_usage=usage.strip_usage,
+                                drop_usage_chunk=usage.drop_usage_chunk, rename=rename)
+            record.outcome = await relay_sse(resp, first, send, watch, filt,
+                                             gw.settings.idle_timeout_s)
+        else:
+            record.outcome = await relay_body(resp, first, send, watch, record.m, rename,
+                                              gw.settings.idle_timeout_s)
+        if record.outcome in ("upstream_error", "timeout") and record.m.chunks:
+            gw.metrics.upstream_errors.labels(record.backend, "midstream").inc()
+            gw.live.failure(record.backend)
+
+
+_PATHS: dict[Endpoint, str] = {v: k for k, v in ENDPOINTS.items()}
+_FORWARD_HEADERS = (b"x-session-id", b"x-data-parallel-rank", b"traceparent", b"tracestate")
+
+
+def _upstream_headers(headers: dict[bytes, bytes], request_id: str, backend: Any) -> dict[str, str]:
+    out = {"content-type": "application/json", "accept-encoding": "identity",
+           "x-request-id": request_id}
+    for name in _FORWARD_HEADERS:
+        value = headers.get(name)
+        if value is not None:
+            out[name.decode()] = value.decode("latin-1")
+    key = backend_key(backend)
+    if key:
+        out["authorization"] = f"Bearer {key}"
+    return out
+
+
+def backend_key(backend: Any) -> str | None:
+    env = getattr(backend, "api_key_env", None)
+    return os.environ.get(env) if env else None
+
+
+def _view(body: dict[str, Any], endpoint: Endpoint, model: str, client: str,
+          headers: dict[bytes, bytes], now: float) -> RequestView:
+    temperature = body.get("temperature")
+    min_p = body.get("min_p")
+    n = body.get("n")
+    pinned = headers.get(b"x-specrouter-variant")
+    return RequestView(
+        endpoint=endpoint, model=model, client=client, stream=body.get("stream") is True,
+        fields_set=frozenset(body),
+        temperature=float(temperature) if isinstance(temperature, int | float) else None,
+        min_p=float(min_p) if isinstance(min_p, int | float) else None,
+        has_logit_bias=bool(body.get("logit_bias")),
+        n=n if isinstance(n, int) else 1,
+        signals=content_signals(body) if endpoint in ("chat", "completions", "responses")
+        else content_signals({}),
+        pinned_variant=pinned.decode("latin-1") if pinned else None,
+        canary_bucket=canary_bucket(client), now=now)
+
+
+def _fmt(value: Any) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+async def _unauthorized(send: Send, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await respond_error(send, 401, "invalid or missing API key: send `Authorization: Bearer KEY`",
+                        type_="AuthenticationError", code="invalid_api_key",
+                        headers=[*(headers or []), (b"www-authenticate", b"Bearer")])
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

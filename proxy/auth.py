@@ -1,0 +1,28 @@
+"""Client and admin authentication: bearer keys, stored and compared as SHA-256 digests."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+
+def hash_key(key: str) -> str:
+    """The form a key is stored in (policy `key_sha256`): hex SHA-256 of its UTF-8 bytes."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def bearer(authorization: bytes | None) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header, or None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.decode("latin-1").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def token_matches(token: str | None, expected_sha256: str | None) -> bool:
+    """Constant-time comparison of a presented token against a stored digest."""
+    if token is None or not expected_sha256:
+        return False
+    return hmac.compare_digest(hash_key(token), expected_sha256)

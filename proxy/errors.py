@@ -1,0 +1,53 @@
+"""OpenAI/vLLM-shaped error bodies and SSE error events."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+import orjson
+
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    413: "RequestEntityTooLarge",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    502: "BadGateway",
+    503: "ServiceUnavailable",
+    504: "GatewayTimeout",
+}
+
+
+def error_type(status: int) -> str:
+    return _TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "")
+
+
+def error_body(
+    status: int,
+    message: str,
+    *,
+    type_: str | None = None,
+    param: str | None = None,
+    code: int | str | None = None,
+) -> bytes:
+    """vLLM's `ErrorResponse` shape: OpenAI's, with an integer `code` by default."""
+    err = {
+        "message": message,
+        "type": type_ or error_type(status),
+        "param": param,
+        "code": status if code is None else code,
+    }
+    return orjson.dumps({"error": err})
+
+
+def sse_error_event(status: int, message: str, *, type_: str | None = None) -> bytes:
+    """vLLM's mid-stream error form: an error event then `[DONE]` (json.dumps spacing)."""
+    import json
+
+    err = {"error": {"message": message, "type": type_ or error_type(status), "param": None,
+                     "code": status}}
+    return b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,76 @@
+"""The gateway's runtime: one container built at startup and passed to the apps.
+
+No module-level state: tests build as many gateways as they like, each with its own
+registry, session, policy and live state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from proxy.live import LiveTracker
+from proxy.measure import Measurement
+from proxy.metrics import GatewayMetrics
+from proxy.settings import Settings
+from proxy.upstream import Upstream
+
+if TYPE_CHECKING:
+    from policies.compiled import CompiledPolicy
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request, from arrival to its last byte; what the log, metrics and dashboard see."""
+
+    request_id: str
+    client: str
+    endpoint: str
+    route: str = ""
+    backend: str = ""
+    reason: str = ""
+    canary: bool = False
+    content_class: str | None = None
+    defaults_applied: tuple[str, ...] = ()
+    temperature: float | None = None  # effective: the client's or the injected default
+    temperature_defaulted: bool = False
+    stream: bool = False
+    status: int = 0
+    outcome: str = "ok"
+    retries: int = 0
+    started_wall: float = field(default_factory=time.time)
+    m: Measurement = field(default_factory=lambda: Measurement(time.perf_counter()))
+
+
+Sink = Callable[[RequestRecord], None]
+
+
+class PolicyHolder:
+    """The current compiled policy. Applying a new one is a single reference swap: a request
+    reads `current` once when it arrives and finishes under that policy."""
+
+    def __init__(self, policy: CompiledPolicy) -> None:
+        self.current = policy
+
+
+class Gateway:
+    def __init__(self, settings: Settings, policy: CompiledPolicy) -> None:
+        self.settings = settings
+        self.policy = PolicyHolder(policy)
+        self.metrics = GatewayMetrics()
+        self.live = LiveTracker()
+        self.upstream = Upstream(connect_timeout=settings.connect_timeout_s,
+                                 first_byte_timeout=settings.first_byte_timeout_s)
+        self.in_flight: dict[int, RequestRecord] = {}  # by id(record): ids repeat in headers
+        self.recent: deque[RequestRecord] = deque(maxlen=200)
+        self.sinks: list[Sink] = [self.recent.append]
+
+    def finished(self, record: RequestRecord) -> None:
+        for sink in self.sinks:
+            sink(record)
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()

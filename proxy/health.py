@@ -1,0 +1,172 @@
+"""Active health checks and engine-metric scrapes, every few seconds, for every backend.
+
+vLLM's `/health` is 200 or 503 (engine dead). Its `/metrics` gives running/waiting, KV use and
+the spec-decode counters; acceptance over a window is `1 + Δaccepted / Δdrafts`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.gateway import Gateway
+
+log = logging.getLogger("specrouter.health")
+
+WANTED = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
+    "vllm:prefix_cache_queries": "prefix_queries",
+    "vllm:prefix_cache_hits": "prefix_hits",
+    "vllm:generation_tokens": "generation_tokens",
+}
+
+
+@dataclass(slots=True)
+class Scrape:
+    """One reading of an engine's /metrics, summed over its engines (label `engine`)."""
+
+    t: float
+    values: dict[str, float] = field(default_factory=dict)
+    accepted_per_pos: dict[int, float] = field(default_factory=dict)
+
+
+def parse_vllm_metrics(text: str, t: float) -> Scrape:
+    out = Scrape(t)
+    for family in text_string_to_metric_families(text):
+        key = WANTED.get(family.name)
+        if key is None and family.name != "vllm:spec_decode_num_accepted_tokens_per_pos":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            if key is None:
+                pos = int(sample.labels.get("position", "0"))
+                out.accepted_per_pos[pos] = out.accepted_per_pos.get(pos, 0.0) + sample.value
+            else:
+                out.values[key] = out.values.get(key, 0.0) + sample.value
+    return out
+
+
+@dataclass(slots=True)
+class EngineWindow:
+    """Recent scrapes of one backend; acceptance and rates over a sliding window."""
+
+    window_s: float = 30.0
+    scrapes: deque[Scrape] = field(default_factory=lambda: deque(maxlen=256))
+
+    def add(self, scrape: Scrape) -> None:
+        self.scrapes.append(scrape)
+        while len(self.scrapes) > 2 and scrape.t - self.scrapes[1].t >= self.window_s:
+            self.scrapes.popleft()
+
+    def _delta(self, key: str) -> float | None:
+        if len(self.scrapes) < 2:
+            return None
+        first, last = self.scrapes[0].values.get(key), self.scrapes[-1].values.get(key)
+        if first is None or last is None or last < first:
+            return None  # absent, or the engine restarted and its counters reset
+        return last - first
+
+    def acceptance(self) -> float | None:
+        drafts, accepted = self._delta("drafts"), self._delta("accepted")
+        if not drafts or accepted is None:
+            return None
+        return 1.0 + accepted / drafts
+
+    def per_position(self) -> list[float]:
+        """Acceptance rate per draft position over the window (dashboard bars)."""
+        if len(self.scrapes) < 2:
+            return []
+        drafts = self._delta("drafts")
+        if not drafts:
+            return []
+        first, last = self.scrapes[0].accepted_per_pos, self.scrapes[-1].accepted_per_pos
+        return [max(0.0, last[p] - first.get(p, 0.0)) / drafts for p in sorted(last)]
+
+    def rate(self, key: str) -> float | None:
+        delta = self._delta(key)
+        if delta is None:
+            return None
+        span = self.scrapes[-1].t - self.scrapes[0].t
+        return delta / span if span > 0 else None
+
+    def latest(self, key: str) -> float | None:
+        return self.scrapes[-1].values.get(key) if self.scrapes else None
+
+
+class HealthMonitor:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.windows: dict[str, EngineWindow] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="health-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.gw.settings.scrape_interval_s)
+
+    async def check_all(self) -> None:
+        policy = self.gw.policy.current
+        names = list(policy.document.backends)
+        await asyncio.gather(*(self.check(name) for name in names), return_exceptions=True)
+        self.after_scrape()
+
+    def after_scrape(self) -> None:
+        """Hook for what depends on fresh scrapes (the acceptance guards)."""
+
+    async def check(self, name: str) -> None:
+        gw = self.gw
+        backend = gw.policy.current.backend(name)
+        base = backend.endpoints[0]
+        timeout = max(1.0, gw.settings.scrape_interval_s)
+        try:
+            status, _ = await gw.upstream.get(base + "/health", timeout)
+        except Exception:  # any failure to answer is a failed check
+            gw.live.failure(name)
+            return
+        if status != 200:
+            gw.live.failure(name)
+            return
+        gw.live.success(name)
+        if backend.kind != "vllm":
+            return
+        try:
+            status, body = await gw.upstream.get(base + "/metrics", timeout)
+            if status != 200:
+                return
+            scrape = parse_vllm_metrics(body.decode(errors="replace"), time.monotonic())
+        except Exception as exc:  # a scrape failure leaves the last reading in place
+            log.debug("scrape of %s failed: %s", name, exc)
+            return
+        window = self.windows.setdefault(name, EngineWindow(policy_window(gw)))
+        window.add(scrape)
+        running, waiting = scrape.values.get("running"), scrape.values.get("waiting")
+        gw.live.set_scraped(name, running=None if running is None else int(running),
+                            waiting=None if waiting is None else int(waiting),
+                            kv_usage=scrape.values.get("kv_usage"),
+                            acceptance=window.acceptance())
+
+
+def policy_window(gw: Gateway) -> float:
+    return float(gw.policy.current.document.guard.window_s)
+

@@ -1,0 +1,160 @@
+"""Every metric the gateway exports: names, types, labels and buckets, defined once.
+
+Labels come only from closed sets (route, backend, client names from the policy; outcome and
+kind from the enums below), never from raw request strings. Latency histograms are observed in
+bulk when a request ends (see `GatewayMetrics.observe_request`), so the relay's per-chunk path
+only appends to two lists.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.measure import Measurement
+
+OUTCOMES: Final = ("ok", "client_gone", "upstream_error", "timeout", "rejected")
+
+# Buckets sized for LLM traffic: TTFT up to minutes (100K-token prefills), ITL from 1 ms.
+TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+ITL_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+                      0.2, 0.3, 0.5, 1, 2.5)
+STEP_BUCKETS: Final = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.3, 0.5, 1,
+                       2.5)
+TOKENS_PER_STEP_BUCKETS: Final = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
+ACCEPTANCE_BUCKETS: Final = (1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8)
+E2E_BUCKETS: Final = (0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 120, 300, 600, 1800)
+
+
+class FastHistogram(Collector):
+    """A labelled histogram without locks, for code that runs on one event loop.
+
+    prometheus_client's Histogram takes a lock and walks the buckets per sample; the gateway
+    observes one ITL sample per generated token, so that cost is paid thousands of times a
+    second. Exposition is the standard histogram family.
+    """
+
+    def __init__(self, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]):
+        self.name, self.doc, self.labels = name, doc, tuple(labels)
+        self.bounds = tuple(float(b) for b in buckets)
+        # label values -> [per-bucket counts (+Inf last), sum]
+        self._series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
+
+    def _get(self, key: tuple[str, ...]) -> tuple[list[int], list[float]]:
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = ([0] * (len(self.bounds) + 1), [0.0])
+        return series
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        counts, total = self._get(key)
+        counts[bisect_left(self.bounds, value)] += 1
+        total[0] += value
+
+    def observe_many(self, key: tuple[str, ...], values: Iterable[float]) -> None:
+        counts, total = self._get(key)
+        bounds = self.bounds
+        acc = 0.0
+        for v in values:
+            counts[bisect_left(bounds, v)] += 1
+            acc += v
+        total[0] += acc
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.doc, labels=self.labels)
+        for key, (counts, total) in list(self._series.items()):
+            cumulative: list[tuple[str, float]] = []
+            running = 0
+            for bound, count in zip((*self.bounds, float("inf")), counts, strict=True):
+                running += count
+                cumulative.append(("+Inf" if bound == float("inf") else repr(bound), running))
+            family.add_metric(list(key), cumulative, total[0])
+        yield family
+
+
+class GatewayMetrics:
+    """The gateway's registry. One instance per app; tests make their own."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        rb = ("route", "backend")
+        self.requests = Counter("specrouter_requests_total", "Requests finished, by outcome.",
+                                ("route", "backend", "client", "outcome"), registry=r)
+        self.ttft = FastHistogram("specrouter_ttft_seconds",
+                                  "Request received to first frame sent to the client.", rb,
+                                  TTFT_BUCKETS)
+        self.itl = FastHistogram("specrouter_itl_seconds",
+                                 "Inter-token latency: one sample per generated token.", rb,
+                                 ITL_BUCKETS)
+        self.step = FastHistogram("specrouter_step_seconds",
+                                  "Gap between decode chunks (one target step), per chunk.", rb,
+                                  STEP_BUCKETS)
+        self.tokens_per_step = FastHistogram("specrouter_tokens_per_step",
+                                             "Tokens carried by one decode chunk.", rb,
+                                             TOKENS_PER_STEP_BUCKETS)
+        self.acceptance = FastHistogram("specrouter_request_acceptance_length",
+                                        "Accepted tokens per target step, per request.", rb,
+                                        ACCEPTANCE_BUCKETS)
+        self.e2e = FastHistogram("specrouter_e2e_seconds", "Request received to last byte.", rb,
+                                 E2E_BUCKETS)
+        for h in (self.ttft, self.itl, self.step, self.tokens_per_step, self.acceptance,
+                  self.e2e):
+            r.register(h)
+        self.tokens = Counter("specrouter_tokens_total",
+                              "Tokens by kind: prompt, cached (prompt tokens served from the "
+                              "prefix cache), completion.", ("route", "backend", "kind"),
+                              registry=r)
+        self.spec_steps = Counter("specrouter_spec_steps_total",
+                                  "Target steps of requests with acceptance measured.", rb,
+                                  registry=r)
+        self.spec_accepted = Counter("specrouter_spec_accepted_tokens_total",
+                                     "Accepted draft tokens of those requests (bonus excluded).",
+                                     rb, registry=r)
+        self.in_flight = Gauge("specrouter_in_flight", "Requests open to a backend.", rb,
+                               registry=r)
+        self.defaults_applied = Counter("specrouter_defaults_applied_total",
+                                        "Defaults injected because the client did not set them.",
+                                        ("route", "field"), registry=r)
+        self.upstream_errors = Counter("specrouter_upstream_errors_total",
+                                       "Upstream failures: connect, status, timeout, "
+                                       "midstream.", ("backend", "kind"), registry=r)
+        self.client_disconnects = Counter("specrouter_client_disconnects_total",
+                                          "Clients gone before the end of their response.", rb,
+                                          registry=r)
+        self.decisions = Counter("specrouter_decisions_total",
+                                 "Policy decisions by chosen variant and deciding rule.",
+                                 ("route", "variant", "reason"), registry=r)
+        self.retries = Counter("specrouter_retries_total",
+                               "Requests sent to another backend before the first byte.",
+                               ("route", "backend"), registry=r)
+
+    def observe_request(self, route: str, backend: str, client: str, outcome: str,
+                        m: Measurement) -> None:
+        key = (route, backend)
+        self.requests.labels(route, backend, client, outcome).inc()
+        if m.ttft is not None:
+            self.ttft.observe(key, m.ttft)
+        if m.e2e is not None:
+            self.e2e.observe(key, m.e2e)
+        if m.step_gaps:
+            self.step.observe_many(key, m.step_gaps)
+            self.tokens_per_step.observe_many(key, m.step_tokens)
+            self.itl.observe_many(key, m.itl_per_token())
+        acc = m.acceptance
+        if acc is not None:
+            self.acceptance.observe(key, acc)
+        counted = m.accepted_and_steps
+        if counted is not None:
+            self.spec_accepted.labels(route, backend).inc(counted[0])
+            self.spec_steps.labels(route, backend).inc(counted[1])
+        if m.prompt_tokens:
+            self.tokens.labels(route, backend, "prompt").inc(m.prompt_tokens)
+        if m.cached_tokens:
+            self.tokens.labels(route, backend, "cached").inc(m.cached_tokens)
+        if m.completion_tokens:
+            self.tokens.labels(route, backend, "completion").inc(m.completion_tokens)

@@ -1,0 +1,165 @@
+"""The streaming relay: upstream bytes to the client as they arrive, measured, never buffered.
+
+A pull loop (read upstream, filter, `send`) so backpressure flows end to end: a slow client
+pauses uvicorn's `send`, which stops the reads, which closes the TCP window toward vLLM.
+The upstream response is closed on every exit path; the client's disconnect is noticed by a
+`receive()` watcher, because uvicorn's `send` goes quiet rather than failing once it is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+
+from proxy import sse
+from proxy.errors import sse_error_event
+from proxy.measure import Measurement, StreamFilter
+from proxy.upstream import UpstreamError
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+_BODY_COPY_LIMIT = 4 * 1024 * 1024  # non-streaming bodies kept for measurement up to this
+
+
+class DisconnectWatch:
+    """Listens on `receive()` once the request body is read; on `http.disconnect` it cancels
+    the pending upstream call or closes the upstream response, so vLLM aborts the generation
+    at once instead of at the next chunk."""
+
+    __slots__ = ("gone", "response", "pending", "_task")
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        self.response: aiohttp.ClientResponse | None = None
+        self.pending: asyncio.Future[Any] | None = None
+        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+        self.gone = True
+        if self.pending is not None and not self.pending.done():
+            self.pending.cancel()
+        if self.response is not None:
+            self.response.close()
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+
+async def first_chunk(resp: aiohttp.ClientResponse, timeout: float) -> bytes:
+    """The first body bytes: until they arrive, the request can still go to another backend."""
+    try:
+        async with asyncio.timeout(timeout):
+            data = await resp.content.readany()
+    except TimeoutError as exc:
+        raise UpstreamError("timeout", f"no first byte in {timeout:g}s") from exc
+    except (aiohttp.ClientError, OSError) as exc:
+        raise UpstreamError("connect", f"{type(exc).__name__}: {exc}") from exc
+    if not data and resp.status == 200 and resp.content_length != 0:
+        raise UpstreamError("connect", "backend closed the response before the first byte")
+    return data
+
+
+async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watch: DisconnectWatch,
+                    filt: StreamFilter, idle_timeout: float) -> str:
+    """Relay an event stream; returns the outcome: ok, client_gone, upstream_error, timeout.
+
+    The response start has been sent. After the first byte there is no retry: a failing
+    backend ends the stream with vLLM's error event and `[DONE]`, so no client hangs.
+    """
+    m = filt.m
+    splitter = sse.FrameSplitter()
+    loop = asyncio.get_running_loop()
+    content = resp.content
+    data = first
+    saw_done = False
+    outcome = "ok"
+    error: bytes = b""
+    try:
+        async with asyncio.timeout(loop.time() + idle_timeout) as deadline:
+            while data:
+                now = time.perf_counter()
+                frames = splitter.feed(data)
+                if len(frames) == 1:
+                    out = filt.frame(frames[0], now)
+                else:
+                    out = b"".join([filt.frame(f, now) for f in frames])
+                if out:
+                    if m.t_first_byte is None:
+                        m.t_first_byte = now
+                    saw_done = out.endswith(sse.DONE)
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                if watch.gone:
+                    return "client_gone"
+                deadline.reschedule(loop.time() + idle_timeout)
+                data = await content.readany()
+    except TimeoutError:
+        outcome = "timeout"
+        error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s")
+    except (aiohttp.ClientError, OSError) as exc:
+        if watch.gone:
+            return "client_gone"
+        outcome = "upstream_error"
+        error = sse_error_event(502, f"upstream connection lost: {type(exc).__name__}")
+    if watch.gone:
+        return "client_gone"
+    tail = filt.release() + splitter.flush()
+    if outcome == "ok" and not saw_done and filt.m.error is None:
+        outcome = "upstream_error"
+        error = sse_error_event(502, "upstream stream ended without [DONE]")
+    if error:
+        m.error = m.error or error.decode(errors="replace")
+    elif m.error is not None:
+        outcome = "upstream_error"
+    await send({"type": "http.response.body", "body": tail + error, "more_body": False})
+    return outcome
+
+
+async def relay_body(resp: aiohttp.ClientResponse, first: bytes, send: Send,
+                     watch: DisconnectWatch, m: Measurement,
+                     rename: tuple[bytes, bytes] | None, idle_timeout: float) -> str:
+    """Relay a plain (non-streaming) body, keeping a bounded copy to read usage from."""
+    copy = bytearray()
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(loop.time() + idle_timeout) as deadline:
+            data = first
+            if rename is not None:
+                # The model key sits in the first few hundred bytes: hold that much.
+                while 0 < len(data) < 512:
+                    more = await resp.content.readany()
+                    if not more:
+                        break
+                    data += more
+                data = data.replace(rename[0], rename[1], 1)
+            while data:
+                if len(copy) < _BODY_COPY_LIMIT:
+                    copy += data
+                if m.t_first_byte is None:
+                    m.t_first_byte = time.perf_counter()
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+                if watch.gone:
+                    return "client_gone"
+                deadline.reschedule(loop.time() + idle_timeout)
+                data = await resp.content.readany()
+    except TimeoutError:
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return "timeout"
+    except (aiohttp.ClientError, OSError):
+        if watch.gone:
+            return "client_gone"
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return "upstream_error"
+    if watch.gone:
+        return "client_gone"
+    m.record_body(bytes(copy))
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return "ok" if resp.status < 400 else "upstream_error"

@@ -1,0 +1,133 @@
+"""`specrouter serve`: the gateway process (public listener + admin listener, one loop)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import ssl
+import sys
+from pathlib import Path
+from typing import Any
+
+from policies.compiled import CompiledPolicy, compile_policy
+from policies.schema import PolicyError, load_policy
+from proxy.admin import create_admin_app
+from proxy.app import PublicApp
+from proxy.certs import server_context
+from proxy.gateway import Gateway
+from proxy.health import HealthMonitor
+from proxy.servers import bind, make_server, url_of
+from proxy.settings import Settings, is_loopback, split_hostport
+
+log = logging.getLogger("specrouter")
+
+
+def parse_args(argv: list[str]) -> Settings:
+    p = argparse.ArgumentParser(prog="specrouter serve", description=__doc__)
+    p.add_argument("--config", type=Path, help="policy/config YAML file")
+    p.add_argument("--listen", help="public host:port (default 0.0.0.0:8443)")
+    p.add_argument("--admin-listen", help="admin host:port (default 127.0.0.1:9443)")
+    p.add_argument("--tls-cert", type=Path)
+    p.add_argument("--tls-key", type=Path)
+    p.add_argument("--insecure-http", action="store_true", default=None,
+                   help="plain HTTP on the public listener (loopback only)")
+    p.add_argument("--admin-token")
+    p.add_argument("--state-dir", type=Path)
+    p.add_argument("--max-body-bytes", type=int)
+    p.add_argument("--first-byte-timeout", dest="first_byte_timeout_s", type=float)
+    p.add_argument("--idle-timeout", dest="idle_timeout_s", type=float)
+    p.add_argument("--scrape-interval", dest="scrape_interval_s", type=float)
+    args = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
+    return Settings(**args)
+
+
+def load_compiled(path: Path) -> CompiledPolicy:
+    return compile_policy(load_policy(path))
+
+
+def tls_context(settings: Settings) -> ssl.SSLContext | None:
+    host, _ = split_hostport(settings.listen)
+    if settings.tls_cert and settings.tls_key:
+        return server_context(settings.tls_cert, settings.tls_key)
+    if settings.insecure_http:
+        if not is_loopback(host):
+            raise SystemExit("specrouter: --insecure-http is for loopback listeners only")
+        return None
+    raise SystemExit("specrouter: no TLS certificate (--tls-cert/--tls-key); "
+                     "pass --insecure-http to serve plain HTTP on loopback")
+
+
+class GatewayProcess:
+    """Owns the servers and the signals: HUP reloads certificate and policy, TERM drains."""
+
+    def __init__(self, settings: Settings, policy: CompiledPolicy) -> None:
+        self.settings = settings
+        self.gw = Gateway(settings, policy)
+        self.monitor = HealthMonitor(self.gw)
+        self.ssl = tls_context(settings)
+        self.reload_hooks: list[Any] = []
+
+    def reload(self) -> None:
+        if self.ssl is not None and self.settings.tls_cert and self.settings.tls_key:
+            try:
+                # New handshakes use the renewed certificate; open connections keep theirs.
+                self.ssl.load_cert_chain(str(self.settings.tls_cert), str(self.settings.tls_key))
+                log.warning("reloaded TLS certificate %s", self.settings.tls_cert)
+            except (OSError, ssl.SSLError) as exc:
+                log.error("certificate reload failed, keeping the current one: %s", exc)
+        try:
+            policy = load_compiled(self.settings.config)
+        except PolicyError as exc:
+            log.error("policy reload refused, keeping version %s: %s",
+                      self.gw.policy.current.version, exc)
+            return
+        if policy.version != self.gw.policy.current.version:
+            self.gw.policy.current = policy
+            log.warning("applied policy version %s", policy.version)
+        for hook in self.reload_hooks:
+            hook()
+
+    async def run(self) -> None:
+        s = self.settings
+        pub_host, pub_port = split_hostport(s.listen)
+        adm_host, adm_port = split_hostport(s.admin_listen)
+        pub_sock, adm_sock = bind(pub_host, pub_port), bind(adm_host, adm_port)
+        public = make_server(PublicApp(self.gw), ssl_context=self.ssl, graceful_s=30)
+        admin = make_server(create_admin_app(self.gw), graceful_s=5)
+        loop = asyncio.get_running_loop()
+
+        def stop() -> None:
+            public.should_exit = admin.should_exit = True
+
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        loop.add_signal_handler(signal.SIGINT, stop)
+        self.monitor.start()
+        scheme = "http" if self.ssl is None else "https"
+        print(f"specrouter listening on {url_of(pub_sock, scheme)} "
+              f"admin {url_of(adm_sock, 'http')}", flush=True)
+        try:
+            await asyncio.gather(public.serve([pub_sock]), admin.serve([adm_sock]))
+        finally:
+            await self.monitor.stop()
+            await self.gw.aclose()
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    settings = parse_args(argv)
+    try:
+        policy = load_compiled(settings.config)
+    except PolicyError as exc:
+        print(f"specrouter: invalid config {settings.config}:\n{exc}", file=sys.stderr)
+        return 2
+    process = GatewayProcess(settings, policy)
+    try:
+        import uvloop
+
+        uvloop.run(process.run())
+    except ImportError:
+        asyncio.run(process.run())
+    return 0

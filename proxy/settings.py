@@ -1,0 +1,41 @@
+"""Process settings: where to listen, TLS material, the admin token, the state directory.
+
+The single source of truth for settings. Values come from flags, then `SPECROUTER_*` environment
+variables, then these defaults. What to route where lives in the policy file, not here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECROUTER_", extra="ignore")
+
+    config: Path = Field(Path("policies/demo.yaml"), description="policy/config YAML file")
+    listen: str = Field("0.0.0.0:8443", description="public listener host:port")
+    admin_listen: str = Field("127.0.0.1:9443", description="admin listener host:port")
+    tls_cert: Path | None = Field(None, description="server certificate chain (PEM)")
+    tls_key: Path | None = Field(None, description="server private key (PEM)")
+    insecure_http: bool = Field(False, description="serve plain HTTP (loopback only)")
+    admin_token: str | None = Field(None, description="bearer token for the admin listener")
+    state_dir: Path = Field(Path(".state"), description="certificates, policy versions, logs")
+
+    max_body_bytes: int = Field(8 * 1024 * 1024, description="request bodies above this get 413")
+    connect_timeout_s: float = 5.0
+    # Prefill of a 100K-token prompt at ~2,000 tokens/s is legitimate: be generous.
+    first_byte_timeout_s: float = 300.0
+    idle_timeout_s: float = 60.0  # between two chunks of a stream
+    scrape_interval_s: float = 2.0  # backend /metrics and /health
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    return host in {"localhost", "::1"} or host.startswith("127.")
