@@ -38,6 +38,8 @@ class RequestView:
     pinned_variant: str | None = None  # X-Specrouter-Variant header, if any
     canary_bucket: float = 0.0  # in [0, 1): a stable hash of the client, computed outside
     now: float = 0.0  # monotonic seconds, from the caller's clock
+    # Numeric top-level fields the client sent (max_tokens, top_p, ...), for the route's clamps.
+    numeric_fields: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,8 @@ class GuardState:
     tripped: bool = False
     low_since: float | None = None  # when acceptance first fell below the threshold
     high_since: float | None = None  # when it first rose back above the recovery threshold
+    tripped_at: float | None = None  # when traffic was diverted (for the probe after a while)
+    probing: bool = False  # traffic is back on trial: one low reading diverts it again
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,7 @@ class Rejection:
     type: str
     message: str
     param: str | None = None
+    retry_after_s: float | None = None  # for 503: the Retry-After header
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,4 +99,5 @@ class Decision:
     canary: bool = False
     priority: int | None = None
     rejection: Rejection | None = None
-    verdicts: tuple[RuleVerdict, ...] = ()
+    verdicts: tuple[RuleVerdict, ...] = ()  # every rule's verdict, only with decide(explain=True)
+    clamped: tuple[str, ...] = ()  # client fields brought within the route's clamps (in `inject`)

@@ -1,0 +1,121 @@
+"""Content classification from cheap signals.
+
+A route that serves both code and prose wants different defaults for each (the facts: 0.7 decodes
+code 10-22 % faster than the checkpoint's 1.0 because drafts are accepted more often). Reading the
+whole prompt would cost more than the decision itself, so the classifier looks only at signals the
+gateway can extract in a few microseconds: whether tools are declared, whether the last few
+messages contain code fences or file paths, and whether the system prompt talks about code.
+
+`signals_from_body` extracts those signals from an already-parsed body (no I/O); `classify` maps
+them to a class. Both are pure.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final, Literal
+
+from policies.types import ContentSignals
+
+ContentClass = Literal["code", "prose"]
+CONTENT_CLASSES: Final[tuple[ContentClass, ...]] = ("code", "prose")
+
+# How much of the conversation the extractor reads. Agents resend the whole history every turn;
+# what the model is about to write is best predicted by the last few turns, and a bounded scan
+# keeps the cost flat for 100K-token prompts.
+RECENT_MESSAGES: Final = 3
+SCAN_CHARS: Final = 8192
+
+_FENCE: Final = "```"
+# A path with a directory and a file extension (src/app.py, ./main.rs, /etc/x.conf), or a bare
+# file name with a common source extension. Anchored on word boundaries to stay cheap.
+_PATH_RE: Final = re.compile(
+    r"(?:[\w.-]+/)+[\w-]+\.[A-Za-z0-9]{1,5}\b"
+    r"|\b[\w-]+\.(?:py|rs|go|ts|tsx|js|jsx|java|kt|c|cc|cpp|h|hpp|cs|rb|php|sh|sql|toml|yaml|yml)\b"
+)
+_SYSTEM_CODE_WORDS: Final = re.compile(
+    r"\b(?:code|coding|programm\w*|software|developer|engineer|repository|repo|refactor\w*|"
+    r"debug\w*|compiler|function|terminal|shell|git)\b",
+    re.IGNORECASE,
+)
+
+
+def classify(signals: ContentSignals) -> ContentClass:
+    """The request's content class. Any one code signal is enough: misclassifying code as prose
+    costs decode speed on every token, the reverse only a slightly cooler temperature."""
+    if (
+        signals.tools_declared
+        or signals.code_in_recent_messages
+        or signals.system_prompt_mentions_code
+    ):
+        return "code"
+    return "prose"
+
+
+def signals_from_body(body: Mapping[str, Any]) -> ContentSignals:
+    """Read the classifier's signals from a parsed chat, completions or responses body.
+
+    Unknown shapes give no signal rather than an error: the body is the client's, and the
+    backend, not the classifier, is the one to reject it.
+    """
+    tools = body.get("tools")
+    tools_declared = isinstance(tools, list) and len(tools) > 0
+    code_recent = False
+    system_code = False
+
+    messages = body.get("messages")
+    if messages is None:
+        messages = body.get("input")  # /v1/responses
+    if isinstance(messages, list):
+        system_code = _system_mentions_code(messages)
+        code_recent = any(_message_has_code(m) for m in messages[-RECENT_MESSAGES:])
+    elif isinstance(messages, str):
+        code_recent = _text_has_code(messages)
+    else:
+        prompt = body.get("prompt")  # /v1/completions
+        if isinstance(prompt, str):
+            code_recent = _text_has_code(prompt)
+    instructions = body.get("instructions")  # /v1/responses system prompt
+    if isinstance(instructions, str) and not system_code:
+        system_code = _SYSTEM_CODE_WORDS.search(instructions[:SCAN_CHARS]) is not None
+    return ContentSignals(
+        tools_declared=tools_declared,
+        code_in_recent_messages=code_recent,
+        system_prompt_mentions_code=system_code,
+    )
+
+
+def _system_mentions_code(messages: Sequence[Any]) -> bool:
+    for message in messages[:2]:  # the system prompt, when there is one, comes first
+        if isinstance(message, Mapping) and message.get("role") in ("system", "developer"):
+            text = _text_of(message)[:SCAN_CHARS]
+            if _SYSTEM_CODE_WORDS.search(text) is not None:
+                return True
+    return False
+
+
+def _text_of(message: Any) -> str:
+    """The text of one message: a string content, or the text parts of a content list."""
+    if not isinstance(message, Mapping):
+        return ""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, Mapping)]
+        return "\n".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def _message_has_code(message: Any) -> bool:
+    # A turn that called tools, or a tool's result, is an agent at work on files.
+    if isinstance(message, Mapping) and (message.get("tool_calls") or message.get("role") == "tool"):
+        return True
+    return _text_has_code(_text_of(message))
+
+
+def _text_has_code(text: str) -> bool:
+    # The tail: in a long message, the code being discussed is usually near the end.
+    tail = text[-SCAN_CHARS:]
+    return _FENCE in tail or _PATH_RE.search(tail) is not None

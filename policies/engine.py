@@ -1,0 +1,393 @@
+"""The policy engine: (request view, live state, compiled policy) -> decision. Pure.
+
+No I/O, no clock, no randomness: the time (`view.now`) and the canary bucket
+(`view.canary_bucket`, from `canary_bucket(client)`) are inputs, so the same inputs always give
+the same decision and every case is a row in a table test.
+
+How a decision is made, in order:
+1. The route: `view.model` names a route (404 naming the available models otherwise), whose task
+   must match the endpoint (400 otherwise).
+2. The content class (generate routes): `policies.classify.classify(view.signals)`.
+3. Injected parameters: the route's defaults, overridden by its class defaults, overridden by the
+   client's, each set only when the client did not send the field; then the route's clamps on the
+   client's own numeric fields.
+4. The choice: a pinned variant (X-Specrouter-Variant, clients with `may_pin` only), else the
+   first selector rule (load, content, sampling, canary, client) that matches, in document
+   order, else the route's first variant (reason `default`).
+5. Constraints on the choice, whichever rule made it: a variant the client may not use
+   (`allowed-variants`), an unavailable backend (the health rule's name, `health` by default),
+   a speculative backend for a request vLLM would refuse with speculation (`unsupported-params`),
+   a tripped acceptance guard (the guard's name; a pinned variant is exempt). A constrained
+   choice moves to the guard's fallback, then the route's fallback, then the other variants;
+   the constraint becomes the reason.
+6. `fallbacks`: the other usable variants, in that order, for a retry before the first byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from policies.classify import classify
+from policies.compiled import CompiledPolicy, CompiledRoute
+from policies.schema import (
+    CanaryRule,
+    ClientRule,
+    ContentRule,
+    LoadRule,
+    Rule,
+    SamplingRule,
+)
+from policies.types import BackendState, Decision, LiveState, Rejection, RequestView, RuleVerdict
+
+# vLLM's own words (vllm/v1/engine/processor.py) so a client sees what the engine would have said.
+UNSUPPORTED_WITH_SPECULATION: Final = (
+    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+)
+# An engine that is down or starting: the cold start is minutes, a client should not spin.
+RETRY_AFTER_UNAVAILABLE_S: Final = 5.0
+
+_UNKNOWN: Final = BackendState()  # a backend the gateway has not observed yet counts as up, idle
+
+
+def canary_bucket(key: str) -> float:
+    """A stable position in [0, 1) for `key` (the client's name): the same client always lands
+    on the same side of a canary's percentage, whatever process computes it."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def decide(
+    view: RequestView, state: LiveState, policy: CompiledPolicy, *, explain: bool = False
+) -> Decision:
+    """Choose the backend, the parameters to inject and the reason for one request.
+
+    With `explain=True` the decision also carries every rule's verdict (for the admin API and
+    `specrouter policy explain`); the request path leaves it off, it costs more than the rest.
+    """
+    route = policy.route_for_model(view.model)
+    if route is None:
+        return _unknown_model(view, policy)
+    if (route.task == "embed") != (view.endpoint == "embeddings"):
+        return _reject(
+            route, "wrong-task", 400, "BadRequestError", "model",
+            f"The model `{view.model}` is a {route.task} model; it does not serve "
+            f"/v1/{'embeddings' if view.endpoint == 'embeddings' else view.endpoint}.",
+        )
+    client = policy.client(view.client)
+    allowed = route.allowed_for(view.client) if client is not None else route.variants
+    if not allowed:
+        return _reject(
+            route, "allowed-variants", 403, "PermissionDeniedError", "model",
+            f"Client `{view.client}` may not use the model `{view.model}`.",
+        )
+
+    content_class = classify(view.signals) if route.task == "generate" else None
+    inject, applied, clamped = _parameters(view, route, content_class)
+    temperature = _effective_temperature(view, route, inject)
+    min_p = view.min_p if "min_p" in view.fields_set else inject.get("min_p")
+    needs_plain = view.has_logit_bias or (min_p is not None and min_p > 0)
+
+    # The choice.
+    pinned = view.pinned_variant
+    decided_by: Rule | None = None
+    if pinned is not None:
+        refused = _refuse_pin(view, route, client is not None and client.may_pin, allowed)
+        if refused is not None:
+            return refused
+        choice, reason = pinned, "pinned"
+    else:
+        choice, reason = route.variants[0], "default"
+        for rule in route.selectors:
+            picked = _SELECT[rule.kind](rule, view, state, route, content_class, temperature)
+            if picked is not None:
+                choice, reason, decided_by = picked, rule.name, rule
+                break
+
+    # Constraints, then the retry order.
+    blocked = _blocked_by(choice, route, state, allowed, needs_plain, guarded=pinned is None)
+    usable = _usable(route, state, allowed, needs_plain, first=_guard_fallback(route, blocked))
+    if blocked is not None:
+        if not usable:
+            return _no_backend(view, route, state, allowed, needs_plain)
+        choice, reason = usable[0], blocked
+    fallbacks = tuple(v for v in usable if v != choice)
+
+    priority = None
+    if client is not None and policy.backend(choice).priority_scheduling:
+        priority = client.priority
+    verdicts: tuple[RuleVerdict, ...] = ()
+    if explain:
+        from policies.explain import verdicts_for  # only the admin path pays for the import
+
+        verdicts = verdicts_for(
+            view, state, route, content_class, temperature, blocked, choice, applied, clamped
+        )
+    return Decision(
+        route=route.name,
+        backend=choice,
+        reason=reason,
+        inject=inject,
+        defaults_applied=applied,
+        fallbacks=fallbacks,
+        content_class=content_class,
+        canary=decided_by is not None and decided_by.kind == "canary" and reason == decided_by.name,
+        priority=priority,
+        verdicts=verdicts,
+        clamped=clamped,
+    )
+
+
+# Parameters ------------------------------------------------------------------------------------
+
+
+def _parameters(
+    view: RequestView, route: CompiledRoute, content_class: str | None
+) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...]]:
+    inject: dict[str, Any] = {}
+    fields_set = view.fields_set
+    for key, value in route.defaults_for(view.client, content_class):
+        if key not in fields_set:  # a value the client set is the client's
+            inject[key] = value
+    applied = tuple(inject)
+    clamped: list[str] = []
+    for key, low, high in route.clamps:
+        value = view.numeric_fields.get(key)
+        if value is None:
+            continue
+        if low is not None and value < low:
+            inject[key] = _like(value, low)
+            clamped.append(key)
+        elif high is not None and value > high:
+            inject[key] = _like(value, high)
+            clamped.append(key)
+    return inject, applied, tuple(clamped)
+
+
+def _like(value: float, bound: float) -> float:
+    # max_tokens must stay an int for vLLM; a YAML bound of 32768 may arrive as 32768.0.
+    return int(bound) if isinstance(value, int) and float(bound).is_integer() else bound
+
+
+def _effective_temperature(
+    view: RequestView, route: CompiledRoute, inject: Mapping[str, Any]
+) -> float:
+    if view.temperature is not None:
+        return view.temperature
+    injected = inject.get("temperature")
+    if injected is not None:
+        return float(injected)
+    return route.spec.model_default_temperature
+
+
+# Selectors: each returns the variant it picks, or None to let the next rule decide -------------
+
+Selector = Callable[
+    [Any, RequestView, LiveState, CompiledRoute, str | None, float], str | None
+]
+
+
+def load_count(rule: LoadRule, state: LiveState, route: CompiledRoute) -> int:
+    """Sequences in flight that the load rule counts (this request excluded)."""
+    names = route.variants if rule.scope == "route" else (rule.use,)
+    total = 0
+    for name in names:
+        backend = state.backends.get(name, _UNKNOWN)
+        if rule.count == "in_flight":
+            total += backend.in_flight
+        elif rule.count == "running":
+            # Before the first scrape the gateway's own count is the best there is.
+            total += backend.in_flight if backend.running is None else backend.running
+        else:
+            total += max(backend.in_flight, backend.running or 0)
+    return total
+
+
+def _select_load(
+    rule: LoadRule, view: RequestView, state: LiveState, route: CompiledRoute,
+    content_class: str | None, temperature: float,
+) -> str | None:
+    # "At most N" counts this request: with N = 2, two agents share the deep variant, a third
+    # goes elsewhere.
+    if load_count(rule, state, route) + 1 <= rule.max_in_flight:
+        return rule.use
+    return rule.otherwise
+
+
+def _select_content(
+    rule: ContentRule, view: RequestView, state: LiveState, route: CompiledRoute,
+    content_class: str | None, temperature: float,
+) -> str | None:
+    return rule.use if content_class in rule.classes else None
+
+
+def _select_sampling(
+    rule: SamplingRule, view: RequestView, state: LiveState, route: CompiledRoute,
+    content_class: str | None, temperature: float,
+) -> str | None:
+    return rule.use if temperature_in_range(rule, temperature) else None
+
+
+def temperature_in_range(rule: SamplingRule, temperature: float) -> bool:
+    """[temperature_at_least, temperature_below): the lower bound is in, the upper one out."""
+    low, high = rule.temperature_at_least, rule.temperature_below
+    return (low is None or temperature >= low) and (high is None or temperature < high)
+
+
+def _select_canary(
+    rule: CanaryRule, view: RequestView, state: LiveState, route: CompiledRoute,
+    content_class: str | None, temperature: float,
+) -> str | None:
+    return rule.use if view.canary_bucket * 100.0 < rule.percent else None
+
+
+def _select_client(
+    rule: ClientRule, view: RequestView, state: LiveState, route: CompiledRoute,
+    content_class: str | None, temperature: float,
+) -> str | None:
+    return rule.use if view.client in rule.clients else None
+
+
+_SELECT: Final[dict[str, Selector]] = {
+    "load": _select_load,
+    "content": _select_content,
+    "sampling": _select_sampling,
+    "canary": _select_canary,
+    "client": _select_client,
+}
+
+
+# Constraints -----------------------------------------------------------------------------------
+
+
+def is_available(name: str, route: CompiledRoute, state: LiveState) -> bool:
+    return state.backends.get(name, _UNKNOWN).health not in route.unavailable
+
+
+def is_tripped(name: str, route: CompiledRoute, state: LiveState) -> bool:
+    # Only a guard the route still configures counts: after a policy edit removes a guard, its
+    # last state may linger in the live state for a scrape or two.
+    guard = state.guards.get(name)
+    return guard is not None and guard.tripped and name in route.guards
+
+
+def _blocked_by(
+    choice: str,
+    route: CompiledRoute,
+    state: LiveState,
+    allowed: tuple[str, ...],
+    needs_plain: bool,
+    *,
+    guarded: bool,
+) -> str | None:
+    """The name of the constraint that stops `choice` from serving, or None."""
+    if choice not in allowed:
+        return "allowed-variants"
+    if not is_available(choice, route, state):
+        return route.health_reason
+    if needs_plain and choice in route.speculative:
+        return "unsupported-params"
+    if guarded and is_tripped(choice, route, state):
+        return route.guards[choice].rule.name
+    return None
+
+
+def _guard_fallback(route: CompiledRoute, blocked: str | None) -> str | None:
+    if blocked is None:
+        return None
+    for binding in route.guards.values():
+        if binding.rule.name == blocked:
+            return binding.fallback
+    return None
+
+
+def _usable(
+    route: CompiledRoute,
+    state: LiveState,
+    allowed: tuple[str, ...],
+    needs_plain: bool,
+    first: str | None,
+) -> tuple[str, ...]:
+    """Variants that can serve, in the order to try them. A tripped guard's variant still
+    serves (low acceptance is slow, not wrong) but only after every untripped one."""
+    order = route.preference if first is None else (first, *route.preference)
+    good: list[str] = []
+    tripped: list[str] = []
+    for name in order:
+        if name in good or name in tripped or name not in allowed:
+            continue
+        if not is_available(name, route, state) or (needs_plain and name in route.speculative):
+            continue
+        (tripped if is_tripped(name, route, state) else good).append(name)
+    return tuple(good + tripped)
+
+
+# Rejections ------------------------------------------------------------------------------------
+
+
+def _reject(
+    route: CompiledRoute | None,
+    reason: str,
+    status: int,
+    type_: str,
+    param: str | None,
+    message: str,
+    retry_after_s: float | None = None,
+) -> Decision:
+    return Decision(
+        route="" if route is None else route.name,
+        backend=None,
+        reason=reason,
+        rejection=Rejection(status, type_, message, param, retry_after_s),
+    )
+
+
+def _unknown_model(view: RequestView, policy: CompiledPolicy) -> Decision:
+    names = ", ".join(policy.model_names())
+    return _reject(
+        None, "unknown-model", 404, "NotFoundError", "model",
+        f"The model `{view.model}` does not exist. Available models: {names}.",
+    )
+
+
+def _refuse_pin(
+    view: RequestView, route: CompiledRoute, may_pin: bool, allowed: tuple[str, ...]
+) -> Decision | None:
+    pinned = view.pinned_variant
+    if not may_pin:
+        return _reject(
+            route, "pinned", 403, "PermissionDeniedError", "X-Specrouter-Variant",
+            f"Client `{view.client}` may not choose a variant.",
+        )
+    if pinned not in route.variants:
+        return _reject(
+            route, "pinned", 400, "BadRequestError", "X-Specrouter-Variant",
+            f"The model `{view.model}` has no variant `{pinned}`. "
+            f"Variants: {', '.join(route.variants)}.",
+        )
+    if pinned not in allowed:
+        return _reject(
+            route, "pinned", 403, "PermissionDeniedError", "X-Specrouter-Variant",
+            f"Client `{view.client}` may not use the variant `{pinned}`.",
+        )
+    return None
+
+
+def _no_backend(
+    view: RequestView,
+    route: CompiledRoute,
+    state: LiveState,
+    allowed: tuple[str, ...],
+    needs_plain: bool,
+) -> Decision:
+    if needs_plain and any(is_available(v, route, state) for v in allowed):
+        # Something is up but every such engine speculates: answer what vLLM would, no round trip.
+        return _reject(
+            route, "unsupported-params", 400, "BadRequestError", None, UNSUPPORTED_WITH_SPECULATION
+        )
+    return _reject(
+        route, "no-backend", 503, "ServiceUnavailableError", None,
+        f"No backend for the model `{view.model}` is available right now.",
+        RETRY_AFTER_UNAVAILABLE_S,
+    )
