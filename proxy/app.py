@@ -14,16 +14,17 @@ from typing import Any
 
 import aiohttp
 import orjson
-from policies.engine import canary_bucket, decide
 
-from policies.types import Endpoint, RequestView
+from policies.engine import decide
+from policies.types import Endpoint
 from proxy import auth
 from proxy.errors import error_body
 from proxy.gateway import Gateway, RequestRecord
 from proxy.measure import StreamFilter
 from proxy.relay import DisconnectWatch, Receive, Send, first_chunk, relay_body, relay_sse
-from proxy.rewrite import content_signals, plan_usage, upstream_body
+from proxy.rewrite import plan_usage, upstream_body
 from proxy.upstream import RESPONSE_DROP, UpstreamError
+from proxy.view import request_view
 
 ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat",
@@ -168,7 +169,7 @@ class PublicApp:
         record = RequestRecord(request_id=request_id, client=client.name, endpoint=endpoint,
                                stream=body.get("stream") is True)
         record.m.t_start = t0
-        view = _view(body, endpoint, model, client.name, headers, t0)
+        view = request_view(body, endpoint, model, client.name, headers, t0)
         decision = decide(view, gw.live.snapshot(), policy)
         record.route, record.reason = decision.route, decision.reason
         record.content_class, record.canary = decision.content_class, decision.canary
@@ -342,25 +343,6 @@ def _upstream_headers(headers: dict[bytes, bytes], request_id: str, backend: Any
 def backend_key(backend: Any) -> str | None:
     env = getattr(backend, "api_key_env", None)
     return os.environ.get(env) if env else None
-
-
-def _view(body: dict[str, Any], endpoint: Endpoint, model: str, client: str,
-          headers: dict[bytes, bytes], now: float) -> RequestView:
-    temperature = body.get("temperature")
-    min_p = body.get("min_p")
-    n = body.get("n")
-    pinned = headers.get(b"x-specrouter-variant")
-    return RequestView(
-        endpoint=endpoint, model=model, client=client, stream=body.get("stream") is True,
-        fields_set=frozenset(body),
-        temperature=float(temperature) if isinstance(temperature, int | float) else None,
-        min_p=float(min_p) if isinstance(min_p, int | float) else None,
-        has_logit_bias=bool(body.get("logit_bias")),
-        n=n if isinstance(n, int) else 1,
-        signals=content_signals(body) if endpoint in ("chat", "completions", "responses")
-        else content_signals({}),
-        pinned_variant=pinned.decode("latin-1") if pinned else None,
-        canary_bucket=canary_bucket(client), now=now)
 
 
 def _fmt(value: Any) -> str:

@@ -6,13 +6,12 @@ set, so every field the gateway does not know passes through untouched.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from policies.types import ContentSignals, Endpoint
+from policies.types import Endpoint
 
 # Endpoints whose streams carry vLLM's `stream_options` usage frames.
 USAGE_ENDPOINTS: frozenset[Endpoint] = frozenset({"chat", "completions"})
@@ -59,44 +58,3 @@ def upstream_body(body: dict[str, Any], inject: dict[str, Any], served_model: st
         opts["continuous_usage_stats"] = True
         out["stream_options"] = opts
     return orjson.dumps(out)
-
-
-_FENCE = "```"
-# A file path or a source file name: `src/app/main.py`, `./x`, `setup.cfg`.
-_PATH = re.compile(r"(?:^|\s)(?:\.{0,2}/)?(?:[\w.-]+/)+[\w.-]+|\b[\w-]+\.(?:py|ts|tsx|js|rs|go|"
-                   r"java|c|h|cc|cpp|hpp|md|toml|yaml|yml|json|sh|sql)\b")
-_CODE_WORDS = ("code", "coding", "programm", "developer", "software", "repository")
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict)
-                        and isinstance(p.get("text"), str))
-    return ""
-
-
-def content_signals(body: dict[str, Any], recent: int = 4) -> ContentSignals:
-    """Cheap signals for the content classifier; reads at most the last few messages."""
-    messages = body.get("messages")
-    tools = bool(body.get("tools"))
-    if not isinstance(messages, list):
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str):
-            prompt = ""
-        return ContentSignals(tools_declared=tools, code_in_recent_messages=_FENCE in prompt)
-    code = False
-    system_code = False
-    for msg in messages[-recent:]:
-        if not isinstance(msg, dict):
-            continue
-        text = _text_of(msg.get("content"))
-        if _FENCE in text or _PATH.search(text[-4000:]):
-            code = True
-            break
-    if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system":
-        head = _text_of(messages[0].get("content"))[:2000].lower()
-        system_code = any(w in head for w in _CODE_WORDS)
-    return ContentSignals(tools_declared=tools, code_in_recent_messages=code,
-                          system_prompt_mentions_code=system_code)

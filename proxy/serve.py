@@ -14,10 +14,12 @@ from typing import Any
 from policies.compiled import CompiledPolicy, compile_policy
 from policies.schema import PolicyError, load_policy
 from proxy.admin import create_admin_app
+from proxy.admin_policy import policy_routes
 from proxy.app import PublicApp
 from proxy.certs import server_context
 from proxy.gateway import Gateway
 from proxy.health import HealthMonitor
+from proxy.policy_store import PolicyStore
 from proxy.servers import bind, make_server, url_of
 from proxy.settings import Settings, is_loopback, split_hostport
 
@@ -67,7 +69,8 @@ class GatewayProcess:
         self.gw = Gateway(settings, policy)
         self.monitor = HealthMonitor(self.gw)
         self.ssl = tls_context(settings)
-        self.reload_hooks: list[Any] = []
+        self.store = PolicyStore(self.gw.policy, settings.config, settings.state_dir)
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     def reload(self) -> None:
         if self.ssl is not None and self.settings.tls_cert and self.settings.tls_key:
@@ -77,17 +80,17 @@ class GatewayProcess:
                 log.warning("reloaded TLS certificate %s", self.settings.tls_cert)
             except (OSError, ssl.SSLError) as exc:
                 log.error("certificate reload failed, keeping the current one: %s", exc)
-        try:
-            policy = load_compiled(self.settings.config)
-        except PolicyError as exc:
-            log.error("policy reload refused, keeping version %s: %s",
-                      self.gw.policy.current.version, exc)
-            return
-        if policy.version != self.gw.policy.current.version:
-            self.gw.policy.current = policy
-            log.warning("applied policy version %s", policy.version)
-        for hook in self.reload_hooks:
-            hook()
+        self._spawn(self.store.poll(force=True))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch_policy_file(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            await self.store.poll()
 
     async def run(self) -> None:
         s = self.settings
@@ -95,7 +98,8 @@ class GatewayProcess:
         adm_host, adm_port = split_hostport(s.admin_listen)
         pub_sock, adm_sock = bind(pub_host, pub_port), bind(adm_host, adm_port)
         public = make_server(PublicApp(self.gw), ssl_context=self.ssl, graceful_s=30)
-        admin = make_server(create_admin_app(self.gw), graceful_s=5)
+        admin = make_server(create_admin_app(self.gw, policy_routes(self.gw, self.store)),
+                            graceful_s=5)
         loop = asyncio.get_running_loop()
 
         def stop() -> None:
@@ -105,12 +109,15 @@ class GatewayProcess:
         loop.add_signal_handler(signal.SIGTERM, stop)
         loop.add_signal_handler(signal.SIGINT, stop)
         self.monitor.start()
+        self._spawn(self._watch_policy_file())
         scheme = "http" if self.ssl is None else "https"
         print(f"specrouter listening on {url_of(pub_sock, scheme)} "
               f"admin {url_of(adm_sock, 'http')}", flush=True)
         try:
             await asyncio.gather(public.serve([pub_sock]), admin.serve([adm_sock]))
         finally:
+            for task in list(self._tasks):
+                task.cancel()
             await self.monitor.stop()
             await self.gw.aclose()
 

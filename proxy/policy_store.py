@@ -1,0 +1,172 @@
+"""The policy on disk: validated apply, atomic writes, numbered versions, audit log, rollback.
+
+Every applied change is written to the config file by temp file + fsync + rename (a crash at
+any point leaves the last good file), kept as `versions/NNNN.yaml` and appended to
+`audit.jsonl`. Applying is one reference swap on the gateway's `PolicyHolder`; requests in
+flight keep the policy they started with. Edits made to the file by hand are picked up by
+`poll()`: a valid file is applied, an invalid one refused while the running policy stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from policies.compiled import CompiledPolicy, compile_policy
+from policies.schema import PolicyError, parse_policy
+from proxy.gateway import PolicyHolder
+
+log = logging.getLogger("specrouter.policy")
+
+
+class StaleVersion(Exception):
+    """The change was based on a version that is no longer current (HTTP 412)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    number: int
+    version: str
+    changes: tuple[str, ...]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def changed_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted paths whose values differ between two plain documents."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for key in sorted(set(a) | set(b), key=str):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if key not in a:
+                out.append(f"+{path}")
+            elif key not in b:
+                out.append(f"-{path}")
+            else:
+                out += changed_paths(a[key], b[key], path)
+        return out
+    return [] if a == b else [prefix or "(document)"]
+
+
+class PolicyStore:
+    def __init__(self, holder: PolicyHolder, config: Path, state_dir: Path) -> None:
+        self.holder = holder
+        self.config = config
+        self.dir = state_dir / "policy"
+        self.versions = self.dir / "versions"
+        self.audit = self.dir / "audit.jsonl"
+        self.versions.mkdir(parents=True, exist_ok=True)
+        self._lock = asyncio.Lock()
+        self._file_sig = self._signature()
+        self.reload_failures = 0
+        self.last_error: str | None = None
+        if not any(self.versions.iterdir()):
+            self._record(self.holder.current, self.config.read_bytes(), "startup", ())
+
+    @property
+    def current(self) -> CompiledPolicy:
+        return self.holder.current
+
+    def _signature(self) -> tuple[int, int] | None:
+        try:
+            st = self.config.stat()
+        except FileNotFoundError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def history(self) -> list[dict[str, Any]]:
+        if not self.audit.exists():
+            return []
+        return [orjson.loads(line) for line in self.audit.read_bytes().splitlines() if line]
+
+    def _next_number(self) -> int:
+        numbers = [int(p.stem) for p in self.versions.glob("*.yaml") if p.stem.isdigit()]
+        return max(numbers, default=0) + 1
+
+    def _record(self, policy: CompiledPolicy, text: bytes, who: str,
+                changes: tuple[str, ...], note: str = "") -> int:
+        number = self._next_number()
+        atomic_write(self.versions / f"{number:04d}.yaml", text)
+        entry = {"number": number, "version": policy.version, "time": time.time(),
+                 "who": who, "changes": list(changes), "note": note}
+        with open(self.audit, "ab") as f:
+            f.write(orjson.dumps(entry) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return number
+
+    @staticmethod
+    def validate(text: bytes | str) -> CompiledPolicy:
+        """Parse and compile; raises PolicyError with every problem found."""
+        return compile_policy(parse_policy(text))
+
+    async def apply(self, text: bytes, *, who: str, if_match: str | None,
+                    note: str = "") -> Applied:
+        """Validate, persist, swap. `if_match` is the version the change was based on."""
+        policy = self.validate(text)
+        async with self._lock:
+            current = self.holder.current
+            if if_match is not None and if_match != current.version:
+                raise StaleVersion(current.version)
+            changes = tuple(changed_paths(current.document.to_data(), policy.document.to_data()))
+            await asyncio.to_thread(atomic_write, self.config, text)
+            self._file_sig = self._signature()
+            number = await asyncio.to_thread(self._record, policy, text, who, changes, note)
+            self.holder.current = policy  # the swap: nothing above touched live requests
+            log.warning("policy version %s applied by %s (#%d)", policy.version, who, number)
+            return Applied(number, policy.version, changes)
+
+    async def rollback(self, number: int, *, who: str, if_match: str | None) -> Applied:
+        path = self.versions / f"{number:04d}.yaml"
+        if not path.exists():
+            raise KeyError(number)
+        return await self.apply(path.read_bytes(), who=who, if_match=if_match,
+                                note=f"rollback to #{number}")
+
+    async def poll(self, *, force: bool = False) -> bool:
+        """Apply the config file if someone edited it; True when a new version was applied."""
+        sig = self._signature()
+        if sig is None or (sig == self._file_sig and not force):
+            return False
+        self._file_sig = sig
+        text = self.config.read_bytes()
+        try:
+            policy = self.validate(text)
+        except PolicyError as exc:
+            self.reload_failures += 1
+            self.last_error = str(exc)
+            log.error("edited policy file refused, keeping version %s: %s",
+                      self.holder.current.version, exc)
+            return False
+        if policy.version == self.holder.current.version:
+            return False
+        async with self._lock:
+            current = self.holder.current
+            changes = tuple(changed_paths(current.document.to_data(), policy.document.to_data()))
+            await asyncio.to_thread(self._record, policy, text, "file", changes)
+            self.holder.current = policy
+        log.warning("policy file edited: applied version %s", policy.version)
+        return True
+
+    def document_yaml(self) -> str:
+        return yaml.safe_dump(self.holder.current.document.to_data(), sort_keys=False)

@@ -1,0 +1,46 @@
+"""Build the policy engine's inputs from a request: the edge between HTTP and the pure engine."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from policies.classify import signals_from_body
+from policies.engine import canary_bucket
+from policies.types import (
+    BackendState,
+    ContentSignals,
+    Endpoint,
+    GuardState,
+    LiveState,
+    RequestView,
+)
+
+_NO_SIGNALS = ContentSignals()
+
+
+def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client: str,
+                 headers: Mapping[bytes, bytes], now: float) -> RequestView:
+    temperature = body.get("temperature")
+    min_p = body.get("min_p")
+    n = body.get("n")
+    pinned = headers.get(b"x-specrouter-variant")
+    return RequestView(
+        endpoint=endpoint, model=model, client=client, stream=body.get("stream") is True,
+        fields_set=frozenset(body),
+        temperature=float(temperature) if isinstance(temperature, int | float) else None,
+        min_p=float(min_p) if isinstance(min_p, int | float) else None,
+        has_logit_bias=bool(body.get("logit_bias")),
+        n=n if isinstance(n, int) else 1,
+        signals=signals_from_body(body) if endpoint != "embeddings" else _NO_SIGNALS,
+        pinned_variant=pinned.decode("latin-1") if pinned else None,
+        canary_bucket=canary_bucket(client), now=now)
+
+
+def live_state_from_json(data: Mapping[str, Any]) -> LiveState:
+    """A LiveState from its JSON form (admin explain, `specrouter policy explain --state`)."""
+    backends = {name: BackendState(**dict(fields))
+                for name, fields in (data.get("backends") or {}).items()}
+    guards = {name: GuardState(**dict(fields))
+              for name, fields in (data.get("guards") or {}).items()}
+    return LiveState(backends=backends, guards=guards)
