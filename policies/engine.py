@@ -111,7 +111,10 @@ def decide(
     if blocked is not None:
         if not usable:
             return _no_backend(view, route, state, allowed, needs_plain)
-        choice, reason = usable[0], blocked
+        if usable[0] != choice:  # a tripped choice with nothing better stays, reason and all
+            choice, reason = usable[0], blocked
+        else:
+            blocked = None
     fallbacks = tuple(v for v in usable if v != choice)
 
     priority = None
