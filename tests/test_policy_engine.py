@@ -286,7 +286,7 @@ def test_decide(row: Row) -> None:
 
 # Defaults: only absent fields; class over route, client over both; clamps on the client's value.
 
-DEFAULTS_ROUTE = {
+DEFAULTS_ROUTE: dict[str, Any] = {
     "defaults": {"temperature": 0.7, "top_p": 0.95},
     "defaults_by_class": {"code": {"temperature": 0.6}},
     "clamps": {"max_tokens": {"min": 16, "max": 1000}, "top_k": {"max": 50}},

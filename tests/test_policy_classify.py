@@ -1,0 +1,71 @@
+"""The content classifier: signals -> class, and bodies -> signals."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from policies.classify import SCAN_CHARS, classify, signals_from_body
+from policies.types import ContentSignals
+
+
+@pytest.mark.parametrize(
+    ("signals", "expected"),
+    [
+        (ContentSignals(), "prose"),
+        (ContentSignals(tools_declared=True), "code"),
+        (ContentSignals(code_in_recent_messages=True), "code"),
+        (ContentSignals(system_prompt_mentions_code=True), "code"),
+    ],
+)
+def test_classify(signals: ContentSignals, expected: str) -> None:
+    assert classify(signals) == expected
+
+
+def user(text: Any) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+TOOLS = ContentSignals(tools_declared=True)
+RECENT = ContentSignals(code_in_recent_messages=True)
+SYSTEM = ContentSignals(system_prompt_mentions_code=True)
+NONE = ContentSignals()
+
+BODIES: list[tuple[str, dict[str, Any], ContentSignals]] = [
+    ("empty", {}, NONE),
+    ("tools", {"tools": [{"type": "function"}], "messages": [user("hi")]}, TOOLS),
+    ("empty-tools", {"tools": [], "messages": [user("hi")]}, NONE),
+    ("fence", {"messages": [user("fix this:\n```py\nx = 1\n```")]}, RECENT),
+    ("path", {"messages": [user("open src/app/main.rs please")]}, RECENT),
+    ("bare-source-file", {"messages": [user("what does setup.py do")]}, RECENT),
+    ("prose", {"messages": [user("Write a poem about the sea, 3.5 stanzas.")]}, NONE),
+    ("content-parts", {"messages": [user([{"type": "text", "text": "see lib/x.py"},
+                                         {"type": "image_url"}, "junk"])]}, RECENT),
+    ("tool-result", {"messages": [user("go"), {"role": "tool", "content": "ok"}]}, RECENT),
+    ("assistant-tool-calls", {"messages": [{"role": "assistant", "content": None,
+                                            "tool_calls": [{"id": "1"}]}]}, RECENT),
+    ("old-code-not-recent", {"messages": [user("```x```"), user("a"), user("b"), user("c")]},
+     NONE),
+    ("code-far-from-tail", {"messages": [user("```x``` " + "word " * SCAN_CHARS)]}, NONE),
+    ("system-about-code", {"messages": [{"role": "system", "content": "You are a coding agent."},
+                                        user("hello")]}, SYSTEM),
+    ("developer-role", {"messages": [{"role": "developer", "content": "Refactor carefully"},
+                                     user("hello")]}, SYSTEM),
+    ("system-not-code", {"messages": [{"role": "system", "content": "You are a poet."},
+                                      user("hello")]}, NONE),
+    ("null-content", {"messages": [{"role": "assistant", "content": None}]}, NONE),
+    ("non-dict-messages", {"messages": ["x", 3, None]}, NONE),
+    ("responses-input-string", {"input": "refactor utils/io.py"}, RECENT),
+    ("responses-input-list", {"input": [user("```\ncode\n```")]}, RECENT),
+    ("responses-instructions", {"input": "hi", "instructions": "You write software."}, SYSTEM),
+    ("instructions-not-code", {"input": "hi", "instructions": "Be kind."}, NONE),
+    ("completions-prompt", {"prompt": "def f(x):\n```"}, RECENT),
+    ("completions-prompt-list", {"prompt": [1, 2, 3]}, NONE),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), [(b, e) for _, b, e in BODIES],
+                         ids=[i for i, _, _ in BODIES])
+def test_signals_from_body(body: dict[str, Any], expected: ContentSignals) -> None:
+    assert signals_from_body(body) == expected
