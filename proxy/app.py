@@ -177,8 +177,9 @@ class PublicApp:
             rej = decision.rejection
             record.outcome, record.status = "rejected", rej.status if rej else 503
             if rej is not None:
+                retry = [(b"retry-after", b"5")] if rej.status in (429, 503) else []
                 await respond_error(send, rej.status, rej.message, param=rej.param,
-                                    type_=rej.type, headers=rid)
+                                    type_=rej.type, headers=[*rid, *retry])
             else:
                 await respond_error(send, 503, "no backend available", headers=rid)
             gw.finished(record)
@@ -191,8 +192,7 @@ class PublicApp:
         for name in decision.defaults_applied:
             gw.metrics.defaults_applied.labels(decision.route, name).inc()
 
-        extra = [*rid, (b"x-specrouter-variant", decision.backend.encode()),
-                 (b"x-specrouter-reason", decision.reason.encode())]
+        extra = list(rid)
         if decision.defaults_applied:
             applied = ",".join(f"{k}={_fmt(decision.inject[k])}" for k in decision.defaults_applied)
             extra.append((b"x-specrouter-defaults", applied.encode()))
@@ -307,6 +307,10 @@ class PublicApp:
         if is_sse:
             out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
         record.status = resp.status
+        chosen = record.backend.encode()
+        reason = record.reason + (f"+retry{record.retries}" if record.retries else "")
+        extra = [*extra, (b"x-specrouter-backend", chosen), (b"x-specrouter-variant", chosen),
+                 (b"x-specrouter-reason", reason.encode())]
         await send({"type": "http.response.start", "status": resp.status,
                     "headers": out_headers + extra})
         if is_sse:

@@ -12,11 +12,15 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy.measure import Measurement
+
+# `_created` samples double the exposition and no dashboard reads them (vLLM runs without them
+# too, in multiprocess mode).
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 OUTCOMES: Final = ("ok", "client_gone", "upstream_error", "timeout", "rejected")
 
