@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from policies.classify import ContentClass
 
 if TYPE_CHECKING:
-    from policies.compiled import CompiledPolicy
+    from policies.compiled import CompiledPolicy as CompiledPolicy
 
 Task = Literal["generate", "embed"]
 BackendKind = Literal["vllm", "openai"]
