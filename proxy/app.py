@@ -18,6 +18,7 @@ import orjson
 from policies.engine import decide
 from policies.types import Endpoint
 from proxy import auth
+from proxy.admission import AdmissionTimeout
 from proxy.errors import error_body
 from proxy.gateway import Gateway, RequestRecord
 from proxy.measure import StreamFilter
@@ -177,7 +178,9 @@ class PublicApp:
             rej = decision.rejection
             record.outcome, record.status = "rejected", rej.status if rej else 503
             if rej is not None:
-                retry = [(b"retry-after", b"5")] if rej.status in (429, 503) else []
+                retry = []
+                if rej.status in (429, 503):
+                    retry = [(b"retry-after", str(int(rej.retry_after_s or 5)).encode())]
                 await respond_error(send, rej.status, rej.message, param=rej.param,
                                     type_=rej.type, headers=[*rid, *retry])
             else:
@@ -214,6 +217,7 @@ class PublicApp:
         resp: aiohttp.ClientResponse | None = None
         first = b""
         backend_name = ""
+        admitted_limit = 0
         gw.in_flight[id(record)] = record
         try:
             for i, backend_name in enumerate(attempts):
@@ -221,11 +225,35 @@ class PublicApp:
                     break
                 backend = policy.backend(backend_name)
                 usage = plan_usage(body, endpoint, backend.kind)
-                payload = upstream_body(body, dict(decision.inject), backend.served_model_name,
-                                        usage)
+                inject = dict(decision.inject)
+                if decision.priority is not None and backend.priority_scheduling:
+                    inject.setdefault("priority", decision.priority)
+                payload = upstream_body(body, inject, backend.served_model_name, usage)
                 url = backend.endpoints[0] + _PATHS[endpoint]
                 up_headers = _upstream_headers(headers, record.request_id, backend)
                 record.backend = backend_name
+                limit = backend.max_concurrency
+                if not gw.admission.try_acquire(backend_name, limit):
+                    try:
+                        gw.metrics.queued.labels(backend_name).inc()
+                        watch.pending = asyncio.ensure_future(gw.admission.acquire(
+                            backend_name, limit, record.client,
+                            policy.document.admission.queue_timeout_s))
+                        await watch.pending
+                    except AdmissionTimeout as exc:
+                        record.outcome, record.status = "rejected", 503
+                        backend_name = ""
+                        await respond_error(send, 503, f"backend busy: {exc}",
+                                            headers=[*extra, (b"retry-after", b"2")])
+                        return
+                    except asyncio.CancelledError:
+                        if not watch.gone:
+                            raise
+                        backend_name = ""
+                        break
+                    finally:
+                        gw.metrics.queued.labels(record.backend).dec()
+                admitted_limit = limit
                 gw.live.begin(backend_name)
                 gw.metrics.in_flight.labels(record.route, backend_name).inc()
                 try:
@@ -257,6 +285,7 @@ class PublicApp:
                         watch.response = None
                     gw.live.end(backend_name)
                     gw.metrics.in_flight.labels(record.route, backend_name).dec()
+                    gw.admission.release(backend_name, limit)
                     if i + 1 < len(attempts):
                         record.retries += 1
                         gw.metrics.retries.labels(record.route, attempts[i + 1]).inc()
@@ -283,6 +312,7 @@ class PublicApp:
             if backend_name:
                 gw.live.end(backend_name)
                 gw.metrics.in_flight.labels(record.route, backend_name).dec()
+                gw.admission.release(backend_name, admitted_limit)
             gw.in_flight.pop(id(record), None)
             record.m.t_end = time.perf_counter()
             if record.outcome == "client_gone" and record.backend:

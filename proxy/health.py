@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.guard import advance
+from policies.types import GuardState
 from proxy.gateway import Gateway
 
 log = logging.getLogger("specrouter.health")
@@ -60,45 +62,61 @@ def parse_vllm_metrics(text: str, t: float) -> Scrape:
 
 @dataclass(slots=True)
 class EngineWindow:
-    """Recent scrapes of one backend; acceptance and rates over a sliding window."""
+    """Recent scrapes of one backend; acceptance and rates over sliding windows."""
 
-    window_s: float = 30.0
-    scrapes: deque[Scrape] = field(default_factory=lambda: deque(maxlen=256))
+    keep_s: float = 600.0
+    scrapes: deque[Scrape] = field(default_factory=lambda: deque(maxlen=2048))
 
     def add(self, scrape: Scrape) -> None:
+        if self.scrapes and scrape.values.get("generation_tokens", 0.0) < \
+                self.scrapes[-1].values.get("generation_tokens", 0.0):
+            self.scrapes.clear()  # the engine restarted: its counters began again at zero
         self.scrapes.append(scrape)
-        while len(self.scrapes) > 2 and scrape.t - self.scrapes[1].t >= self.window_s:
+        while len(self.scrapes) > 2 and scrape.t - self.scrapes[1].t >= self.keep_s:
             self.scrapes.popleft()
 
-    def _delta(self, key: str) -> float | None:
+    def _ends(self, window_s: float) -> tuple[Scrape, Scrape] | None:
         if len(self.scrapes) < 2:
             return None
-        first, last = self.scrapes[0].values.get(key), self.scrapes[-1].values.get(key)
-        if first is None or last is None or last < first:
-            return None  # absent, or the engine restarted and its counters reset
-        return last - first
+        last = self.scrapes[-1]
+        first = self.scrapes[0]
+        for scrape in reversed(self.scrapes):
+            if last.t - scrape.t > window_s:
+                break
+            first = scrape
+        return (first, last) if first is not last else None
 
-    def acceptance(self) -> float | None:
-        drafts, accepted = self._delta("drafts"), self._delta("accepted")
+    def delta(self, key: str, window_s: float) -> float | None:
+        ends = self._ends(window_s)
+        if ends is None:
+            return None
+        a, b = ends[0].values.get(key), ends[1].values.get(key)
+        if a is None or b is None or b < a:
+            return None
+        return b - a
+
+    def acceptance(self, window_s: float) -> float | None:
+        """Accepted tokens per target step, `1 + Δaccepted / Δdrafts`; None without drafts."""
+        drafts, accepted = self.delta("drafts", window_s), self.delta("accepted", window_s)
         if not drafts or accepted is None:
             return None
         return 1.0 + accepted / drafts
 
-    def per_position(self) -> list[float]:
+    def per_position(self, window_s: float) -> list[float]:
         """Acceptance rate per draft position over the window (dashboard bars)."""
-        if len(self.scrapes) < 2:
+        ends = self._ends(window_s)
+        drafts = self.delta("drafts", window_s)
+        if ends is None or not drafts:
             return []
-        drafts = self._delta("drafts")
-        if not drafts:
-            return []
-        first, last = self.scrapes[0].accepted_per_pos, self.scrapes[-1].accepted_per_pos
+        first, last = ends[0].accepted_per_pos, ends[1].accepted_per_pos
         return [max(0.0, last[p] - first.get(p, 0.0)) / drafts for p in sorted(last)]
 
-    def rate(self, key: str) -> float | None:
-        delta = self._delta(key)
-        if delta is None:
+    def rate(self, key: str, window_s: float) -> float | None:
+        ends = self._ends(window_s)
+        delta = self.delta(key, window_s)
+        if ends is None or delta is None:
             return None
-        span = self.scrapes[-1].t - self.scrapes[0].t
+        span = ends[1].t - ends[0].t
         return delta / span if span > 0 else None
 
     def latest(self, key: str) -> float | None:
@@ -132,7 +150,16 @@ class HealthMonitor:
         self.after_scrape()
 
     def after_scrape(self) -> None:
-        """Hook for what depends on fresh scrapes (the acceptance guards)."""
+        """Advance every acceptance guard on the fresh readings (policies.guard.advance)."""
+        policy = self.gw.policy.current
+        now = time.monotonic()
+        guards = dict(self.gw.live.guards)
+        for binding in policy.guards:
+            window = self.windows.get(binding.backend)
+            acceptance = None if window is None else window.acceptance(binding.window_s)
+            prev = guards.get(binding.backend, GuardState())
+            guards[binding.backend] = advance(prev, acceptance, now, binding.rule)
+        self.gw.live.set_guards({b.backend: guards[b.backend] for b in policy.guards})
 
     async def check(self, name: str) -> None:
         gw = self.gw
@@ -158,13 +185,13 @@ class HealthMonitor:
         except Exception as exc:  # a scrape failure leaves the last reading in place
             log.debug("scrape of %s failed: %s", name, exc)
             return
-        window = self.windows.setdefault(name, EngineWindow(policy_window(gw)))
+        window = self.windows.setdefault(name, EngineWindow())
         window.add(scrape)
         running, waiting = scrape.values.get("running"), scrape.values.get("waiting")
         gw.live.set_scraped(name, running=None if running is None else int(running),
                             waiting=None if waiting is None else int(waiting),
                             kv_usage=scrape.values.get("kv_usage"),
-                            acceptance=window.acceptance())
+                            acceptance=window.acceptance(policy_window(gw)))
 
 
 def policy_window(gw: Gateway) -> float:

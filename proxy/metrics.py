@@ -121,6 +121,8 @@ class GatewayMetrics:
                                      rb, registry=r)
         self.in_flight = Gauge("specrouter_in_flight", "Requests open to a backend.", rb,
                                registry=r)
+        self.queued = Gauge("specrouter_queued", "Requests waiting for admission to a backend.",
+                            ("backend",), registry=r)
         self.defaults_applied = Counter("specrouter_defaults_applied_total",
                                         "Defaults injected because the client did not set them.",
                                         ("route", "field"), registry=r)

@@ -34,7 +34,9 @@ def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client
         n=n if isinstance(n, int) else 1,
         signals=signals_from_body(body) if endpoint != "embeddings" else _NO_SIGNALS,
         pinned_variant=pinned.decode("latin-1") if pinned else None,
-        canary_bucket=canary_bucket(client), now=now)
+        canary_bucket=canary_bucket(client), now=now,
+        numeric_fields={k: v for k, v in body.items()
+                        if isinstance(v, int | float) and not isinstance(v, bool)})
 
 
 def live_state_from_json(data: Mapping[str, Any]) -> LiveState:
