@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("loadtests.sim.cli", "run a simulated vLLM backend"),
     "policy": ("policies.cli", "check, explain and diff policy files"),
     "probe": ("loadtests.probe", "measure decode throughput and acceptance"),
+    "report": ("proxy.report", "summarise the request log by variant, temperature, load"),
+    "deploy": ("proxy.deploy", "render and check the GB10 deployment from the policy"),
 }
 
 
