@@ -173,6 +173,7 @@ class PublicApp:
         view = request_view(body, endpoint, model, client.name, headers, t0)
         decision = decide(view, gw.live.snapshot(), policy)
         record.route, record.reason = decision.route, decision.reason
+        record.policy_version = policy.version
         record.content_class, record.canary = decision.content_class, decision.canary
         if decision.rejection is not None or decision.backend is None:
             rej = decision.rejection
@@ -255,6 +256,7 @@ class PublicApp:
                         gw.metrics.queued.labels(record.backend).dec()
                 admitted_limit = limit
                 gw.live.begin(backend_name)
+                record.concurrency = gw.live.get(backend_name).in_flight
                 gw.metrics.in_flight.labels(record.route, backend_name).inc()
                 try:
                     watch.pending = asyncio.ensure_future(gw.upstream.post(url, payload,

@@ -42,6 +42,8 @@ class RequestRecord:
     status: int = 0
     outcome: str = "ok"
     retries: int = 0
+    concurrency: int = 0  # requests open on the serving backend when this one started, itself too
+    policy_version: str = ""
     started_wall: float = field(default_factory=time.time)
     m: Measurement = field(default_factory=lambda: Measurement(time.perf_counter()))
 
