@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from policies.guard import advance
 from policies.types import GuardState
 from proxy.gateway import Gateway
+from proxy.metrics import BackendCollector
 
 log = logging.getLogger("specrouter.health")
 
@@ -123,11 +124,31 @@ class EngineWindow:
         return self.scrapes[-1].values.get(key) if self.scrapes else None
 
 
+@dataclass(slots=True)
+class Reading:
+    """What the exporter shows for one backend: health and its latest scrape."""
+
+    health: str
+    values: dict[str, float]
+    accepted_per_pos: dict[int, float]
+
+
 class HealthMonitor:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.windows: dict[str, EngineWindow] = {}
         self._task: asyncio.Task[None] | None = None
+        gw.metrics.registry.register(BackendCollector(self.readings))
+
+    def readings(self) -> dict[str, Reading]:
+        out: dict[str, Reading] = {}
+        for name in self.gw.policy.current.document.backends:
+            window = self.windows.get(name)
+            last = window.scrapes[-1] if window is not None and window.scrapes else None
+            out[name] = Reading(self.gw.live.get(name).health,
+                                dict(last.values) if last else {},
+                                dict(last.accepted_per_pos) if last else {})
+        return out
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="health-monitor")

@@ -9,11 +9,16 @@ only appends to two lists.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Final
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from proxy.measure import Measurement
@@ -164,3 +169,67 @@ class GatewayMetrics:
             self.tokens.labels(route, backend, "cached").inc(m.cached_tokens)
         if m.completion_tokens:
             self.tokens.labels(route, backend, "completion").inc(m.completion_tokens)
+
+
+# Each backend's engine state, re-exported from the gateway's scrapes so that one Prometheus
+# target holds everything; the vLLM engines can still be scraped directly.
+BACKEND_GAUGES: Final = {
+    "running": ("specrouter_backend_running", "vllm:num_requests_running of the backend."),
+    "waiting": ("specrouter_backend_waiting", "vllm:num_requests_waiting of the backend."),
+    "kv_usage": ("specrouter_backend_kv_cache_usage", "vllm:kv_cache_usage_perc (0-1)."),
+}
+BACKEND_COUNTERS: Final = {
+    "drafts": ("specrouter_backend_spec_drafts", "vllm:spec_decode_num_drafts_total."),
+    "draft_tokens": ("specrouter_backend_spec_draft_tokens",
+                     "vllm:spec_decode_num_draft_tokens_total."),
+    "accepted": ("specrouter_backend_spec_accepted_tokens",
+                 "vllm:spec_decode_num_accepted_tokens_total (bonus excluded)."),
+    "generation_tokens": ("specrouter_backend_generation_tokens",
+                          "vllm:generation_tokens_total."),
+    "prefix_queries": ("specrouter_backend_prefix_cache_queries",
+                       "vllm:prefix_cache_queries_total (tokens)."),
+    "prefix_hits": ("specrouter_backend_prefix_cache_hits",
+                    "vllm:prefix_cache_hits_total (tokens)."),
+}
+BACKEND_PER_POS: Final = ("specrouter_backend_spec_accepted_tokens_per_pos",
+                          "vllm:spec_decode_num_accepted_tokens_per_pos_total.")
+BACKEND_UP: Final = ("specrouter_backend_up", "1 when the backend is up, 0 when down or starting.")
+
+
+class BackendCollector(Collector):
+    """Exposes the latest scrape of every backend with a `backend` label."""
+
+    def __init__(self, latest: Callable[[], Mapping[str, BackendReading]]) -> None:
+        self._latest = latest
+
+    def collect(self) -> Iterator[Metric]:
+        readings = self._latest()
+        up = GaugeMetricFamily(BACKEND_UP[0], BACKEND_UP[1], labels=("backend", "health"))
+        gauges = {k: GaugeMetricFamily(n, d, labels=("backend",))
+                  for k, (n, d) in BACKEND_GAUGES.items()}
+        counters = {k: CounterMetricFamily(n, d, labels=("backend",))
+                    for k, (n, d) in BACKEND_COUNTERS.items()}
+        per_pos = CounterMetricFamily(BACKEND_PER_POS[0], BACKEND_PER_POS[1],
+                                      labels=("backend", "position"))
+        for name, reading in readings.items():
+            up.add_metric([name, reading.health], 1.0 if reading.health == "up" else 0.0)
+            for key, value in reading.values.items():
+                if key in gauges:
+                    gauges[key].add_metric([name], value)
+                elif key in counters:
+                    counters[key].add_metric([name], value)
+            for pos, value in sorted(reading.accepted_per_pos.items()):
+                per_pos.add_metric([name, str(pos)], value)
+        yield up
+        yield from gauges.values()
+        yield from counters.values()
+        yield per_pos
+
+
+class BackendReading(Protocol):
+    @property
+    def health(self) -> str: ...
+    @property
+    def values(self) -> Mapping[str, float]: ...
+    @property
+    def accepted_per_pos(self) -> Mapping[int, float]: ...

@@ -21,6 +21,7 @@ import orjson
 import yaml
 
 from policies.compiled import CompiledPolicy, compile_policy
+from policies.diff import diff_documents
 from policies.schema import PolicyError, parse_policy
 from proxy.gateway import PolicyHolder
 
@@ -54,22 +55,6 @@ def atomic_write(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-
-
-def changed_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted paths whose values differ between two plain documents."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: list[str] = []
-        for key in sorted(set(a) | set(b), key=str):
-            path = f"{prefix}.{key}" if prefix else str(key)
-            if key not in a:
-                out.append(f"+{path}")
-            elif key not in b:
-                out.append(f"-{path}")
-            else:
-                out += changed_paths(a[key], b[key], path)
-        return out
-    return [] if a == b else [prefix or "(document)"]
 
 
 class PolicyStore:
@@ -132,7 +117,7 @@ class PolicyStore:
             current = self.holder.current
             if if_match is not None and if_match != current.version:
                 raise StaleVersion(current.version)
-            changes = tuple(changed_paths(current.document.to_data(), policy.document.to_data()))
+            changes = tuple(diff_documents(current.document, policy.document))
             await asyncio.to_thread(atomic_write, self.config, text)
             self._file_sig = self._signature()
             number = await asyncio.to_thread(self._record, policy, text, who, changes, note)
@@ -166,7 +151,7 @@ class PolicyStore:
             return False
         async with self._lock:
             current = self.holder.current
-            changes = tuple(changed_paths(current.document.to_data(), policy.document.to_data()))
+            changes = tuple(diff_documents(current.document, policy.document))
             await asyncio.to_thread(self._record, policy, text, "file", changes)
             self.holder.current = policy
         log.warning("policy file edited: applied version %s", policy.version)
