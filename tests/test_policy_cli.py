@@ -212,3 +212,11 @@ def test_dispatch_from_specrouter(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert specrouter(["policy", "check", str(GB10)]) == 0
     assert "valid" in capsys.readouterr().out
+
+
+def test_bench_decide_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    from loadtests.bench_decide import main as bench
+
+    assert bench(["--calls", "200", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "20 rules, the 20th decides" in out and "-> deep (quiet)" in out
