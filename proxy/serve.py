@@ -17,6 +17,7 @@ from proxy.admin import create_admin_app
 from proxy.admin_policy import policy_routes
 from proxy.app import PublicApp
 from proxy.certs import server_context
+from proxy.dashboard import dashboard_routes
 from proxy.gateway import Gateway
 from proxy.health import HealthMonitor
 from proxy.policy_store import PolicyStore
@@ -36,6 +37,7 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--insecure-http", action="store_true", default=None,
                    help="plain HTTP on the public listener (loopback only)")
     p.add_argument("--admin-token")
+    p.add_argument("--dashboard-token", help="read-only token for the dashboard")
     p.add_argument("--state-dir", type=Path)
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--first-byte-timeout", dest="first_byte_timeout_s", type=float)
@@ -98,8 +100,9 @@ class GatewayProcess:
         adm_host, adm_port = split_hostport(s.admin_listen)
         pub_sock, adm_sock = bind(pub_host, pub_port), bind(adm_host, adm_port)
         public = make_server(PublicApp(self.gw), ssl_context=self.ssl, graceful_s=30)
-        admin = make_server(create_admin_app(self.gw, policy_routes(self.gw, self.store)),
-                            graceful_s=5)
+        routes = [*policy_routes(self.gw, self.store),
+                  *dashboard_routes(self.gw, self.monitor, self.store)]
+        admin = make_server(create_admin_app(self.gw, routes), graceful_s=5)
         loop = asyncio.get_running_loop()
 
         def stop() -> None:

@@ -22,6 +22,7 @@ class Settings(BaseSettings):
     tls_key: Path | None = Field(None, description="server private key (PEM)")
     insecure_http: bool = Field(False, description="serve plain HTTP (loopback only)")
     admin_token: str | None = Field(None, description="bearer token for the admin listener")
+    dashboard_token: str | None = Field(None, description="read-only token for the dashboard")
     state_dir: Path = Field(Path(".state"), description="certificates, policy versions, logs")
 
     max_body_bytes: int = Field(8 * 1024 * 1024, description="request bodies above this get 413")

@@ -1,0 +1,61 @@
+"use strict";
+// Renders the once-a-second snapshot from /dashboard/events. No framework, no network
+// access beyond this admin listener.
+
+const $ = (sel) => document.querySelector(sel);
+const fmt = (v, unit = "", digits = 1) =>
+  v === null || v === undefined ? "–" : `${Number(v).toFixed(digits)}${unit}`;
+const esc = (s) => String(s ?? "").replace(/[&<>"]/g, (c) =>
+  ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+
+function rows(tbody, items, render) {
+  tbody.innerHTML = items.map((it) => `<tr>${render(it)}</tr>`).join("");
+}
+
+function bars(values) {
+  if (!values || !values.length) return "–";
+  return `<div class="bars" title="${values.map((v) => (v * 100).toFixed(0) + "%").join(" ")}">` +
+    values.map((v) => `<div style="height:${Math.max(2, v * 28)}px"></div>`).join("") + "</div>";
+}
+
+function render(s) {
+  $("#policy-version").textContent = s.policy.version;
+  $("#updated").textContent = new Date(s.time * 1000).toLocaleTimeString();
+  rows($("#backends tbody"), s.backends, (b) => `
+    <td>${esc(b.name)}</td><td><code>${esc(b.speculative ?? b.task)}</code></td>
+    <td><span class="badge ${esc(b.health)}">${esc(b.health)}</span>${b.guard_tripped ? ' <span class="badge down">guard</span>' : ""}</td>
+    <td class="num">${b.in_flight}</td><td class="num">${b.queued}</td>
+    <td class="num">${b.running ?? "–"} / ${b.waiting ?? "–"}</td>
+    <td>${b.kv_usage === null ? "–" : `<span class="kv"><span style="width:${(b.kv_usage * 100).toFixed(0)}%"></span></span> ${(b.kv_usage * 100).toFixed(0)}%`}</td>
+    <td class="num">${fmt(b.decode_tokens_per_s)}</td><td class="num">${fmt(b.acceptance, "", 2)}</td>
+    <td>${bars(b.per_position)}</td>`);
+  rows($("#variants tbody"), s.variants, (v) => `
+    <td>${esc(v.variant)}</td><td class="num">${v.requests}</td>
+    <td class="num">${fmt(v.ttft_p50_ms, " ms", 0)}</td><td class="num">${fmt(v.ttft_p95_ms, " ms", 0)}</td>
+    <td class="num">${fmt(v.itl_p50_ms, " ms")}</td><td class="num">${fmt(v.itl_p95_ms, " ms")}</td>
+    <td class="num">${fmt(v.tokens_per_step, "", 2)}</td>`);
+  $("#inflight-count").textContent = `(${s.in_flight.length})`;
+  rows($("#inflight tbody"), s.in_flight, (r) => `
+    <td><code>${esc(r.id)}</code></td><td>${esc(r.client)}</td><td>${esc(r.route)}</td>
+    <td>${esc(r.variant)}</td><td>${esc(r.reason)}</td><td class="num">${fmt(r.elapsed_s, " s")}</td>
+    <td class="num">${r.tokens}</td><td class="num">${fmt(r.tokens_per_s)}</td>
+    <td class="num">${fmt(r.ttft_ms, " ms", 0)}</td>`);
+  rows($("#recent tbody"), s.recent, (r) => `
+    <td><code>${esc(r.id)}</code></td><td>${esc(r.client)}</td><td>${esc(r.variant)}</td>
+    <td>${esc(r.reason)}</td>
+    <td class="num">${r.temperature === null ? "–" : r.temperature + (r.temperature_default ? "*" : "")}</td>
+    <td class="num">${fmt(r.ttft_ms, " ms", 0)}</td><td class="num">${fmt(r.itl_p50_ms, " ms")}</td>
+    <td class="num">${fmt(r.itl_p95_ms, " ms")}</td><td class="num">${fmt(r.tokens_per_step, "", 2)}</td>
+    <td class="num">${r.tokens}</td><td class="outcome-${esc(r.outcome)}">${esc(r.outcome)}</td>`);
+  $("#history").innerHTML = s.policy.history.slice().reverse().map((h) =>
+    `<li><code>#${h.number} ${esc(h.version)}</code> by ${esc(h.who)} at ${new Date(h.time * 1000).toLocaleString()}` +
+    (h.note ? ` (${esc(h.note)})` : "") + (h.changes.length ? `: ${h.changes.length} change(s)` : "") + "</li>").join("");
+}
+
+function connect() {
+  const source = new EventSource("/dashboard/events");
+  source.onopen = () => { $("#status").textContent = "live"; $("#status").className = "pill live"; };
+  source.onmessage = (e) => render(JSON.parse(e.data));
+  source.onerror = () => { $("#status").textContent = "reconnecting…"; $("#status").className = "pill"; };
+}
+connect();
