@@ -384,7 +384,9 @@ def _no_backend(
     allowed: tuple[str, ...],
     needs_plain: bool,
 ) -> Decision:
-    if needs_plain and any(is_available(v, route, state) for v in allowed):
+    if needs_plain and any(
+        is_available(v, route, state) for v in allowed if v in route.speculative
+    ):
         # Something is up but every such engine speculates: answer what vLLM would, no round trip.
         return _reject(
             route, "unsupported-params", 400, "BadRequestError", None, UNSUPPORTED_WITH_SPECULATION

@@ -214,6 +214,8 @@ ROWS = [
     Row("min-p-plain-down", [], {"min_p": 0.1}, live(p=DOWN), None, "unsupported-params",
         extra={"rejection.status": 400, "rejection.message": UNSUPPORTED_WITH_SPECULATION,
                "rejection.type": "BadRequestError"}),
+    Row("min-p-allowed-all-down", [], {"client": "pinner", "min_p": 0.1}, live(a=DOWN, b=DOWN),
+        None, "no-backend", extra={"rejection.status": 503}),
     Row("min-p-all-down", [], {"min_p": 0.1}, live(a=DOWN, b=DOWN, p=DOWN), None, "no-backend",
         extra={"rejection.status": 503}),
     # Clients' allowed variants.
