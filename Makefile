@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo calibrate clean
+.PHONY: install test lint demo calibrate clean system-deps
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -18,7 +18,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: lint
+system-deps:
+	./scripts/system-deps.sh
+
+test: lint system-deps
 	$(VENV)/bin/pytest -q
 
 demo: $(STAMP)
