@@ -127,7 +127,7 @@ class PublicApp:
         for name, route in policy.document.routes.items():
             routes[name] = any(state.backends.get(b) is None or state.backends[b].health == "up"
                                for b in route.variants)
-        ready = all(routes.values())
+        ready = all(routes.values()) and not self.gw.draining
         await respond(send, 200 if ready else 503,
                       orjson.dumps({"ready": ready, "routes": routes}))
 
@@ -201,12 +201,18 @@ class PublicApp:
             applied = ",".join(f"{k}={_fmt(decision.inject[k])}" for k in decision.defaults_applied)
             extra.append((b"x-specrouter-defaults", applied.encode()))
 
+        if gw.draining:
+            await respond_error(send, 503, "the gateway is shutting down; retry",
+                                headers=[*rid, (b"retry-after", b"1"), (b"connection", b"close")])
+            return
         watch = DisconnectWatch(receive)
+        gw.watches[id(record)] = watch
         try:
             await self._forward(policy, send, watch, body, endpoint, model, decision, record,
                                 extra, headers)
         finally:
             watch.stop()
+            gw.watches.pop(id(record), None)
 
     async def _forward(self, policy: Any, send: Send, watch: DisconnectWatch,
                        body: dict[str, Any], endpoint: Endpoint, model: str, decision: Any,

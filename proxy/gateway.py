@@ -16,6 +16,7 @@ from proxy.admission import Admission
 from proxy.live import LiveTracker
 from proxy.measure import Measurement
 from proxy.metrics import GatewayMetrics
+from proxy.relay import DisconnectWatch
 from proxy.settings import Settings
 from proxy.upstream import Upstream
 
@@ -69,6 +70,8 @@ class Gateway:
         self.upstream = Upstream(connect_timeout=settings.connect_timeout_s,
                                  first_byte_timeout=settings.first_byte_timeout_s)
         self.in_flight: dict[int, RequestRecord] = {}  # by id(record): ids repeat in headers
+        self.watches: dict[int, DisconnectWatch] = {}  # same keys: to end streams at shutdown
+        self.draining = False
         self.recent: deque[RequestRecord] = deque(maxlen=200)
         self.sinks: list[Sink] = [self.recent.append]
 

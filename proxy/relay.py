@@ -31,10 +31,11 @@ class DisconnectWatch:
     the pending upstream call or closes the upstream response, so vLLM aborts the generation
     at once instead of at the next chunk."""
 
-    __slots__ = ("gone", "response", "pending", "_task")
+    __slots__ = ("gone", "closing", "response", "pending", "_task")
 
     def __init__(self, receive: Receive) -> None:
         self.gone = False
+        self.closing: str | None = None  # set when the gateway itself ends the stream
         self.response: aiohttp.ClientResponse | None = None
         self.pending: asyncio.Future[Any] | None = None
         self._task = asyncio.get_running_loop().create_task(self._watch(receive))
@@ -52,6 +53,12 @@ class DisconnectWatch:
 
     def stop(self) -> None:
         self._task.cancel()
+
+    def close_upstream(self, reason: str) -> None:
+        """End the relay from outside (shutdown deadline): the client gets an error event."""
+        self.closing = reason
+        if self.response is not None:
+            self.response.close()
 
 
 async def first_chunk(resp: aiohttp.ClientResponse, timeout: float) -> bytes:
@@ -108,7 +115,10 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
         if watch.gone:
             return "client_gone"
         outcome = "upstream_error"
-        error = sse_error_event(502, f"upstream connection lost: {type(exc).__name__}")
+        if watch.closing is not None:
+            error = sse_error_event(503, watch.closing)
+        else:
+            error = sse_error_event(502, f"upstream connection lost: {type(exc).__name__}")
     if watch.gone:
         return "client_gone"
     tail = filt.release() + splitter.flush()

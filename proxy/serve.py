@@ -43,6 +43,8 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--first-byte-timeout", dest="first_byte_timeout_s", type=float)
     p.add_argument("--idle-timeout", dest="idle_timeout_s", type=float)
     p.add_argument("--scrape-interval", dest="scrape_interval_s", type=float)
+    p.add_argument("--drain-timeout", dest="drain_timeout_s", type=float,
+                   help="on SIGTERM, seconds streams in flight may still run (default 20)")
     args = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
     return Settings(**args)
 
@@ -89,6 +91,15 @@ class GatewayProcess:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _end_streams_after(self, seconds: float) -> None:
+        """SIGTERM: streams in flight get `seconds` to finish, then an error event each."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while self.gw.watches and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for watch in list(self.gw.watches.values()):
+            watch.close_upstream("the gateway is shutting down")
+
     async def _watch_policy_file(self) -> None:
         while True:
             await asyncio.sleep(1.0)
@@ -99,14 +110,22 @@ class GatewayProcess:
         pub_host, pub_port = split_hostport(s.listen)
         adm_host, adm_port = split_hostport(s.admin_listen)
         pub_sock, adm_sock = bind(pub_host, pub_port), bind(adm_host, adm_port)
-        public = make_server(PublicApp(self.gw), ssl_context=self.ssl, graceful_s=30)
+        drain_s = self.settings.drain_timeout_s
+        # uvicorn's own deadline comes after ours, so streams end with an error event, not a cut.
+        public = make_server(PublicApp(self.gw), ssl_context=self.ssl,
+                             graceful_s=int(drain_s) + 5)
         routes = [*policy_routes(self.gw, self.store),
                   *dashboard_routes(self.gw, self.monitor, self.store)]
         admin = make_server(create_admin_app(self.gw, routes), graceful_s=5)
         loop = asyncio.get_running_loop()
 
         def stop() -> None:
+            if self.gw.draining:
+                public.force_exit = admin.force_exit = True  # a second signal: now
+                return
+            self.gw.draining = True
             public.should_exit = admin.should_exit = True
+            self._spawn(self._end_streams_after(drain_s))
 
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         loop.add_signal_handler(signal.SIGTERM, stop)

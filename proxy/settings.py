@@ -31,6 +31,7 @@ class Settings(BaseSettings):
     first_byte_timeout_s: float = 300.0
     idle_timeout_s: float = 60.0  # between two chunks of a stream
     scrape_interval_s: float = 2.0  # backend /metrics and /health
+    drain_timeout_s: float = 20.0  # SIGTERM: how long streams in flight may still run
 
 
 def split_hostport(value: str) -> tuple[str, int]:
