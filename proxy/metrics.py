@@ -233,3 +233,37 @@ class BackendReading(Protocol):
     def values(self) -> Mapping[str, float]: ...
     @property
     def accepted_per_pos(self) -> Mapping[int, float]: ...
+
+
+def markdown_table() -> str:
+    """The README's metrics table, generated from the definitions above (one source of truth)."""
+    g = GatewayMetrics()
+    lines = ["| name | type | labels | meaning |", "|---|---|---|---|"]
+    for family in g.registry.collect():
+        if family.name.startswith("specrouter_backend"):
+            continue
+        suffix = "_total" if family.type == "counter" else ""
+        labels = _labels_of(g, family.name)
+        lines.append(f"| `{family.name}{suffix}` | {family.type} | {', '.join(labels)} | "
+                     f"{family.documentation} |")
+    for name, doc in (BACKEND_UP, *BACKEND_GAUGES.values()):
+        labels = "backend, health" if name == BACKEND_UP[0] else "backend"
+        lines.append(f"| `{name}` | gauge | {labels} | {doc} |")
+    for name, doc in (*BACKEND_COUNTERS.values(), BACKEND_PER_POS):
+        labels = "backend, position" if name == BACKEND_PER_POS[0] else "backend"
+        lines.append(f"| `{name}_total` | counter | {labels} | {doc} |")
+    return "\n".join(lines)
+
+
+def _labels_of(g: GatewayMetrics, name: str) -> list[str]:
+    for value in vars(g).values():
+        if isinstance(value, FastHistogram) and value.name == name:
+            return list(value.labels)
+        metric_name = getattr(value, "_name", None)
+        if metric_name == name:
+            return list(getattr(value, "_labelnames", ()))
+    return []
+
+
+if __name__ == "__main__":
+    print(markdown_table())
