@@ -34,9 +34,22 @@ def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client
         n=n if isinstance(n, int) else 1,
         signals=signals_from_body(body) if endpoint != "embeddings" else _NO_SIGNALS,
         pinned_variant=pinned.decode("latin-1") if pinned else None,
-        canary_bucket=canary_bucket(client), now=now,
+        canary_bucket=canary_bucket(_sticky_key(client, body, headers)), now=now,
         numeric_fields={k: v for k, v in body.items()
                         if isinstance(v, int | float) and not isinstance(v, bool)})
+
+
+def _sticky_key(client: str, body: Mapping[str, Any], headers: Mapping[bytes, bytes]) -> str:
+    """Canary stickiness: per client, and per end user or session when the client says which
+    (OpenAI's `user` field, vLLM's `X-Session-ID` header), so one agent serving many users
+    spreads them over both arms while each user keeps the same one."""
+    user = body.get("user")
+    session = headers.get(b"x-session-id")
+    if isinstance(user, str) and user:
+        return f"{client}/{user}"
+    if session:
+        return f"{client}/{session.decode('latin-1')}"
+    return client
 
 
 def live_state_from_json(data: Mapping[str, Any]) -> LiveState:
