@@ -1,0 +1,7 @@
+"""A simulated vLLM backend whose speculative decoding behaves like the measured GB10.
+
+`specrouter sim` (see `cli.py`) serves vLLM's OpenAI-compatible API byte for byte (`wire.py`),
+driven by a continuous-batching engine with per-profile step times and draft acceptance
+(`engine.py`, `profiles.py`), vLLM's Prometheus metrics (`metrics.py`) and faults on demand
+(`faults.py`).
+"""

@@ -1,0 +1,304 @@
+"""Request bodies: parsing, validation with vLLM's 400 shape, prompt rendering and sampling checks.
+
+The models keep only the fields the simulator acts on and, like vLLM's `OpenAIBaseModel`, accept
+unknown fields. Validation failures become vLLM's 400 (`type` "Bad Request", message
+"N validation error(s):\\n  {...}", `param` from the error or the cleaned `loc`), as in
+`exception_handling/handlers/validation.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from . import wire
+
+Json = dict[str, Any]
+
+
+class VLLMValidationError(ValueError):
+    """A validation error that names the offending parameter (vLLM's class of the same name)."""
+
+    def __init__(self, message: str, *, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
+class RequestError(Exception):
+    """An error response to send instead of serving the request."""
+
+    def __init__(self, status: int, body: Json) -> None:
+        super().__init__(body["error"]["message"] if isinstance(body.get("error"), dict) else "")
+        self.status = status
+        self.body = body
+
+
+def bad_request(message: str, param: str | None = None) -> RequestError:
+    return RequestError(400, wire.error_body(message, "BadRequestError", 400, param))
+
+
+def not_found_model(model: str) -> RequestError:
+    return RequestError(
+        404, wire.error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
+    )
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(_Base):
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class ChatMessage(_Base):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+
+class _GenerationRequest(_Base):
+    model: str | None = None
+    max_tokens: int | None = None
+    n: int | None = 1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    return_token_ids: bool | None = None
+    request_id: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
+            raise VLLMValidationError(
+                "Stream options can only be defined when `stream=True`.",
+                parameter="stream_options",
+            )
+        return data
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        if isinstance(self.stop, str):
+            return (self.stop,) if self.stop else ()
+        return tuple(s for s in self.stop if s)
+
+
+class ChatRequest(_GenerationRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_required(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("prompt") in (None, "", []):
+            raise VLLMValidationError(
+                "Either prompt or prompt_embeds must be provided and non-empty.",
+                parameter="prompt",
+            )
+        return data
+
+    def requested_max_tokens(self) -> int | None:
+        # CompletionRequest defaults max_tokens to 16 (OpenAI's legacy default), as vLLM does.
+        return 16 if self.max_tokens is None else self.max_tokens
+
+
+class EmbeddingRequest(_Base):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+
+
+class ResponsesRequest(_Base):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool | None = False
+    seed: int | None = None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _clean_loc(loc: tuple[Any, ...]) -> str:
+    # Drop pydantic's union-branch markers ("str", "list[str]", ...) as vLLM's handler does.
+    markers = {"str", "int", "float", "bool", "list", "dict", "none", "nonetype", "union"}
+    parts = [
+        str(p)
+        for p in loc
+        if not any(c in str(p) for c in "[]{}()") and str(p).lower() not in markers
+    ]
+    return ".".join(parts) if parts else ".".join(str(p) for p in loc)
+
+
+def _validation_error(errors: list[dict[str, Any]]) -> RequestError:
+    param: str | None = None
+    for err in errors:
+        ctx_error = err.get("ctx", {}).get("error")
+        if isinstance(ctx_error, VLLMValidationError):
+            param = ctx_error.parameter
+            break
+    if param is None and errors and errors[0].get("loc"):
+        param = _clean_loc(tuple(errors[0]["loc"]))
+    count = len(errors)
+    message = f"{count} validation {'error' if count == 1 else 'errors'}:\n"
+    message += "".join(f"  {err}\n" for err in errors)
+    return RequestError(400, wire.error_body(message.rstrip(), "Bad Request", 400, param))
+
+
+def parse(model: type[M], body: bytes) -> M:
+    """Decode and validate a JSON body, raising RequestError with vLLM's 400 on failure."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _validation_error(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ("body", exc.pos),
+                    "msg": "JSON decode error",
+                    "input": {},
+                    "ctx": {"error": exc.msg},
+                }
+            ]
+        ) from None
+    if not isinstance(data, dict):
+        raise _validation_error(
+            [
+                {
+                    "type": "model_attributes_type",
+                    "loc": ("body",),
+                    "msg": "Input should be a valid dictionary or object to extract fields from",
+                    "input": data,
+                }
+            ]
+        )
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors: list[dict[str, Any]] = []
+        for err in exc.errors(include_url=False):
+            e = dict(err)
+            e["loc"] = ("body", *err["loc"])
+            errors.append(e)
+        raise _validation_error(errors) from None
+
+
+# -- prompts -------------------------------------------------------------------------------------
+
+
+def _content_text(content: str | list[dict[str, Any]] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for part in content:
+        if part.get("type") == "text" or "text" in part:
+            parts.append(str(part.get("text", "")))
+        else:
+            parts.append("<|vision_start|><|image_pad|><|vision_end|>")
+    return "\n".join(parts)
+
+
+def render_chat(messages: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
+    """Qwen's ChatML template, enough for token counts and prefix-cache reuse to be realistic."""
+    out: list[str] = []
+    if tools:
+        tool_text = "\n".join(orjson.dumps(t).decode() for t in tools)
+        out.append(f"<|im_start|>system\n# Tools\n<tools>\n{tool_text}\n</tools><|im_end|>\n")
+    for m in messages:
+        out.append(f"<|im_start|>{m.role}\n{_content_text(m.content)}<|im_end|>\n")
+    out.append("<|im_start|>assistant\n")
+    return "".join(out)
+
+
+def render_responses_input(req: ResponsesRequest) -> list[ChatMessage]:
+    messages: list[ChatMessage] = []
+    if req.instructions:
+        messages.append(ChatMessage(role="system", content=req.instructions))
+    if isinstance(req.input, str):
+        messages.append(ChatMessage(role="user", content=req.input))
+        return messages
+    for item in req.input:
+        role = str(item.get("role", "user"))
+        content = item.get("content")
+        if isinstance(content, list):
+            text = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        else:
+            text = "" if content is None else str(content)
+        messages.append(ChatMessage(role=role, content=text))
+    return messages
+
+
+# -- sampling checks (vLLM's SamplingParams._verify_args and friends) ----------------------------
+
+
+def check_sampling(n: int, temperature: float, top_p: float | None, max_tokens: int) -> None:
+    if n < 1:
+        raise bad_request(f"n must be at least 1, got {n}.", "n")
+    if temperature < 0.0:
+        raise bad_request(f"temperature must be non-negative, got {temperature}.", "temperature")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise bad_request(f"top_p must be in (0, 1], got {top_p}.", "top_p")
+    if max_tokens < 1:
+        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:
+    """vLLM's get_max_tokens plus its context-length checks."""
+    if prompt_len >= max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"request has {prompt_len} input tokens. Please reduce the length of the input "
+            "messages.",
+            "input_tokens",
+        )
+    room = max_model_len - prompt_len
+    if requested is None:
+        return room
+    if requested > room:
+        raise bad_request(
+            f"'max_tokens' or 'max_completion_tokens' is too large: {requested}. This model's "
+            f"maximum context length is {max_model_len} tokens and your request has "
+            f"{prompt_len} input tokens ({requested} > {max_model_len} - {prompt_len}).",
+            "max_tokens",
+        )
+    return requested
+
+
+SPEC_UNSUPPORTED = (
+    "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
+)
+
+
+def spec_decode_conflict(req: _GenerationRequest) -> bool:
+    """vLLM's SamplingParams._validate_spec_decode: min_p > 0 or any logit_bias."""
+    return bool((req.min_p is not None and req.min_p > 1e-5) or req.logit_bias)

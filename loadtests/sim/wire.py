@@ -1,0 +1,507 @@
+"""vLLM's bytes on the wire: SSE frames, chunk and response bodies, errors.
+
+vLLM builds these with pydantic (`model_dump_json(exclude_unset=True)` for chunks, `model_dump()`
+for full bodies); here they are plain dicts built in the models' field order and dumped with
+orjson, which gives the same compact JSON. Which keys are present, and where `null` is explicit,
+follows the reference (`shared/reference/vllm-wire-format.md` §1, §2.4, §6, §7) and vLLM's
+`chat_completion/serving.py` and `completion/serving.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from .engine import SpecStats
+
+DONE = b"data: [DONE]\n\n"
+VLLM_VERSION = "0.28.0"
+
+Json = dict[str, Any]
+
+
+def sse(obj: Json) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def sse_event(event_type: str, obj: Json) -> bytes:
+    """Responses API framing: an `event:` line, then `data:`; no [DONE]."""
+    return b"event: " + event_type.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def error_body(message: str, err_type: str, code: int, param: str | None = None) -> Json:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def streaming_error_frame(
+    message: str, err_type: str, code: int, param: str | None = None
+) -> bytes:
+    """Mid-stream errors are dumped with `json.dumps` in vLLM, so they have spaces."""
+    return b"data: " + json.dumps(error_body(message, err_type, code, param)).encode() + b"\n\n"
+
+
+# -- usage and per-request metrics ---------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Json:
+    # vLLM's UsageInfo field order: total_tokens comes before completion_tokens.
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+def full_usage(prompt_tokens: int, completion_tokens: int) -> Json:
+    """UsageInfo as `model_dump()` writes it (non-streaming bodies)."""
+    out = usage(prompt_tokens, completion_tokens)
+    out["prompt_tokens_details"] = None
+    out["completion_tokens_details"] = None
+    return out
+
+
+def spec_decoding(stats: SpecStats, *, full: bool) -> Json | None:
+    """`metrics.speculative_decoding` (vLLM's SpeculativeDecodingMetrics), None without steps."""
+    if stats.num_spec_tokens == 0 or stats.steps == 0:
+        return None
+    out: Json = {
+        "mean_acceptance_length": 1.0 + stats.accepted / stats.steps,
+        "draft_acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
+        "acceptance_histogram": list(stats.histogram),
+        "num_spec_steps": stats.steps,
+        "num_accepted_draft_tokens": stats.accepted,
+        "num_draft_tokens": stats.drafted,
+        "num_spec_tokens": stats.num_spec_tokens,
+    }
+    if full:
+        out["per_step_accepted"] = None
+        out["per_step_drafted"] = None
+    return out
+
+
+def per_request_metrics(stats: SpecStats | None, *, full: bool) -> Json | None:
+    """PerRequestMetrics with only the speculative part (timing metrics are not enabled)."""
+    spec = spec_decoding(stats, full=full) if stats is not None else None
+    if spec is None:
+        return None
+    if not full:
+        return {"speculative_decoding": spec}
+    return {
+        "time_to_first_token_ms": None,
+        "generation_time_ms": None,
+        "queue_time_ms": None,
+        "mean_itl_ms": None,
+        "tokens_per_second": None,
+        "speculative_decoding": spec,
+    }
+
+
+# -- chat completions ----------------------------------------------------------------------------
+
+
+class ChatChunks:
+    """Frames of one `/v1/chat/completions` stream."""
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+        continuous_usage: bool,
+        fingerprint: str,
+        prompt_tokens: int,
+        prompt_token_ids: list[int] | None,
+        return_token_ids: bool,
+    ) -> None:
+        self.head = {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
+        self.include_usage = include_usage
+        self.continuous = continuous_usage
+        self.fingerprint = fingerprint
+        self.prompt_tokens = prompt_tokens
+        self.prompt_token_ids = prompt_token_ids
+        self.return_token_ids = return_token_ids
+
+    def role(self, index: int) -> bytes:
+        choice = {
+            "index": index,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        obj: Json = {**self.head, "choices": [choice]}
+        if self.continuous:
+            obj["usage"] = usage(self.prompt_tokens, 0)
+        obj["prompt_token_ids"] = self.prompt_token_ids if self.return_token_ids else None
+        obj["prompt_text"] = None
+        return sse(obj)
+
+    def content(
+        self,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        completion_tokens: int,
+        finish_reason: str | None,
+        stop_reason: str | None,
+    ) -> bytes:
+        choice: Json = {
+            "index": index,
+            "delta": {"content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        if finish_reason is not None:
+            choice["stop_reason"] = stop_reason
+        choice["token_ids"] = token_ids if self.return_token_ids else None
+        obj: Json = {**self.head, "choices": [choice]}
+        if self.continuous:
+            obj["usage"] = usage(self.prompt_tokens, completion_tokens)
+        if finish_reason is not None and not self.include_usage:
+            obj["system_fingerprint"] = self.fingerprint
+        return sse(obj)
+
+    def usage_chunk(self, completion_tokens: int, metrics: Json | None) -> bytes:
+        obj: Json = {
+            **self.head,
+            "choices": [],
+            "usage": usage(self.prompt_tokens, completion_tokens),
+            "system_fingerprint": self.fingerprint,
+        }
+        if metrics is not None:
+            obj["metrics"] = metrics
+        return sse(obj)
+
+
+def chat_response(
+    *,
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[tuple[str, str, str | None, list[int] | None]],
+    prompt_tokens: int,
+    completion_tokens: int,
+    fingerprint: str,
+    prompt_token_ids: list[int] | None,
+    metrics: Json | None,
+) -> Json:
+    """ChatCompletionResponse.model_dump(): every field, nulls included."""
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "message": {
+                    "role": "assistant",
+                    "content": text,
+                    "refusal": None,
+                    "annotations": None,
+                    "audio": None,
+                    "function_call": None,
+                    "reasoning": None,
+                },
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": stop,
+                "token_ids": ids,
+                "routed_experts": None,
+            }
+            for i, (text, finish, stop, ids) in enumerate(choices)
+        ],
+        "service_tier": None,
+        "system_fingerprint": fingerprint,
+        "usage": full_usage(prompt_tokens, completion_tokens),
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt_token_ids,
+        "prompt_text": None,
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": metrics,
+    }
+
+
+# -- completions ---------------------------------------------------------------------------------
+
+
+class CompletionChunks:
+    """Frames of one `/v1/completions` stream: no role chunk, every choice field present."""
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        created: int,
+        model: str,
+        include_usage: bool,
+        continuous_usage: bool,
+        fingerprint: str,
+        prompt_tokens: int,
+        return_token_ids: bool,
+    ) -> None:
+        self.head = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+        }
+        self.include_usage = include_usage
+        self.continuous = continuous_usage
+        self.fingerprint = fingerprint
+        self.prompt_tokens = prompt_tokens
+        self.return_token_ids = return_token_ids
+
+    def content(
+        self,
+        index: int,
+        text: str,
+        token_ids: list[int],
+        completion_tokens: int,
+        finish_reason: str | None,
+        stop_reason: str | None,
+        prompt_token_ids: list[int] | None,
+    ) -> bytes:
+        choice = {
+            "index": index,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": stop_reason,
+            "prompt_token_ids": prompt_token_ids,
+            "token_ids": token_ids if self.return_token_ids else None,
+        }
+        obj: Json = {**self.head, "choices": [choice]}
+        if finish_reason is not None and not self.include_usage:
+            obj["system_fingerprint"] = self.fingerprint
+        if self.continuous:
+            # Completions set usage after the fingerprint, but the model's field order decides
+            # the JSON order: usage comes first.
+            fp = obj.pop("system_fingerprint", None)
+            obj["usage"] = usage(self.prompt_tokens, completion_tokens)
+            if fp is not None:
+                obj["system_fingerprint"] = fp
+        return sse(obj)
+
+    def usage_chunk(self, completion_tokens: int, metrics: Json | None) -> bytes:
+        obj: Json = {
+            **self.head,
+            "choices": [],
+            "usage": usage(self.prompt_tokens, completion_tokens),
+            "system_fingerprint": self.fingerprint,
+        }
+        if metrics is not None:
+            obj["metrics"] = metrics
+        return sse(obj)
+
+
+def completion_response(
+    *,
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[tuple[str, str, str | None, list[int] | None, list[int] | None]],
+    prompt_tokens: int,
+    completion_tokens: int,
+    fingerprint: str,
+    metrics: Json | None,
+) -> Json:
+    """CompletionResponse.model_dump()."""
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": stop,
+                "token_ids": ids,
+                "prompt_logprobs": None,
+                "prompt_token_ids": prompt_ids,
+                "routed_experts": None,
+            }
+            for i, (text, finish, stop, ids, prompt_ids) in enumerate(choices)
+        ],
+        "service_tier": None,
+        "system_fingerprint": fingerprint,
+        "usage": full_usage(prompt_tokens, completion_tokens),
+        "kv_transfer_params": None,
+        "ec_transfer_params": None,
+        "metrics": metrics,
+    }
+
+
+# -- embeddings, models --------------------------------------------------------------------------
+
+
+def embedding_response(
+    *, request_id: str, created: int, model: str, data: list[list[float] | str], prompt_tokens: int
+) -> Json:
+    return {
+        "id": request_id,
+        "object": "list",
+        "created": created,
+        "model": model,
+        "data": [{"index": i, "object": "embedding", "embedding": e} for i, e in enumerate(data)],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens,
+            "completion_tokens": 0,
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        },
+    }
+
+
+def model_list(*, model: str, root: str, max_model_len: int, created: int, perm_id: str) -> Json:
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": model,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": root,
+                "parent": None,
+                "max_model_len": max_model_len,
+                "permission": [
+                    {
+                        "id": perm_id,
+                        "object": "model_permission",
+                        "created": created,
+                        "allow_create_engine": False,
+                        "allow_sampling": True,
+                        "allow_logprobs": True,
+                        "allow_search_indices": False,
+                        "allow_view": True,
+                        "allow_fine_tuning": False,
+                        "organization": "*",
+                        "group": None,
+                        "is_blocking": False,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+# -- responses API -------------------------------------------------------------------------------
+
+
+class ResponsesEvents:
+    """`/v1/responses` objects and stream events (openai-python event types, sequence numbers)."""
+
+    def __init__(
+        self,
+        *,
+        response_id: str,
+        item_id: str,
+        created: int,
+        model: str,
+        temperature: float,
+        max_output_tokens: int | None,
+        instructions: str | None,
+    ) -> None:
+        self.response_id = response_id
+        self.item_id = item_id
+        self.created = created
+        self.model = model
+        self.temperature = temperature
+        self.max_output_tokens = max_output_tokens
+        self.instructions = instructions
+        self.seq = 0
+
+    def response(
+        self,
+        status: str,
+        output: list[Json],
+        usage_obj: Json | None,
+        incomplete: bool = False,
+    ) -> Json:
+        return {
+            "id": self.response_id,
+            "created_at": self.created,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": self.instructions,
+            "metadata": None,
+            "model": self.model,
+            "object": "response",
+            "output": output,
+            "parallel_tool_calls": True,
+            "temperature": self.temperature,
+            "tool_choice": "auto",
+            "tools": [],
+            "top_p": 1.0,
+            "background": False,
+            "max_output_tokens": self.max_output_tokens,
+            "max_tool_calls": None,
+            "previous_response_id": None,
+            "prompt": None,
+            "reasoning": None,
+            "service_tier": "auto",
+            "status": status,
+            "text": None,
+            "top_logprobs": None,
+            "truncation": "disabled",
+            "usage": usage_obj,
+            "user": None,
+        }
+
+    def message(self, text: str | None, status: str) -> Json:
+        content = [] if text is None else [self.part(text)]
+        return {
+            "id": self.item_id,
+            "content": content,
+            "role": "assistant",
+            "status": status,
+            "type": "message",
+        }
+
+    @staticmethod
+    def part(text: str) -> Json:
+        return {"annotations": [], "text": text, "type": "output_text", "logprobs": []}
+
+    @staticmethod
+    def usage(prompt_tokens: int, output_tokens: int, cached: int) -> Json:
+        return {
+            "input_tokens": prompt_tokens,
+            "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + output_tokens,
+        }
+
+    def event(self, event_type: str, fields: Json) -> bytes:
+        obj = {**fields, "sequence_number": self.seq, "type": event_type}
+        self.seq += 1
+        return sse_event(event_type, obj)
+
+    def text_delta(self, delta: str) -> bytes:
+        return self.event(
+            "response.output_text.delta",
+            {
+                "content_index": 0,
+                "delta": delta,
+                "item_id": self.item_id,
+                "logprobs": [],
+                "output_index": 0,
+            },
+        )
