@@ -22,7 +22,16 @@ from proxy.admission import AdmissionTimeout
 from proxy.errors import error_body
 from proxy.gateway import Gateway, RequestRecord
 from proxy.measure import StreamFilter
-from proxy.relay import DisconnectWatch, Receive, Send, first_chunk, relay_body, relay_sse
+from proxy.relay import (
+    CHAT_ENDS,
+    RESPONSES_ENDS,
+    DisconnectWatch,
+    Receive,
+    Send,
+    first_chunk,
+    relay_body,
+    relay_sse,
+)
 from proxy.rewrite import plan_usage, upstream_body
 from proxy.upstream import RESPONSE_DROP, UpstreamError
 from proxy.view import request_view
@@ -355,8 +364,9 @@ class PublicApp:
             usage = plan_usage(body, endpoint, backend.kind)
             filt = StreamFilter(record.m, strip_usage=usage.strip_usage,
                                 drop_usage_chunk=usage.drop_usage_chunk, rename=rename)
+            ends = RESPONSES_ENDS if endpoint == "responses" else CHAT_ENDS
             record.outcome = await relay_sse(resp, first, send, watch, filt,
-                                             gw.settings.idle_timeout_s)
+                                             gw.settings.idle_timeout_s, ends)
         else:
             record.outcome = await relay_body(resp, first, send, watch, record.m, rename,
                                               gw.settings.idle_timeout_s)

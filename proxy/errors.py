@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from http import HTTPStatus
 
 import orjson
@@ -44,10 +45,15 @@ def error_body(
     return orjson.dumps({"error": err})
 
 
-def sse_error_event(status: int, message: str, *, type_: str | None = None) -> bytes:
-    """vLLM's mid-stream error form: an error event then `[DONE]` (json.dumps spacing)."""
-    import json
+def sse_error_event(status: int, message: str, *, type_: str | None = None,
+                    responses: bool = False) -> bytes:
+    """vLLM's mid-stream error form: an error event then `[DONE]` (json.dumps spacing).
 
+    On /v1/responses the stream has typed events and no `[DONE]`: an `error` event ends it.
+    """
+    if responses:
+        event = {"type": "error", "code": str(status), "message": message, "param": None}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
     err = {"error": {"message": message, "type": type_ or error_type(status), "param": None,
                      "code": status}}
     return b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"

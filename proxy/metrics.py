@@ -247,11 +247,11 @@ def markdown_table() -> str:
         lines.append(f"| `{family.name}{suffix}` | {family.type} | {', '.join(labels)} | "
                      f"{family.documentation} |")
     for name, doc in (BACKEND_UP, *BACKEND_GAUGES.values()):
-        labels = "backend, health" if name == BACKEND_UP[0] else "backend"
-        lines.append(f"| `{name}` | gauge | {labels} | {doc} |")
+        names = "backend, health" if name == BACKEND_UP[0] else "backend"
+        lines.append(f"| `{name}` | gauge | {names} | {doc} |")
     for name, doc in (*BACKEND_COUNTERS.values(), BACKEND_PER_POS):
-        labels = "backend, position" if name == BACKEND_PER_POS[0] else "backend"
-        lines.append(f"| `{name}_total` | counter | {labels} | {doc} |")
+        names = "backend, position" if name == BACKEND_PER_POS[0] else "backend"
+        lines.append(f"| `{name}_total` | counter | {names} | {doc} |")
     return "\n".join(lines)
 
 

@@ -75,8 +75,15 @@ async def first_chunk(resp: aiohttp.ClientResponse, timeout: float) -> bytes:
     return data
 
 
+# How a complete stream ends: vLLM's `[DONE]`, or on /v1/responses a terminal event.
+CHAT_ENDS = (sse.DONE,)
+RESPONSES_ENDS = (b"event: response.completed", b"event: response.incomplete",
+                  b"event: response.failed")
+
+
 async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watch: DisconnectWatch,
-                    filt: StreamFilter, idle_timeout: float) -> str:
+                    filt: StreamFilter, idle_timeout: float,
+                    ends: tuple[bytes, ...] = CHAT_ENDS) -> str:
     """Relay an event stream; returns the outcome: ok, client_gone, upstream_error, timeout.
 
     The response start has been sent. After the first byte there is no retry: a failing
@@ -88,6 +95,7 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
     content = resp.content
     data = first
     saw_done = False
+    responses = ends is RESPONSES_ENDS
     outcome = "ok"
     error: bytes = b""
     try:
@@ -102,7 +110,7 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
                 if out:
                     if m.t_first_byte is None:
                         m.t_first_byte = now
-                    saw_done = out.endswith(sse.DONE)
+                    saw_done = _ended(out, ends)
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 if watch.gone:
                     return "client_gone"
@@ -110,27 +118,38 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
                 data = await content.readany()
     except TimeoutError:
         outcome = "timeout"
-        error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s")
+        error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s",
+                                responses=responses)
     except (aiohttp.ClientError, OSError) as exc:
         if watch.gone:
             return "client_gone"
         outcome = "upstream_error"
         if watch.closing is not None:
-            error = sse_error_event(503, watch.closing)
+            error = sse_error_event(503, watch.closing, responses=responses)
         else:
-            error = sse_error_event(502, f"upstream connection lost: {type(exc).__name__}")
+            error = sse_error_event(502, f"upstream connection lost: {type(exc).__name__}",
+                                    responses=responses)
     if watch.gone:
         return "client_gone"
     tail = filt.release() + splitter.flush()
     if outcome == "ok" and not saw_done and filt.m.error is None:
         outcome = "upstream_error"
-        error = sse_error_event(502, "upstream stream ended without [DONE]")
+        error = sse_error_event(502, "upstream stream ended before its end event",
+                                responses=responses)
     if error:
         m.error = m.error or error.decode(errors="replace")
     elif m.error is not None:
         outcome = "upstream_error"
     await send({"type": "http.response.body", "body": tail + error, "more_body": False})
     return outcome
+
+
+def _ended(out: bytes, ends: tuple[bytes, ...]) -> bool:
+    if ends is CHAT_ENDS:
+        return out.endswith(sse.DONE)
+    idx = out.rfind(b"\n\n", 0, len(out) - 2)
+    last = out if idx < 0 else out[idx + 2 :]
+    return last.startswith(ends)
 
 
 async def relay_body(resp: aiohttp.ClientResponse, first: bytes, send: Send,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -125,14 +126,14 @@ class GatewayServer:
         self.proc.send_signal(signal.SIGHUP)
 
     def client(self, key: str = CLIENT_KEY, **kw: Any) -> httpx.Client:
-        verify: Any = False if self.insecure else str(self.certs.ca_cert)
+        verify: Any = False if self.insecure else ssl.create_default_context(cafile=str(self.certs.ca_cert))
         return httpx.Client(base_url=self.base, verify=verify,
                             headers={"authorization": f"Bearer {key}"}, timeout=30, **kw)
 
     def openai(self, key: str = CLIENT_KEY, **kw: Any) -> Any:
         import openai
 
-        verify: Any = False if self.insecure else str(self.certs.ca_cert)
+        verify: Any = False if self.insecure else ssl.create_default_context(cafile=str(self.certs.ca_cert))
         return openai.OpenAI(base_url=self.url, api_key=key,
                              http_client=httpx.Client(verify=verify, timeout=30), **kw)
 
