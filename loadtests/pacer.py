@@ -15,8 +15,10 @@ framework, no JSON encoder on the per-chunk path.
 Knobs (flags, per request overridable through vLLM's own `vllm_xargs` field, which any
 gateway passes through untouched):
 - `--step-ms` / `pacer_step_ms`: time between two engine steps; 0 = as fast as the connection
-  drains (a burst of 32 steps per stream per event-loop turn in one write, until the socket
-  pushes back).
+  drains: one step per stream per event-loop turn, each its own write as vLLM does, until the
+  socket pushes back (pause_writing).
+- `--burst` / `pacer_burst`: unpaced only, steps written together per loop turn (default 1;
+  more makes the pacer cheaper and the proxy's reads bigger).
 - `--tokens-per-chunk` / `pacer_tokens_per_chunk`: tokens per decode chunk (speculative decoding
   accepts several per step); the first chunk carries the prefill's single token.
 - `--max-tokens`: tokens per response when the request sets no `max_tokens`.
@@ -49,7 +51,6 @@ _SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8
              b"transfer-encoding: chunked\r\n\r\n")
 _USAGE = b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
 _CHUNK_END = b"0\r\n\r\n"
-_BURST = 32  # unpaced: steps written per loop turn
 
 
 @dataclass(slots=True)
@@ -58,6 +59,7 @@ class PacerConfig:
     tokens_per_chunk: int = 1
     max_tokens: int = 64
     ttft_ms: float = 0.0
+    burst: int = 1
     model: str = "pacer"
 
 
@@ -80,7 +82,7 @@ class ChatStream:
     """One streaming response: precomputed frame pieces and the step schedule."""
 
     __slots__ = ("proto", "head", "role", "content", "first_content", "usage",
-                 "continuous", "include_usage", "prompt", "max_tokens", "tpc", "step",
+                 "continuous", "include_usage", "prompt", "max_tokens", "tpc", "step", "burst",
                  "sent", "index", "t0", "handle", "tail", "done")
 
     def __init__(self, proto: PacerProtocol, body: dict[str, Any], request_id: str,
@@ -98,6 +100,7 @@ class ChatStream:
         tpc = xargs.get("pacer_tokens_per_chunk", cfg.tokens_per_chunk)
         self.tpc = max(1, int(tpc))
         self.step = max(0.0, float(xargs.get("pacer_step_ms", cfg.step_ms))) / 1000.0
+        self.burst = max(1, int(xargs.get("pacer_burst", cfg.burst)))
         self.prompt = max(1, len(orjson.dumps(body.get("messages", ""))) // 4)
         model = body.get("model") if isinstance(body.get("model"), str) else cfg.model
         created = int(time.time())
@@ -187,12 +190,12 @@ class ChatStream:
             if not self.done:
                 self.handle = loop.call_at(self.t0 + self.index * self.step, self.tick)
             return
-        # As fast as possible: a burst per loop turn, one write (so the pacer stays cheap
-        # next to what it feeds), until the socket pushes back (pause_writing).
+        # As fast as possible: `burst` steps per loop turn in one write (1, like vLLM, which
+        # writes every step of every stream on its own), until the socket pushes back.
         burst = [self._step()]
-        while not self.done and len(burst) < _BURST:
+        while not self.done and len(burst) < self.burst:
             burst.append(self._step())
-        proto.transport.write(b"".join(burst))
+        proto.transport.write(burst[0] if len(burst) == 1 else b"".join(burst))
         if not self.done:
             self.handle = loop.call_soon(self.tick)
 
@@ -388,10 +391,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64,
                    help="tokens per response when the request sets no max_tokens")
     p.add_argument("--ttft-ms", type=float, default=0.0, help="prefill time before the first chunk")
+    p.add_argument("--burst", type=int, default=1,
+                   help="unpaced only: steps per write per loop turn (default 1)")
     p.add_argument("--model", default="pacer", help="the model name in /v1/models")
     a = p.parse_args(argv)
     cfg = PacerConfig(step_ms=a.step_ms, tokens_per_chunk=max(1, a.tokens_per_chunk),
-                      max_tokens=max(1, a.max_tokens), ttft_ms=max(0.0, a.ttft_ms), model=a.model)
+                      max_tokens=max(1, a.max_tokens), ttft_ms=max(0.0, a.ttft_ms), burst=max(1, a.burst),
+                      model=a.model)
     try:
         import uvloop
 
