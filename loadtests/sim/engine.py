@@ -534,7 +534,7 @@ class Engine:
             plan = core.plan_step(now)
             # Deadlines are absolute, so timer granularity does not accumulate into drift.
             next_t = max(next_t, now - self.MAX_LAG_S) + plan.duration * self.time_scale
-            delay = next_t - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            # Always yield, even when late: consumers take each step's output before the next
+            # one, so a chunk is one engine step (vLLM merges only when its frontend lags).
+            await asyncio.sleep(max(0.0, next_t - loop.time()))
             core.complete_step(plan, loop.time())
