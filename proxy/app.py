@@ -350,6 +350,8 @@ class PublicApp:
         out_headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
                        for k, v in resp.headers.items() if k.lower() not in RESPONSE_DROP
                        and k.lower() != "x-request-id"]
+        if resp.status in (429, 503) and "Retry-After" not in resp.headers:
+            out_headers.append((b"retry-after", b"5"))
         is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
         if is_sse:
             out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
