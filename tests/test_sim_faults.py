@@ -147,7 +147,8 @@ def test_health_fail_keeps_serving(sim: SimServer) -> None:
 
 
 def test_cold_start_then_ready(sim: SimServer) -> None:
-    sim.fault("cold_start", seconds=4)  # 4 s x time scale 0.05 = 0.2 s
+    # 30 s x time scale 0.05 = 1.5 s: long enough for the checks below on a loaded machine.
+    sim.fault("cold_start", seconds=30)
     assert httpx.get(sim.url + "/health", timeout=5).status_code == 503
     assert httpx.post(sim.url + "/v1/chat/completions", json=body(), timeout=5).status_code == 503
     assert httpx.get(sim.url + "/v1/models", timeout=5).status_code == 503
