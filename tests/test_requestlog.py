@@ -332,6 +332,7 @@ async def test_full_disk_keeps_rows_up_to_the_bound(tmp_path: Path) -> None:
         log.sink(make_record(i))
     await log.flush()
     assert log.write_errors == 1 and log.written == 0 and log.buffered == 400
+    assert rows(tmp_path / "r.sqlite3") == []  # the batch is one transaction: none of it landed
     for i in range(400, 600):
         log.sink(make_record(i))  # the bound holds while the disk stays full
     assert log.buffered == 500 and log.dropped == 100
@@ -406,6 +407,6 @@ def test_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     from loadtests import bench_requestlog
 
     assert bench_requestlog.main(["--calls", "300", "--rounds", "2", "--tokens", "40",
-                                  "--batch", "50", "--batches", "2"]) == 0
+                                  "--batch", "50", "--batches", "2", "--idle", "0.05"]) == 0
     out = capsys.readouterr().out
     assert "sink(), 2 rounds x 300 calls" in out and "records/s" in out
