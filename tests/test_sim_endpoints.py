@@ -5,9 +5,12 @@ from __future__ import annotations
 import base64
 import json
 import math
+import signal
 import struct
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -197,3 +200,36 @@ def test_cli_lists_profiles_and_rejects_unknown_ones() -> None:
         text=True,
     )
     assert bad.returncode == 2 and "unknown profile" in bad.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signals_end_open_streams_and_exit_cleanly(sig: str) -> None:
+    s = SimServer("mtp3")
+    s.start()
+    outcome: list[str] = []
+
+    def read() -> None:
+        body = {
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+            "max_tokens": 100_000,
+            "ignore_eos": True,
+        }
+        with httpx.stream("POST", s.url + "/v1/chat/completions", json=body, timeout=20) as resp:
+            for _ in resp.iter_raw():
+                outcome.append("chunk")
+        outcome.append("end")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "chunk" not in outcome and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s.proc is not None
+        s.proc.send_signal(getattr(signal, sig))
+        assert s.proc.wait(10) == 0
+        reader.join(10)
+        assert outcome[-1] == "end"  # the stream was ended, not left hanging
+    finally:
+        s.stop()

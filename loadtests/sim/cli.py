@@ -75,6 +75,14 @@ class _Server(uvicorn.Server):
         self._on_exit()
         super().handle_exit(sig, frame)
 
+    async def _serve(self, sockets: list[socket.socket] | None = None) -> None:
+        await super()._serve(sockets)
+        # uvicorn re-raises a captured SIGINT/SIGTERM after shutdown (a traceback or a -15
+        # exit); a simulator asked to stop has stopped cleanly, so it exits 0 instead.
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
+
 
 def _loop_name() -> str:
     try:

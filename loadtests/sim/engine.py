@@ -516,6 +516,9 @@ class Engine:
     def paused(self) -> bool:
         return not self._running.is_set()
 
+    async def wait_unpaused(self) -> None:
+        await self._running.wait()
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         core = self.core
