@@ -2,6 +2,7 @@
 
     specrouter deploy render POLICY [--out DIR]   # DIR/compose.yaml, DIR/prometheus/prometheus.yml
     specrouter deploy check POLICY COMPOSE        # every difference; exit 1 when there is any
+    specrouter deploy check POLICY --live         # ... with what the running engines report
 
 One source of truth: the policy's backend descriptions (served model name, max_concurrency, the
 port of the URL, the speculative configuration) are what the metrics are labelled with, so they
@@ -10,7 +11,7 @@ the drafter's checkpoint, the memory split, images) is a compose variable with a
 in the rendered `env.example`.
 
 The pure functions (`engine_plans`, `engine_command`, `render_compose`, `render_prometheus`,
-`render_env_example`, `compose_engines`, `check_compose`) take documents and return text or
+`render_env_example`, `compose_engines`, `check_compose`, `check_live`) take documents and return text or
 lists; `main` only reads and writes files.
 """
 
@@ -22,7 +23,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -728,6 +729,106 @@ def _flag_value(argv: Sequence[str], name: str) -> str | None:
     return None
 
 
+# Checking the running engines ----------------------------------------------------------------
+
+# GET url with headers -> body, or None when the engine cannot be reached.
+Fetch = Callable[[str, Mapping[str, str]], str | None]
+
+
+def http_fetch(timeout_s: float = 5.0) -> Fetch:
+    import httpx
+
+    def fetch(url: str, headers: Mapping[str, str]) -> str | None:
+        try:
+            resp = httpx.get(url, headers=dict(headers), timeout=timeout_s)
+        except httpx.HTTPError:
+            return None
+        return resp.text if resp.status_code == 200 else None
+
+    return fetch
+
+
+def draft_positions(metrics_text: str) -> int | None:
+    """How many draft positions an engine counts (`vllm:spec_decode_num_accepted_tokens_per_pos`
+    has one series per position from the start), or None when it reports none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    positions: set[str] = set()
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            if family.name.removesuffix("_total") == "vllm:spec_decode_num_accepted_tokens_per_pos":
+                positions |= {s.labels.get("position", "") for s in family.samples
+                              if not s.name.endswith("_created")}
+    except ValueError:
+        return None
+    return len(positions) or None
+
+
+def check_live(doc: PolicyDocument, fetch: Fetch,
+               env: Mapping[str, str] | None = None) -> list[str]:
+    """Every difference between the policy and what its vLLM engines report about themselves.
+
+    vLLM tells its served names (`/v1/models`) and, through its spec-decode counters, how many
+    draft positions it runs; an engine that also reports its configuration on `/version` (the
+    simulator does) is compared field by field, as a compose file is."""
+    env = os.environ if env is None else env
+    out: list[str] = []
+    for name, backend in doc.backends.items():
+        if backend.kind != "vllm":
+            continue
+        key = env.get(backend.api_key_env) if backend.api_key_env else None
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        for url in backend.endpoints:
+            where = f"backend {name} at {url}"
+            models = fetch(url + "/v1/models", headers)
+            if models is None:
+                out.append(f"{where}: not reachable (GET /v1/models failed)")
+                continue
+            try:
+                ids = [str(m.get("id")) for m in json.loads(models).get("data", [])]
+            except (ValueError, AttributeError):
+                ids = []
+            if backend.served_model_name not in ids:
+                out.append(f"{where}: serves {ids}, not {backend.served_model_name!r}")
+            spec = backend.speculative
+            metrics = fetch(url + "/metrics", {})
+            positions = draft_positions(metrics) if metrics is not None else None
+            if spec is None and positions:
+                out.append(f"{where}: the engine speculates ({positions} draft positions) but "
+                           "the policy describes no speculative configuration")
+            elif spec is not None and positions and positions != spec.num_speculative_tokens:
+                out.append(f"{where}: the engine drafts {positions} positions, the policy says "
+                           f"num_speculative_tokens {spec.num_speculative_tokens}")
+            out += _check_reported_config(where, backend, fetch(url + "/version", {}))
+    return out
+
+
+def _check_reported_config(where: str, backend: BackendSpec, version: str | None) -> list[str]:
+    try:
+        data = json.loads(version) if version else None
+    except ValueError:
+        return []
+    config = data.get("specrouter_sim") if isinstance(data, dict) else None
+    if not isinstance(config, dict):
+        return []  # vLLM itself does not report its launch configuration
+    out: list[str] = []
+    seqs = config.get("max_num_seqs")
+    if isinstance(seqs, int) and seqs != backend.max_concurrency:
+        out.append(f"{where}: max_num_seqs is {seqs} on the engine, max_concurrency "
+                   f"{backend.max_concurrency} in the policy")
+    engine = EngineArgs(where, None)
+    if config.get("speculative_config") is not None:
+        engine.flags["speculative-config"] = _json(config["speculative_config"])
+    metrics_mode = config.get("per_request_spec_decode_metrics")
+    if isinstance(metrics_mode, str):
+        engine.flags["per-request-spec-decode-metrics"] = metrics_mode
+    if backend.speculative is not None and "per-request-spec-decode-metrics" not in engine.flags:
+        engine.flags["per-request-spec-decode-metrics"] = "summary"  # not reported: not judged
+    for diff in _check_speculative(where, backend.speculative, engine):
+        out.append(diff.replace("in the compose file", "on the engine"))
+    return out
+
+
 # Command line -----------------------------------------------------------------------------------
 
 
@@ -763,11 +864,15 @@ def main(argv: list[str]) -> int:
     r.add_argument("policy", type=Path)
     r.add_argument("--out", type=Path, help="write compose.yaml, prometheus/prometheus.yml and "
                                             "env.example here (default: compose.yaml to stdout)")
-    c = sub.add_parser("check", help="list every difference between a compose file and the "
-                                     "policy (exit 1 when any)")
+    c = sub.add_parser("check", help="list every difference between a compose file (and/or "
+                                     "the running engines) and the policy; exit 1 when any")
     c.add_argument("policy", type=Path)
-    c.add_argument("compose", type=Path)
+    c.add_argument("compose", type=Path, nargs="?")
+    c.add_argument("--live", action="store_true",
+                   help="also ask each vLLM backend of the policy what it serves and drafts")
     args = p.parse_args(argv)
+    if args.command == "check" and args.compose is None and not args.live:
+        p.error("check needs a COMPOSE file, --live, or both")
     try:
         doc = _load(str(args.policy))
         if args.command == "render":
@@ -777,20 +882,26 @@ def main(argv: list[str]) -> int:
             files = render(doc, policy=args.policy, out_dir=args.out)
             _print_lines(f"wrote {path}" for path in write_rendered(files, args.out))
             return 0
-        try:
-            compose = yaml.safe_load(args.compose.read_text())
-        except (OSError, yaml.YAMLError) as exc:
-            raise DeployError(f"{args.compose}: {exc}") from None
-        if not isinstance(compose, dict):
-            raise DeployError(f"{args.compose}: not a compose document")
-        diffs = check_compose(doc, compose, compose_dir=args.compose.parent, policy=args.policy)
+        diffs: list[str] = []
+        if args.compose is not None:
+            try:
+                compose = yaml.safe_load(args.compose.read_text())
+            except (OSError, yaml.YAMLError) as exc:
+                raise DeployError(f"{args.compose}: {exc}") from None
+            if not isinstance(compose, dict):
+                raise DeployError(f"{args.compose}: not a compose document")
+            diffs += check_compose(doc, compose, compose_dir=args.compose.parent,
+                                   policy=args.policy)
+        if args.live:
+            diffs += check_live(doc, http_fetch())
     except DeployError as exc:
         print(f"specrouter deploy: {exc}", file=sys.stderr)
         return 2
+    what = " and ".join(([str(args.compose)] if args.compose else [])
+                        + (["the running engines"] if args.live else []))
     if diffs:
         _print_lines(diffs)
-        print(f"{len(diffs)} difference(s) between {args.compose} and {args.policy}",
-              file=sys.stderr)
+        print(f"{len(diffs)} difference(s) between {what} and {args.policy}", file=sys.stderr)
         return 1
-    print(f"{args.compose} runs what {args.policy} describes")
+    print(f"{what}: as {args.policy} describes")
     return 0

@@ -362,3 +362,66 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert deploy.main(["check", str(GB10), str(tmp_path / "missing.yaml")]) == 2
     assert deploy.main(["render", str(GB10)]) == 0
     assert capsys.readouterr().out.startswith("# The GB10 stack")
+
+
+# -- the running engines (--live) ---------------------------------------------------------------
+
+
+def test_check_live_with_canned_answers() -> None:
+    doc = load_policy(GB10)
+    per_pos = "\n".join(
+        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} 0.0'
+        for i in range(5))
+    answers = {
+        "http://127.0.0.1:8001/v1/models": '{"data": [{"id": "qwen3.8-27b"}]}',
+        "http://127.0.0.1:8001/metrics": "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos "
+                                         "counter\n" + per_pos + "\n",
+        "http://127.0.0.1:8002/v1/models": '{"data": [{"id": "qwen"}]}',
+        "http://127.0.0.1:8011/v1/models": '{"data": [{"id": "embedding-large"}]}',
+        "http://127.0.0.1:8012/v1/models": '{"data": [{"id": "embedding-small"}]}',
+    }
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    def fetch(url: str, headers: Any) -> str | None:
+        seen.append((url, dict(headers)))
+        return answers.get(url)
+
+    diffs = deploy.check_live(doc, fetch, env={"SPECROUTER_CODER_KEY": "k"})
+    assert diffs == [
+        "backend coder-dflash7 at http://127.0.0.1:8001: the engine drafts 5 positions, the "
+        "policy says num_speculative_tokens 7",
+        "backend coder-mtp3 at http://127.0.0.1:8002: serves ['qwen'], not 'qwen3.8-27b'",
+    ]
+    assert ("http://127.0.0.1:8001/v1/models", {"authorization": "Bearer k"}) in seen
+    answers.pop("http://127.0.0.1:8011/v1/models")
+    assert any("embed-large" in d and "not reachable" in d
+               for d in deploy.check_live(doc, fetch, env={}))
+
+
+def test_check_live_against_simulated_engines(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    from tests.simserver import SimServer
+
+    with SimServer("dflash7-prob-block", served_model_name="qwen3.8-27b",
+                   spec_metrics="summary") as dflash, \
+            SimServer("mtp3", served_model_name="qwen3.8-27b", spec_metrics="none") as mtp:
+        raw = yaml.safe_load(GB10.read_text())
+        raw["backends"]["coder-dflash7"]["url"] = dflash.url
+        raw["backends"]["coder-mtp3"]["url"] = mtp.url
+        for name in ("embed-large", "embed-small"):
+            del raw["backends"][name], raw["routes"][name]
+        policy = tmp_path / "live.yaml"
+        policy.write_text(yaml.safe_dump(raw))
+        diffs = deploy.check_live(load_policy(policy), deploy.http_fetch(), env={})
+        # The MTP engine runs without per-request metrics: the only difference.
+        assert len(diffs) == 1 and "coder-mtp3" in diffs[0], diffs
+        assert "--per-request-spec-decode-metrics is 'none'" in diffs[0]
+
+        raw["backends"]["coder-dflash7"]["speculative"]["num_speculative_tokens"] = 5
+        raw["backends"]["coder-dflash7"]["max_concurrency"] = 8
+        policy.write_text(yaml.safe_dump(raw))
+        assert deploy.main(["check", str(policy), "--live"]) == 1
+        out = capsys.readouterr().out
+        assert "the engine drafts 7 positions, the policy says num_speculative_tokens 5" in out
+        assert "speculative num_speculative_tokens is 7 on the engine, 5 in the policy" in out
+        assert "max_num_seqs is 16 on the engine, max_concurrency 8 in the policy" in out
