@@ -18,6 +18,7 @@ What one step does, as in vLLM's V1 scheduler:
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 from collections import OrderedDict, deque
@@ -28,6 +29,8 @@ from enum import Enum
 from .metrics import SimMetrics
 from .profiles import Profile
 from .textgen import EOS_TOKEN_ID, CodeText, derive_seed, token_ids
+
+logger = logging.getLogger("specrouter.sim")
 
 _ACCEPT_CAP = 0.99  # no draft position is certain, whatever the multipliers say
 
@@ -484,6 +487,7 @@ class Engine:
         self._running = asyncio.Event()
         self._running.set()
         self._task: asyncio.Task[None] | None = None
+        self.dead = False
 
     def start(self) -> None:
         if self._task is None:
@@ -520,6 +524,17 @@ class Engine:
         await self._running.wait()
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception:
+            # A bug here must not leave every stream hanging: the engine is dead, as a crashed
+            # vLLM engine core is (/health answers 503), and its requests end.
+            logger.exception("simulated engine loop failed")
+            self.dead = True
+            for seq in [*self.core.running, *self.core.waiting]:
+                self.core.abort(seq.request)
+
+    async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         core = self.core
         next_t = loop.time()

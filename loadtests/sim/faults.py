@@ -122,6 +122,9 @@ class Faults:
         fault = self._active.get("die_mid_stream")
         return None if fault is None else int(fault.params["after_chunks"])
 
+    def starting_status(self) -> int | None:
+        return 503 if "cold_start" in self._active else None
+
     def reject_status(self) -> int | None:
         """The status a new /v1 request must get instead of being served, if any."""
         if "cold_start" in self._active:

@@ -237,11 +237,12 @@ class Sim:
 
     # -- shared checks -----------------------------------------------------------------------
 
-    def gate(self) -> Response | None:
-        """Faults that answer a /v1 request before it is even parsed."""
+    def gate(self, *, generation: bool = True) -> Response | None:
+        """Faults that answer a /v1 request before it is even parsed. Only cold_start refuses
+        /v1/models; http_500/http_503 (and their counts) apply to inference requests."""
         if not self.config.faults:
             return None
-        status = self.faults.reject_status()
+        status = self.faults.reject_status() if generation else self.faults.starting_status()
         if status is None:
             return None
         self.stats.errors += 1
@@ -891,7 +892,7 @@ async def embeddings(sim: Sim, request: Request) -> Response:
 
 
 async def health(sim: Sim, request: Request) -> Response:
-    ok = not sim.config.faults or sim.faults.health_ok()
+    ok = not sim.engine.dead and (not sim.config.faults or sim.faults.health_ok())
     return Response(status_code=200 if ok else 503)
 
 
@@ -915,7 +916,7 @@ async def version(sim: Sim, request: Request) -> Response:
 
 
 async def models(sim: Sim, request: Request) -> Response:
-    gated = sim.gate()
+    gated = sim.gate(generation=False)
     if gated is not None:
         return gated
     return json_response(
