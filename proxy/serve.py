@@ -21,6 +21,7 @@ from proxy.dashboard import dashboard_routes
 from proxy.gateway import Gateway
 from proxy.health import HealthMonitor
 from proxy.policy_store import PolicyStore
+from proxy.requestlog import RequestLog
 from proxy.servers import bind, make_server, url_of
 from proxy.settings import Settings, is_loopback, split_hostport
 
@@ -130,6 +131,9 @@ class GatewayProcess:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         loop.add_signal_handler(signal.SIGTERM, stop)
         loop.add_signal_handler(signal.SIGINT, stop)
+        self.requestlog = RequestLog(self.settings.state_dir / "requests.sqlite3")
+        self.gw.sinks.append(self.requestlog.sink)
+        await self.requestlog.start()
         self.monitor.start()
         self._spawn(self._watch_policy_file())
         scheme = "http" if self.ssl is None else "https"
@@ -141,6 +145,7 @@ class GatewayProcess:
             for task in list(self._tasks):
                 task.cancel()
             await self.monitor.stop()
+            await self.requestlog.stop()
             await self.gw.aclose()
 
 
