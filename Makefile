@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo calibrate clean system-deps
+.PHONY: install test lint demo calibrate clean system-deps deploy-render deploy-check dashboards-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -29,6 +29,16 @@ demo: $(STAMP)
 
 calibrate: $(STAMP)
 	$(PY) -m loadtests.calibrate
+
+deploy-render: $(STAMP)
+	$(VENV)/bin/specrouter deploy render policies/gb10.yaml --out deploy
+
+deploy-check: $(STAMP)
+	$(VENV)/bin/specrouter deploy check policies/gb10.yaml deploy/compose.yaml
+
+# Every Grafana panel's PromQL evaluated by a real Prometheus scraping the gateway (also in `make test`).
+dashboards-check: $(STAMP) system-deps
+	$(VENV)/bin/pytest -q tests/test_grafana_prometheus.py tests/test_deploy.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
