@@ -115,7 +115,7 @@ def test_responses_stream_events(sim: SimServer) -> None:
         "response.output_text.done",
         "response.content_part.done",
         "response.output_item.done",
-        "response.incomplete",
+        "response.completed",
     ]
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
@@ -131,6 +131,8 @@ def test_responses_stream_events(sim: SimServer) -> None:
     text = "".join(e["delta"] for e in deltas)
     assert events[-4]["text"] == text
     assert events[-1]["response"]["usage"]["output_tokens"] == 25
+    assert events[-1]["response"]["status"] == "incomplete"
+    assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
 def test_responses_with_the_sdk(sim: SimServer) -> None:

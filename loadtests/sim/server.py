@@ -794,7 +794,9 @@ async def _responses_frames(sim: Sim, req: EngineRequest, ev: wire.ResponsesEven
         ),
         ev.event("response.output_item.done", {"item": item, "output_index": 0}),
         ev.event(
-            "response.completed" if status == "completed" else "response.incomplete",
+            # vLLM ends every stream with response.completed; a truncated answer shows as
+            # status "incomplete" inside it.
+            "response.completed",
             {"response": ev.response(status, [item], usage, incomplete=status == "incomplete")},
         ),
     ]
