@@ -19,6 +19,7 @@ from policies.engine import decide
 from policies.types import Endpoint
 from proxy import auth
 from proxy.admission import AdmissionTimeout
+from proxy.endpoints import prefix_affinity
 from proxy.errors import error_body
 from proxy.gateway import Gateway, RequestRecord
 from proxy.measure import StreamFilter
@@ -234,6 +235,7 @@ class PublicApp:
         first = b""
         backend_name = ""
         admitted_limit = 0
+        base = ""
         gw.in_flight[id(record)] = record
         try:
             for i, backend_name in enumerate(attempts):
@@ -245,7 +247,10 @@ class PublicApp:
                 if decision.priority is not None and backend.priority_scheduling:
                     inject.setdefault("priority", decision.priority)
                 payload = upstream_body(body, inject, backend.served_model_name, usage)
-                url = backend.endpoints[0] + _PATHS[endpoint]
+                urls = backend.endpoints
+                base = urls[0] if len(urls) == 1 else gw.endpoints.pick(
+                    urls, prefix_affinity(body))
+                url = base + _PATHS[endpoint]
                 up_headers = _upstream_headers(headers, record.request_id, backend)
                 record.backend = backend_name
                 limit = backend.max_concurrency
@@ -271,6 +276,7 @@ class PublicApp:
                         gw.metrics.queued.labels(record.backend).dec()
                 admitted_limit = limit
                 gw.live.begin(backend_name)
+                gw.endpoints.state(base).in_flight += 1
                 record.concurrency = gw.live.get(backend_name).in_flight
                 gw.metrics.in_flight.labels(record.route, backend_name).inc()
                 try:
@@ -292,7 +298,7 @@ class PublicApp:
                 except UpstreamError as exc:
                     last_error = exc
                     gw.metrics.upstream_errors.labels(backend_name, exc.kind).inc()
-                    if exc.kind == "connect" and resp is None:
+                    if exc.kind == "connect" and resp is None and len(urls) == 1:
                         gw.live.down_now(backend_name)
                     else:
                         gw.live.failure(backend_name)
@@ -301,6 +307,11 @@ class PublicApp:
                         resp = None
                         watch.response = None
                     gw.live.end(backend_name)
+                    gw.endpoints.state(base).in_flight -= 1
+                    if exc.kind == "connect" and len(urls) > 1:
+                        gw.endpoints.state(base).up = False  # until a health check passes
+                        if any(gw.endpoints.state(u).up for u in urls):
+                            attempts.insert(i + 1, backend_name)  # another engine of it
                     gw.metrics.in_flight.labels(record.route, backend_name).dec()
                     gw.admission.release(backend_name, limit)
                     if i + 1 < len(attempts):
@@ -328,6 +339,7 @@ class PublicApp:
                     resp.close()
             if backend_name:
                 gw.live.end(backend_name)
+                gw.endpoints.state(base).in_flight -= 1
                 gw.metrics.in_flight.labels(record.route, backend_name).dec()
                 gw.admission.release(backend_name, admitted_limit)
             gw.in_flight.pop(id(record), None)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from proxy.admission import Admission
+from proxy.endpoints import Endpoints
 from proxy.live import LiveTracker
 from proxy.measure import Measurement
 from proxy.metrics import GatewayMetrics
@@ -67,6 +68,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.live = LiveTracker()
         self.admission = Admission()
+        self.endpoints = Endpoints()
         self.upstream = Upstream(connect_timeout=settings.connect_timeout_s,
                                  first_byte_timeout=settings.first_byte_timeout_s)
         self.in_flight: dict[int, RequestRecord] = {}  # by id(record): ids repeat in headers

@@ -183,36 +183,64 @@ class HealthMonitor:
         self.gw.live.set_guards({b.backend: guards[b.backend] for b in policy.guards})
 
     async def check(self, name: str) -> None:
+        """Check every engine of a backend; the backend is up while any of its engines is."""
         gw = self.gw
         backend = gw.policy.current.backend(name)
-        base = backend.endpoints[0]
-        timeout = max(1.0, gw.settings.scrape_interval_s)
-        try:
-            status, _ = await gw.upstream.get(base + "/health", timeout)
-        except Exception:  # any failure to answer is a failed check
+        results = await asyncio.gather(*(self._check_url(url, backend.kind == "vllm")
+                                         for url in backend.endpoints))
+        if any(ok for ok, _ in results):
+            gw.live.success(name)
+        else:
             gw.live.failure(name)
+        scrapes = [scrape for _, scrape in results if scrape is not None]
+        if not scrapes:
             return
-        if status != 200:
-            gw.live.failure(name)
-            return
-        gw.live.success(name)
-        if backend.kind != "vllm":
-            return
-        try:
-            status, body = await gw.upstream.get(base + "/metrics", timeout)
-            if status != 200:
-                return
-            scrape = parse_vllm_metrics(body.decode(errors="replace"), time.monotonic())
-        except Exception as exc:  # a scrape failure leaves the last reading in place
-            log.debug("scrape of %s failed: %s", name, exc)
-            return
+        scrape = scrapes[0] if len(scrapes) == 1 else _summed(scrapes)
         window = self.windows.setdefault(name, EngineWindow())
         window.add(scrape)
         running, waiting = scrape.values.get("running"), scrape.values.get("waiting")
+        kv = [s.values["kv_usage"] for s in scrapes if "kv_usage" in s.values]
         gw.live.set_scraped(name, running=None if running is None else int(running),
                             waiting=None if waiting is None else int(waiting),
-                            kv_usage=scrape.values.get("kv_usage"),
+                            kv_usage=max(kv) if kv else None,
                             acceptance=window.acceptance(policy_window(gw)))
+
+    async def _check_url(self, url: str, scrape: bool) -> tuple[bool, Scrape | None]:
+        gw = self.gw
+        state = gw.endpoints.state(url)
+        timeout = max(1.0, gw.settings.scrape_interval_s)
+        try:
+            status, _ = await gw.upstream.get(url + "/health", timeout)
+        except Exception:  # any failure to answer is a failed check
+            state.up = False
+            return False, None
+        state.up = status == 200
+        if not state.up or not scrape:
+            return state.up, None
+        try:
+            status, body = await gw.upstream.get(url + "/metrics", timeout)
+            if status != 200:
+                return True, None
+            reading = parse_vllm_metrics(body.decode(errors="replace"), time.monotonic())
+        except Exception as exc:  # a scrape failure leaves the last reading in place
+            log.debug("scrape of %s failed: %s", url, exc)
+            return True, None
+        running, waiting = reading.values.get("running"), reading.values.get("waiting")
+        state.running = None if running is None else int(running)
+        state.waiting = None if waiting is None else int(waiting)
+        return True, reading
+
+
+def _summed(scrapes: list[Scrape]) -> Scrape:
+    """Several engines of one variant read as one: counters and queue lengths add up."""
+    out = Scrape(max(s.t for s in scrapes))
+    for s in scrapes:
+        for key, value in s.values.items():
+            if key != "kv_usage":
+                out.values[key] = out.values.get(key, 0.0) + value
+        for pos, value in s.accepted_per_pos.items():
+            out.accepted_per_pos[pos] = out.accepted_per_pos.get(pos, 0.0) + value
+    return out
 
 
 def policy_window(gw: Gateway) -> float:
