@@ -335,6 +335,9 @@ class ClientSpec(_Model):
     allowed_variants: list[str] | None = None  # null: every variant of the route
     priority: int = 0  # passed to vLLM as `priority` when the engine runs priority scheduling
     may_pin: bool = False  # may choose a variant with the X-Specrouter-Variant header
+    # Limits (429 + Retry-After past them); shared by gateway replicas through Redis when set.
+    max_concurrent: Annotated[int, Field(ge=1)] | None = None  # requests open at once
+    requests_per_minute: Annotated[int, Field(ge=1)] | None = None
 
     @field_validator("defaults")
     @classmethod

@@ -155,6 +155,29 @@ class PublicApp:
         if client is None:
             await _unauthorized(send, rid)
             return
+        if client.max_concurrent is None and client.requests_per_minute is None:
+            await self._generate(scope, receive, send, endpoint, t0, policy, headers,
+                                 request_id, rid, client)
+            return
+        wait = await gw.limits.enter(client.name, client.max_concurrent,
+                                     client.requests_per_minute)
+        if wait is not None:
+            gw.metrics.rate_limited.labels(client.name).inc()
+            await respond_error(send, 429, f"rate limit for client {client.name!r}: retry in "
+                                f"{wait:.1f}s", type_="RateLimitError",
+                                headers=[*rid, (b"retry-after", str(max(1, round(wait))).encode())])
+            return
+        try:
+            await self._generate(scope, receive, send, endpoint, t0, policy, headers,
+                                 request_id, rid, client)
+        finally:
+            await gw.limits.leave(client.name)
+
+    async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send,
+                        endpoint: Endpoint, t0: float, policy: Any,
+                        headers: dict[bytes, bytes], request_id: str,
+                        rid: list[tuple[bytes, bytes]], client: Any) -> None:
+        gw = self.gw
         try:
             raw = await read_body(receive, gw.settings.max_body_bytes)
         except BodyTooLarge:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from proxy.admission import Admission
 from proxy.endpoints import Endpoints
+from proxy.limits import Limits, MemoryLimits, RedisLimits
 from proxy.live import LiveTracker
 from proxy.measure import Measurement
 from proxy.metrics import GatewayMetrics
@@ -69,6 +70,8 @@ class Gateway:
         self.live = LiveTracker()
         self.admission = Admission()
         self.endpoints = Endpoints()
+        self.limits: Limits = (RedisLimits(settings.redis_url) if settings.redis_url
+                               else MemoryLimits())
         self.upstream = Upstream(connect_timeout=settings.connect_timeout_s,
                                  first_byte_timeout=settings.first_byte_timeout_s)
         self.in_flight: dict[int, RequestRecord] = {}  # by id(record): ids repeat in headers
@@ -83,3 +86,4 @@ class Gateway:
 
     async def aclose(self) -> None:
         await self.upstream.aclose()
+        await self.limits.aclose()

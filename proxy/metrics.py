@@ -140,6 +140,9 @@ class GatewayMetrics:
         self.decisions = Counter("specrouter_decisions_total",
                                  "Policy decisions by chosen variant and deciding rule.",
                                  ("route", "variant", "reason"), registry=r)
+        self.rate_limited = Counter("specrouter_rate_limited_total",
+                                    "Requests refused with 429 by a client's limits.",
+                                    ("client",), registry=r)
         self.retries = Counter("specrouter_retries_total",
                                "Requests sent to another backend before the first byte.",
                                ("route", "backend"), registry=r)

@@ -40,6 +40,7 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--admin-token")
     p.add_argument("--dashboard-token", help="read-only token for the dashboard")
     p.add_argument("--state-dir", type=Path)
+    p.add_argument("--redis-url", help="redis://host:port/db: client limits shared by replicas")
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--first-byte-timeout", dest="first_byte_timeout_s", type=float)
     p.add_argument("--idle-timeout", dest="idle_timeout_s", type=float)

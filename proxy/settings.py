@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     dashboard_token: str | None = Field(None, description="read-only token for the dashboard")
     state_dir: Path = Field(Path(".state"), description="certificates, policy versions, logs")
 
+    redis_url: str | None = Field(None, description="shared client limits for replicas")
+
     max_body_bytes: int = Field(8 * 1024 * 1024, description="request bodies above this get 413")
     connect_timeout_s: float = 5.0
     # Prefill of a 100K-token prompt at ~2,000 tokens/s is legitimate: be generous.

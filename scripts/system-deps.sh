@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Debian packages the test suite drives for real: Chromium (the dashboard test) and Prometheus
-# (promtool and a server evaluating the Grafana panels). Installed only when missing.
+# (promtool and a server evaluating the Grafana panels), Redis (limits shared by replicas).
+# Installed only when missing.
 set -euo pipefail
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
     echo "system-deps: please install: ${need[*]}" >&2

@@ -56,13 +56,15 @@ def coder_policy(backends: dict[str, str], *, served: str = "qwen3.8-27b",
 class GatewayServer:
     """`with GatewayServer(policy_dict) as gw:` gives `gw.url` (https .../v1), `gw.admin`."""
 
-    def __init__(self, policy: dict[str, Any], *, certs: CertFiles | None = None,
-                 args: tuple[str, ...] = (), insecure: bool = False) -> None:
+    def __init__(self, policy: dict[str, Any] | None = None, *, certs: CertFiles | None = None,
+                 args: tuple[str, ...] = (), insecure: bool = False,
+                 policy_path: Path | None = None) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-gw-")
         self.dir = Path(self._tmp.name)
         self.certs = certs or make_local_ca(self.dir / "tls")
-        self.policy_path = self.dir / "policy.yaml"
-        self.write_policy(policy)
+        self.policy_path = policy_path or self.dir / "policy.yaml"
+        if policy is not None:
+            self.write_policy(policy)
         self.args = args
         self.insecure = insecure
         self.proc: subprocess.Popen[str] | None = None
@@ -120,6 +122,11 @@ class GatewayServer:
                 self.proc.kill()
                 self.proc.wait()
         self._tmp.cleanup()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
 
     def hup(self) -> None:
         assert self.proc is not None

@@ -1,0 +1,107 @@
+"""Per-client limits: requests open at once, and requests per minute (GCRA).
+
+In-process by default; with `--redis-url` the counts live in Redis so that gateway replicas
+behind one load balancer enforce one limit together. Either way a refusal is 429 with
+Retry-After, and nothing else about the request is touched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+BURST_S = 60.0  # a per-minute limit may be used in one burst, then paces at its rate
+
+
+class Limits(Protocol):
+    async def enter(self, client: str, max_concurrent: int | None, rpm: int | None
+                    ) -> float | None:
+        """None when admitted (then `leave` must follow), else seconds to wait."""
+
+    async def leave(self, client: str) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryLimits:
+    def __init__(self) -> None:
+        self._open: dict[str, int] = {}
+        self._tat: dict[str, float] = {}  # GCRA's theoretical arrival time, per client
+
+    async def enter(self, client: str, max_concurrent: int | None, rpm: int | None
+                    ) -> float | None:
+        if max_concurrent is not None and self._open.get(client, 0) >= max_concurrent:
+            return 1.0
+        if rpm is not None:
+            now = time.monotonic()
+            interval = 60.0 / rpm
+            tat = max(self._tat.get(client, now), now) + interval
+            if tat - now > BURST_S:
+                return tat - now - BURST_S
+            self._tat[client] = tat
+        self._open[client] = self._open.get(client, 0) + 1
+        return None
+
+    async def leave(self, client: str) -> None:
+        self._open[client] = max(0, self._open.get(client, 0) - 1)
+
+    async def aclose(self) -> None:
+        return None
+
+
+# One round trip, atomic across replicas; Redis's clock, so replicas need not agree on time.
+_ENTER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local max_open = tonumber(ARGV[1])
+local interval = tonumber(ARGV[2])
+local burst = tonumber(ARGV[3])
+if max_open > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') >= max_open then
+  return 1000
+end
+if interval > 0 then
+  local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+  if tat < now then tat = now end
+  tat = tat + interval
+  if tat - now > burst then return tat - now - burst end
+  redis.call('SET', KEYS[1], tat, 'PX', math.ceil(tat - now) + 1000)
+end
+redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], 3600000)
+return -1
+"""
+_LEAVE = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
+return 0
+"""
+
+
+class RedisLimits:
+    """The same limits in Redis. The open-request count expires an hour after its last
+    change, so a replica that dies with requests open cannot block a client for good."""
+
+    def __init__(self, url: str, prefix: str = "specrouter") -> None:
+        import redis.asyncio as aioredis
+
+        self._redis: Any = aioredis.Redis.from_url(url)
+        self._prefix = prefix
+        self._enter = self._redis.register_script(_ENTER)
+        self._leave = self._redis.register_script(_LEAVE)
+
+    def _keys(self, client: str) -> list[str]:
+        return [f"{self._prefix}:rate:{client}", f"{self._prefix}:open:{client}"]
+
+    async def enter(self, client: str, max_concurrent: int | None, rpm: int | None
+                    ) -> float | None:
+        if max_concurrent is None and rpm is None:
+            return None
+        interval_ms = 0 if rpm is None else 60_000 / rpm
+        wait_ms = await self._enter(keys=self._keys(client),
+                                    args=[max_concurrent or 0, interval_ms, BURST_S * 1000])
+        return None if int(wait_ms) < 0 else int(wait_ms) / 1000
+
+    async def leave(self, client: str) -> None:
+        await self._leave(keys=self._keys(client)[1:])
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
