@@ -22,6 +22,7 @@ from proxy.admission import AdmissionTimeout
 from proxy.endpoints import prefix_affinity
 from proxy.errors import error_body
 from proxy.gateway import Gateway, RequestRecord
+from proxy.openapi import spec_bytes
 from proxy.measure import StreamFilter
 from proxy.relay import (
     CHAT_ENDS,
@@ -101,6 +102,8 @@ class PublicApp:
             await self.generate(scope, receive, send, endpoint)
         elif path == "/v1/models" and method == "GET":
             await self.models(scope, send)
+        elif path == "/openapi.json" and method == "GET":
+            await respond(send, 200, spec_bytes())
         elif path == "/healthz":
             await respond(send, 200, b'{"status":"ok"}')
         elif path == "/readyz":
