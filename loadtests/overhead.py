@@ -18,11 +18,14 @@ think between requests, as coding agents do between turns. Per repeat:
 - `ttft1`: one stream, short responses: TTFT p50.
 - `paced16`: 16 streams, 30 ms step: TTFT p50, p99 of the gap between decode chunks, and the
   proxy's CPU per relayed chunk (utime+stime from /proc/PID/stat over the round, divided by the
-  SSE events the clients received, [DONE] excluded).
+  SSE events the clients received, [DONE] excluded; per-request work is included, spread over
+  the response's chunks).
 - `sat`: 16 streams with the pacer as fast as possible: chunks/s through the target and CPU per
   chunk, over a fixed window after a warm-up; the streams are then dropped (client disconnect).
-Then `rss256`: 256 streams open at once (100 ms step), the proxy's resident memory, sampled while
-all 256 are streaming.
+And, once, right after the warm-up: `rss256`, 256 streams open at once (100 ms step), the
+proxy's resident memory sampled while all 256 stream. The proxies' RSS idle (after the warm-up)
+and at the end of the run are shown too: the unpaced `sat` streams are long (thousands of chunks
+each), so whatever a proxy keeps per chunk of a finished request shows up there.
 
 "Added" figures are per repeat (target round minus the direct round of the same repeat); the table
 gives medians over repeats, the spread (min-max) and the run count, with the targets of issue 3
@@ -68,7 +71,7 @@ MODEL = "pacer"
 TARGETS = ("direct", "gateway", "nginx")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-# Targets of issue 3 (2-core machine): (metric key, unit, comparison, bound).
+# Targets of issue 3 (2-core machine): metric -> (comparison, bound).
 GOALS: dict[str, tuple[str, float]] = {
     "ttft1_added_ms": ("<=", 1.5),
     "ttft16_added_ms": ("<=", 2.0),
@@ -167,17 +170,23 @@ def _tree(pid: int) -> Callable[[], list[int]]:
     return lambda: [pid, *child_pids(pid)]
 
 
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """utime + stime of the processes (all their threads), in seconds."""
-    total = 0
+def cpu_split(pids: Sequence[int]) -> tuple[float, float]:
+    """(utime, stime) of the processes (all their threads), in seconds."""
+    user = system = 0
     for pid in pids:
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
-        total += int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
-    return total / CLK_TCK
+        user += int(fields[11])  # field 14 of proc(5)
+        system += int(fields[12])  # field 15
+    return user / CLK_TCK, system / CLK_TCK
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """utime + stime of the processes (all their threads), in seconds."""
+    return sum(cpu_split(pids))
 
 
 def rss_bytes(pids: Sequence[int]) -> int:
@@ -609,7 +618,7 @@ class Bench:
                 await asyncio.sleep(rng.uniform(*spec.think_s))
 
         pids = target.pids() if name != "direct" else []
-        c0, p0, s0, w0 = cpu_seconds(pids), cpu_seconds([self.pacer_pid]), self_cpu(), \
+        (u0, k0), p0, s0, w0 = cpu_split(pids), cpu_seconds([self.pacer_pid]), self_cpu(), \
             time.perf_counter()
         longest = spec.max_tokens * spec.step_ms / 1000.0 + spec.spread_s
         try:
@@ -622,8 +631,9 @@ class Bench:
         except (TimeoutError, ConnectionError, OSError) as exc:
             res.ok, res.error = False, f"{type(exc).__name__}: {exc}"
             pool.abort()
-        c1, p1, s1, w1 = cpu_seconds(pids), cpu_seconds([self.pacer_pid]), self_cpu(), \
+        (u1, k1), p1, s1, w1 = cpu_split(pids), cpu_seconds([self.pacer_pid]), self_cpu(), \
             time.perf_counter()
+        c0, c1 = u0 + k0, u1 + k1
         res.wall_s = w1 - w0
         expected = spec.max_tokens + 2  # role, one event per token (1 token/chunk), [DONE]
         good = [s for s in shots if s.ok and s.frames == expected and s.t_first is not None]
@@ -648,6 +658,8 @@ class Bench:
             res.cpu_s = c1 - c0
             res.cpu_per_chunk_us = (c1 - c0) / res.chunks * 1e6
             res.cpu_pct = (c1 - c0) / res.wall_s * 100
+            res.extra["user_us_per_chunk"] = (u1 - u0) / res.chunks * 1e6
+            res.extra["sys_us_per_chunk"] = (k1 - k0) / res.chunks * 1e6
             res.extra["cpu_per_request_ms"] = (c1 - c0) / len(good) * 1000
         res.pacer_cpu_pct = (p1 - p0) / res.wall_s * 100
         res.client_cpu_pct = (s1 - s0) / res.wall_s * 100
@@ -671,11 +683,11 @@ class Bench:
         pids = target.pids() if name != "direct" else []
         try:
             await asyncio.sleep(spec.spread_s + spec.warmup_s)
-            f0, c0, p0, s0 = self.tally.frames, cpu_seconds(pids), \
+            f0, (u0, k0), p0, s0 = self.tally.frames, cpu_split(pids), \
                 cpu_seconds([self.pacer_pid]), self_cpu()
             w0 = time.perf_counter()
             await asyncio.sleep(spec.duration_s)
-            f1, c1, p1, s1 = self.tally.frames, cpu_seconds(pids), \
+            f1, (u1, k1), p1, s1 = self.tally.frames, cpu_split(pids), \
                 cpu_seconds([self.pacer_pid]), self_cpu()
             w1 = time.perf_counter()
             broken = [t for t in tasks if t.done()]
@@ -684,6 +696,7 @@ class Bench:
         finally:
             pool.abort()
             await asyncio.gather(*tasks, return_exceptions=True)
+        c0, c1 = u0 + k0, u1 + k1
         res.wall_s = w1 - w0
         res.chunks = f1 - f0
         res.rate = res.chunks / res.wall_s
@@ -691,6 +704,8 @@ class Bench:
             res.cpu_s = c1 - c0
             res.cpu_per_chunk_us = (c1 - c0) / res.chunks * 1e6
             res.cpu_pct = (c1 - c0) / res.wall_s * 100
+            res.extra["user_us_per_chunk"] = (u1 - u0) / res.chunks * 1e6
+            res.extra["sys_us_per_chunk"] = (k1 - k0) / res.chunks * 1e6
         res.pacer_cpu_pct = (p1 - p0) / res.wall_s * 100
         res.client_cpu_pct = (s1 - s0) / res.wall_s * 100
         await asyncio.sleep(0.3)  # let the proxy and the pacer wind the dropped streams down
@@ -760,7 +775,7 @@ def make_plan(quick: bool, repeats: int | None) -> Plan:
         return Plan(
             repeats=repeats or 2, rss_repeats=1,
             ttft1=Spec("ttft1", 1, 5.0, 4, 1.0, 0.0, (0.005, 0.015)),
-            paced16=Spec("paced16", 16, 30.0, 32, 2.5, 0.5, (0.02, 0.2)),
+            paced16=Spec("paced16", 16, 30.0, 48, 3.0, 0.5, (0.02, 0.2)),
             sat=Spec("sat", 16, 0.0, 0, 1.5, 0.1, warmup_s=0.4),
             rss256=Spec("rss256", 256, 100.0, 0, 1.0, 1.0))
     return Plan(
@@ -786,7 +801,9 @@ def _short(r: RoundResult) -> str:
     if r.kind == "ttft1" and "cpu_per_request_ms" in r.extra:
         parts.append(f"cpu={r.extra['cpu_per_request_ms']:.2f}ms/request")
     elif r.cpu_per_chunk_us is not None:
-        parts.append(f"cpu={r.cpu_per_chunk_us:.1f}us/chunk ({r.cpu_pct:.0f}%)")
+        parts.append(f"cpu={r.cpu_per_chunk_us:.1f}us/chunk "
+                     f"(user {r.extra.get('user_us_per_chunk', 0):.1f} "
+                     f"sys {r.extra.get('sys_us_per_chunk', 0):.1f}; {r.cpu_pct:.0f}%)")
     if r.rss_mb is not None:
         parts.append(f"rss={r.rss_mb:.1f}MB")
     if r.requests:
@@ -801,8 +818,20 @@ async def run_plan(bench: Bench, plan: Plan, *, kinds: Sequence[str]) -> list[Ro
     names = [n for n in TARGETS if n in bench.stack.targets]
     results: list[RoundResult] = []
     warm = Spec("warmup", 16, 1.0, 8, 0.5, 0.1, (0.0, 0.01))
-    for name in names:  # open the proxies' upstream pools, JIT nothing, page everything in
+    for name in names:  # open the proxies' upstream pools, page everything in
         await bench.closed_loop(name, warm, -1, 1)
+    proxies = [n for n in names if n != "direct"]
+    for name in proxies:
+        results.append(RoundResult(name, "rss_idle", -1,
+                                   rss_mb=rss_bytes(bench.stack.targets[name].pids()) / 1e6))
+    if "rss256" in kinds:
+        # First, before the long unpaced streams of `sat` leave their traces in the heap
+        # (the figure for those is `rss_end`, at the end of the run).
+        for r in range(plan.rss_repeats):
+            for name in proxies[r % len(proxies):] + proxies[: r % len(proxies)]:
+                res = await bench.hold_open(name, plan.rss256, r, 5000 + r)
+                results.append(res)
+                log(_short(res))
     for r in range(plan.repeats):
         order = names[r % len(names):] + names[: r % len(names)]
         log(f"repeat {r + 1}/{plan.repeats} (order {' / '.join(order)})")
@@ -817,13 +846,10 @@ async def run_plan(bench: Bench, plan: Plan, *, kinds: Sequence[str]) -> list[Ro
                     res = await bench.closed_loop(name, spec, r, seed)
                 results.append(res)
                 log(_short(res))
-    if "rss256" in kinds:
-        proxies = [n for n in names if n != "direct"]
-        for r in range(plan.rss_repeats):
-            for name in proxies[r % len(proxies):] + proxies[: r % len(proxies)]:
-                res = await bench.hold_open(name, plan.rss256, r, 5000 + r)
-                results.append(res)
-                log(_short(res))
+    await asyncio.sleep(1.0)
+    for name in proxies:
+        results.append(RoundResult(name, "rss_end", -1,
+                                   rss_mb=rss_bytes(bench.stack.targets[name].pids()) / 1e6))
     return results
 
 
@@ -881,6 +907,8 @@ def summarize(results: list[RoundResult], targets: Sequence[str]) -> dict[str, d
     plain("cpu_sat_us", "sat", "cpu_per_chunk_us")
     plain("sat_rate", "sat", "rate")
     plain("rss256_mb", "rss256", "rss_mb")
+    plain("rss_idle_mb", "rss_idle", "rss_mb")
+    plain("rss_end_mb", "rss_end", "rss_mb")
     plain("cpu_pct_sat", "sat", "cpu_pct")
     return out
 
@@ -894,6 +922,8 @@ ROWS: list[tuple[str, str, str]] = [
     ("sat_rate", "saturation rate (chunks/s)", ",.0f"),
     ("cpu_pct_sat", "proxy CPU while saturated (% of a core)", ".0f"),
     ("rss256_mb", "RSS at 256 open streams (MB)", ".1f"),
+    ("rss_idle_mb", "RSS idle, after warm-up (MB)", ".1f"),
+    ("rss_end_mb", "RSS at the end of the run (MB)", ".1f"),
 ]
 
 
@@ -933,9 +963,10 @@ def render(summary: dict[str, dict[str, Figure]], targets: Sequence[str],
                                     ("gap p99 16 streams", "paced16", "gap_p99_ms", "ms"),
                                     ("rate", "sat", "rate", "chunks/s")):
         vals = [getattr(r, attr) for r in direct[kind] if getattr(r, attr) is not None]
-        if vals:
-            med = pct(vals, 50)
-            base.append(f"{label} {med:,.2f} {unit}")
+        med = pct(vals, 50)
+        if med is not None:
+            base.append(f"{label} {med:,.0f} {unit}" if unit == "chunks/s" else
+                        f"{label} {med:.2f} {unit}")
     if base:
         out.append("direct (the pacer, no proxy), medians: " + "; ".join(base))
     failed = [r for r in results if not r.ok]
