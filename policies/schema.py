@@ -108,6 +108,15 @@ class SpeculativeSpec(_Model):
         return self
 
 
+class RepairSpec(_Model):
+    """A guarded repair: the command the gateway may run when the backend stays down."""
+
+    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    after_down_s: Annotated[float, Field(ge=0)] = 60.0  # down this long before a repair
+    max_per_hour: Annotated[int, Field(ge=1, le=60)] = 3
+    timeout_s: Annotated[float, Field(gt=0)] = 120.0  # for the command itself
+
+
 class BackendSpec(_Model):
     """One engine (one variant): where it is, what it serves, how it speculates."""
 
@@ -120,6 +129,10 @@ class BackendSpec(_Model):
     api_key_env: Annotated[str, Field(pattern=_ENV_NAME)] | None = None
     priority_scheduling: bool = False
     speculative: SpeculativeSpec | None = None
+    # A cold start (weights, CUDA graphs) takes ~7 minutes on the GB10: during this long after
+    # the gateway starts or a repair, a failing backend is "starting", not "down".
+    startup_s: Annotated[float, Field(ge=0)] = 420.0
+    repair: RepairSpec | None = None
 
     @field_validator("url")
     @classmethod
@@ -353,6 +366,14 @@ class GuardDefaults(_Model):
     window_s: Annotated[float, Field(gt=0)] = 30.0  # acceptance is averaged over this window
 
 
+class HealthSpec(_Model):
+    """Active and passive health: how many failures mark a backend down, how many good
+    checks in a row bring it back."""
+
+    fail_after: Annotated[int, Field(ge=1)] = 3
+    recover_after: Annotated[int, Field(ge=1)] = 2
+
+
 class PolicyDocument(_Model):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
 
@@ -362,6 +383,7 @@ class PolicyDocument(_Model):
     clients: list[ClientSpec] = []
     admission: AdmissionSpec = AdmissionSpec()
     guard: GuardDefaults = GuardDefaults()
+    health: HealthSpec = HealthSpec()
 
     def to_data(self) -> dict[str, Any]:
         """The document as plain data, keyed as in YAML (for diff, history and the admin API)."""

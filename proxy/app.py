@@ -22,8 +22,8 @@ from proxy.admission import AdmissionTimeout
 from proxy.endpoints import prefix_affinity
 from proxy.errors import error_body
 from proxy.gateway import Gateway, RequestRecord
-from proxy.openapi import spec_bytes
 from proxy.measure import StreamFilter
+from proxy.openapi import spec_bytes
 from proxy.relay import (
     CHAT_ENDS,
     RESPONSES_ENDS,

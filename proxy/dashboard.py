@@ -102,10 +102,13 @@ def snapshot(gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | No
             "per_position": [round(x, 3) for x in window.per_position(60.0)] if window else [],
         })
     history = store.history()[-8:] if store is not None else []
+    repairs = [{"backend": a.backend, "time": a.started, "result": a.result,
+                "returncode": a.returncode}
+               for a in (monitor.repairer.history if monitor is not None else [])][-10:]
     return {"time": now_wall, "policy": {"version": policy.version, "history": history},
             "in_flight": in_flight,
             "recent": [_record_row(r) for r in reversed(recent[-25:])],
-            "variants": variant_rows, "backends": backends}
+            "variants": variant_rows, "backends": backends, "repairs": repairs}
 
 
 def _authorised(gw: Gateway, request: Request) -> bool:

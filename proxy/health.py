@@ -19,6 +19,7 @@ from policies.guard import advance
 from policies.types import GuardState
 from proxy.gateway import Gateway
 from proxy.metrics import BackendCollector
+from proxy.repair import Repairer
 
 log = logging.getLogger("specrouter.health")
 
@@ -138,6 +139,8 @@ class HealthMonitor:
         self.gw = gw
         self.windows: dict[str, EngineWindow] = {}
         self._task: asyncio.Task[None] | None = None
+        self._seen: set[str] = set()
+        self.repairer = Repairer(gw)
         gw.metrics.registry.register(BackendCollector(self.readings))
 
     def readings(self) -> dict[str, Reading]:
@@ -158,6 +161,7 @@ class HealthMonitor:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self.repairer.aclose()
 
     async def _run(self) -> None:
         while True:
@@ -166,9 +170,21 @@ class HealthMonitor:
 
     async def check_all(self) -> None:
         policy = self.gw.policy.current
+        live = self.gw.live
+        live.fail_threshold = policy.document.health.fail_after
+        live.recover_threshold = policy.document.health.recover_after
+        now = time.monotonic()
+        for name, backend in policy.document.backends.items():
+            if name not in self._seen:
+                # Engines started with the gateway are still loading: "starting", not "down".
+                self._seen.add(name)
+                live.starting_until.setdefault(name, now + backend.startup_s)
         names = list(policy.document.backends)
         await asyncio.gather(*(self.check(name) for name in names), return_exceptions=True)
         self.after_scrape()
+        now = time.monotonic()
+        for name, backend in policy.document.backends.items():
+            self.repairer.observe(name, backend, now)
 
     def after_scrape(self) -> None:
         """Advance every acceptance guard on the fresh readings (policies.guard.advance)."""

@@ -6,6 +6,7 @@ policy engine reads.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from policies.types import BackendState, GuardState, Health, LiveState
@@ -29,6 +30,7 @@ class LiveTracker:
         self.guards: dict[str, GuardState] = {}
         self.fail_threshold = fail_threshold
         self.recover_threshold = recover_threshold
+        self.starting_until: dict[str, float] = {}
         self._snapshot: LiveState | None = None
 
     def get(self, name: str) -> BackendLive:
@@ -53,17 +55,29 @@ class LiveTracker:
         b = self.get(name)
         b.consecutive_successes = 0
         b.consecutive_failures += 1
-        if b.consecutive_failures >= self.fail_threshold and b.health == "up":
-            b.health = "down"
-            self._snapshot = None
+        if b.consecutive_failures >= self.fail_threshold:
+            self._set_failed(name, b)
 
     def down_now(self, name: str) -> None:
         """A connection refused is proof enough: skip the backend until a health check passes."""
         b = self.get(name)
         b.consecutive_successes = 0
         b.consecutive_failures = max(b.consecutive_failures + 1, self.fail_threshold)
-        if b.health != "down":
-            b.health = "down"
+        self._set_failed(name, b)
+
+    def starting(self, name: str, until: float) -> None:
+        """The backend is (re)starting until `until` (monotonic): failures mean "starting"."""
+        self.starting_until[name] = until
+        b = self.get(name)
+        if b.health == "down":
+            b.health = "starting"
+            self._snapshot = None
+
+    def _set_failed(self, name: str, b: BackendLive) -> None:
+        health: Health = "starting" if time.monotonic() < self.starting_until.get(name, 0.0) \
+            else "down"
+        if b.health != health and not (b.health == "down" and health == "starting"):
+            b.health = health
             self._snapshot = None
 
     def success(self, name: str) -> None:

@@ -143,6 +143,9 @@ class GatewayMetrics:
         self.rate_limited = Counter("specrouter_rate_limited_total",
                                     "Requests refused with 429 by a client's limits.",
                                     ("client",), registry=r)
+        self.repairs = Counter("specrouter_repairs_total",
+                               "Repair commands run for backends that stayed down, by result.",
+                               ("backend", "result"), registry=r)
         self.retries = Counter("specrouter_retries_total",
                                "Requests sent to another backend before the first byte.",
                                ("route", "backend"), registry=r)

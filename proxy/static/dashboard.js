@@ -50,6 +50,10 @@ function render(s) {
   $("#history").innerHTML = s.policy.history.slice().reverse().map((h) =>
     `<li><code>#${h.number} ${esc(h.version)}</code> by ${esc(h.who)} at ${new Date(h.time * 1000).toLocaleString()}` +
     (h.note ? ` (${esc(h.note)})` : "") + (h.changes.length ? `: ${h.changes.length} change(s)` : "") + "</li>").join("");
+  $("#repairs").innerHTML = s.repairs.length ? s.repairs.slice().reverse().map((r) =>
+    `<li><code>${esc(r.backend)}</code> at ${new Date(r.time * 1000).toLocaleTimeString()}: ` +
+    `<span class="outcome-${r.result === "ok" ? "ok" : "upstream_error"}">${esc(r.result)}</span></li>`).join("")
+    : "<li>none</li>";
 }
 
 function connect() {
