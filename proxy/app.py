@@ -182,7 +182,13 @@ class PublicApp:
                         rid: list[tuple[bytes, bytes]], client: Any) -> None:
         gw = self.gw
         try:
-            raw = await read_body(receive, gw.settings.max_body_bytes)
+            async with asyncio.timeout(gw.settings.body_timeout_s):
+                raw = await read_body(receive, gw.settings.max_body_bytes)
+        except TimeoutError:
+            await respond_error(send, 408, f"request body not received within "
+                                f"{gw.settings.body_timeout_s:g}s",
+                                headers=[*rid, (b"connection", b"close")])
+            return
         except BodyTooLarge:
             await respond_error(send, 413, f"request body larger than "
                                 f"{gw.settings.max_body_bytes} bytes", headers=rid)

@@ -44,6 +44,8 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--first-byte-timeout", dest="first_byte_timeout_s", type=float)
     p.add_argument("--idle-timeout", dest="idle_timeout_s", type=float)
+    p.add_argument("--header-timeout", dest="header_timeout_s", type=float)
+    p.add_argument("--body-timeout", dest="body_timeout_s", type=float)
     p.add_argument("--scrape-interval", dest="scrape_interval_s", type=float)
     p.add_argument("--drain-timeout", dest="drain_timeout_s", type=float,
                    help="on SIGTERM, seconds streams in flight may still run (default 20)")
@@ -115,7 +117,8 @@ class GatewayProcess:
         drain_s = self.settings.drain_timeout_s
         # uvicorn's own deadline comes after ours, so streams end with an error event, not a cut.
         public = make_server(PublicApp(self.gw), ssl_context=self.ssl,
-                             graceful_s=int(drain_s) + 5)
+                             graceful_s=int(drain_s) + 5,
+                             header_timeout_s=self.settings.header_timeout_s)
         routes = [*policy_routes(self.gw, self.store),
                   *dashboard_routes(self.gw, self.monitor, self.store)]
         admin = make_server(create_admin_app(self.gw, routes), graceful_s=5)

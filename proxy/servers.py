@@ -7,6 +7,7 @@ not by each uvicorn server (two servers would otherwise fight over the handlers)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import ssl
@@ -14,6 +15,67 @@ from collections.abc import Generator
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+# Slow-header clients (slowloris) hold a connection open forever in plain uvicorn: a request's
+# headers must arrive within this long of its first byte (or of the connection).
+HEADER_TIMEOUT_S = 10.0
+# Header block limit: beyond it the connection gets 431 and is closed.
+MAX_HEADER_BYTES = 64 * 1024
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline for the request head and a size limit."""
+
+    header_timeout_s = HEADER_TIMEOUT_S
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_bytes = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._head_timer is None:
+            self._head_bytes = 0
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_too_slow)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n"
+                                 b"connection: close\r\n\r\n")
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_timer is not None:
+            end = data.find(b"\r\n\r\n")
+            self._head_bytes += len(data) if end < 0 else end
+            if self._head_bytes > MAX_HEADER_BYTES:
+                self._disarm()
+                if not self.transport.is_closing():
+                    self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                                         b"content-length: 0\r\nconnection: close\r\n\r\n")
+                    self.transport.close()
+                return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
 
 
 class QuietSignalsServer(uvicorn.Server):
@@ -33,8 +95,11 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def make_server(app: Any, *, ssl_context: ssl.SSLContext | None = None,
-                graceful_s: int | None = None, **config: Any) -> QuietSignalsServer:
-    cfg = uvicorn.Config(app, http="httptools", loop="none", lifespan="off",
+                graceful_s: int | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
+                **config: Any) -> QuietSignalsServer:
+    protocol = type("HttpProtocol", (GuardedHttpToolsProtocol,),
+                    {"header_timeout_s": header_timeout_s})
+    cfg = uvicorn.Config(app, http=protocol, loop="none", lifespan="off",
                          access_log=False, log_level="warning", server_header=False,
                          date_header=False, timeout_graceful_shutdown=graceful_s,
                          timeout_keep_alive=75, **config)

@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(None, description="shared client limits for replicas")
 
     max_body_bytes: int = Field(8 * 1024 * 1024, description="request bodies above this get 413")
+    header_timeout_s: float = 10.0  # a slow-header client is cut after this (408)
+    body_timeout_s: float = 30.0  # a slow-body client is cut after this (408)
     connect_timeout_s: float = 5.0
     # Prefill of a 100K-token prompt at ~2,000 tokens/s is legitimate: be generous.
     first_byte_timeout_s: float = 300.0
