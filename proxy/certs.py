@@ -81,11 +81,45 @@ def make_local_ca(directory: Path, hosts: tuple[str, ...] = ("localhost", "127.0
     return files
 
 
-def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+def make_client_ca(directory: Path, name: str = "admin") -> CertFiles:
+    """A CA for admin client certificates and one certificate it signed (`client.pem`)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name("specrouter admin client CA")
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - dt.timedelta(minutes=5))
+          .not_valid_after(now + dt.timedelta(days=825))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(ca_name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=397))
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    files = CertFiles(directory / "client-ca.pem", directory / "client.pem",
+                      directory / "client-key.pem")
+    files.ca_cert.write_bytes(ca.public_bytes(pem))
+    files.cert.write_bytes(cert.public_bytes(pem))
+    _write_private(files.key, key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption()))
+    return files
+
+
+def server_context(cert: Path, key: Path, client_ca: Path | None = None) -> ssl.SSLContext:
     """TLS 1.2+ with modern AEAD ciphers. `load_cert_chain` again on SIGHUP to renew."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20")
     ctx.options |= ssl.OP_NO_COMPRESSION
     ctx.load_cert_chain(str(cert), str(key))
+    if client_ca is not None:
+        # Mutual TLS: only clients holding a certificate this CA signed get a connection.
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(str(client_ca))
     return ctx

@@ -38,6 +38,10 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--insecure-http", action="store_true", default=None,
                    help="plain HTTP on the public listener (loopback only)")
     p.add_argument("--admin-token")
+    p.add_argument("--admin-tls", action="store_true", default=None,
+                   help="serve the admin listener over TLS (same certificate)")
+    p.add_argument("--admin-client-ca", type=Path,
+                   help="require admin client certificates signed by this CA")
     p.add_argument("--dashboard-token", help="read-only token for the dashboard")
     p.add_argument("--state-dir", type=Path)
     p.add_argument("--redis-url", help="redis://host:port/db: client limits shared by replicas")
@@ -69,6 +73,14 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
                      "pass --insecure-http to serve plain HTTP on loopback")
 
 
+def admin_tls_context(settings: Settings) -> ssl.SSLContext | None:
+    if not (settings.admin_tls or settings.admin_client_ca):
+        return None
+    if not (settings.tls_cert and settings.tls_key):
+        raise SystemExit("specrouter: the admin listener's TLS needs --tls-cert/--tls-key")
+    return server_context(settings.tls_cert, settings.tls_key, settings.admin_client_ca)
+
+
 class GatewayProcess:
     """Owns the servers and the signals: HUP reloads certificate and policy, TERM drains."""
 
@@ -77,6 +89,7 @@ class GatewayProcess:
         self.gw = Gateway(settings, policy)
         self.monitor = HealthMonitor(self.gw)
         self.ssl = tls_context(settings)
+        self.admin_ssl = admin_tls_context(settings)
         self.store = PolicyStore(self.gw.policy, settings.config, settings.state_dir)
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -84,7 +97,10 @@ class GatewayProcess:
         if self.ssl is not None and self.settings.tls_cert and self.settings.tls_key:
             try:
                 # New handshakes use the renewed certificate; open connections keep theirs.
-                self.ssl.load_cert_chain(str(self.settings.tls_cert), str(self.settings.tls_key))
+                for ctx in (self.ssl, self.admin_ssl):
+                    if ctx is not None:
+                        ctx.load_cert_chain(str(self.settings.tls_cert),
+                                            str(self.settings.tls_key))
                 log.warning("reloaded TLS certificate %s", self.settings.tls_cert)
             except (OSError, ssl.SSLError) as exc:
                 log.error("certificate reload failed, keeping the current one: %s", exc)
@@ -121,7 +137,8 @@ class GatewayProcess:
                              header_timeout_s=self.settings.header_timeout_s)
         routes = [*policy_routes(self.gw, self.store),
                   *dashboard_routes(self.gw, self.monitor, self.store)]
-        admin = make_server(create_admin_app(self.gw, routes), graceful_s=5)
+        admin = make_server(create_admin_app(self.gw, routes), graceful_s=5,
+                            ssl_context=self.admin_ssl)
         loop = asyncio.get_running_loop()
 
         def stop() -> None:
@@ -141,8 +158,9 @@ class GatewayProcess:
         self.monitor.start()
         self._spawn(self._watch_policy_file())
         scheme = "http" if self.ssl is None else "https"
+        admin_scheme = "http" if self.admin_ssl is None else "https"
         print(f"specrouter listening on {url_of(pub_sock, scheme)} "
-              f"admin {url_of(adm_sock, 'http')}", flush=True)
+              f"admin {url_of(adm_sock, admin_scheme)}", flush=True)
         try:
             await asyncio.gather(public.serve([pub_sock]), admin.serve([adm_sock]))
         finally:

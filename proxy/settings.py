@@ -22,6 +22,9 @@ class Settings(BaseSettings):
     tls_key: Path | None = Field(None, description="server private key (PEM)")
     insecure_http: bool = Field(False, description="serve plain HTTP (loopback only)")
     admin_token: str | None = Field(None, description="bearer token for the admin listener")
+    admin_tls: bool = Field(False, description="serve the admin listener over TLS too")
+    admin_client_ca: Path | None = Field(
+        None, description="require admin client certificates signed by this CA (implies TLS)")
     dashboard_token: str | None = Field(None, description="read-only token for the dashboard")
     state_dir: Path = Field(Path(".state"), description="certificates, policy versions, logs")
 
