@@ -324,6 +324,9 @@ class RouteSpec(_Model):
     defaults_by_class: dict[ContentClass, Defaults] = {}
     clamps: dict[str, Clamp] = {}
     rules: list[Rule] = []
+    # Mid-stream continuation: when an engine dies after part of a chat answer was streamed,
+    # another variant serving the same weights finishes it in the same stream.
+    continuation: bool = False
     # What an engine does with an unset temperature (the checkpoint's generation config), for
     # sampling rules. The facts: 1.0 for the GB10's coding model.
     model_default_temperature: Annotated[float, Field(ge=0)] = 1.0

@@ -19,6 +19,7 @@ from policies.engine import decide
 from policies.types import Endpoint
 from proxy import auth
 from proxy.admission import AdmissionTimeout
+from proxy.continuation import ContinuableFilter, can_continue, continuation_body
 from proxy.endpoints import prefix_affinity
 from proxy.errors import error_body
 from proxy.gateway import Gateway, RequestRecord
@@ -29,6 +30,7 @@ from proxy.relay import (
     RESPONSES_ENDS,
     DisconnectWatch,
     Receive,
+    Resume,
     Send,
     first_chunk,
     relay_body,
@@ -265,62 +267,40 @@ class PublicApp:
         last_error: UpstreamError | None = None
         resp: aiohttp.ClientResponse | None = None
         first = b""
-        backend_name = ""
-        admitted_limit = 0
-        base = ""
+        lease: Lease | None = None
         gw.in_flight[id(record)] = record
         try:
             for i, backend_name in enumerate(attempts):
                 if watch.gone:
                     break
                 backend = policy.backend(backend_name)
-                usage = plan_usage(body, endpoint, backend.kind)
-                inject = dict(decision.inject)
-                if decision.priority is not None and backend.priority_scheduling:
-                    inject.setdefault("priority", decision.priority)
-                payload = upstream_body(body, inject, backend.served_model_name, usage)
                 urls = backend.endpoints
                 base = urls[0] if len(urls) == 1 else gw.endpoints.pick(
                     urls, prefix_affinity(body))
-                url = base + _PATHS[endpoint]
-                up_headers = _upstream_headers(headers, record.request_id, backend)
                 record.backend = backend_name
-                limit = backend.max_concurrency
-                if not gw.admission.try_acquire(backend_name, limit):
+                if not gw.admission.try_acquire(backend_name, backend.max_concurrency):
                     try:
                         gw.metrics.queued.labels(backend_name).inc()
                         watch.pending = asyncio.ensure_future(gw.admission.acquire(
-                            backend_name, limit, record.client,
+                            backend_name, backend.max_concurrency, record.client,
                             policy.document.admission.queue_timeout_s))
                         await watch.pending
                     except AdmissionTimeout as exc:
                         record.outcome, record.status = "rejected", 503
-                        backend_name = ""
                         await respond_error(send, 503, f"backend busy: {exc}",
                                             headers=[*extra, (b"retry-after", b"2")])
                         return
                     except asyncio.CancelledError:
                         if not watch.gone:
                             raise
-                        backend_name = ""
                         break
                     finally:
-                        gw.metrics.queued.labels(record.backend).dec()
-                admitted_limit = limit
-                gw.live.begin(backend_name)
-                gw.endpoints.state(base).in_flight += 1
-                record.concurrency = gw.live.get(backend_name).in_flight
-                gw.metrics.in_flight.labels(record.route, backend_name).inc()
+                        gw.metrics.queued.labels(backend_name).dec()
+                lease = Lease.begin(gw, record, backend_name, base, backend.max_concurrency)
                 try:
-                    watch.pending = asyncio.ensure_future(gw.upstream.post(url, payload,
-                                                                          up_headers))
-                    resp = await watch.pending
-                    watch.pending = None
-                    watch.response = resp
-                    if resp.status >= 500 and i + 1 < len(attempts):
-                        raise UpstreamError("status", f"backend answered {resp.status}",
-                                            resp.status)
-                    first = await first_chunk(resp, gw.settings.first_byte_timeout_s)
+                    resp, first = await self._open(policy, watch, body, endpoint, decision,
+                                                   record, headers, backend, base,
+                                                   check_status=i + 1 < len(attempts))
                     gw.live.success(backend_name)
                     break
                 except asyncio.CancelledError:
@@ -330,26 +310,19 @@ class PublicApp:
                 except UpstreamError as exc:
                     last_error = exc
                     gw.metrics.upstream_errors.labels(backend_name, exc.kind).inc()
-                    if exc.kind == "connect" and resp is None and len(urls) == 1:
+                    if exc.kind == "connect" and exc.status is None and len(urls) == 1:
                         gw.live.down_now(backend_name)
                     else:
                         gw.live.failure(backend_name)
-                    if resp is not None:
-                        resp.close()
-                        resp = None
-                        watch.response = None
-                    gw.live.end(backend_name)
-                    gw.endpoints.state(base).in_flight -= 1
+                    lease.release(gw)
+                    lease = None
                     if exc.kind == "connect" and len(urls) > 1:
                         gw.endpoints.state(base).up = False  # until a health check passes
                         if any(gw.endpoints.state(u).up for u in urls):
                             attempts.insert(i + 1, backend_name)  # another engine of it
-                    gw.metrics.in_flight.labels(record.route, backend_name).dec()
-                    gw.admission.release(backend_name, limit)
                     if i + 1 < len(attempts):
                         record.retries += 1
                         gw.metrics.retries.labels(record.route, attempts[i + 1]).inc()
-                    backend_name = ""
             if watch.gone:
                 record.outcome = "client_gone"
                 return
@@ -361,19 +334,64 @@ class PublicApp:
                 await respond_error(send, status, f"no backend could serve the request: "
                                     f"{last_error}", headers=[*extra, (b"retry-after", b"5")])
                 return
+
+            async def resume() -> tuple[aiohttp.ClientResponse, bytes] | None:
+                """Continue a broken chat stream on another variant of the same weights."""
+                nonlocal resp, lease
+                route = policy.routes[record.route]
+                if not route.spec.continuation or endpoint != "chat" or \
+                        not can_continue(body, filt_of[0]):
+                    return None
+                failed = record.backend
+                state = gw.live.snapshot()
+                served = policy.backend(failed).served_model_name
+                for name in route.variants:
+                    backend = policy.backend(name)
+                    health = state.backends.get(name)
+                    if name == failed or backend.served_model_name != served or \
+                            (health is not None and health.health != "up"):
+                        continue
+                    if not gw.admission.try_acquire(name, backend.max_concurrency):
+                        continue  # a continuation does not queue
+                    base = backend.endpoints[0] if len(backend.endpoints) == 1 else \
+                        gw.endpoints.pick(backend.endpoints, prefix_affinity(body))
+                    new_lease = Lease.begin(gw, record, name, base, backend.max_concurrency)
+                    filt = filt_of[0]
+                    assert isinstance(filt, ContinuableFilter)
+                    cont = continuation_body(body, filt.partial(), filt.m.completion_tokens)
+                    try:
+                        new_resp, new_first = await self._open(
+                            policy, watch, cont, endpoint, decision, record, headers, backend,
+                            base, check_status=True, usage_of=body)
+                    except UpstreamError as exc:
+                        gw.metrics.upstream_errors.labels(name, exc.kind).inc()
+                        new_lease.release(gw)
+                        continue
+                    if resp is not None:
+                        resp.close()
+                    if lease is not None:
+                        lease.release(gw)
+                    resp, lease = new_resp, new_lease
+                    gw.metrics.upstream_errors.labels(failed, "midstream").inc()
+                    gw.live.failure(failed)
+                    gw.metrics.continuations.labels(record.route, failed, name).inc()
+                    record.backend, record.continued = name, True
+                    filt.start_continuation()
+                    return new_resp, new_first
+                return None
+
+            filt_of: list[StreamFilter] = []
             await self._relay(policy.backend(record.backend), resp, first, send, watch, body,
-                              endpoint, model, record, extra)
+                              endpoint, model, record, extra, resume, filt_of,
+                              policy.routes[record.route].spec.continuation)
         finally:
             if resp is not None:
                 if resp.content.at_eof() and record.outcome == "ok":
                     resp.release()
                 else:
                     resp.close()
-            if backend_name:
-                gw.live.end(backend_name)
-                gw.endpoints.state(base).in_flight -= 1
-                gw.metrics.in_flight.labels(record.route, backend_name).dec()
-                gw.admission.release(backend_name, admitted_limit)
+            if lease is not None:
+                lease.release(gw)
             gw.in_flight.pop(id(record), None)
             record.m.t_end = time.perf_counter()
             if record.outcome == "client_gone" and record.backend:
@@ -382,10 +400,37 @@ class PublicApp:
                                        record.outcome, record.m)
             gw.finished(record)
 
+    async def _open(self, policy: Any, watch: DisconnectWatch, body: dict[str, Any],
+                    endpoint: Endpoint, decision: Any, record: RequestRecord,
+                    headers: dict[bytes, bytes], backend: Any, base: str, *,
+                    check_status: bool, usage_of: dict[str, Any] | None = None,
+                    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """Send the request to one engine and wait for its first body bytes."""
+        gw = self.gw
+        usage = plan_usage(usage_of or body, endpoint, backend.kind)
+        inject = dict(decision.inject)
+        if decision.priority is not None and backend.priority_scheduling:
+            inject.setdefault("priority", decision.priority)
+        payload = upstream_body(body, inject, backend.served_model_name, usage)
+        up_headers = _upstream_headers(headers, record.request_id, backend)
+        watch.pending = asyncio.ensure_future(
+            gw.upstream.post(base + _PATHS[endpoint], payload, up_headers))
+        resp: aiohttp.ClientResponse = await watch.pending
+        watch.pending = None
+        watch.response = resp
+        try:
+            if resp.status >= 500 and check_status:
+                raise UpstreamError("status", f"backend answered {resp.status}", resp.status)
+            return resp, await first_chunk(resp, gw.settings.first_byte_timeout_s)
+        except BaseException:
+            resp.close()
+            watch.response = None
+            raise
+
     async def _relay(self, backend: Any, resp: aiohttp.ClientResponse, first: bytes, send: Send,
                      watch: DisconnectWatch, body: dict[str, Any], endpoint: Endpoint,
-                     model: str, record: RequestRecord,
-                     extra: list[tuple[bytes, bytes]]) -> None:
+                     model: str, record: RequestRecord, extra: list[tuple[bytes, bytes]],
+                     resume: Resume, filt_of: list[StreamFilter], continuation: bool) -> None:
         gw = self.gw
         served = backend.served_model_name
         rename = None
@@ -408,17 +453,46 @@ class PublicApp:
                     "headers": out_headers + extra})
         if is_sse:
             usage = plan_usage(body, endpoint, backend.kind)
-            filt = StreamFilter(record.m, strip_usage=usage.strip_usage,
-                                drop_usage_chunk=usage.drop_usage_chunk, rename=rename)
+            continuable = endpoint == "chat" and continuation
+            cls = ContinuableFilter if continuable else StreamFilter
+            filt = cls(record.m, strip_usage=usage.strip_usage,
+                       drop_usage_chunk=usage.drop_usage_chunk, rename=rename)
+            filt_of.append(filt)
             ends = RESPONSES_ENDS if endpoint == "responses" else CHAT_ENDS
             record.outcome = await relay_sse(resp, first, send, watch, filt,
-                                             gw.settings.idle_timeout_s, ends)
+                                             gw.settings.idle_timeout_s, ends,
+                                             resume if continuable else None)
         else:
             record.outcome = await relay_body(resp, first, send, watch, record.m, rename,
                                               gw.settings.idle_timeout_s)
         if record.outcome in ("upstream_error", "timeout") and record.m.chunks:
             gw.metrics.upstream_errors.labels(record.backend, "midstream").inc()
             gw.live.failure(record.backend)
+
+
+class Lease:
+    """One request's hold on one engine: admission slot, in-flight counts, gauges."""
+
+    __slots__ = ("backend", "base", "limit", "route")
+
+    def __init__(self, backend: str, base: str, limit: int, route: str) -> None:
+        self.backend, self.base, self.limit, self.route = backend, base, limit, route
+
+    @classmethod
+    def begin(cls, gw: Gateway, record: RequestRecord, backend: str, base: str,
+              limit: int) -> Lease:
+        """The admission slot is already held; count the request everywhere else."""
+        gw.live.begin(backend)
+        gw.endpoints.state(base).in_flight += 1
+        record.concurrency = gw.live.get(backend).in_flight
+        gw.metrics.in_flight.labels(record.route, backend).inc()
+        return cls(backend, base, limit, record.route)
+
+    def release(self, gw: Gateway) -> None:
+        gw.live.end(self.backend)
+        gw.endpoints.state(self.base).in_flight -= 1
+        gw.metrics.in_flight.labels(self.route, self.backend).dec()
+        gw.admission.release(self.backend, self.limit)
 
 
 _PATHS: dict[Endpoint, str] = {v: k for k, v in ENDPOINTS.items()}

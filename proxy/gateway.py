@@ -45,6 +45,7 @@ class RequestRecord:
     status: int = 0
     outcome: str = "ok"
     retries: int = 0
+    continued: bool = False  # finished by another variant after its engine died mid-stream
     concurrency: int = 0  # requests open on the serving backend when this one started, itself too
     policy_version: str = ""
     started_wall: float = field(default_factory=time.time)

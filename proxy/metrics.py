@@ -146,6 +146,10 @@ class GatewayMetrics:
         self.repairs = Counter("specrouter_repairs_total",
                                "Repair commands run for backends that stayed down, by result.",
                                ("backend", "result"), registry=r)
+        self.continuations = Counter("specrouter_continuations_total",
+                                     "Streams finished by another variant after their engine "
+                                     "died mid-stream.", ("route", "from_backend", "to_backend"),
+                                     registry=r)
         self.retries = Counter("specrouter_retries_total",
                                "Requests sent to another backend before the first byte.",
                                ("route", "backend"), registry=r)

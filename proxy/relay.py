@@ -81,66 +81,79 @@ RESPONSES_ENDS = (b"event: response.completed", b"event: response.incomplete",
                   b"event: response.failed")
 
 
+Resume = Callable[[], Awaitable["tuple[aiohttp.ClientResponse, bytes] | None"]]
+
+
 async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watch: DisconnectWatch,
                     filt: StreamFilter, idle_timeout: float,
-                    ends: tuple[bytes, ...] = CHAT_ENDS) -> str:
+                    ends: tuple[bytes, ...] = CHAT_ENDS, resume: Resume | None = None) -> str:
     """Relay an event stream; returns the outcome: ok, client_gone, upstream_error, timeout.
 
     The response start has been sent. After the first byte there is no retry: a failing
-    backend ends the stream with vLLM's error event and `[DONE]`, so no client hangs.
+    backend ends the stream with vLLM's error event and `[DONE]`, so no client hangs, unless
+    `resume` gives a continuation stream from another engine (see proxy/continuation.py).
     """
     m = filt.m
-    splitter = sse.FrameSplitter()
     loop = asyncio.get_running_loop()
-    content = resp.content
-    data = first
-    saw_done = False
     responses = ends is RESPONSES_ENDS
-    outcome = "ok"
-    error: bytes = b""
-    try:
-        async with asyncio.timeout(loop.time() + idle_timeout) as deadline:
-            while data:
-                now = time.perf_counter()
-                frames = splitter.feed(data)
-                if len(frames) == 1:
-                    out = filt.frame(frames[0], now)
-                else:
-                    out = b"".join([filt.frame(f, now) for f in frames])
-                if out:
-                    if m.t_first_byte is None:
-                        m.t_first_byte = now
-                    saw_done = _ended(out, ends)
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                if watch.gone:
-                    return "client_gone"
-                deadline.reschedule(loop.time() + idle_timeout)
-                data = await content.readany()
-    except TimeoutError:
-        outcome = "timeout"
-        error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s",
-                                responses=responses)
-    except (aiohttp.ClientError, OSError) as exc:
+    data = first
+    while True:
+        splitter = sse.FrameSplitter()  # a dead upstream's partial frame is never sent
+        content = resp.content
+        saw_done = False
+        outcome = "ok"
+        error = b""
+        try:
+            async with asyncio.timeout(loop.time() + idle_timeout) as deadline:
+                while data:
+                    now = time.perf_counter()
+                    frames = splitter.feed(data)
+                    if len(frames) == 1:
+                        out = filt.frame(frames[0], now)
+                    else:
+                        out = b"".join([filt.frame(f, now) for f in frames])
+                    if out:
+                        if m.t_first_byte is None:
+                            m.t_first_byte = now
+                        saw_done = _ended(out, ends)
+                        await send({"type": "http.response.body", "body": out,
+                                    "more_body": True})
+                    if watch.gone:
+                        return "client_gone"
+                    deadline.reschedule(loop.time() + idle_timeout)
+                    data = await content.readany()
+        except TimeoutError:
+            outcome = "timeout"
+            error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s",
+                                    responses=responses)
+        except (aiohttp.ClientError, OSError) as exc:
+            if watch.gone:
+                return "client_gone"
+            outcome = "upstream_error"
+            if watch.closing is not None:
+                error = sse_error_event(503, watch.closing, responses=responses)
+            else:
+                error = sse_error_event(502, f"upstream connection lost: {type(exc).__name__}",
+                                        responses=responses)
         if watch.gone:
             return "client_gone"
-        outcome = "upstream_error"
-        if watch.closing is not None:
-            error = sse_error_event(503, watch.closing, responses=responses)
-        else:
-            error = sse_error_event(502, f"upstream connection lost: {type(exc).__name__}",
+        if outcome == "ok" and not saw_done and m.error is None:
+            outcome = "upstream_error"
+            error = sse_error_event(502, "upstream stream ended before its end event",
                                     responses=responses)
-    if watch.gone:
-        return "client_gone"
-    tail = filt.release() + splitter.flush()
-    if outcome == "ok" and not saw_done and filt.m.error is None:
-        outcome = "upstream_error"
-        error = sse_error_event(502, "upstream stream ended before its end event",
-                                responses=responses)
+        if outcome != "ok" and resume is not None and watch.closing is None:
+            resumed = await resume()
+            resume = None  # once per request
+            if resumed is not None:
+                resp, data = resumed
+                continue
+        break
     if error:
         m.error = m.error or error.decode(errors="replace")
     elif m.error is not None:
         outcome = "upstream_error"
-    await send({"type": "http.response.body", "body": tail + error, "more_body": False})
+    await send({"type": "http.response.body", "body": filt.release() + error,
+                "more_body": False})
     return outcome
 
 
