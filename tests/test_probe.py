@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from loadtests.probe_run import RunResult, _frame_kind
 from loadtests.probe_stats import (
     NOT_SEPARABLE,
     RE_MEASURE,
+    CellKey,
     Change,
     Summary,
     cell_order,
@@ -32,6 +34,7 @@ from loadtests.probe_stats import (
     scatter_estimate,
     summarize,
 )
+from proxy.certs import CertFiles
 from tests.gatewayserver import ADMIN_TOKEN, CLIENT_KEY, GatewayServer, coder_policy
 from tests.simserver import SimServer
 
@@ -134,8 +137,10 @@ def test_cell_order_set_temperatures_then_unset() -> None:
 
 
 def test_compare_rows_against_the_first_file() -> None:
-    mtp = {(1, 0.7): S(20.8, 20.2, 21.4, 3), (16, 0.7): S(202.7, 200.0, 205.0, 2)}
-    d5 = {(1, 0.7): S(28.5, 27.8, 29.1, 3), (16, 0.7): S(216.1, 216.1, 216.1, 1)}
+    mtp: dict[CellKey, Summary] = {(1, 0.7): S(20.8, 20.2, 21.4, 3),
+                                   (16, 0.7): S(202.7, 200.0, 205.0, 2)}
+    d5: dict[CellKey, Summary] = {(1, 0.7): S(28.5, 27.8, 29.1, 3),
+                                  (16, 0.7): S(216.1, 216.1, 216.1, 1)}
     rows = compare([mtp, d5])
     assert [r.key for r in rows] == [(1, 0.7), (16, 0.7)]
     one, sixteen = rows
@@ -358,8 +363,9 @@ FAST = ["--concurrency", "1,2", "--repeats", "1", "--window", "6", "--warmup", "
         "--prefill-tokens", "3000", "--quiet"]
 
 
-def _load(path: Path) -> dict:
-    return json.loads(path.read_text())
+def _load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
 
 
 def test_probe_direct_against_the_sim(tmp_path: Path,
@@ -392,7 +398,7 @@ def test_probe_direct_against_the_sim(tmp_path: Path,
     assert probe.main(["facts", str(out), "--tolerance", "0.25"]) == 0
 
 
-def test_probe_through_the_gateway(tmp_path: Path, certs) -> None:
+def test_probe_through_the_gateway(tmp_path: Path, certs: CertFiles) -> None:
     out = tmp_path / "gw.json"
     with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05,
                    faults=False) as sim:
