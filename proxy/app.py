@@ -46,6 +46,7 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
 }
+_GET_PATHS = frozenset({"/v1/models", "/openapi.json", "/healthz", "/readyz"})
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -102,14 +103,18 @@ class PublicApp:
                                     headers=[(b"allow", b"POST")])
                 return
             await self.generate(scope, receive, send, endpoint)
-        elif path == "/v1/models" and method == "GET":
-            await self.models(scope, send)
-        elif path == "/openapi.json" and method == "GET":
-            await respond(send, 200, spec_bytes())
-        elif path == "/healthz":
-            await respond(send, 200, b'{"status":"ok"}')
-        elif path == "/readyz":
-            await self.readyz(send)
+        elif path in _GET_PATHS:
+            if method not in ("GET", "HEAD"):
+                await respond_error(send, 405, f"{method} is not allowed on {path}",
+                                    headers=[(b"allow", b"GET, HEAD")])
+            elif path == "/v1/models":
+                await self.models(scope, send)
+            elif path == "/openapi.json":
+                await respond(send, 200, spec_bytes())
+            elif path == "/healthz":
+                await respond(send, 200, b'{"status":"ok"}')
+            else:
+                await self.readyz(send)
         else:
             await respond_error(send, 404, f"no route for {method} {path}")
 

@@ -197,7 +197,7 @@ def test_diff_lists_and_removed_named_items() -> None:
     assert diff_documents(a, validate_policy(data)) == [
         "- clients[bench]: {'name': 'bench', 'key_sha256': "
         "'eab78ae98fcb02c66c09cc1e5713a40d838a33b10d8a94b0b7ea6ee6f99c88dc', 'defaults': {}, "
-        "'allowed_variants': None, 'priority': 0, 'may_pin': True}",
+        "'allowed_variants': None, 'priority': 0, 'may_pin': True, 'max_concurrent': None, 'requests_per_minute': None}",
         "~ routes.coder.models: ['qwen3.8-27b', 'coder'] -> ['coder']",
     ]
 
