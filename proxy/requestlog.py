@@ -85,16 +85,6 @@ _ROWS_PER_INSERT_SLICE = 64  # rows bound and inserted (~4 us each) per hand-bac
 
 # --- per-request figures: pure functions -------------------------------------------------------
 
-def quantile(ordered: Sequence[float], q: float) -> float | None:
-    """The q-quantile of already sorted values, interpolated linearly (numpy's default)."""
-    if not ordered:
-        return None
-    pos = q * (len(ordered) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def itl_quantiles(step_gaps: Sequence[float],
                   step_tokens: Sequence[int]) -> tuple[float | None, float | None]:
     """(p50, p95) of the per-token inter-token latency: a step of gap g that produced t tokens

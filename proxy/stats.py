@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def quantile(values: Sequence[float], q: float) -> float | None:
+def quantile(values: Sequence[float], q: float, *, presorted: bool = False) -> float | None:
     """Linear-interpolated quantile (numpy's default), None for no values."""
     if not values:
         return None
-    ordered = sorted(values)
+    ordered = values if presorted else sorted(values)
     pos = (len(ordered) - 1) * q
     lo = int(pos)
     hi = min(lo + 1, len(ordered) - 1)

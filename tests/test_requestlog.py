@@ -21,9 +21,9 @@ from proxy.requestlog import (
     decode_tokens_per_s,
     itl_quantiles,
     open_db,
-    quantile,
     row_of,
 )
+from proxy.stats import quantile
 
 
 def make_record(i: int = 0, *, variant: str = "eagle3", steps: Sequence[tuple[float, int]] = (
