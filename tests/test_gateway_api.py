@@ -135,7 +135,7 @@ def test_bad_input_gets_an_openai_error(stack, key, body, status, etype) -> None
         assert "coder" in err["message"]  # names the available models
 
 
-def test_the_client_key_never_reaches_the_backend_and_other_clients_work(stack) -> None:
+def test_every_client_of_the_policy_is_served(stack) -> None:
     gw, _, _ = stack
     with gw.client(key=OTHER_KEY) as c:
         r = c.post("/v1/chat/completions", json={"model": "coder", "messages": MESSAGES,
