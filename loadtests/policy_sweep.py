@@ -134,7 +134,8 @@ def parser() -> argparse.ArgumentParser:
 def format_verdict(labels: Mapping[str, str], singles: Mapping[str, Mapping[CellKey, Summary]],
                    policy: Mapping[CellKey, Summary], verdict: Verdict, threshold: float) -> str:
     names = list(singles)
-    w = 26
+    texts = [x.fmt() for m in (*singles.values(), policy) for x in m.values()]
+    w = max(len(t) for t in [*labels.values(), *texts]) + 2
     head = (f"{'temp':>5} {'N':>3}  " + "".join(f"{labels[n]:<{w}}" for n in names)
             + f"{labels['policy']:<{w}}" + f"{'policy/best':>11}  best single")
     lines = [head, "-" * len(head)]

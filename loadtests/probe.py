@@ -237,18 +237,22 @@ async def discover(args: argparse.Namespace, key: str | None,
         urls = args.metrics_url or ([f"{_base(args.admin_url)}/metrics"] if args.admin_url
                                     else [f"{base}/metrics"])
         for u in urls:
+            hint = ("" if args.metrics_url or args.admin_url else
+                    " (behind the gateway, give --admin-url, or the engine's --metrics-url)")
             try:
-                text = (await client.get(u, timeout=5.0)).text
+                resp = await client.get(u, timeout=5.0)
             except httpx.HTTPError as exc:
-                raise SystemExit(f"specrouter probe: cannot read {u}: {exc}") from exc
+                raise SystemExit(f"specrouter probe: cannot read {u}: {exc}{hint}") from exc
+            text = resp.text if resp.status_code == 200 else ""
             if "specrouter_backend_generation_tokens" in text:
                 sources.append(MetricsSource(u, "gateway",
                                              tuple(backends) if backends is not None else None))
             elif "vllm:generation_tokens" in text:
                 sources.append(MetricsSource(u, "engine"))
             else:
-                raise SystemExit(f"specrouter probe: {u} has neither vLLM's generation counter "
-                                 "nor the gateway's re-exported one")
+                raise SystemExit(f"specrouter probe: {u} (HTTP {resp.status_code}) has neither "
+                                 f"vLLM's generation counter nor the gateway's re-exported "
+                                 f"one{hint}")
     target["metrics"] = [s.describe() for s in sources]
 
     scales = {float(e["sim"]["time_scale"]) for e in engines.values() if e and "sim" in e}

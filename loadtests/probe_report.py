@@ -110,7 +110,21 @@ def format_table(runs: Sequence[RunResult], title: str = "") -> str:
             f"{temp_label(t):>5} {n:>3}  {s.mean:>13.1f} {rng:>13} {s.n:>4}  "
             f"{(ps.mean if ps else 0):>10.1f}  {tps_txt:>8}  {ttft:>15}  {itl:>14}  "
             f"{errors:>6}  {pos}")
+    lines += split_warnings(runs)
     return "\n".join(lines)
+
+
+def split_warnings(runs: Sequence[RunResult]) -> list[str]:
+    """Runs whose measured requests the gateway sent to more than one variant."""
+    out: list[str] = []
+    for r in runs:
+        if len(r.variants) > 1:
+            via = ", ".join(f"{k} x{v}" for k, v in sorted(r.variants.items()))
+            out.append(f"warning: N={r.concurrency} temp {temp_label(r.temperature)} run "
+                       f"{r.run + 1}: the measured requests went to several variants ({via}); "
+                       "the window sums engines (use --warmup-requests so that a load rule "
+                       "routes them at the steady concurrency)")
+    return out
 
 
 def format_prefill(p: PrefillResult | None) -> str:
@@ -209,15 +223,16 @@ def plot(series: Sequence[tuple[str, Sequence[RunResult]]], path: Path, title: s
 
 
 def format_compare(labels: Sequence[str], rows: Sequence[CompareRow], metric: str) -> str:
-    width = max(22, *(len(x) + 2 for x in labels))
+    digits = 2 if metric == "tokens_per_step" else 1
+    texts = [s.fmt(digits) for row in rows for s in row.summaries if s is not None]
+    width = max(12, *(len(x) + 2 for x in [*labels, *texts]))
     lines = [f"{METRICS.get(metric, metric)}: mean [min-max] xruns; change vs {labels[0]}"]
     head = f"{'temp':>5} {'N':>3}  " + "".join(f"{x:<{width}}" for x in labels) + \
         "".join(f"{'vs ' + labels[0][:10]:>14}" for _ in labels[1:]) + "  flags"
     lines += [head, "-" * len(head)]
     for row in rows:
         n, t = row.key
-        cells = "".join(f"{(s.fmt(2 if metric == 'tokens_per_step' else 1) if s else '-'):<{width}}"
-                        for s in row.summaries)
+        cells = "".join(f"{(s.fmt(digits) if s else '-'):<{width}}" for s in row.summaries)
         changes = "".join(f"{('-' if c.pct is None else f'{c.pct:+.1f} %'):>14}"
                           for c in row.changes)
         flags = "; ".join(

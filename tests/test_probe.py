@@ -17,7 +17,13 @@ import pytest
 from loadtests import probe
 from loadtests.policy_sweep import profile_for, restrict
 from loadtests.probe_metrics import Reading, parse_engine, parse_gateway, select, window_figures
-from loadtests.probe_report import Results, cell_summaries, compare_results, format_compare
+from loadtests.probe_report import (
+    Results,
+    cell_summaries,
+    compare_results,
+    format_compare,
+    format_table,
+)
 from loadtests.probe_run import RunResult, _frame_kind
 from loadtests.probe_stats import (
     NOT_SEPARABLE,
@@ -306,6 +312,17 @@ def test_compare_command_prints_change_and_flags(tmp_path: Path,
     assert NOT_SEPARABLE in lines["16"]  # 200-205 vs 204-209
     assert RE_MEASURE in lines["8"]  # single runs, +1.3 % within the 16-stream scatter
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_table_warns_when_measured_requests_split_over_variants() -> None:
+    ok = _run(2, 0.7, 0, 60.0)
+    ok.variants = {"deep": 2}
+    split = _run(4, 0.7, 0, 95.0)
+    split.variants = {"deep": 2, "shallow": 2}
+    table = format_table([ok, split])
+    assert "N=4 temp 0.7 run 1: the measured requests went to several variants " \
+        "(deep x2, shallow x2)" in table
+    assert "N=2" not in table.split("warning")[1]
 
 
 def test_results_roundtrip(tmp_path: Path) -> None:
