@@ -38,7 +38,7 @@ import yaml
 
 from loadtests.probe import _ints, _temps, config_json
 from loadtests.probe_procs import ADMIN_TOKEN, GatewayProc, SimProc
-from loadtests.probe_report import Results, cell_summaries, format_table, group
+from loadtests.probe_report import Results, cell_summaries, format_table, group, plot
 from loadtests.probe_run import MetricsSource, Probe, ProbeConfig, Progress, RunResult
 from loadtests.probe_stats import CellKey, Summary, Verdict, policy_verdict, temp_label
 from loadtests.sim.profiles import BUILTIN_PROFILES
@@ -287,6 +287,10 @@ async def sweep(args: argparse.Namespace) -> int:
                   + ", ".join(f"N={n}: {'+'.join(sorted(v))}" for n, v in sorted(byn.items())))
         elif via - {name}:
             print(f"WARNING: {name} alone answered from {sorted(via)}")
+    png = out_dir / "sweep.png"
+    if plot([(labels[n], runs) for n, runs in measured.items()], png,
+            "policy sweep: aggregate decode tokens/s (unscaled), mean and min-max of runs"):
+        print(f"plot: {png}")
     print(f"results: {out_dir}")
     if stop_all and any(p.stop_reason.startswith("interrupted") for p in current):
         return 130
