@@ -24,7 +24,7 @@ import re
 import shlex
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -50,10 +50,11 @@ GRAFANA_IMAGE = "grafana/grafana-oss:11.4.0"
 
 # Speculative methods whose drafter is built into the target model or needs no weights.
 NO_DRAFTER_METHODS = frozenset({"mtp", "ngram", "ngram_gpu", "suffix"})
-# Share of the GB10's unified memory each engine may take (vLLM --gpu-memory-utilization): two
-# coding engines side by side (weights ~16 GiB + drafter ~3 GiB + KV each) and two embedders.
-GPU_MEMORY_GENERATE = "0.38"
+# Share of the GB10's unified memory each engine may take (vLLM --gpu-memory-utilization): the
+# embedders a small fixed share, the coding engines (weights ~16 GiB + drafter ~3 GiB + KV each)
+# split what is left after ~12 % for the OS, the gateway and the monitoring.
 GPU_MEMORY_EMBED = "0.04"
+GPU_MEMORY_USABLE = 0.88
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 BACKEND_LABEL = "io.specrouter.backend"
@@ -75,6 +76,7 @@ class EnginePlan:
     spec: BackendSpec
     host: str  # what vLLM binds: loopback when the policy reaches it on loopback
     port: int
+    memory_share: str = GPU_MEMORY_EMBED
 
     @property
     def model_var(self) -> str:
@@ -132,7 +134,15 @@ def engine_plans(doc: PolicyDocument) -> tuple[list[EnginePlan], list[Skipped]]:
             raise DeployError(f"backends {seen[plan.port]!r} and {plan.service!r} both listen on "
                               f"port {plan.port} of this machine")
         seen[plan.port] = plan.service
-    return plans, skipped
+    return _with_memory_shares(plans), skipped
+
+
+def _with_memory_shares(plans: list[EnginePlan]) -> list[EnginePlan]:
+    embedders = sum(p.spec.task == "embed" for p in plans)
+    coders = len(plans) - embedders
+    left = GPU_MEMORY_USABLE - embedders * float(GPU_MEMORY_EMBED)
+    share = f"{int(left / max(coders, 1) * 100) / 100:.2f}"  # rounded down: never over 100 %
+    return [p if p.spec.task == "embed" else replace(p, memory_share=share) for p in plans]
 
 
 def speculative_config(spec: SpeculativeSpec, drafter: str | None) -> dict[str, Any]:
@@ -175,7 +185,7 @@ def engine_command(plan: EnginePlan) -> list[str]:
         args += ["--runner=pooling",
                  f"--gpu-memory-utilization=${{{plan.gpu_memory_var}:-{GPU_MEMORY_EMBED}}}"]
     else:
-        args += [f"--gpu-memory-utilization=${{{plan.gpu_memory_var}:-{GPU_MEMORY_GENERATE}}}",
+        args += [f"--gpu-memory-utilization=${{{plan.gpu_memory_var}:-{plan.memory_share}}}",
                  # cached prompt tokens in each response's usage, for the gateway's request log
                  "--enable-prompt-tokens-details"]
     if spec.priority_scheduling:
@@ -459,8 +469,7 @@ def render_env_example(doc: PolicyDocument) -> str:
                       f"{plan.drafter_var}=/models/drafters/{plan.backend}"]
     lines += ["", "# Memory: share of the unified memory each engine takes"]
     for plan in plans:
-        share = GPU_MEMORY_EMBED if plan.spec.task == "embed" else GPU_MEMORY_GENERATE
-        lines.append(f"{plan.gpu_memory_var}={share}")
+        lines.append(f"{plan.gpu_memory_var}={plan.memory_share}")
     lines += ["", "# Images", f"VLLM_IMAGE={VLLM_IMAGE}", f"PROMETHEUS_IMAGE={PROMETHEUS_IMAGE}",
               f"GRAFANA_IMAGE={GRAFANA_IMAGE}", "PROMETHEUS_RETENTION=30d"]
     return "\n".join(lines) + "\n"

@@ -46,8 +46,8 @@ def _spec(service: dict[str, Any]) -> dict[str, Any]:
 def test_rendered_compose_has_the_deployed_gb10_stack(tmp_path: Path) -> None:
     compose = _render(GB10, tmp_path)
     services = compose["services"]
-    assert set(services) == {"coder-dflash7", "coder-mtp3", "embed-large", "embed-small",
-                             "gateway", "prometheus", "grafana"}
+    assert set(services) == {"coder-dflash7", "coder-dflash5", "coder-mtp3", "embed-large",
+                             "embed-small", "gateway", "prometheus", "grafana"}
     for name, service in services.items():
         assert "image" in service or "build" in service, name
         assert service["network_mode"] == "host", name
@@ -350,8 +350,8 @@ def test_check_reads_string_commands_and_the_api_server_module() -> None:
     assert engines["coder-mtp3"].flags["enforce-eager"] is None
     diffs = deploy.check_compose(doc, compose)
     assert not any("coder-mtp3" in d for d in diffs if not d.startswith("backend ")), diffs
-    assert {d.split(":")[0] for d in diffs} == {"backend coder-dflash7", "backend embed-large",
-                                                "backend embed-small"}
+    assert {d.split(":")[0] for d in diffs} == {"backend coder-dflash7", "backend coder-dflash5",
+                                                "backend embed-large", "backend embed-small"}
 
 
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -377,6 +377,9 @@ def test_check_live_with_canned_answers() -> None:
         "http://127.0.0.1:8001/metrics": "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos "
                                          "counter\n" + per_pos + "\n",
         "http://127.0.0.1:8002/v1/models": '{"data": [{"id": "qwen"}]}',
+        "http://127.0.0.1:8003/v1/models": '{"data": [{"id": "qwen3.8-27b"}]}',
+        "http://127.0.0.1:8003/metrics": "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos "
+                                         "counter\n" + per_pos + "\n",
         "http://127.0.0.1:8011/v1/models": '{"data": [{"id": "embedding-large"}]}',
         "http://127.0.0.1:8012/v1/models": '{"data": [{"id": "embedding-small"}]}',
     }
@@ -408,6 +411,9 @@ def test_check_live_against_simulated_engines(capsys: pytest.CaptureFixture[str]
         raw = yaml.safe_load(GB10.read_text())
         raw["backends"]["coder-dflash7"]["url"] = dflash.url
         raw["backends"]["coder-mtp3"]["url"] = mtp.url
+        del raw["backends"]["coder-dflash5"]
+        raw["routes"]["coder"]["variants"].remove("coder-dflash5")
+        raw["routes"]["coder"]["rules"][-1]["otherwise"] = "coder-mtp3"
         for name in ("embed-large", "embed-small"):
             del raw["backends"][name], raw["routes"][name]
         policy = tmp_path / "live.yaml"
