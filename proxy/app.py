@@ -235,6 +235,9 @@ class PublicApp:
                                     type_=rej.type, headers=[*rid, *retry])
             else:
                 await respond_error(send, 503, "no backend available", headers=rid)
+            record.m.t_end = time.perf_counter()
+            gw.metrics.observe_request(record.route or "none", "none", record.client,
+                                       record.outcome, record.m)
             gw.finished(record)
             return
         record.defaults_applied = decision.defaults_applied
