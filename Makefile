@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo calibrate clean system-deps deploy-render deploy-check dashboards-check
+.PHONY: install test lint demo calibrate policy-sweep overhead soak clean system-deps deploy-render deploy-check dashboards-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -27,8 +27,18 @@ test: lint system-deps
 demo: $(STAMP)
 	$(VENV)/bin/specrouter demo
 
+# Benchmarks (loopback only, bounded; figures in the README). None runs in `make test`.
 calibrate: $(STAMP)
 	$(PY) -m loadtests.calibrate
+
+policy-sweep: $(STAMP)
+	$(PY) -m loadtests.policy_sweep --policy policies/gb10.yaml
+
+overhead: $(STAMP)
+	$(PY) -m loadtests.overhead
+
+soak: $(STAMP)
+	$(PY) -m loadtests.faults
 
 deploy-render: $(STAMP)
 	$(VENV)/bin/specrouter deploy render policies/gb10.yaml --out deploy
