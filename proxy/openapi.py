@@ -323,6 +323,7 @@ _GENERATION_ERRORS: dict[str, Schema] = {
     "401": _UNAUTHORIZED,
     "403": _error("The client may not use this model, or may not pin a variant."),
     "404": _error("No route serves this model."),
+    "408": _error("The body did not arrive within the gateway's `--body-timeout`."),
     "413": _error("The body is larger than the gateway's `--max-body-bytes`."),
     "429": _error("The client's concurrency or request-rate limit (or the backend's own 429, "
                   "relayed).", retry_after=True),
@@ -396,7 +397,9 @@ SPEC: dict[str, Any] = {
         "version": "1",
         "description": "OpenAI-compatible API of the specrouter gateway in front of vLLM. Every "
                        "request body field the gateway does not act on is passed to the backend "
-                       "unchanged.",
+                       "unchanged. Before any route is read, a request whose head is too slow "
+                       "or too large is answered 408 or 431 with an empty body and the "
+                       "connection closed; a request that is not HTTP gets 400.",
     },
     "security": [{"bearerAuth": []}],
     "paths": {
