@@ -479,8 +479,8 @@ def test_policy_sweep_quick_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     assert rc in (0, 1)  # the verdict needs the full sweep; here: it runs and routes
     assert "policy >= 97 % of the best single variant in every cell" in out
-    assert "policy routed the measured requests to: N=1: coder-dflash7, N=4: coder-dflash5p" \
+    assert "policy routed the measured requests to: N=1: coder-dflash7, N=4: coder-dflash5" \
         in out
-    assert "6/6 runs had >= 99 %" in out
-    for name in ("coder-dflash7", "coder-dflash5p", "policy"):
+    assert "8/8 runs had >= 99 %" in out
+    for name in ("coder-dflash7", "coder-dflash5", "coder-mtp3", "policy"):
         assert Results.load(tmp_path / f"{name}.json").runs
