@@ -442,14 +442,19 @@ class PublicApp:
         gw = self.gw
         served = backend.served_model_name
         rename = None
-        if served != model:
+        encoded = "Content-Encoding" in resp.headers  # asked for identity; relay it as it is
+        if served != model and not encoded:
             rename = (b'"model":"' + served.encode() + b'"', b'"model":"' + model.encode() + b'"')
-        out_headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
-                       for k, v in resp.headers.items() if k.lower() not in RESPONSE_DROP
-                       and k.lower() != "x-request-id"]
+        # Raw header bytes: a value outside latin-1 passes through rather than failing here.
+        out_headers = [(k.lower(), v) for k, v in resp.raw_headers
+                       if k.lower().decode("latin-1") not in RESPONSE_DROP
+                       and k.lower() != b"x-request-id"]
         if resp.status in (429, 503) and "Retry-After" not in resp.headers:
             out_headers.append((b"retry-after", b"5"))
-        is_sse = resp.headers.get("content-type", "").startswith("text/event-stream")
+        # A compressed stream (the backend ignored `accept-encoding: identity`) cannot be read
+        # frame by frame: it goes through as a plain body, with its content-encoding.
+        is_sse = not encoded and \
+            resp.headers.get("content-type", "").startswith("text/event-stream")
         if is_sse:
             out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
         record.status = resp.status

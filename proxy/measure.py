@@ -166,7 +166,12 @@ class StreamFilter:
             if not empty_choices and self.m.t_first_token is None:
                 self.m.t_first_token = now
             return frame
-        usage = orjson.loads(frame[span[0] + _USAGE_OFFSET : span[1]])
+        try:
+            usage = orjson.loads(frame[span[0] + _USAGE_OFFSET : span[1]])
+        except orjson.JSONDecodeError:
+            return self.release() + frame  # not vLLM's usage: relay it untouched, measure nothing
+        if not isinstance(usage, dict):
+            return self.release() + frame
         if empty_choices:
             return self._usage_chunk(frame, usage)
         total = usage.get("completion_tokens")
@@ -188,16 +193,20 @@ class StreamFilter:
     def _usage_chunk(self, frame: bytes, usage: dict[str, Any]) -> bytes:
         self.m.record_usage(usage)
         if b'"metrics":' in frame:
-            self.m._record_metrics(orjson.loads(frame[6:]))
+            try:
+                obj = orjson.loads(frame[6:])
+            except orjson.JSONDecodeError:
+                obj = None
+            if isinstance(obj, dict):
+                self.m._record_metrics(obj)
         if not self.drop_usage_chunk:
             return self.release() + frame
         fp = sse.fingerprint_span(frame)
         held = self.release()
         if fp is not None and held:
-            parts = held.split(sse.FRAME_END)
-            # Only the last held frame finished the last choice; with n == 1 there is one.
-            parts[-2] = sse.insert_before_close(parts[-2], frame[fp[0] : fp[1]])
-            held = sse.FRAME_END.join(parts)
+            # The held frame finished the only choice (n == 1): its object closes at its last
+            # `}`, whatever line ending the stream uses.
+            held = sse.insert_before_close(held, frame[fp[0] : fp[1]])
         return held
 
     def _record_finish(self, frame: bytes) -> None:

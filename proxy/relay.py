@@ -159,9 +159,10 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
 
 def _ended(out: bytes, ends: tuple[bytes, ...]) -> bool:
     if ends is CHAT_ENDS:
-        return out.endswith(sse.DONE)
-    idx = out.rfind(b"\n\n", 0, len(out) - 2)
-    last = out if idx < 0 else out[idx + 2 :]
+        return out.endswith((sse.DONE, sse.CRLF_DONE))
+    body = out.replace(b"\r\n", b"\n") if b"\r\n" in out else out
+    idx = body.rfind(b"\n\n", 0, len(body) - 2)
+    last = body if idx < 0 else body[idx + 2 :]
     return last.startswith(ends)
 
 
@@ -193,13 +194,11 @@ async def relay_body(resp: aiohttp.ClientResponse, first: bytes, send: Send,
                 deadline.reschedule(loop.time() + idle_timeout)
                 data = await resp.content.readany()
     except TimeoutError:
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        # Return without ending the body: the server closes the connection mid-body, so the
+        # client sees a broken response, never a truncated one that looks complete.
         return "timeout"
     except (aiohttp.ClientError, OSError):
-        if watch.gone:
-            return "client_gone"
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        return "upstream_error"
+        return "client_gone" if watch.gone else "upstream_error"
     if watch.gone:
         return "client_gone"
     m.record_body(bytes(copy))

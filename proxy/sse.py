@@ -11,33 +11,61 @@ FRAME_END = b"\n\n"
 USAGE_KEY = b',"usage":{'
 FINGERPRINT_KEY = b',"system_fingerprint":"'
 DONE = b"data: [DONE]\n\n"
+CRLF_DONE = b"data: [DONE]\r\n\r\n"
 
 
 class FrameSplitter:
-    """Cut a byte stream into complete SSE frames, keeping each frame's bytes intact."""
+    """Cut a byte stream into complete SSE frames, keeping each frame's bytes intact.
 
-    __slots__ = ("_buf",)
+    A frame ends at the first blank line: `\n\n` (what vLLM writes) or `\r\n\r\n`. Frames
+    come out the same whatever the network's cuts, and the work is linear in the bytes: a
+    pending partial frame is only appended to and searched from where the last search ended.
+    """
+
+    __slots__ = ("_buf", "_scan")
 
     def __init__(self) -> None:
-        self._buf = b""
+        self._buf = bytearray()
+        self._scan = 0  # where to resume looking for a boundary in _buf
 
     def feed(self, data: bytes) -> list[bytes]:
-        buf = self._buf + data if self._buf else data
-        end = buf.rfind(FRAME_END)
-        if end < 0:
-            self._buf = buf
-            return []
-        end += 2
-        self._buf = buf[end:]
-        complete = buf[:end]
-        if complete.count(FRAME_END) == 1:
-            return [complete]
-        return [part + FRAME_END for part in complete[:-2].split(FRAME_END)]
+        if self._buf:
+            self._buf += data
+            buf: bytes | bytearray = self._buf
+            pos = self._scan
+        else:
+            buf, pos = data, 0  # the common case: no copy until a frame is cut
+        frames: list[bytes] = []
+        start = 0
+        while True:
+            end = _frame_end(buf, max(pos, start))
+            if end < 0:
+                break
+            frames.append(bytes(buf[start:end]))
+            start = end
+        if start == 0 and buf is self._buf:
+            pass  # still one unfinished frame: keep the buffer, copy nothing
+        elif start < len(buf):
+            self._buf = bytearray(buf[start:])
+        else:
+            self._buf = bytearray()
+        self._scan = max(0, len(self._buf) - 3)  # a boundary may straddle the next read
+        return frames
 
     def flush(self) -> bytes:
         """Whatever is left that did not end a frame (a truncated upstream stream)."""
-        rest, self._buf = self._buf, b""
+        rest = bytes(self._buf)
+        self._buf, self._scan = bytearray(), 0
         return rest
+
+
+def _frame_end(buf: bytes | bytearray, pos: int) -> int:
+    """Index just past the first blank line at or after `pos`, or -1."""
+    lf = buf.find(b"\n\n", pos)
+    crlf = buf.find(b"\r\n\r\n", pos, lf + 4 if lf >= 0 else len(buf))
+    if crlf >= 0 and (lf < 0 or crlf + 2 <= lf):
+        return crlf + 4
+    return lf + 2 if lf >= 0 else -1
 
 
 def object_end(data: bytes, start: int) -> int:

@@ -20,7 +20,6 @@ HOP_BY_HOP = frozenset({
 # Response headers the gateway sets itself.
 RESPONSE_DROP = frozenset({
     "connection", "keep-alive", "transfer-encoding", "content-length", "server", "date",
-    "content-encoding",
 })
 
 
