@@ -7,6 +7,7 @@ client's own request. It does no I/O and reads no clock: the relay passes `now` 
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +33,10 @@ class Measurement:
     cached_tokens: int | None = None
     completion_tokens: int = 0
     chunks: int = 0  # choice frames seen
-    step_gaps: list[float] = field(default_factory=list)  # per decode chunk
-    step_tokens: list[int] = field(default_factory=list)  # per decode chunk
+    # Per decode chunk, as typed arrays: 12 bytes a chunk instead of ~40 (a float object and two
+    # list slots); `gw.recent` keeps 200 finished requests with theirs.
+    step_gaps: array[float] = field(default_factory=lambda: array("d"))
+    step_tokens: array[int] = field(default_factory=lambda: array("I"))
     spec: dict[str, Any] | None = None  # vLLM's metrics.speculative_decoding, when reported
     finish_reason: str | None = None
     error: str | None = None  # an upstream error event's message

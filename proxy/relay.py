@@ -104,7 +104,8 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
         outcome = "ok"
         error = b""
         try:
-            async with asyncio.timeout(loop.time() + idle_timeout) as deadline:
+            rearmed = loop.time()
+            async with asyncio.timeout_at(rearmed + idle_timeout + 1.0) as deadline:
                 while data:
                     now = time.perf_counter()
                     frames = splitter.feed(data)
@@ -120,7 +121,10 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
                                     "more_body": True})
                     if watch.gone:
                         return "client_gone"
-                    deadline.reschedule(loop.time() + idle_timeout)
+                    t = loop.time()
+                    if t - rearmed >= 1.0:  # re-armed at most once a second: idle..idle+1 s
+                        rearmed = t
+                        deadline.reschedule(t + idle_timeout + 1.0)
                     data = await content.readany()
         except TimeoutError:
             outcome = "timeout"
@@ -173,7 +177,7 @@ async def relay_body(resp: aiohttp.ClientResponse, first: bytes, send: Send,
     copy = bytearray()
     loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(loop.time() + idle_timeout) as deadline:
+        async with asyncio.timeout_at(loop.time() + idle_timeout) as deadline:
             data = first
             if rename is not None:
                 # The model key sits in the first few hundred bytes: hold that much.

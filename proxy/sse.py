@@ -73,6 +73,13 @@ def object_end(data: bytes, start: int) -> int:
 
     Only for objects of numbers and nested objects, like `usage`: no strings containing braces.
     """
+    # Fast path, the flat per-chunk usage object: no other `{` before the first `}`, and no
+    # string that could hide one (even quotes, no escapes). C-speed finds instead of a Python
+    # loop over every byte (~1 us instead of ~6 us a frame).
+    close = data.find(b"}", start)
+    if (close > 0 and data.find(b"{", start + 1, close) < 0
+            and data.count(b'"', start, close) % 2 == 0 and data.find(b"\\", start, close) < 0):
+        return close + 1
     depth = 0
     i = start
     n = len(data)

@@ -141,8 +141,8 @@ class GatewayServer:
         import openai
 
         verify: Any = False if self.insecure else ssl.create_default_context(cafile=str(self.certs.ca_cert))
-        return openai.OpenAI(base_url=self.url, api_key=key,
-                             http_client=httpx.Client(verify=verify, timeout=30), **kw)
+        http_client: Any = httpx.Client(verify=verify, timeout=30)
+        return openai.OpenAI(base_url=self.url, api_key=key, http_client=http_client, **kw)
 
     def admin_get(self, path: str) -> httpx.Response:
         return httpx.get(self.admin + path, headers={"authorization": f"Bearer {ADMIN_TOKEN}"},

@@ -419,7 +419,7 @@ def test_gb10_policy_moves_with_load() -> None:
     busy = decide(
         request, LiveState(backends={"coder-dflash7": BackendState(in_flight=2)}), policy
     )
-    assert (quiet.backend, busy.backend) == ("coder-dflash7", "coder-mtp3")
+    assert (quiet.backend, busy.backend) == ("coder-dflash7", "coder-dflash5")
     assert quiet.inject == {"temperature": 0.7}
 
 

@@ -91,7 +91,7 @@ def test_filter_gives_the_client_vllms_bytes_for_its_own_request(include, contin
     assert m.completion_tokens == sum(tokens)
     assert m.prompt_tokens == 5
     # The first content chunk is the prefill step; decode steps follow.
-    assert m.step_tokens == tokens[1:]
+    assert list(m.step_tokens) == tokens[1:]
     assert m.acceptance == pytest.approx(sum(tokens[1:]) / len(tokens[1:]))
     assert m.finish_reason == "stop"
 
