@@ -25,6 +25,13 @@ from proxy.errors import error_body
 from proxy.gateway import Gateway, RequestRecord
 from proxy.measure import StreamFilter
 from proxy.openapi import spec_bytes
+from proxy.push import (
+    EngineStream,
+    PushChannel,
+    open_engine_stream,
+    relay_body_push,
+    relay_sse_push,
+)
 from proxy.relay import (
     CHAT_ENDS,
     RESPONSES_ENDS,
@@ -259,9 +266,12 @@ class PublicApp:
             return
         watch = DisconnectWatch(receive)
         gw.watches[id(record)] = watch
+        push: PushChannel | None = None
+        if body.get("stream") is True and endpoint != "embeddings":
+            push = scope.get("extensions", {}).get("specrouter.push")
         try:
             await self._forward(policy, send, watch, body, endpoint, model, decision, record,
-                                extra, headers)
+                                extra, headers, push)
         finally:
             watch.stop()
             gw.watches.pop(id(record), None)
@@ -269,11 +279,11 @@ class PublicApp:
     async def _forward(self, policy: Any, send: Send, watch: DisconnectWatch,
                        body: dict[str, Any], endpoint: Endpoint, model: str, decision: Any,
                        record: RequestRecord, extra: list[tuple[bytes, bytes]],
-                       headers: dict[bytes, bytes]) -> None:
+                       headers: dict[bytes, bytes], push: PushChannel | None) -> None:
         gw = self.gw
         attempts = [decision.backend, *decision.fallbacks]
         last_error: UpstreamError | None = None
-        resp: aiohttp.ClientResponse | None = None
+        resp: aiohttp.ClientResponse | EngineStream | None = None
         first = b""
         lease: Lease | None = None
         gw.in_flight[id(record)] = record
@@ -308,7 +318,8 @@ class PublicApp:
                 try:
                     resp, first = await self._open(policy, watch, body, endpoint, decision,
                                                    record, headers, backend, base,
-                                                   check_status=i + 1 < len(attempts))
+                                                   check_status=i + 1 < len(attempts),
+                                                   push=push)
                     gw.live.success(backend_name)
                     break
                 except asyncio.CancelledError:
@@ -343,7 +354,7 @@ class PublicApp:
                                     f"{last_error}", headers=[*extra, (b"retry-after", b"5")])
                 return
 
-            async def resume() -> tuple[aiohttp.ClientResponse, bytes] | None:
+            async def resume() -> tuple[Any, bytes] | None:
                 """Continue a broken chat stream on another variant of the same weights."""
                 nonlocal resp, lease
                 route = policy.routes[record.route]
@@ -370,7 +381,7 @@ class PublicApp:
                     try:
                         new_resp, new_first = await self._open(
                             policy, watch, cont, endpoint, decision, record, headers, backend,
-                            base, check_status=True, usage_of=body)
+                            base, check_status=True, usage_of=body, push=push)
                     except UpstreamError as exc:
                         gw.metrics.upstream_errors.labels(name, exc.kind).inc()
                         new_lease.release(gw)
@@ -391,9 +402,11 @@ class PublicApp:
             filt_of: list[StreamFilter] = []
             await self._relay(policy.backend(record.backend), resp, first, send, watch, body,
                               endpoint, model, record, extra, resume, filt_of,
-                              policy.routes[record.route].spec.continuation)
+                              policy.routes[record.route].spec.continuation, push)
         finally:
-            if resp is not None:
+            if isinstance(resp, EngineStream):
+                resp.close()
+            elif resp is not None:
                 if resp.content.at_eof() and record.outcome == "ok":
                     resp.release()
                 else:
@@ -412,7 +425,8 @@ class PublicApp:
                     endpoint: Endpoint, decision: Any, record: RequestRecord,
                     headers: dict[bytes, bytes], backend: Any, base: str, *,
                     check_status: bool, usage_of: dict[str, Any] | None = None,
-                    ) -> tuple[aiohttp.ClientResponse, bytes]:
+                    push: PushChannel | None = None,
+                    ) -> tuple[aiohttp.ClientResponse | EngineStream, bytes]:
         """Send the request to one engine and wait for its first body bytes."""
         gw = self.gw
         usage = plan_usage(usage_of or body, endpoint, backend.kind)
@@ -421,6 +435,14 @@ class PublicApp:
             inject.setdefault("priority", decision.priority)
         payload = upstream_body(body, inject, backend.served_model_name, usage)
         up_headers = _upstream_headers(headers, record.request_id, backend)
+        if push is not None:
+            watch.pending = asyncio.ensure_future(self._open_stream(
+                base + _PATHS[endpoint], payload, up_headers, check_status))
+            stream: EngineStream
+            stream, first = await watch.pending
+            watch.pending = None
+            watch.response = stream
+            return stream, first
         watch.pending = asyncio.ensure_future(
             gw.upstream.post(base + _PATHS[endpoint], payload, up_headers))
         resp: aiohttp.ClientResponse = await watch.pending
@@ -435,21 +457,48 @@ class PublicApp:
             watch.response = None
             raise
 
-    async def _relay(self, backend: Any, resp: aiohttp.ClientResponse, first: bytes, send: Send,
+    async def _open_stream(self, url: str, payload: bytes, headers: dict[str, str],
+                           check_status: bool) -> tuple[EngineStream, bytes]:
+        """The push relay's request: its own connection, the first body bytes awaited."""
+        settings = self.gw.settings
+        try:
+            async with asyncio.timeout(settings.first_byte_timeout_s):
+                stream = await open_engine_stream(url, payload, headers,
+                                                  settings.connect_timeout_s)
+                try:
+                    if stream.status >= 500 and check_status:
+                        raise UpstreamError("status", f"backend answered {stream.status}",
+                                            stream.status)
+                    if not stream.pending:
+                        await stream.first
+                    first = stream.take_pending()
+                    if not first and stream.status == 200:
+                        raise UpstreamError("connect", "backend closed the response before "
+                                            "the first byte")
+                    return stream, first
+                except BaseException:
+                    stream.close()
+                    raise
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", f"no first byte in "
+                                f"{settings.first_byte_timeout_s:g}s") from exc
+
+    async def _relay(self, backend: Any, resp: Any, first: bytes, send: Send,
                      watch: DisconnectWatch, body: dict[str, Any], endpoint: Endpoint,
                      model: str, record: RequestRecord, extra: list[tuple[bytes, bytes]],
-                     resume: Resume, filt_of: list[StreamFilter], continuation: bool) -> None:
+                     resume: Resume, filt_of: list[StreamFilter], continuation: bool,
+                     push: PushChannel | None) -> None:
         gw = self.gw
         served = backend.served_model_name
         rename = None
-        encoded = "Content-Encoding" in resp.headers  # asked for identity; relay it as it is
+        encoded = "content-encoding" in resp.headers  # asked for identity; relay it as it is
         if served != model and not encoded:
             rename = (b'"model":"' + served.encode() + b'"', b'"model":"' + model.encode() + b'"')
         # Raw header bytes: a value outside latin-1 passes through rather than failing here.
         out_headers = [(k.lower(), v) for k, v in resp.raw_headers
                        if k.lower().decode("latin-1") not in RESPONSE_DROP
                        and k.lower() != b"x-request-id"]
-        if resp.status in (429, 503) and "Retry-After" not in resp.headers:
+        if resp.status in (429, 503) and "retry-after" not in resp.headers:
             out_headers.append((b"retry-after", b"5"))
         # A compressed stream (the backend ignored `accept-encoding: identity`) cannot be read
         # frame by frame: it goes through as a plain body, with its content-encoding.
@@ -472,9 +521,17 @@ class PublicApp:
                        drop_usage_chunk=usage.drop_usage_chunk, rename=rename)
             filt_of.append(filt)
             ends = RESPONSES_ENDS if endpoint == "responses" else CHAT_ENDS
-            record.outcome = await relay_sse(resp, first, send, watch, filt,
-                                             gw.settings.idle_timeout_s, ends,
-                                             resume if continuable else None)
+            if isinstance(resp, EngineStream) and push is not None:
+                record.outcome = await relay_sse_push(resp, first, push, send, watch, filt,
+                                                      gw.settings.idle_timeout_s, ends,
+                                                      resume if continuable else None)
+            else:
+                record.outcome = await relay_sse(resp, first, send, watch, filt,
+                                                 gw.settings.idle_timeout_s, ends,
+                                                 resume if continuable else None)
+        elif isinstance(resp, EngineStream) and push is not None:
+            record.outcome = await relay_body_push(resp, first, push, send, watch, record.m,
+                                                   gw.settings.idle_timeout_s)
         else:
             record.outcome = await relay_body(resp, first, send, watch, record.m, rename,
                                               gw.settings.idle_timeout_s)

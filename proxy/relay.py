@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -26,6 +26,10 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 _BODY_COPY_LIMIT = 4 * 1024 * 1024  # non-streaming bodies kept for measurement up to this
 
 
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
 class DisconnectWatch:
     """Listens on `receive()` once the request body is read; on `http.disconnect` it cancels
     the pending upstream call or closes the upstream response, so vLLM aborts the generation
@@ -36,7 +40,7 @@ class DisconnectWatch:
     def __init__(self, receive: Receive) -> None:
         self.gone = False
         self.closing: str | None = None  # set when the gateway itself ends the stream
-        self.response: aiohttp.ClientResponse | None = None
+        self.response: _Closable | None = None  # an aiohttp response or a push EngineStream
         self.pending: asyncio.Future[Any] | None = None
         self._task = asyncio.get_running_loop().create_task(self._watch(receive))
 

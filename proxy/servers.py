@@ -17,6 +17,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.push import PushChannel
+
 # Slow-header clients (slowloris) hold a connection open forever in plain uvicorn: a request's
 # headers must arrive within this long of its first byte (or of the connection).
 HEADER_TIMEOUT_S = 10.0
@@ -71,6 +73,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        # The push relay's channel to this connection (proxy/push.py), as an ASGI extension.
+        extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
+        extensions["specrouter.push"] = PushChannel(self)
         super().on_headers_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -99,7 +104,7 @@ def make_server(app: Any, *, ssl_context: ssl.SSLContext | None = None,
                 **config: Any) -> QuietSignalsServer:
     protocol = type("HttpProtocol", (GuardedHttpToolsProtocol,),
                     {"header_timeout_s": header_timeout_s})
-    cfg = uvicorn.Config(app, http=protocol, loop="none", lifespan="off",
+    cfg = uvicorn.Config(app, http=protocol, loop="none", lifespan="off", proxy_headers=False,
                          access_log=False, log_level="warning", server_header=False,
                          date_header=False, timeout_graceful_shutdown=graceful_s,
                          timeout_keep_alive=75, **config)
