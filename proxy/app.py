@@ -267,7 +267,7 @@ class PublicApp:
         watch = DisconnectWatch(receive)
         gw.watches[id(record)] = watch
         push: PushChannel | None = None
-        if body.get("stream") is True and endpoint != "embeddings":
+        if body.get("stream") is True and endpoint != "embeddings" and gw.settings.relay == "push":
             push = scope.get("extensions", {}).get("specrouter.push")
         try:
             await self._forward(policy, send, watch, body, endpoint, model, decision, record,

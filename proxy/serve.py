@@ -51,6 +51,7 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--header-timeout", dest="header_timeout_s", type=float)
     p.add_argument("--body-timeout", dest="body_timeout_s", type=float)
     p.add_argument("--scrape-interval", dest="scrape_interval_s", type=float)
+    p.add_argument("--relay", choices=("push", "pull"), help="stream relay (default push)")
     p.add_argument("--drain-timeout", dest="drain_timeout_s", type=float,
                    help="on SIGTERM, seconds streams in flight may still run (default 20)")
     args = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}

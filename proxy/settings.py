@@ -7,6 +7,7 @@ variables, then these defaults. What to route where lives in the policy file, no
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -38,6 +39,9 @@ class Settings(BaseSettings):
     first_byte_timeout_s: float = 300.0
     idle_timeout_s: float = 60.0  # between two chunks of a stream
     scrape_interval_s: float = 2.0  # backend /metrics and /health
+    # How streams are relayed: "push" (engine reads written to the client from the read
+    # callback, proxy/push.py) or "pull" (an async pull loop, proxy/relay.py).
+    relay: Literal["push", "pull"] = "push"
     drain_timeout_s: float = 20.0  # SIGTERM: how long streams in flight may still run
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import orjson
+import pytest
 
 from tests.gatewayserver import GatewayServer, coder_policy
 from tests.simserver import SimServer
@@ -16,12 +17,13 @@ def _frames(body: bytes) -> list[bytes]:
     return [f for f in body.split(b"\n\n") if f]
 
 
-def test_a_dead_engine_mid_stream_is_continued_in_the_same_stream(certs) -> None:
+@pytest.mark.parametrize("relay", ["push", "pull"])
+def test_a_dead_engine_mid_stream_is_continued_in_the_same_stream(certs, relay) -> None:
     with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep, \
             SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow:
         policy = coder_policy({"deep": deep.url, "shallow": shallow.url})
         policy["routes"]["coder"]["continuation"] = True
-        with GatewayServer(policy, certs=certs) as gw:
+        with GatewayServer(policy, certs=certs, args=("--relay", relay)) as gw:
             deep.fault("die_mid_stream", after_chunks=6)
             with gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
                     "model": "coder", "stream": True, "max_tokens": 120,

@@ -40,10 +40,13 @@ def _stream(client: httpx.Client, url: str, body: dict, rid: str, **headers: str
     {"include_usage": False},
 ])
 @pytest.mark.parametrize("spec_metrics", ["none", "summary"])
-def test_relayed_stream_is_byte_identical_to_direct(certs, stream_options, spec_metrics) -> None:
+@pytest.mark.parametrize("relay", ["push", "pull"])
+def test_relayed_stream_is_byte_identical_to_direct(certs, stream_options, spec_metrics,
+                                                    relay) -> None:
     with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.02,
                    spec_metrics=spec_metrics) as sim, \
-            GatewayServer(coder_policy({"a": sim.url}, defaults={}), certs=certs) as gw:
+            GatewayServer(coder_policy({"a": sim.url}, defaults={}), certs=certs,
+                          args=("--relay", relay)) as gw:
         body: dict = {"model": SERVED, "messages": MESSAGES, "stream": True,
                       "max_tokens": 48, "seed": 7, "temperature": 0.7}
         if stream_options is not None:
@@ -97,9 +100,11 @@ def test_no_backend_left_gives_503_with_retry_after(certs) -> None:
         assert r.json()["error"]["code"] == 503
 
 
-def test_backend_death_mid_stream_ends_with_an_error_event(certs) -> None:
+@pytest.mark.parametrize("relay", ["push", "pull"])
+def test_backend_death_mid_stream_ends_with_an_error_event(certs, relay) -> None:
     with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as sim, \
-            GatewayServer(coder_policy({"a": sim.url}), certs=certs) as gw:
+            GatewayServer(coder_policy({"a": sim.url}), certs=certs,
+                          args=("--relay", relay)) as gw:
         sim.fault("die_mid_stream", after_chunks=4)
         with gw.client() as c:
             body = _stream(c, "/v1/chat/completions",
@@ -122,9 +127,11 @@ def _wait_for(predicate, timeout: float = 5.0) -> float:
     raise AssertionError("condition not reached")
 
 
-def test_client_disconnect_mid_stream_aborts_upstream(certs) -> None:
+@pytest.mark.parametrize("relay", ["push", "pull"])
+def test_client_disconnect_mid_stream_aborts_upstream(certs, relay) -> None:
     with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.2) as sim, \
-            GatewayServer(coder_policy({"a": sim.url}), certs=certs) as gw:
+            GatewayServer(coder_policy({"a": sim.url}), certs=certs,
+                          args=("--relay", relay)) as gw:
         before = sim.stats()["aborted"]
         with gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
                 "model": "coder", "messages": MESSAGES, "stream": True,
