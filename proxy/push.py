@@ -25,6 +25,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from proxy import sse
+from proxy.errors import sse_error_event
+from proxy.relay import RESPONSES_ENDS, _ended, check_end, end_stream
 from proxy.upstream import UpstreamError
 
 
@@ -181,10 +184,6 @@ async def relay_sse_push(stream: EngineStream, first: bytes, channel: PushChanne
                          idle_timeout: float, ends: tuple[bytes, ...],
                          resume: Callable[[], Any] | None) -> str:
     """relay.relay_sse's contract (outcome, error event, continuation), pushed from callbacks."""
-    from proxy import sse
-    from proxy.errors import sse_error_event
-    from proxy.relay import RESPONSES_ENDS, _ended
-
     m = filt.m
     loop = asyncio.get_running_loop()
     responses = ends is RESPONSES_ENDS
@@ -244,10 +243,7 @@ async def relay_sse_push(stream: EngineStream, first: bytes, channel: PushChanne
             stream.close()
         if watch.gone or channel.gone:
             return "client_gone"
-        if outcome == "ok" and not ended[0] and m.error is None:
-            outcome = "upstream_error"
-            error = sse_error_event(502, "upstream stream ended before its end event",
-                                    responses=responses)
+        outcome, error = check_end(outcome, error, ended[0], m, responses)
         if outcome != "ok" and resume is not None and watch.closing is None:
             resumed = await resume()
             resume = None  # once per request
@@ -255,13 +251,7 @@ async def relay_sse_push(stream: EngineStream, first: bytes, channel: PushChanne
                 stream, first = resumed
                 continue
         break
-    if error:
-        m.error = m.error or error.decode(errors="replace")
-    elif m.error is not None:
-        outcome = "upstream_error"
-    await send({"type": "http.response.body", "body": filt.release() + error,
-                "more_body": False})
-    return outcome
+    return await end_stream(send, filt, outcome, error)
 
 
 async def _resume_after_drain(channel: PushChannel, stream: EngineStream,

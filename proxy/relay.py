@@ -145,10 +145,7 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
                                         responses=responses)
         if watch.gone:
             return "client_gone"
-        if outcome == "ok" and not saw_done and m.error is None:
-            outcome = "upstream_error"
-            error = sse_error_event(502, "upstream stream ended before its end event",
-                                    responses=responses)
+        outcome, error = check_end(outcome, error, saw_done, m, responses)
         if outcome != "ok" and resume is not None and watch.closing is None:
             resumed = await resume()
             resume = None  # once per request
@@ -156,6 +153,21 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
                 resp, data = resumed
                 continue
         break
+    return await end_stream(send, filt, outcome, error)
+
+
+def check_end(outcome: str, error: bytes, ended: bool, m: Measurement, responses: bool
+              ) -> tuple[str, bytes]:
+    """A stream that stopped cleanly but without its end event was cut short all the same."""
+    if outcome == "ok" and not ended and m.error is None:
+        return "upstream_error", sse_error_event(
+            502, "upstream stream ended before its end event", responses=responses)
+    return outcome, error
+
+
+async def end_stream(send: Send, filt: StreamFilter, outcome: str, error: bytes) -> str:
+    """Send what is held back and the error event if any; the outcome, as recorded."""
+    m = filt.m
     if error:
         m.error = m.error or error.decode(errors="replace")
     elif m.error is not None:
