@@ -78,7 +78,7 @@ def restrict(doc: dict[str, Any], route: str, variants: list[str], urls: Mapping
                        for name, spec in out["backends"].items() if name in keep}
     r["variants"] = [v for v in r["variants"] if v in keep]
     if r.get("fallback") not in keep:
-        r["fallback"] = r["variants"][0] if len(r["variants"]) > 1 else None
+        r["fallback"] = r["variants"][-1] if len(r["variants"]) > 1 else None
         if r["fallback"] is None:
             r.pop("fallback")
     rules = []

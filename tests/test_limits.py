@@ -98,7 +98,7 @@ def test_two_replicas_share_limits_and_policy(certs, redis_url, tmp_path) -> Non
             def stream(name: str, gw: GatewayServer, i: int) -> None:
                 try:
                     with gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
-                            "model": "coder", "stream": True, "max_tokens": 400,
+                            "model": "coder", "stream": True, "max_tokens": 4000,
                             "messages": [{"role": "user", "content": f"s{i}"}]}) as r:
                         body = r.read()
                     outcomes[name].append(body.endswith(b"data: [DONE]\n\n"))

@@ -360,12 +360,12 @@ def test_restrict_single_variant_drops_rules_naming_the_other() -> None:
     from policies.schema import validate_policy
 
     doc = yaml.safe_load(DEFAULT_POLICY.read_text())
-    urls = {"coder-dflash7": "http://127.0.0.1:1", "coder-dflash5p": "http://127.0.0.1:2"}
-    both = restrict(doc, "coder", ["coder-dflash7", "coder-dflash5p"], urls, "a" * 64)
+    urls = {"coder-dflash7": "http://127.0.0.1:1", "coder-dflash5": "http://127.0.0.1:2"}
+    both = restrict(doc, "coder", ["coder-dflash7", "coder-dflash5"], urls, "a" * 64)
     assert [r["name"] for r in both["routes"]["coder"]["rules"]] == [
         "engine-health", "dflash-acceptance", "deep-block-when-quiet"]
-    only5 = restrict(doc, "coder", ["coder-dflash5p"], urls, "a" * 64)
-    assert list(only5["backends"]) == ["coder-dflash5p"]
+    only5 = restrict(doc, "coder", ["coder-dflash5"], urls, "a" * 64)
+    assert list(only5["backends"]) == ["coder-dflash5"]
     assert [r["name"] for r in only5["routes"]["coder"]["rules"]] == ["engine-health"]
     only7 = restrict(doc, "coder", ["coder-dflash7"], urls, "a" * 64)
     assert "fallback" not in only7["routes"]["coder"]
