@@ -30,6 +30,18 @@ class _Closable(Protocol):
     def close(self) -> None: ...
 
 
+def _close(response: _Closable, reason: str) -> None:
+    """Close an upstream response, waking a pending read with an exception of its own.
+
+    aiohttp wakes a reader interrupted by close() with one module-level exception whose
+    traceback grows with every raise, keeping each request's frames alive for good.
+    """
+    content = getattr(response, "content", None)
+    if content is not None and hasattr(content, "set_exception"):
+        content.set_exception(aiohttp.ClientConnectionError(reason))
+    response.close()
+
+
 class DisconnectWatch:
     """Listens on `receive()` once the request body is read; on `http.disconnect` it cancels
     the pending upstream call or closes the upstream response, so vLLM aborts the generation
@@ -53,7 +65,7 @@ class DisconnectWatch:
         if self.pending is not None and not self.pending.done():
             self.pending.cancel()
         if self.response is not None:
-            self.response.close()
+            _close(self.response, "client gone")
 
     def stop(self) -> None:
         self._task.cancel()
@@ -62,7 +74,7 @@ class DisconnectWatch:
         """End the relay from outside (shutdown deadline): the client gets an error event."""
         self.closing = reason
         if self.response is not None:
-            self.response.close()
+            _close(self.response, reason)
 
 
 async def first_chunk(resp: aiohttp.ClientResponse, timeout: float) -> bytes:
