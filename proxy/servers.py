@@ -17,6 +17,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.errors import error_body
 from proxy.push import PushChannel
 
 # Slow-header clients (slowloris) hold a connection open forever in plain uvicorn: a request's
@@ -49,10 +50,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_too_slow(self) -> None:
         self._head_timer = None
-        if not self.transport.is_closing():
-            self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n"
-                                 b"connection: close\r\n\r\n")
-            self.transport.close()
+        self._refuse(408, "Request Timeout",
+                     f"request headers not received within {self.header_timeout_s:g}s")
+
+    def _refuse(self, status: int, phrase: str, message: str) -> None:
+        """Answer below ASGI (no request was formed) in the OpenAI error shape, then close."""
+        if self.transport.is_closing():
+            return
+        body = error_body(status, message)
+        self.transport.write(b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%b"
+                             % (status, phrase.encode(), len(body), body))
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._head_timer is not None:
@@ -60,10 +69,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_bytes += len(data) if end < 0 else end
             if self._head_bytes > MAX_HEADER_BYTES:
                 self._disarm()
-                if not self.transport.is_closing():
-                    self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-                                         b"content-length: 0\r\nconnection: close\r\n\r\n")
-                    self.transport.close()
+                self._refuse(431, "Request Header Fields Too Large",
+                             f"request headers larger than {MAX_HEADER_BYTES} bytes")
                 return
         super().data_received(data)
 
