@@ -39,9 +39,6 @@ class LiveTracker:
             b = self.backends[name] = BackendLive()
         return b
 
-    def _changed(self) -> None:
-        self._snapshot = None
-
     def begin(self, name: str) -> None:
         self.get(name).in_flight += 1
         self._snapshot = None

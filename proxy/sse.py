@@ -125,10 +125,6 @@ def cut(frame: bytes, span: tuple[int, int]) -> bytes:
     return frame[: span[0]] + frame[span[1] :]
 
 
-def insert(frame: bytes, at: int, piece: bytes) -> bytes:
-    return frame[:at] + piece + frame[at:]
-
-
 def insert_before_close(frame: bytes, piece: bytes) -> bytes:
     """Insert `piece` just before the closing `}` of the frame's top-level object."""
     close = frame.rfind(b"}")
