@@ -27,7 +27,7 @@ import httptools
 
 from proxy import sse
 from proxy.errors import sse_error_event
-from proxy.relay import RESPONSES_ENDS, _ended, check_end, end_stream
+from proxy.relay import RESPONSES_ENDS, _ended, check_end, end_stream, filter_read
 from proxy.upstream import UpstreamError
 
 
@@ -196,11 +196,7 @@ async def relay_sse_push(stream: EngineStream, first: bytes, channel: PushChanne
                  ended: list[bool] = ended, draining: list[asyncio.Task[None]] = draining
                  ) -> None:
             t = time.perf_counter()
-            frames = splitter.feed(data)
-            if not frames:
-                return
-            out = filt.frame(frames[0], t) if len(frames) == 1 else \
-                b"".join([filt.frame(f, t) for f in frames])
+            out = filter_read(splitter, filt, data, t)
             if not out:
                 return
             if m.t_first_byte is None:

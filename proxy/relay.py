@@ -124,11 +124,7 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
             async with asyncio.timeout_at(rearmed + idle_timeout + 1.0) as deadline:
                 while data:
                     now = time.perf_counter()
-                    frames = splitter.feed(data)
-                    if len(frames) == 1:
-                        out = filt.frame(frames[0], now)
-                    else:
-                        out = b"".join([filt.frame(f, now) for f in frames])
+                    out = filter_read(splitter, filt, data, now)
                     if out:
                         if m.t_first_byte is None:
                             m.t_first_byte = now
@@ -166,6 +162,15 @@ async def relay_sse(resp: aiohttp.ClientResponse, first: bytes, send: Send, watc
                 continue
         break
     return await end_stream(send, filt, outcome, error)
+
+
+def filter_read(splitter: sse.FrameSplitter, filt: StreamFilter, data: bytes, now: float
+                ) -> bytes:
+    """One upstream read: its complete frames, through the filter; what the client gets."""
+    frames = splitter.feed(data)
+    if len(frames) == 1:
+        return filt.frame(frames[0], now)
+    return b"".join([filt.frame(f, now) for f in frames])
 
 
 def check_end(outcome: str, error: bytes, ended: bool, m: Measurement, responses: bool
