@@ -21,17 +21,12 @@ from proxy import auth
 from proxy.admission import AdmissionTimeout
 from proxy.continuation import ContinuableFilter, can_continue, continuation_body
 from proxy.endpoints import prefix_affinity
+from proxy.engine_conn import EngineStream, open_engine_stream
 from proxy.errors import error_body
 from proxy.gateway import Gateway, RequestRecord
 from proxy.measure import StreamFilter
 from proxy.openapi import spec_bytes
-from proxy.push import (
-    EngineStream,
-    PushChannel,
-    open_engine_stream,
-    relay_body_push,
-    relay_sse_push,
-)
+from proxy.push import PushChannel, relay_body_push, relay_sse_push
 from proxy.relay import (
     CHAT_ENDS,
     RESPONSES_ENDS,
@@ -459,11 +454,11 @@ class PublicApp:
 
     async def _open_stream(self, url: str, payload: bytes, headers: dict[str, str],
                            check_status: bool) -> tuple[EngineStream, bytes]:
-        """The push relay's request: its own connection, the first body bytes awaited."""
+        """The push relay's request, on a kept-alive connection; the first body bytes awaited."""
         settings = self.gw.settings
         try:
             async with asyncio.timeout(settings.first_byte_timeout_s):
-                stream = await open_engine_stream(url, payload, headers,
+                stream = await open_engine_stream(self.gw.engines, url, payload, headers,
                                                   settings.connect_timeout_s)
                 try:
                     if stream.status >= 500 and check_status:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from proxy.admission import Admission
 from proxy.endpoints import Endpoints
+from proxy.engine_conn import EnginePool
 from proxy.limits import Limits, MemoryLimits, RedisLimits
 from proxy.live import LiveTracker
 from proxy.measure import Measurement
@@ -75,6 +76,7 @@ class Gateway:
                                else MemoryLimits())
         self.upstream = Upstream(connect_timeout=settings.connect_timeout_s,
                                  first_byte_timeout=settings.first_byte_timeout_s)
+        self.engines = EnginePool()  # the push relay's kept-alive engine connections
         self.in_flight: dict[int, RequestRecord] = {}  # by id(record): ids repeat in headers
         self.watches: dict[int, DisconnectWatch] = {}  # same keys: to end streams at shutdown
         self.draining = False
@@ -86,5 +88,6 @@ class Gateway:
             sink(record)
 
     async def aclose(self) -> None:
+        self.engines.close()
         await self.upstream.aclose()
         await self.limits.aclose()
