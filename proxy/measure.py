@@ -161,9 +161,10 @@ class StreamFilter:
             return self.release() + frame
         span = sse.usage_span(frame)
         empty_choices = _EMPTY_CHOICES in frame
+        finish = not empty_choices and _FINISH in frame
         if not empty_choices:
             self.m.chunks += 1
-            if _FINISH in frame:
+            if finish:
                 self._record_finish(frame)
         if span is None:
             if not empty_choices and self.m.t_first_token is None:
@@ -180,10 +181,11 @@ class StreamFilter:
         total = usage.get("completion_tokens")
         if isinstance(total, int):
             self.m.record_tokens(total, now)
-        self.m.record_usage(usage)
+        if self.m.prompt_tokens is None:  # the same on every chunk; the usage chunk has all
+            self.m.record_usage(usage)
         if self.strip_usage:
             frame = sse.cut(frame, span)
-        if self.drop_usage_chunk and _FINISH in frame:
+        if self.drop_usage_chunk and finish:
             self._held += frame
             return b""
         return frame

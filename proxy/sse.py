@@ -29,6 +29,10 @@ class FrameSplitter:
         self._scan = 0  # where to resume looking for a boundary in _buf
 
     def feed(self, data: bytes) -> list[bytes]:
+        # The common case, one read holding exactly one `\n\n` frame: no search loop, no copy.
+        if not self._buf and len(data) > 2 and data.find(FRAME_END) == len(data) - 2 \
+                and b"\r" not in data:
+            return [data]
         if self._buf:
             self._buf += data
             buf: bytes | bytearray = self._buf
