@@ -259,11 +259,12 @@ class PublicApp:
             await respond_error(send, 503, "the gateway is shutting down; retry",
                                 headers=[*rid, (b"retry-after", b"1"), (b"connection", b"close")])
             return
-        watch = DisconnectWatch(receive)
+        channel: PushChannel | None = scope.get("extensions", {}).get("specrouter.push")
+        watch = DisconnectWatch(receive, channel)
         gw.watches[id(record)] = watch
         push: PushChannel | None = None
         if body.get("stream") is True and endpoint != "embeddings" and gw.settings.relay == "push":
-            push = scope.get("extensions", {}).get("specrouter.push")
+            push = channel
         try:
             await self._forward(policy, send, watch, body, endpoint, model, decision, record,
                                 extra, headers, push)

@@ -47,6 +47,10 @@ class PushChannel:
     async def drain(self) -> None:
         await self._protocol.flow.drain()
 
+    def on_lost(self, callback: Callable[[], None] | None) -> None:
+        """Called once when the client's connection closes (None: no longer)."""
+        self._protocol.on_lost = callback
+
     def write(self, data: bytes) -> bool:
         """One chunk of the chunked body (the response start went out through ASGI); True
         when the client's socket is full and the engine should wait.

@@ -3,7 +3,8 @@
 A pull loop (read upstream, filter, `send`) so backpressure flows end to end: a slow client
 pauses uvicorn's `send`, which stops the reads, which closes the TCP window toward vLLM.
 The upstream response is closed on every exit path; the client's disconnect is noticed by a
-`receive()` watcher, because uvicorn's `send` goes quiet rather than failing once it is gone.
+watcher (`DisconnectWatch`), because uvicorn's `send` goes quiet rather than failing once it
+is gone.
 """
 
 from __future__ import annotations
@@ -42,25 +43,47 @@ def _close(response: _Closable, reason: str) -> None:
     response.close()
 
 
+class LostHook(Protocol):
+    """Our server's connection (proxy/push.py's PushChannel): it calls back when it closes."""
+
+    @property
+    def gone(self) -> bool: ...
+    def on_lost(self, callback: Callable[[], None] | None) -> None: ...
+
+
 class DisconnectWatch:
-    """Listens on `receive()` once the request body is read; on `http.disconnect` it cancels
-    the pending upstream call or closes the upstream response, so vLLM aborts the generation
-    at once instead of at the next chunk."""
+    """Notices the client leaving once the request body is read, and then cancels the pending
+    upstream call or closes the upstream response, so vLLM aborts the generation at once
+    instead of at the next chunk.
 
-    __slots__ = ("gone", "closing", "response", "pending", "_task")
+    On our own server the connection calls back when it closes (`hook`); on any other ASGI
+    server a task listens on `receive()` for `http.disconnect`.
+    """
 
-    def __init__(self, receive: Receive) -> None:
+    __slots__ = ("gone", "closing", "response", "pending", "_task", "_hook")
+
+    def __init__(self, receive: Receive, hook: LostHook | None = None) -> None:
         self.gone = False
         self.closing: str | None = None  # set when the gateway itself ends the stream
         self.response: _Closable | None = None  # an aiohttp response or a push EngineStream
         self.pending: asyncio.Future[Any] | None = None
-        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+        self._task: asyncio.Task[None] | None = None
+        self._hook = hook
+        if hook is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+        elif hook.gone:
+            self.gone = True  # it left while the body was being read
+        else:
+            hook.on_lost(self._lost)
 
     async def _watch(self, receive: Receive) -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 break
+        self._lost()
+
+    def _lost(self) -> None:
         self.gone = True
         if self.pending is not None and not self.pending.done():
             self.pending.cancel()
@@ -68,7 +91,10 @@ class DisconnectWatch:
             _close(self.response, "client gone")
 
     def stop(self) -> None:
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        if self._hook is not None:
+            self._hook.on_lost(None)
 
     def close_upstream(self, reason: str) -> None:
         """End the relay from outside (shutdown deadline): the client gets an error event."""

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import uvicorn
@@ -33,6 +33,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s = HEADER_TIMEOUT_S
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
+    # The request in progress learns of the client leaving here, without a task of its own
+    # waiting on `receive()` (proxy/relay.py's DisconnectWatch, through the PushChannel).
+    on_lost: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -88,6 +91,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        callback, self.on_lost = self.on_lost, None
+        if callback is not None:
+            callback()
 
 
 class QuietSignalsServer(uvicorn.Server):
