@@ -105,6 +105,10 @@ class EngineStream:
         self._fail(UpstreamError("connect", "engine connection lost"))
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self._complete:  # a second answer to one request: stop; the connection is not reused
+            raise ValueError("engine sent bytes after the response")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.raw_headers.append((name, value))
 

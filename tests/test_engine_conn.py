@@ -57,6 +57,8 @@ class Engine:
                     return
                 extra = b"connection: close\r\n" if self.mode == "close_header" else b""
                 writer.write(SSE % extra + _chunked(BODY))
+                if self.mode == "two_answers":
+                    writer.write(SSE % b"" + _chunked(b"data: {\"stray\":1}\n\n"))
                 await writer.drain()
                 if extra:
                     writer.close()
@@ -113,6 +115,18 @@ async def test_connection_close_from_the_engine_is_not_kept() -> None:
         assert await _fetch(pool, url) == BODY
         assert pool.idle_count() == 0
         assert await _fetch(pool, url) == BODY
+        assert e.connections == 2
+    pool.close()
+
+
+async def test_bytes_after_the_response_make_the_connection_unusable() -> None:
+    pool = EnginePool()
+    async with engine() as (e, url):
+        e.mode = "two_answers"
+        assert await _fetch(pool, url) == BODY  # the answer itself is whole
+        assert pool.idle_count() == 0
+        e.mode = "keep_alive"
+        assert await _fetch(pool, url) == BODY  # never the stray bytes
         assert e.connections == 2
     pool.close()
 
