@@ -8,7 +8,8 @@ connection: that is how vLLM learns to abort the generation.
 
 An idle connection is kept `max_idle_s` (2 s; vLLM's uvicorn closes idle ones after 5 s). If
 the engine closed a reused connection all the same, the request is sent again on a new one:
-no byte of an answer had come, so the engine never saw it.
+no byte of an answer had come (an engine closing an idle connection does not read what
+arrives on it), the same rule as the retries before the first byte.
 """
 
 from __future__ import annotations
