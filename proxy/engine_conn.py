@@ -15,6 +15,7 @@ arrives on it), the same rule as the retries before the first byte.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
 from typing import cast
 from urllib.parse import urlsplit
@@ -23,7 +24,7 @@ import httptools
 
 from proxy.upstream import UpstreamError
 
-Key = tuple[str, int]
+Key = tuple[str, str, int]  # scheme, host, port
 
 
 class EngineConnection(asyncio.Protocol):
@@ -186,9 +187,16 @@ class EngineStream:
 
 
 class EnginePool:
-    """Idle kept-alive connections to engines, by (host, port); the gateway owns one."""
+    """Idle kept-alive connections to engines, by (scheme, host, port); the gateway owns one.
 
-    def __init__(self, *, max_idle_s: float = 2.0, max_idle_per_engine: int = 256) -> None:
+    `https` engines (vLLM with `--ssl-keyfile`) are verified against the system's trust store,
+    as the aiohttp client does (`SSL_CERT_FILE` points both at a private CA), unless `tls`
+    gives another context.
+    """
+
+    def __init__(self, *, max_idle_s: float = 2.0, max_idle_per_engine: int = 256,
+                 tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls
         self.max_idle_s = max_idle_s
         self.max_idle_per_engine = max_idle_per_engine
         self._idle: dict[Key, list[EngineConnection]] = {}
@@ -230,6 +238,11 @@ class EnginePool:
         if idle and conn in idle:
             idle.remove(conn)
 
+    def tls(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
+
     def idle_count(self) -> int:
         return sum(len(v) for v in self._idle.values())
 
@@ -247,13 +260,15 @@ async def open_engine_stream(pool: EnginePool, url: str, payload: bytes,
                              headers: dict[str, str], connect_timeout: float) -> EngineStream:
     """Send the request (on a kept-alive connection when one is idle); wait for the head."""
     parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    scheme = parts.scheme or "http"
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if scheme == "https" else 80)
     lines = [f"POST {parts.path or '/'} HTTP/1.1", f"host: {parts.netloc}",
              f"content-length: {len(payload)}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
     loop = asyncio.get_running_loop()
-    key = (host, port)
+    key = (scheme, host, port)
     while True:
         conn = pool.take(key, loop.time())
         reused = conn is not None
@@ -278,9 +293,12 @@ async def open_engine_stream(pool: EnginePool, url: str, payload: bytes,
 
 async def _connect(pool: EnginePool, key: Key, timeout: float) -> EngineConnection:
     conn = EngineConnection(pool, key)
+    scheme, host, port = key
+    tls = pool.tls() if scheme == "https" else None
     try:
         async with asyncio.timeout(timeout):
-            await asyncio.get_running_loop().create_connection(lambda: conn, *key)
-    except (OSError, TimeoutError) as exc:
+            await asyncio.get_running_loop().create_connection(
+                lambda: conn, host, port, ssl=tls, server_hostname=host if tls else None)
+    except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError: a bad certificate too
         raise UpstreamError("connect", f"{type(exc).__name__}: {exc}") from exc
     return conn

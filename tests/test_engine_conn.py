@@ -8,11 +8,13 @@ the engine behaves with its connections (the sim and vLLM keep them alive like `
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
 
+from proxy.certs import CertFiles, server_context
 from proxy.engine_conn import EnginePool, open_engine_stream
 from proxy.upstream import UpstreamError
 
@@ -68,12 +70,13 @@ class Engine:
 
 
 @asynccontextmanager
-async def engine() -> AsyncIterator[tuple[Engine, str]]:
+async def engine(tls: ssl.SSLContext | None = None) -> AsyncIterator[tuple[Engine, str]]:
     e = Engine()
-    server = await asyncio.start_server(e.handle, "127.0.0.1", 0)
+    server = await asyncio.start_server(e.handle, "127.0.0.1", 0, ssl=tls)
     port = server.sockets[0].getsockname()[1]
+    scheme = "https" if tls else "http"
     try:
-        yield e, f"http://127.0.0.1:{port}/v1/chat/completions"
+        yield e, f"{scheme}://127.0.0.1:{port}/v1/chat/completions"
     finally:
         server.close()
 
@@ -166,3 +169,17 @@ async def test_refused_connection_is_an_upstream_connect_error() -> None:
     with pytest.raises(UpstreamError) as exc:
         await open_engine_stream(pool, url, b"{}", {}, 1.0)
     assert exc.value.kind == "connect"
+
+
+async def test_https_engines_are_verified_and_kept_alive(certs: CertFiles) -> None:
+    """vLLM started with --ssl-keyfile: the push relay speaks TLS to it, verified."""
+    trusting = EnginePool(tls=ssl.create_default_context(cafile=str(certs.ca_cert)))
+    async with engine(server_context(certs.cert, certs.key)) as (e, url):
+        assert url.startswith("https://")
+        assert await _fetch(trusting, url) == BODY
+        assert await _fetch(trusting, url) == BODY
+        assert (e.connections, e.requests) == (1, 2)
+        with pytest.raises(UpstreamError) as exc:  # the system store does not know the test CA
+            await open_engine_stream(EnginePool(), url, b"{}", {}, 2.0)
+        assert exc.value.kind == "connect" and "CERTIFICATE" in str(exc.value).upper()
+    trusting.close()
