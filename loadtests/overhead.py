@@ -913,6 +913,15 @@ def summarize(results: list[RoundResult], targets: Sequence[str]) -> dict[str, d
     return out
 
 
+def paced_cpu_ratio(results: list[RoundResult]) -> Figure:
+    """Gateway over nginx CPU per paced chunk, each repeat against its own nginx round."""
+    cpu = {(r.target, r.repeat): r.cpu_per_chunk_us for r in results
+           if r.ok and r.kind == "paced16" and r.cpu_per_chunk_us}
+    vals = [g / n for (t, rep), g in cpu.items()
+            if t == "gateway" and g is not None and (n := cpu.get(("nginx", rep)))]
+    return Figure(vals, len(vals))
+
+
 ROWS: list[tuple[str, str, str]] = [
     ("ttft1_added_ms", "added TTFT p50, 1 stream (ms)", ".2f"),
     ("ttft16_added_ms", "added TTFT p50, 16 streams (ms)", ".2f"),
@@ -969,6 +978,11 @@ def render(summary: dict[str, dict[str, Figure]], targets: Sequence[str],
                         f"{label} {med:.2f} {unit}")
     if base:
         out.append("direct (the pacer, no proxy), medians: " + "; ".join(base))
+    ratio = paced_cpu_ratio(results)
+    if ratio.values:
+        # A shared machine's speed moves between runs, nginx's figure with it: the ratio of
+        # the two within one repeat tells what the gateway adds on that machine, that moment.
+        out.append(f"gateway / nginx CPU per paced chunk, per repeat: {ratio.cell('.2f')}")
     failed = [r for r in results if not r.ok]
     if failed:
         out.append(f"{len(failed)} round(s) failed and are left out: " +
@@ -1059,6 +1073,7 @@ def main(argv: list[str] | None = None) -> int:
             "goals": GOALS,
             "summary": {k: {t: {"median": f.median, "values": f.values, "runs": f.runs}
                             for t, f in v.items()} for k, v in summary.items()},
+            "cpu_paced_ratio_to_nginx": paced_cpu_ratio(results).values,
             "rounds": [r.__dict__ for r in results],
         }
         args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
