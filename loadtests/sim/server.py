@@ -463,17 +463,20 @@ def _route(
 # -- /v1/chat/completions ------------------------------------------------------------------------
 
 
-async def chat_completions(sim: Sim, request: Request) -> Response:
+async def _generate(
+    sim: Sim,
+    request: Request,
+    prepare: Callable[[], Awaitable[_Prepared]],
+    stream: Callable[[_Prepared, int], FrameSource],
+    answer: Callable[[_Prepared, int, list[Result]], dict[str, Any]],
+) -> Response:
+    """What chat and completions share: gate, validate, submit, then stream or collect."""
     sim.stats.requests += 1
     gated = sim.gate()
     if gated is not None:
         return gated
     try:
-        req = protocol.parse(ChatRequest, await request.body())
-        sim.check_model(req.model)
-        p = await sim.prepare(
-            request, req, "chatcmpl", protocol.render_chat(req.messages, req.tools), None
-        )
+        p = await prepare()
     except RequestError as err:
         sim.stats.errors += 1
         return json_response(err.body, err.status)
@@ -481,10 +484,27 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
         return DropResponse()
     if p.spec_conflict:
         return sim.spec_conflict_response(p)
-    ereq = p.engine_req
     created = int(time.time())
-    sim.submit(ereq)
+    sim.submit(p.engine_req)
     if p.stream:
+        return sim.stream_response(p.engine_req, stream(p, created))
+    results = await sim.collect(p.engine_req, request.receive)
+    if results is None:
+        return Response(status_code=499)
+    if sim.drop_after() is not None:
+        return DropResponse()
+    return json_response(answer(p, created, results))
+
+
+async def chat_completions(sim: Sim, request: Request) -> Response:
+    async def prepare() -> _Prepared:
+        req = protocol.parse(ChatRequest, await request.body())
+        sim.check_model(req.model)
+        return await sim.prepare(
+            request, req, "chatcmpl", protocol.render_chat(req.messages, req.tools), None
+        )
+
+    def stream(p: _Prepared, created: int) -> FrameSource:
         chunks = wire.ChatChunks(
             request_id=p.request_id,
             created=created,
@@ -496,63 +516,70 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
             prompt_token_ids=p.prompt_ids,
             return_token_ids=p.return_token_ids,
         )
-        return sim.stream_response(ereq, _chat_frames(sim, p, chunks))
-    results = await sim.collect(ereq, request.receive)
-    if results is None:
-        return Response(status_code=499)
-    if sim.drop_after() is not None:
-        return DropResponse()
-    choices = [
-        (r.text, r.finish_reason, r.stop_reason, r.token_ids if p.return_token_ids else None)
-        for r in results
-    ]
-    completion_tokens = sum(len(r.token_ids) for r in results)
-    body = wire.chat_response(
-        request_id=p.request_id,
-        created=created,
-        model=sim.model,
-        choices=choices,
-        prompt_tokens=p.prompt_tokens,
-        completion_tokens=completion_tokens,
-        fingerprint=sim.fingerprint,
-        prompt_token_ids=p.prompt_ids if p.return_token_ids else None,
-        metrics=sim.spec_metrics(ereq, full=True),
-    )
-    return json_response(body)
+        return _frames(sim, p, chunks.role, chunks.content, chunks.usage_chunk)
+
+    def answer(p: _Prepared, created: int, results: list[Result]) -> dict[str, Any]:
+        choices = [
+            (r.text, r.finish_reason, r.stop_reason, r.token_ids if p.return_token_ids else None)
+            for r in results
+        ]
+        return wire.chat_response(
+            request_id=p.request_id,
+            created=created,
+            model=sim.model,
+            choices=choices,
+            prompt_tokens=p.prompt_tokens,
+            completion_tokens=sum(len(r.token_ids) for r in results),
+            fingerprint=sim.fingerprint,
+            prompt_token_ids=p.prompt_ids if p.return_token_ids else None,
+            metrics=sim.spec_metrics(p.engine_req, full=True),
+        )
+
+    return await _generate(sim, request, prepare, stream, answer)
 
 
-async def _chat_frames(sim: Sim, p: _Prepared, chunks: wire.ChatChunks) -> FrameSource:
+async def _frames(
+    sim: Sim,
+    p: _Prepared,
+    role: Callable[[int], bytes] | None,
+    content: Callable[..., bytes],
+    usage_chunk: Callable[[int, dict[str, Any] | None], bytes],
+) -> FrameSource:
+    """A chat (with `role`) or completions stream: one list of frames per engine output.
+
+    vLLM sends every choice's role chunk with the first engine output; completions repeat the
+    prompt's token ids once per choice, on its first chunk, when asked for them.
+    """
     req = p.engine_req
     completion = [0] * req.n
+    sent_prompt = [False] * req.n
     first = True
     while True:
         deltas = await req.take()
         if not deltas:
             break
         out: list[bytes] = []
-        if first:
-            # vLLM sends every choice's role chunk with the first engine output.
-            out.extend(chunks.role(i) for i in range(req.n))
-            first = False
+        if first and role is not None:
+            out.extend(role(i) for i in range(req.n))
+        first = False
         for d in deltas:
             completion[d.index] += len(d.token_ids)
-            out.append(
-                chunks.content(
-                    d.index,
-                    d.text,
-                    d.token_ids,
-                    completion[d.index],
-                    d.finish_reason,
-                    d.stop_reason,
-                )
-            )
+            args = [d.index, d.text, d.token_ids, completion[d.index], d.finish_reason,
+                    d.stop_reason]
+            if role is None:  # completions
+                prompt_ids = None
+                if p.return_token_ids and not sent_prompt[d.index]:
+                    prompt_ids = p.prompt_ids
+                    sent_prompt[d.index] = True
+                args.append(prompt_ids)
+            out.append(content(*args))
         yield out
     sim.finished(req)
     if req.aborted:
         return
     tail: list[bytes] = []
     if p.include_usage:
-        tail.append(chunks.usage_chunk(sum(completion), sim.spec_metrics(req, full=False)))
+        tail.append(usage_chunk(sum(completion), sim.spec_metrics(req, full=False)))
     tail.append(wire.DONE)
     yield tail
 
@@ -561,11 +588,7 @@ async def _chat_frames(sim: Sim, p: _Prepared, chunks: wire.ChatChunks) -> Frame
 
 
 async def completions(sim: Sim, request: Request) -> Response:
-    sim.stats.requests += 1
-    gated = sim.gate()
-    if gated is not None:
-        return gated
-    try:
+    async def prepare() -> _Prepared:
         req = protocol.parse(CompletionRequest, await request.body())
         sim.check_model(req.model)
         prompt = req.prompt
@@ -580,18 +603,9 @@ async def completions(sim: Sim, request: Request) -> Response:
             text, ids = (only, None) if isinstance(only, str) else (None, list(only))  # type: ignore[arg-type]
         else:
             raise protocol.bad_request("The simulator serves one prompt per request.", "prompt")
-        p = await sim.prepare(request, req, "cmpl", text, ids)
-    except RequestError as err:
-        sim.stats.errors += 1
-        return json_response(err.body, err.status)
-    if sim.drop_after() is not None and not p.stream:
-        return DropResponse()
-    if p.spec_conflict:
-        return sim.spec_conflict_response(p)
-    ereq = p.engine_req
-    created = int(time.time())
-    sim.submit(ereq)
-    if p.stream:
+        return await sim.prepare(request, req, "cmpl", text, ids)
+
+    def stream(p: _Prepared, created: int) -> FrameSource:
         chunks = wire.CompletionChunks(
             request_id=p.request_id,
             created=created,
@@ -602,67 +616,27 @@ async def completions(sim: Sim, request: Request) -> Response:
             prompt_tokens=p.prompt_tokens,
             return_token_ids=p.return_token_ids,
         )
-        return sim.stream_response(ereq, _completion_frames(sim, p, chunks))
-    results = await sim.collect(ereq, request.receive)
-    if results is None:
-        return Response(status_code=499)
-    if sim.drop_after() is not None:
-        return DropResponse()
-    choices: list[tuple[str, str, str | None, list[int] | None, list[int] | None]] = [
-        (r.text, r.finish_reason, r.stop_reason, r.token_ids, p.prompt_ids)
-        if p.return_token_ids
-        else (r.text, r.finish_reason, r.stop_reason, None, None)
-        for r in results
-    ]
-    completion_tokens = sum(len(r.token_ids) for r in results)
-    body = wire.completion_response(
-        request_id=p.request_id,
-        created=created,
-        model=sim.model,
-        choices=choices,
-        prompt_tokens=p.prompt_tokens,
-        completion_tokens=completion_tokens,
-        fingerprint=sim.fingerprint,
-        metrics=sim.spec_metrics(ereq, full=True),
-    )
-    return json_response(body)
+        return _frames(sim, p, None, chunks.content, chunks.usage_chunk)
 
+    def answer(p: _Prepared, created: int, results: list[Result]) -> dict[str, Any]:
+        choices: list[tuple[str, str, str | None, list[int] | None, list[int] | None]] = [
+            (r.text, r.finish_reason, r.stop_reason, r.token_ids, p.prompt_ids)
+            if p.return_token_ids
+            else (r.text, r.finish_reason, r.stop_reason, None, None)
+            for r in results
+        ]
+        return wire.completion_response(
+            request_id=p.request_id,
+            created=created,
+            model=sim.model,
+            choices=choices,
+            prompt_tokens=p.prompt_tokens,
+            completion_tokens=sum(len(r.token_ids) for r in results),
+            fingerprint=sim.fingerprint,
+            metrics=sim.spec_metrics(p.engine_req, full=True),
+        )
 
-async def _completion_frames(sim: Sim, p: _Prepared, chunks: wire.CompletionChunks) -> FrameSource:
-    req = p.engine_req
-    completion = [0] * req.n
-    sent_prompt = [False] * req.n
-    while True:
-        deltas = await req.take()
-        if not deltas:
-            break
-        out: list[bytes] = []
-        for d in deltas:
-            completion[d.index] += len(d.token_ids)
-            prompt_ids = None
-            if p.return_token_ids and not sent_prompt[d.index]:
-                prompt_ids = p.prompt_ids
-                sent_prompt[d.index] = True
-            out.append(
-                chunks.content(
-                    d.index,
-                    d.text,
-                    d.token_ids,
-                    completion[d.index],
-                    d.finish_reason,
-                    d.stop_reason,
-                    prompt_ids,
-                )
-            )
-        yield out
-    sim.finished(req)
-    if req.aborted:
-        return
-    tail: list[bytes] = []
-    if p.include_usage:
-        tail.append(chunks.usage_chunk(sum(completion), sim.spec_metrics(req, full=False)))
-    tail.append(wire.DONE)
-    yield tail
+    return await _generate(sim, request, prepare, stream, answer)
 
 
 # -- /v1/responses -------------------------------------------------------------------------------
