@@ -190,33 +190,25 @@ _ERROR: Schema = {
 
 _OBJECT: Schema = {"type": "object", "additionalProperties": True}
 
-_CHAT_COMPLETION: Schema = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"type": "string", "enum": ["chat.completion"]},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "choices": {"type": "array", "items": _OBJECT},
-        "usage": _nullable(_OBJECT),
-    },
-    "additionalProperties": True,
-}
+def _completion_object(kind: str) -> Schema:
+    """A chat.completion or text_completion body: the keys clients read, the rest open."""
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": [kind]},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "items": _OBJECT},
+            "usage": _nullable(_OBJECT),
+        },
+        "additionalProperties": True,
+    }
 
-_COMPLETION: Schema = {
-    "type": "object",
-    "required": ["id", "object", "created", "model", "choices"],
-    "properties": {
-        "id": {"type": "string"},
-        "object": {"type": "string", "enum": ["text_completion"]},
-        "created": {"type": "integer"},
-        "model": {"type": "string"},
-        "choices": {"type": "array", "items": _OBJECT},
-        "usage": _nullable(_OBJECT),
-    },
-    "additionalProperties": True,
-}
+
+_CHAT_COMPLETION = _completion_object("chat.completion")
+_COMPLETION = _completion_object("text_completion")
 
 _EMBEDDING_LIST: Schema = {
     "type": "object",
