@@ -597,6 +597,10 @@ class Bench:
         return request_bytes(target, max_tokens=max_tokens or spec.max_tokens,
                              step_ms=spec.step_ms, prompt_bytes=self.prompt_bytes)
 
+    def _sample(self, pids: list[int]) -> CpuSample:
+        (user, system), pacer = cpu_split(pids), cpu_seconds([self.pacer_pid])
+        return CpuSample(user, system, pacer, self_cpu(), time.perf_counter())
+
     async def closed_loop(self, name: str, spec: Spec, repeat: int, seed: int) -> RoundResult:
         """Each stream: arrive, request, read to the end, think, repeat until the window ends."""
         pool, target = self.pools[name], self.stack.targets[name]
@@ -618,8 +622,7 @@ class Bench:
                 await asyncio.sleep(rng.uniform(*spec.think_s))
 
         pids = target.pids() if name != "direct" else []
-        (u0, k0), p0, s0, w0 = cpu_split(pids), cpu_seconds([self.pacer_pid]), self_cpu(), \
-            time.perf_counter()
+        before = self._sample(pids)
         longest = spec.max_tokens * spec.step_ms / 1000.0 + spec.spread_s
         try:
             async with asyncio.timeout(spec.duration_s + longest + 20):
@@ -631,10 +634,7 @@ class Bench:
         except (TimeoutError, ConnectionError, OSError) as exc:
             res.ok, res.error = False, f"{type(exc).__name__}: {exc}"
             pool.abort()
-        (u1, k1), p1, s1, w1 = cpu_split(pids), cpu_seconds([self.pacer_pid]), self_cpu(), \
-            time.perf_counter()
-        c0, c1 = u0 + k0, u1 + k1
-        res.wall_s = w1 - w0
+        after = self._sample(pids)
         expected = spec.max_tokens + 2  # role, one event per token (1 token/chunk), [DONE]
         good = [s for s in shots if s.ok and s.frames == expected and s.t_first is not None]
         res.requests, res.failed = len(shots), len(shots) - len(good)
@@ -654,15 +654,9 @@ class Bench:
             res.extra["gaps"] = len(gaps)
             res.extra["gap_p50_ms"] = pct(gaps, 50)
         res.extra["ttft_samples"] = len(ttfts)
-        if pids and res.chunks:
-            res.cpu_s = c1 - c0
-            res.cpu_per_chunk_us = (c1 - c0) / res.chunks * 1e6
-            res.cpu_pct = (c1 - c0) / res.wall_s * 100
-            res.extra["user_us_per_chunk"] = (u1 - u0) / res.chunks * 1e6
-            res.extra["sys_us_per_chunk"] = (k1 - k0) / res.chunks * 1e6
-            res.extra["cpu_per_request_ms"] = (c1 - c0) / len(good) * 1000
-        res.pacer_cpu_pct = (p1 - p0) / res.wall_s * 100
-        res.client_cpu_pct = (s1 - s0) / res.wall_s * 100
+        _account(res, before, after, bool(pids))
+        if pids and good and res.cpu_s is not None:
+            res.extra["cpu_per_request_ms"] = res.cpu_s / len(good) * 1000
         return res
 
     async def saturate(self, name: str, spec: Spec, repeat: int, seed: int) -> RoundResult:
@@ -683,31 +677,18 @@ class Bench:
         pids = target.pids() if name != "direct" else []
         try:
             await asyncio.sleep(spec.spread_s + spec.warmup_s)
-            f0, (u0, k0), p0, s0 = self.tally.frames, cpu_split(pids), \
-                cpu_seconds([self.pacer_pid]), self_cpu()
-            w0 = time.perf_counter()
+            f0, before = self.tally.frames, self._sample(pids)
             await asyncio.sleep(spec.duration_s)
-            f1, (u1, k1), p1, s1 = self.tally.frames, cpu_split(pids), \
-                cpu_seconds([self.pacer_pid]), self_cpu()
-            w1 = time.perf_counter()
+            f1, after = self.tally.frames, self._sample(pids)
             broken = [t for t in tasks if t.done()]
             if broken:
                 res.ok, res.error = False, f"{len(broken)} streams ended during the window"
         finally:
             pool.abort()
             await asyncio.gather(*tasks, return_exceptions=True)
-        c0, c1 = u0 + k0, u1 + k1
-        res.wall_s = w1 - w0
         res.chunks = f1 - f0
+        _account(res, before, after, bool(pids))
         res.rate = res.chunks / res.wall_s
-        if pids and res.chunks:
-            res.cpu_s = c1 - c0
-            res.cpu_per_chunk_us = (c1 - c0) / res.chunks * 1e6
-            res.cpu_pct = (c1 - c0) / res.wall_s * 100
-            res.extra["user_us_per_chunk"] = (u1 - u0) / res.chunks * 1e6
-            res.extra["sys_us_per_chunk"] = (k1 - k0) / res.chunks * 1e6
-        res.pacer_cpu_pct = (p1 - p0) / res.wall_s * 100
-        res.client_cpu_pct = (s1 - s0) / res.wall_s * 100
         await asyncio.sleep(0.3)  # let the proxy and the pacer wind the dropped streams down
         return res
 
@@ -869,6 +850,31 @@ class Figure:
     @property
     def median(self) -> float | None:
         return pct(self.values, 50)
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds so far: the proxy's (user, system), the pacer's, this client's; and the clock."""
+
+    user: float
+    system: float
+    pacer: float
+    client: float
+    wall: float
+
+
+def _account(res: RoundResult, before: CpuSample, after: CpuSample, proxy: bool) -> None:
+    """A round's CPU figures from two samples; per chunk once `res.chunks` is set."""
+    res.wall_s = after.wall - before.wall
+    cpu = (after.user + after.system) - (before.user + before.system)
+    if proxy and res.chunks:
+        res.cpu_s = cpu
+        res.cpu_per_chunk_us = cpu / res.chunks * 1e6
+        res.cpu_pct = cpu / res.wall_s * 100
+        res.extra["user_us_per_chunk"] = (after.user - before.user) / res.chunks * 1e6
+        res.extra["sys_us_per_chunk"] = (after.system - before.system) / res.chunks * 1e6
+    res.pacer_cpu_pct = (after.pacer - before.pacer) / res.wall_s * 100
+    res.client_cpu_pct = (after.client - before.client) / res.wall_s * 100
 
 
 def summarize(results: list[RoundResult], targets: Sequence[str]) -> dict[str, dict[str, Figure]]:
