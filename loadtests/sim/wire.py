@@ -101,11 +101,10 @@ def per_request_metrics(stats: SpecStats | None, *, full: bool) -> Json | None:
     }
 
 
-# -- chat completions ----------------------------------------------------------------------------
+class _Chunks:
+    """What the chat and completions streams share: the chunk head and the usage chunk."""
 
-
-class ChatChunks:
-    """Frames of one `/v1/chat/completions` stream."""
+    object_kind = ""
 
     def __init__(
         self,
@@ -117,12 +116,11 @@ class ChatChunks:
         continuous_usage: bool,
         fingerprint: str,
         prompt_tokens: int,
-        prompt_token_ids: list[int] | None,
         return_token_ids: bool,
     ) -> None:
         self.head = {
             "id": request_id,
-            "object": "chat.completion.chunk",
+            "object": self.object_kind,
             "created": created,
             "model": model,
         }
@@ -130,8 +128,31 @@ class ChatChunks:
         self.continuous = continuous_usage
         self.fingerprint = fingerprint
         self.prompt_tokens = prompt_tokens
-        self.prompt_token_ids = prompt_token_ids
         self.return_token_ids = return_token_ids
+
+    def usage_chunk(self, completion_tokens: int, metrics: Json | None) -> bytes:
+        obj: Json = {
+            **self.head,
+            "choices": [],
+            "usage": usage(self.prompt_tokens, completion_tokens),
+            "system_fingerprint": self.fingerprint,
+        }
+        if metrics is not None:
+            obj["metrics"] = metrics
+        return sse(obj)
+
+
+# -- chat completions ----------------------------------------------------------------------------
+
+
+class ChatChunks(_Chunks):
+    """Frames of one `/v1/chat/completions` stream."""
+
+    object_kind = "chat.completion.chunk"
+
+    def __init__(self, *, prompt_token_ids: list[int] | None, **common: Any) -> None:
+        super().__init__(**common)
+        self.prompt_token_ids = prompt_token_ids
 
     def role(self, index: int) -> bytes:
         choice = {
@@ -171,18 +192,6 @@ class ChatChunks:
         if finish_reason is not None and not self.include_usage:
             obj["system_fingerprint"] = self.fingerprint
         return sse(obj)
-
-    def usage_chunk(self, completion_tokens: int, metrics: Json | None) -> bytes:
-        obj: Json = {
-            **self.head,
-            "choices": [],
-            "usage": usage(self.prompt_tokens, completion_tokens),
-            "system_fingerprint": self.fingerprint,
-        }
-        if metrics is not None:
-            obj["metrics"] = metrics
-        return sse(obj)
-
 
 def chat_response(
     *,
@@ -237,32 +246,10 @@ def chat_response(
 # -- completions ---------------------------------------------------------------------------------
 
 
-class CompletionChunks:
+class CompletionChunks(_Chunks):
     """Frames of one `/v1/completions` stream: no role chunk, every choice field present."""
 
-    def __init__(
-        self,
-        *,
-        request_id: str,
-        created: int,
-        model: str,
-        include_usage: bool,
-        continuous_usage: bool,
-        fingerprint: str,
-        prompt_tokens: int,
-        return_token_ids: bool,
-    ) -> None:
-        self.head = {
-            "id": request_id,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-        }
-        self.include_usage = include_usage
-        self.continuous = continuous_usage
-        self.fingerprint = fingerprint
-        self.prompt_tokens = prompt_tokens
-        self.return_token_ids = return_token_ids
+    object_kind = "text_completion"
 
     def content(
         self,
@@ -294,18 +281,6 @@ class CompletionChunks:
             if fp is not None:
                 obj["system_fingerprint"] = fp
         return sse(obj)
-
-    def usage_chunk(self, completion_tokens: int, metrics: Json | None) -> bytes:
-        obj: Json = {
-            **self.head,
-            "choices": [],
-            "usage": usage(self.prompt_tokens, completion_tokens),
-            "system_fingerprint": self.fingerprint,
-        }
-        if metrics is not None:
-            obj["metrics"] = metrics
-        return sse(obj)
-
 
 def completion_response(
     *,
