@@ -42,10 +42,10 @@ class PushChannel:
     @property
     def gone(self) -> bool:
         cycle = self._protocol.cycle
-        return cycle is None or cycle.disconnected or self._protocol.transport.is_closing()
+        return cycle is None or cycle.disconnected or self._transport.is_closing()
 
     async def drain(self) -> None:
-        await self._protocol.flow.drain()
+        await self._flow.drain()
 
     def on_lost(self, callback: Callable[[], None] | None) -> None:
         """Called once when the client's connection closes (None: no longer)."""
