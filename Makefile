@@ -29,16 +29,16 @@ demo: $(STAMP)
 
 # Benchmarks (loopback only, bounded; figures in the README). None runs in `make test`.
 calibrate: $(STAMP)
-	$(PY) -m loadtests.calibrate
+	$(PY) -m loadtests.probe.calibrate
 
 policy-sweep: $(STAMP)
-	$(PY) -m loadtests.policy_sweep --policy policies/gb10.yaml
+	$(PY) -m loadtests.bench.policy_sweep --policy policies/gb10.yaml
 
 overhead: $(STAMP)
-	$(PY) -m loadtests.overhead
+	$(PY) -m loadtests.bench.overhead
 
 soak: $(STAMP)
-	$(PY) -m loadtests.faults
+	$(PY) -m loadtests.bench.soak
 
 deploy-render: $(STAMP)
 	$(VENV)/bin/specrouter deploy render policies/gb10.yaml --out deploy
@@ -48,7 +48,7 @@ deploy-check: $(STAMP)
 
 # Every Grafana panel's PromQL evaluated by a real Prometheus scraping the gateway (also in `make test`).
 dashboards-check: $(STAMP) system-deps
-	$(VENV)/bin/pytest -q tests/test_grafana_prometheus.py tests/test_deploy.py
+	$(VENV)/bin/pytest -q tests/observe/test_grafana_prometheus.py tests/ops/test_deploy.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

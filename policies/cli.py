@@ -98,7 +98,7 @@ def _check(args: argparse.Namespace, out: TextIO) -> int:
 
 def _explain(args: argparse.Namespace, out: TextIO) -> int:
     # The gateway's own request -> view code, so this explains what the gateway would decide.
-    from proxy.view import live_state_from_json, request_view
+    from policies.inputs import live_state_from_json, request_view
 
     policy = CompiledPolicy(_load(args.file))
     body = _json_arg(args.request, "--request")

@@ -609,6 +609,5 @@ def __getattr__(name: str) -> Any:
     # which imports this module (a lazy import breaks the cycle).
     if name in ("CompiledPolicy", "CompiledRoute", "GuardBinding"):
         from policies import compiled
-
         return getattr(compiled, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

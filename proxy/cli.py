@@ -12,12 +12,12 @@ import sys
 # subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("proxy.serve", "run the gateway"),
-    "demo": ("proxy.demo", "run the gateway on simulated GB10 backends"),
+    "demo": ("proxy.ops.demo", "run the gateway on simulated GB10 backends"),
     "sim": ("loadtests.sim.cli", "run a simulated vLLM backend"),
     "policy": ("policies.cli", "check, explain and diff policy files"),
-    "probe": ("loadtests.probe", "measure decode throughput and acceptance"),
-    "report": ("proxy.report", "summarise the request log by variant, temperature, load"),
-    "deploy": ("proxy.deploy", "render and check the GB10 deployment from the policy"),
+    "probe": ("loadtests.probe.command", "measure decode throughput and acceptance"),
+    "report": ("proxy.ops.report", "summarise the request log by variant, temperature, load"),
+    "deploy": ("proxy.ops.deploy", "render and check the GB10 deployment from the policy"),
 }
 
 

@@ -12,16 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from proxy.admission import Admission
-from proxy.endpoints import Endpoints
-from proxy.engine_conn import EnginePool
-from proxy.limits import Limits, MemoryLimits, RedisLimits
-from proxy.live import LiveTracker
-from proxy.measure import Measurement
-from proxy.metrics import GatewayMetrics
-from proxy.relay import DisconnectWatch
+from proxy.backends.admission import Admission
+from proxy.backends.endpoints import Endpoints
+from proxy.backends.live import LiveTracker
+from proxy.observe.metrics import GatewayMetrics
+from proxy.relay.engine_conn import EnginePool
+from proxy.relay.limits import Limits, MemoryLimits, RedisLimits
+from proxy.relay.measure import Measurement
+from proxy.relay.pull import DisconnectWatch
+from proxy.relay.upstream import Upstream
 from proxy.settings import Settings
-from proxy.upstream import Upstream
 
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy

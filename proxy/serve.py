@@ -13,15 +13,15 @@ from typing import Any
 
 from policies.compiled import CompiledPolicy, compile_policy
 from policies.schema import PolicyError, load_policy
-from proxy.admin import create_admin_app
-from proxy.admin_policy import policy_routes
-from proxy.app import PublicApp
+from proxy.admin.app import create_admin_app
+from proxy.admin.dashboard import dashboard_routes
+from proxy.admin.policy_api import policy_routes
+from proxy.admin.policy_store import PolicyStore
+from proxy.backends.health import HealthMonitor
 from proxy.certs import server_context
-from proxy.dashboard import dashboard_routes
 from proxy.gateway import Gateway
-from proxy.health import HealthMonitor
-from proxy.policy_store import PolicyStore
-from proxy.requestlog import RequestLog
+from proxy.observe.requestlog import RequestLog
+from proxy.relay.app import PublicApp
 from proxy.servers import bind, make_server, url_of
 from proxy.settings import Settings, is_loopback, split_hostport
 

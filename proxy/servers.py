@@ -17,8 +17,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from proxy.errors import error_body
-from proxy.push import PushChannel
+from proxy.relay.errors import error_body
+from proxy.relay.push import PushChannel
 
 # Slow-header clients (slowloris) hold a connection open forever in plain uvicorn: a request's
 # headers must arrive within this long of its first byte (or of the connection).
@@ -34,7 +34,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
     # The request in progress learns of the client leaving here, without a task of its own
-    # waiting on `receive()` (proxy/relay.py's DisconnectWatch, through the PushChannel).
+    # waiting on `receive()` (proxy/relay/pull.py's DisconnectWatch, through the PushChannel).
     on_lost: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -83,7 +83,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._disarm()
-        # The push relay's channel to this connection (proxy/push.py), as an ASGI extension.
+        # The push relay's channel to this connection (proxy/relay/push.py), as an ASGI extension.
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
         extensions["specrouter.push"] = PushChannel(self)
         super().on_headers_complete()

@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     idle_timeout_s: float = 60.0  # between two chunks of a stream
     scrape_interval_s: float = 2.0  # backend /metrics and /health
     # How streams are relayed: "push" (engine reads written to the client from the read
-    # callback, proxy/push.py) or "pull" (an async pull loop, proxy/relay.py).
+    # callback, proxy/relay/push.py) or "pull" (an async pull loop, proxy/relay/pull.py).
     relay: Literal["push", "pull"] = "push"
     drain_timeout_s: float = 20.0  # SIGTERM: how long streams in flight may still run
 

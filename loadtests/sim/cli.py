@@ -2,7 +2,7 @@
 
 The socket is bound before uvicorn starts so that `--port 0` gives a known port; once the server
 accepts connections the process prints exactly one line, `specrouter-sim listening on
-http://HOST:PORT`, which `tests/simserver.py` and other tools wait for.
+http://HOST:PORT`, which `loadtests/harness/sim.py` and other tools wait for.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ long code streams). The derivation is the same for every row:
   totals from different runs that do not agree exactly; the totals win because they are what the
   throughput table was measured with.
 * step time at N streams = N x T(N) / (aggregate decode tokens/s at N). So a table row reproduces
-  the measured throughput by construction, and `loadtests/calibrate.py` checks that the running
+  the measured throughput by construction, and `loadtests/probe/calibrate.py` checks that the running
   server (batching, prefill, timers, HTTP) still does.
 
 Marginals are *unconditional* per-position rates, as vLLM's

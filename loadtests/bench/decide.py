@@ -1,0 +1,149 @@
+"""What one policy decision costs: `python -m loadtests.bench.decide [--calls N] [--rounds R]`.
+
+Times `policies.engine.decide` call by call (perf_counter_ns, the timer's own cost subtracted)
+with a 20-rule policy, in the worst order for it: 18 selectors that do not match before the one
+that does, plus a health rule and an acceptance guard. Also the shipped GB10 policy. Prints the
+median and p99 per scenario, each round's median, and the run counts. Target: under 20 us at the
+median (issue 4). A benchmark, not a test: the figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from policies.compiled import CompiledPolicy
+from policies.engine import decide
+from policies.schema import load_policy, validate_policy
+from policies.types import BackendState, ContentSignals, GuardState, LiveState, RequestView
+
+TARGET_US = 20.0
+
+
+def twenty_rule_policy() -> CompiledPolicy:
+    # 20 rules: a guard, 18 selectors that do not match the benchmark request, the load rule.
+    rules: list[dict[str, Any]] = [
+        {"name": "deep-guard", "kind": "acceptance_guard", "variant": "deep", "below": 2.8},
+    ]
+    for i in range(6):
+        rules.append({"name": f"client-{i}", "kind": "client", "clients": [f"c{i}"],
+                      "use": "plain"})
+        rules.append({"name": f"prose-{i}", "kind": "content", "classes": ["prose"],
+                      "use": "mtp"})
+        rules.append({"name": f"hot-{i}", "kind": "sampling", "temperature_at_least": 1.5 + i,
+                      "use": "plain"})
+    rules.append({"name": "quiet", "kind": "load", "use": "deep", "max_in_flight": 2,
+                  "scope": "route", "count": "max", "otherwise": "mtp"})
+    assert len(rules) == 20
+    backends: dict[str, Any] = {
+        "deep": {"url": "http://127.0.0.1:1", "served_model_name": "m",
+                 "speculative": {"method": "dflash", "num_speculative_tokens": 7,
+                                 "draft_sample_method": "probabilistic",
+                                 "rejection_sample_method": "block"}},
+        "mtp": {"url": "http://127.0.0.1:2", "served_model_name": "m",
+                "speculative": {"method": "mtp", "num_speculative_tokens": 3}},
+        "plain": {"url": "http://127.0.0.1:3", "served_model_name": "m"},
+    }
+    doc = {
+        "schema": 1,
+        "backends": backends,
+        "routes": {"coder": {"models": ["coder"], "variants": ["deep", "mtp", "plain"],
+                             "fallback": "mtp", "defaults": {"temperature": 0.7},
+                             "defaults_by_class": {"code": {"temperature": 0.7}},
+                             "clamps": {"max_tokens": {"max": 32768}}, "rules": rules}},
+        "clients": [{"name": f"c{i}", "key_sha256": f"{i:064x}"} for i in range(8)],
+    }
+    return CompiledPolicy(validate_policy(doc))
+
+
+def _view(model: str, client: str) -> RequestView:
+    return RequestView(
+        endpoint="chat", model=model, client=client, stream=True,
+        fields_set=frozenset({"model", "messages", "stream", "max_tokens", "tools"}),
+        signals=ContentSignals(tools_declared=True, code_in_recent_messages=True),
+        canary_bucket=0.42, now=1000.0, numeric_fields={"max_tokens": 4096},
+    )
+
+
+def _state(deep: str, mtp: str) -> LiveState:
+    return LiveState(
+        backends={deep: BackendState(in_flight=1, running=1, acceptance=3.9),
+                  mtp: BackendState(in_flight=0, running=0, acceptance=2.7)},
+        guards={deep: GuardState()},
+    )
+
+
+def _timer_cost_ns(samples: int = 100_000) -> float:
+    clock = time.perf_counter_ns
+    deltas = []
+    for _ in range(samples):
+        t0 = clock()
+        deltas.append(clock() - t0)
+    return float(statistics.median(deltas))
+
+
+def measure(view: RequestView, state: LiveState, policy: CompiledPolicy, calls: int,
+            rounds: int) -> tuple[list[float], list[float]]:
+    """Per-call times in microseconds (all rounds), and each round's median."""
+    clock = time.perf_counter_ns
+    overhead = _timer_cost_ns()
+    for _ in range(2_000):  # warm caches and the interpreter's specialisations
+        decide(view, state, policy)
+    every: list[float] = []
+    medians: list[float] = []
+    gc.disable()  # a collection inside one call is the collector's cost, not the decision's
+    try:
+        for _ in range(rounds):
+            times = []
+            for _ in range(calls):
+                t0 = clock()
+                decide(view, state, policy)
+                times.append((clock() - t0 - overhead) / 1000.0)
+            medians.append(statistics.median(times))
+            every += times
+            gc.collect()
+    finally:
+        gc.enable()
+    return every, medians
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=20_000, help="calls per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    gb10 = CompiledPolicy(load_policy(Path(__file__).resolve().parents[2]
+                                      / "policies" / "gb10.yaml"))
+    scenarios = [
+        ("20 rules, the 20th decides", _view("coder", "agent"), _state("deep", "mtp"),
+         twenty_rule_policy()),
+        ("gb10.yaml (3 rules)", _view("qwen3.8-27b", "coding-agent"),
+         _state("coder-dflash7", "coder-mtp3"), gb10),
+    ]
+    print(f"python {sys.version.split()[0]}, {args.rounds} rounds x {args.calls} calls")
+    print(f"{'scenario':<30} {'median us':>10} {'p99 us':>8}  round medians (us)")
+    worst_median = 0.0
+    for name, view, state, policy in scenarios:
+        decision = decide(view, state, policy)
+        assert decision.backend is not None, decision
+        every, medians = measure(view, state, policy, args.calls, args.rounds)
+        every.sort()
+        median = statistics.median(every)
+        p99 = every[int(len(every) * 0.99)]
+        worst_median = max(worst_median, median)
+        spread = ", ".join(f"{m:.2f}" for m in medians)
+        print(f"{name:<30} {median:>10.2f} {p99:>8.2f}  {spread}   -> {decision.backend} "
+              f"({decision.reason})")
+    verdict = "under" if worst_median < TARGET_US else "OVER"
+    print(f"target: median under {TARGET_US:g} us -> {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

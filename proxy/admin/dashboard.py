@@ -1,0 +1,176 @@
+"""The built-in live dashboard: a static page fed by a once-a-second SSE snapshot.
+
+Served on the admin listener. A browser cannot send a bearer header on navigation, so
+`/dashboard?token=T` trades the admin or dashboard token for an HttpOnly cookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from proxy import auth
+from proxy.admin.policy_store import PolicyStore
+from proxy.backends.health import HealthMonitor
+from proxy.gateway import Gateway, RequestRecord
+from proxy.observe.stats import quantile
+
+COOKIE = "specrouter_dashboard"
+VARIANT_WINDOW_S = 300.0
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000, 2)
+
+
+def _record_row(r: RequestRecord) -> dict[str, Any]:
+    m = r.m
+    itl = m.itl_per_token()
+    return {"time": r.started_wall, "id": r.request_id[:12], "client": r.client,
+            "route": r.route, "variant": r.backend, "reason": r.reason, "canary": r.canary,
+            "temperature": r.temperature, "temperature_default": r.temperature_defaulted,
+            "ttft_ms": _ms(m.ttft), "itl_p50_ms": _ms(quantile(itl, 0.5)),
+            "itl_p95_ms": _ms(quantile(itl, 0.95)),
+            "tokens_per_step": None if m.acceptance is None else round(m.acceptance, 2),
+            "tokens": m.completion_tokens, "e2e_s": None if m.e2e is None else round(m.e2e, 2),
+            "outcome": r.outcome, "finish": m.finish_reason}
+
+
+def snapshot(gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | None
+             ) -> dict[str, Any]:
+    now_perf, now_wall = time.perf_counter(), time.time()
+    in_flight = []
+    for r in list(gw.in_flight.values()):
+        m = r.m
+        elapsed = now_perf - m.t_start
+        decode_s = (m.t_last_token - m.t_first_token) if m.t_first_token and m.t_last_token else 0
+        tps = (m.completion_tokens - 1) / decode_s if decode_s > 0 else None
+        in_flight.append({"id": r.request_id[:12], "client": r.client, "route": r.route,
+                          "variant": r.backend, "reason": r.reason,
+                          "elapsed_s": round(elapsed, 2), "tokens": m.completion_tokens,
+                          "tokens_per_s": None if tps is None else round(tps, 1),
+                          "ttft_ms": _ms(m.ttft)})
+    recent = list(gw.recent)
+    variants: dict[str, dict[str, list[float]]] = {}
+    for r in recent:
+        if now_wall - r.started_wall > VARIANT_WINDOW_S or r.outcome != "ok" or not r.backend:
+            continue
+        v = variants.setdefault(r.backend, {"ttft": [], "itl": [], "tps": []})
+        if r.m.ttft is not None:
+            v["ttft"].append(r.m.ttft)
+        v["itl"] += r.m.itl_per_token()
+        if r.m.acceptance is not None:
+            v["tps"].append(r.m.acceptance)
+    variant_rows = [{"variant": name, "requests": len(v["ttft"]),
+                     "ttft_p50_ms": _ms(quantile(v["ttft"], 0.5)),
+                     "ttft_p95_ms": _ms(quantile(v["ttft"], 0.95)),
+                     "itl_p50_ms": _ms(quantile(v["itl"], 0.5)),
+                     "itl_p95_ms": _ms(quantile(v["itl"], 0.95)),
+                     "tokens_per_step": None if not v["tps"]
+                     else round(sum(v["tps"]) / len(v["tps"]), 2)}
+                    for name, v in sorted(variants.items())]
+    backends = []
+    state = gw.live.snapshot()
+    policy = gw.policy.current
+    for name, spec in policy.document.backends.items():
+        b = state.backends.get(name)
+        window = monitor.windows.get(name) if monitor is not None else None
+        decode = window.rate("generation_tokens", 15.0) if window else None
+        spec_desc = None
+        if spec.speculative is not None:
+            s = spec.speculative
+            spec_desc = (f"{s.method} k={s.num_speculative_tokens} {s.draft_sample_method}/"
+                         f"{s.rejection_sample_method}")
+        guard = gw.live.guards.get(name)
+        backends.append({
+            "name": name, "task": spec.task, "speculative": spec_desc,
+            "health": b.health if b else "unknown", "in_flight": b.in_flight if b else 0,
+            "queued": gw.admission.queued(name),
+            "running": b.running if b else None, "waiting": b.waiting if b else None,
+            "kv_usage": b.kv_usage if b else None,
+            "decode_tokens_per_s": None if decode is None else round(decode, 1),
+            "acceptance": None if b is None or b.acceptance is None else round(b.acceptance, 2),
+            "guard_tripped": bool(guard and guard.tripped),
+            "per_position": [round(x, 3) for x in window.per_position(60.0)] if window else [],
+        })
+    history = store.history()[-8:] if store is not None else []
+    repairs = [{"backend": a.backend, "time": a.started, "result": a.result,
+                "returncode": a.returncode}
+               for a in (monitor.repairer.history if monitor is not None else [])][-10:]
+    return {"time": now_wall, "policy": {"version": policy.version, "history": history},
+            "in_flight": in_flight,
+            "recent": [_record_row(r) for r in reversed(recent[-25:])],
+            "variants": variant_rows, "backends": backends, "repairs": repairs}
+
+
+def _authorised(gw: Gateway, request: Request) -> bool:
+    tokens = [t for t in (gw.settings.admin_token, gw.settings.dashboard_token) if t]
+    header = auth.bearer(request.headers.get("authorization", "").encode("latin-1") or None)
+    presented = header or request.cookies.get(COOKIE)
+    return any(auth.token_matches(presented, auth.hash_key(t)) for t in tokens)
+
+
+_LOGIN = b"""<!doctype html><meta charset=utf-8><title>specrouter</title>
+<form method=get action=/dashboard style="font:16px system-ui;margin:20vh auto;width:22em">
+<p>specrouter dashboard: admin or dashboard token</p>
+<input name=token type=password autofocus style="width:100%;padding:.4em">
+</form>"""
+
+
+def _static(name: str) -> bytes:
+    return resources.files("proxy.admin").joinpath("static", name).read_bytes()
+
+
+def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
+                     store: PolicyStore | None) -> list[BaseRoute]:
+    async def page(request: Request) -> Response:
+        token = request.query_params.get("token")
+        if token is not None:
+            response = RedirectResponse("/dashboard", status_code=303)
+            response.set_cookie(COOKIE, token, httponly=True, samesite="strict",
+                                path="/dashboard")
+            return response
+        if not _authorised(gw, request):
+            return Response(_LOGIN, status_code=401, media_type="text/html")
+        return Response(_static("dashboard.html"), media_type="text/html",
+                        headers={"cache-control": "no-store"})
+
+    async def asset(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in {"dashboard.js", "dashboard.css"}:
+            return Response(status_code=404)
+        media = "text/javascript" if name.endswith(".js") else "text/css"
+        return Response(_static(name), media_type=media)
+
+    async def snap(request: Request) -> Response:
+        if not _authorised(gw, request):
+            return Response(status_code=401)
+        return Response(orjson.dumps(snapshot(gw, monitor, store)),
+                        media_type="application/json")
+
+    async def events(request: Request) -> Response:
+        if not _authorised(gw, request):
+            return Response(status_code=401)
+
+        async def stream() -> AsyncIterator[bytes]:
+            while True:
+                yield b"data: " + orjson.dumps(snapshot(gw, monitor, store)) + b"\n\n"
+                await asyncio.sleep(1.0)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache"})
+
+    return [
+        Route("/dashboard", page),
+        Route("/dashboard/static/{name}", asset),
+        Route("/dashboard/snapshot", snap),
+        Route("/dashboard/events", events),
+    ]

@@ -1,0 +1,264 @@
+"""Active health checks and engine-metric scrapes, every few seconds, for every backend.
+
+vLLM's `/health` is 200 or 503 (engine dead). Its `/metrics` gives running/waiting, KV use and
+the spec-decode counters; acceptance over a window is `1 + Δaccepted / Δdrafts`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from policies.guard import advance
+from policies.types import GuardState
+from proxy.backends.repair import Repairer
+from proxy.gateway import Gateway
+from proxy.observe.metrics import BackendCollector
+
+log = logging.getLogger("specrouter.health")
+
+WANTED = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
+    "vllm:prefix_cache_queries": "prefix_queries",
+    "vllm:prefix_cache_hits": "prefix_hits",
+    "vllm:generation_tokens": "generation_tokens",
+}
+
+
+@dataclass(slots=True)
+class Scrape:
+    """One reading of an engine's /metrics, summed over its engines (label `engine`)."""
+
+    t: float
+    values: dict[str, float] = field(default_factory=dict)
+    accepted_per_pos: dict[int, float] = field(default_factory=dict)
+
+
+def parse_vllm_metrics(text: str, t: float) -> Scrape:
+    out = Scrape(t)
+    for family in text_string_to_metric_families(text):
+        key = WANTED.get(family.name)
+        if key is None and family.name != "vllm:spec_decode_num_accepted_tokens_per_pos":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            if key is None:
+                pos = int(sample.labels.get("position", "0"))
+                out.accepted_per_pos[pos] = out.accepted_per_pos.get(pos, 0.0) + sample.value
+            else:
+                out.values[key] = out.values.get(key, 0.0) + sample.value
+    return out
+
+
+@dataclass(slots=True)
+class EngineWindow:
+    """Recent scrapes of one backend; acceptance and rates over sliding windows."""
+
+    keep_s: float = 600.0
+    scrapes: deque[Scrape] = field(default_factory=lambda: deque(maxlen=2048))
+
+    def add(self, scrape: Scrape) -> None:
+        if self.scrapes and scrape.values.get("generation_tokens", 0.0) < \
+                self.scrapes[-1].values.get("generation_tokens", 0.0):
+            self.scrapes.clear()  # the engine restarted: its counters began again at zero
+        self.scrapes.append(scrape)
+        while len(self.scrapes) > 2 and scrape.t - self.scrapes[1].t >= self.keep_s:
+            self.scrapes.popleft()
+
+    def _ends(self, window_s: float) -> tuple[Scrape, Scrape] | None:
+        if len(self.scrapes) < 2:
+            return None
+        last = self.scrapes[-1]
+        first = self.scrapes[0]
+        for scrape in reversed(self.scrapes):
+            if last.t - scrape.t > window_s:
+                break
+            first = scrape
+        return (first, last) if first is not last else None
+
+    def delta(self, key: str, window_s: float) -> float | None:
+        ends = self._ends(window_s)
+        if ends is None:
+            return None
+        a, b = ends[0].values.get(key), ends[1].values.get(key)
+        if a is None or b is None or b < a:
+            return None
+        return b - a
+
+    def acceptance(self, window_s: float) -> float | None:
+        """Accepted tokens per target step, `1 + Δaccepted / Δdrafts`; None without drafts."""
+        drafts, accepted = self.delta("drafts", window_s), self.delta("accepted", window_s)
+        if not drafts or accepted is None:
+            return None
+        return 1.0 + accepted / drafts
+
+    def per_position(self, window_s: float) -> list[float]:
+        """Acceptance rate per draft position over the window (dashboard bars)."""
+        ends = self._ends(window_s)
+        drafts = self.delta("drafts", window_s)
+        if ends is None or not drafts:
+            return []
+        first, last = ends[0].accepted_per_pos, ends[1].accepted_per_pos
+        return [max(0.0, last[p] - first.get(p, 0.0)) / drafts for p in sorted(last)]
+
+    def rate(self, key: str, window_s: float) -> float | None:
+        ends = self._ends(window_s)
+        delta = self.delta(key, window_s)
+        if ends is None or delta is None:
+            return None
+        span = ends[1].t - ends[0].t
+        return delta / span if span > 0 else None
+
+    def latest(self, key: str) -> float | None:
+        return self.scrapes[-1].values.get(key) if self.scrapes else None
+
+
+@dataclass(slots=True)
+class Reading:
+    """What the exporter shows for one backend: health and its latest scrape."""
+
+    health: str
+    values: dict[str, float]
+    accepted_per_pos: dict[int, float]
+
+
+class HealthMonitor:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.windows: dict[str, EngineWindow] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._seen: set[str] = set()
+        self.repairer = Repairer(gw)
+        gw.metrics.registry.register(BackendCollector(self.readings))
+
+    def readings(self) -> dict[str, Reading]:
+        out: dict[str, Reading] = {}
+        for name in self.gw.policy.current.document.backends:
+            window = self.windows.get(name)
+            last = window.scrapes[-1] if window is not None and window.scrapes else None
+            out[name] = Reading(self.gw.live.get(name).health,
+                                dict(last.values) if last else {},
+                                dict(last.accepted_per_pos) if last else {})
+        return out
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="health-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.repairer.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.gw.settings.scrape_interval_s)
+
+    async def check_all(self) -> None:
+        policy = self.gw.policy.current
+        live = self.gw.live
+        live.fail_threshold = policy.document.health.fail_after
+        live.recover_threshold = policy.document.health.recover_after
+        now = time.monotonic()
+        for name, backend in policy.document.backends.items():
+            if name not in self._seen:
+                # Engines started with the gateway are still loading: "starting", not "down".
+                self._seen.add(name)
+                live.starting_until.setdefault(name, now + backend.startup_s)
+        names = list(policy.document.backends)
+        await asyncio.gather(*(self.check(name) for name in names), return_exceptions=True)
+        self.after_scrape()
+        now = time.monotonic()
+        for name, backend in policy.document.backends.items():
+            self.repairer.observe(name, backend, now)
+
+    def after_scrape(self) -> None:
+        """Advance every acceptance guard on the fresh readings (policies.guard.advance)."""
+        policy = self.gw.policy.current
+        now = time.monotonic()
+        guards = dict(self.gw.live.guards)
+        for binding in policy.guards:
+            window = self.windows.get(binding.backend)
+            acceptance = None if window is None else window.acceptance(binding.window_s)
+            prev = guards.get(binding.backend, GuardState())
+            guards[binding.backend] = advance(prev, acceptance, now, binding.rule)
+        self.gw.live.set_guards({b.backend: guards[b.backend] for b in policy.guards})
+
+    async def check(self, name: str) -> None:
+        """Check every engine of a backend; the backend is up while any of its engines is."""
+        gw = self.gw
+        backend = gw.policy.current.backend(name)
+        results = await asyncio.gather(*(self._check_url(url, backend.kind == "vllm")
+                                         for url in backend.endpoints))
+        if any(ok for ok, _ in results):
+            gw.live.success(name)
+        else:
+            gw.live.failure(name)
+        scrapes = [scrape for _, scrape in results if scrape is not None]
+        if not scrapes:
+            return
+        scrape = scrapes[0] if len(scrapes) == 1 else _summed(scrapes)
+        window = self.windows.setdefault(name, EngineWindow())
+        window.add(scrape)
+        running, waiting = scrape.values.get("running"), scrape.values.get("waiting")
+        kv = [s.values["kv_usage"] for s in scrapes if "kv_usage" in s.values]
+        gw.live.set_scraped(name, running=None if running is None else int(running),
+                            waiting=None if waiting is None else int(waiting),
+                            kv_usage=max(kv) if kv else None,
+                            acceptance=window.acceptance(policy_window(gw)))
+
+    async def _check_url(self, url: str, scrape: bool) -> tuple[bool, Scrape | None]:
+        gw = self.gw
+        state = gw.endpoints.state(url)
+        timeout = max(1.0, gw.settings.scrape_interval_s)
+        try:
+            status, _ = await gw.upstream.get(url + "/health", timeout)
+        except Exception:  # any failure to answer is a failed check
+            state.up = False
+            return False, None
+        state.up = status == 200
+        if not state.up or not scrape:
+            return state.up, None
+        try:
+            status, body = await gw.upstream.get(url + "/metrics", timeout)
+            if status != 200:
+                return True, None
+            reading = parse_vllm_metrics(body.decode(errors="replace"), time.monotonic())
+        except Exception as exc:  # a scrape failure leaves the last reading in place
+            log.debug("scrape of %s failed: %s", url, exc)
+            return True, None
+        running, waiting = reading.values.get("running"), reading.values.get("waiting")
+        state.running = None if running is None else int(running)
+        state.waiting = None if waiting is None else int(waiting)
+        return True, reading
+
+
+def _summed(scrapes: list[Scrape]) -> Scrape:
+    """Several engines of one variant read as one: counters and queue lengths add up."""
+    out = Scrape(max(s.t for s in scrapes))
+    for s in scrapes:
+        for key, value in s.values.items():
+            if key != "kv_usage":
+                out.values[key] = out.values.get(key, 0.0) + value
+        for pos, value in s.accepted_per_pos.items():
+            out.accepted_per_pos[pos] = out.accepted_per_pos.get(pos, 0.0) + value
+    return out
+
+
+def policy_window(gw: Gateway) -> float:
+    return float(gw.policy.current.document.guard.window_s)
+

@@ -1,0 +1,467 @@
+"""The public API's OpenAPI description, served at /openapi.json on the public listener.
+
+It describes the API as the gateway accepts it: every generation endpoint takes a JSON object
+with a string `model`; the gateway itself reads only a few fields (`model`, `stream`,
+`stream_options`, `n`, the sampling parameters its policy looks at) and passes every other field
+through to the backend untouched, so request schemas allow additional properties. The fields
+listed per endpoint are those the backend (vLLM) validates; a body that breaks them gets the
+backend's 400, relayed. Errors have OpenAI's shape, `{"error": {"message", "type", "param",
+"code"}}`, whether the gateway or the backend answers.
+
+`tests/relay/test_hostile_openapi.py` fuzzes the running gateway from the description it serves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+Schema = dict[str, Any]
+
+_JSON = "application/json"
+_SSE = "text/event-stream"
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: Schema) -> Schema:
+    return {**schema, "nullable": True}
+
+
+# -- request fields --------------------------------------------------------------------------------
+
+_MODEL: Schema = {
+    "type": "string",
+    "minLength": 1,
+    "description": "A model name the policy serves (`GET /v1/models`). The client sees this name "
+                   "in the response, whatever the backend's served name is.",
+}
+_STREAM: Schema = {
+    "type": "boolean",
+    "nullable": True,
+    "default": False,
+    "description": "Answer with server-sent events (`text/event-stream`).",
+}
+_STREAM_OPTIONS: Schema = _nullable({
+    "type": "object",
+    "description": "Only with `stream: true`. The gateway asks the backend for per-chunk usage "
+                   "to measure each request and removes it again, so the client receives exactly "
+                   "the usage it asked for here.",
+    "properties": {
+        "include_usage": {"type": "boolean", "nullable": True},
+        "continuous_usage_stats": {"type": "boolean", "nullable": True},
+    },
+    "additionalProperties": True,
+})
+_TOKEN_IDS: Schema = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_SAMPLING: dict[str, Schema] = {
+    "max_tokens": _nullable({"type": "integer", "minimum": 1}),
+    "n": _nullable({"type": "integer", "minimum": 1, "default": 1}),
+    "temperature": _nullable({
+        "type": "number", "minimum": 0,
+        "description": "When absent, the route's policy may set a default (reported in the "
+                       "`X-Specrouter-Defaults` response header).",
+    }),
+    "top_p": _nullable({"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1}),
+    "top_k": _nullable({"type": "integer"}),
+    "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+    "seed": _nullable({"type": "integer"}),
+    "stop": _nullable({"oneOf": [{"type": "string"},
+                                 {"type": "array", "items": {"type": "string"}}]}),
+    "logit_bias": _nullable({"type": "object", "additionalProperties": {"type": "number"}}),
+    "user": {"type": "string", "description": "The end user: keeps canary assignment sticky."},
+}
+
+_MESSAGE: Schema = {
+    "type": "object",
+    "required": ["role"],
+    "properties": {
+        "role": {"type": "string", "example": "user"},
+        "content": _nullable({"oneOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+        ]}),
+    },
+    "additionalProperties": True,
+}
+
+_CHAT_REQUEST: Schema = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {
+        "model": _MODEL,
+        "messages": {"type": "array", "items": _ref("ChatMessage")},
+        "stream": _STREAM,
+        "stream_options": _STREAM_OPTIONS,
+        "max_completion_tokens": _nullable({"type": "integer", "minimum": 1}),
+        "tools": _nullable({"type": "array",
+                            "items": {"type": "object", "additionalProperties": True}}),
+        **_SAMPLING,
+    },
+    "additionalProperties": True,
+    "example": {"model": "coder", "messages": [{"role": "user", "content": "Hello"}],
+                "max_tokens": 16},
+}
+
+_COMPLETION_REQUEST: Schema = {
+    "type": "object",
+    "required": ["model", "prompt"],
+    "properties": {
+        "model": _MODEL,
+        "prompt": {"oneOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            {**_TOKEN_IDS, "minItems": 1},
+            {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
+        ]},
+        "stream": _STREAM,
+        "stream_options": _STREAM_OPTIONS,
+        "echo": {"type": "boolean"},
+        **_SAMPLING,
+    },
+    "additionalProperties": True,
+    "example": {"model": "coder", "prompt": "def parse(", "max_tokens": 16},
+}
+
+_EMBEDDING_REQUEST: Schema = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": _MODEL,
+        "input": {"oneOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}},
+            _TOKEN_IDS,
+            {"type": "array", "items": _TOKEN_IDS},
+        ]},
+        "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
+        "dimensions": _nullable({"type": "integer", "minimum": 1}),
+        "user": {"type": "string"},
+    },
+    "additionalProperties": True,
+    "example": {"model": "embedding-small", "input": ["a", "b"]},
+}
+
+_RESPONSES_REQUEST: Schema = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": _MODEL,
+        "input": {"oneOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+        ]},
+        "instructions": _nullable({"type": "string"}),
+        "max_output_tokens": _nullable({"type": "integer", "minimum": 1}),
+        "stream": _STREAM,
+        "temperature": _SAMPLING["temperature"],
+        "top_p": _SAMPLING["top_p"],
+        "seed": _SAMPLING["seed"],
+    },
+    "additionalProperties": True,
+    "example": {"model": "coder", "input": "Hello", "max_output_tokens": 16},
+}
+
+# -- responses ---------------------------------------------------------------------------------------
+
+_ERROR: Schema = {
+    "type": "object",
+    "description": "OpenAI's (and vLLM's) error shape. `code` is the HTTP status as an integer, "
+                   "or a string code such as `invalid_api_key`.",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": _nullable({"type": "string"}),
+                "code": _nullable({"anyOf": [{"type": "integer"}, {"type": "string"}]}),
+            },
+            "additionalProperties": True,
+        },
+    },
+    "additionalProperties": True,
+}
+
+_OBJECT: Schema = {"type": "object", "additionalProperties": True}
+
+def _completion_object(kind: str) -> Schema:
+    """A chat.completion or text_completion body: the keys clients read, the rest open."""
+    return {
+        "type": "object",
+        "required": ["id", "object", "created", "model", "choices"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": [kind]},
+            "created": {"type": "integer"},
+            "model": {"type": "string"},
+            "choices": {"type": "array", "items": _OBJECT},
+            "usage": _nullable(_OBJECT),
+        },
+        "additionalProperties": True,
+    }
+
+
+_CHAT_COMPLETION = _completion_object("chat.completion")
+_COMPLETION = _completion_object("text_completion")
+
+_EMBEDDING_LIST: Schema = {
+    "type": "object",
+    "required": ["object", "data", "model"],
+    "properties": {
+        "object": {"type": "string", "enum": ["list"]},
+        "data": {"type": "array", "items": {
+            "type": "object",
+            "required": ["index", "embedding"],
+            "properties": {
+                "index": {"type": "integer"},
+                "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}},
+                                        {"type": "string"}]},
+            },
+            "additionalProperties": True,
+        }},
+        "model": {"type": "string"},
+        "usage": _nullable(_OBJECT),
+    },
+    "additionalProperties": True,
+}
+
+_RESPONSE: Schema = {
+    "type": "object",
+    "required": ["id", "object", "status"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string", "enum": ["response"]},
+        "status": {"type": "string"},
+        "output": {"type": "array", "items": _OBJECT},
+    },
+    "additionalProperties": True,
+}
+
+_MODEL_LIST: Schema = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"type": "string", "enum": ["list"]},
+        "data": {"type": "array", "items": {
+            "type": "object",
+            "required": ["id", "object", "created", "owned_by"],
+            "properties": {
+                "id": {"type": "string"},
+                "object": {"type": "string", "enum": ["model"]},
+                "created": {"type": "integer"},
+                "owned_by": {"type": "string"},
+            },
+            "additionalProperties": True,
+        }},
+    },
+}
+
+_READY: Schema = {
+    "type": "object",
+    "required": ["ready", "routes"],
+    "properties": {
+        "ready": {"type": "boolean"},
+        "routes": {"type": "object", "additionalProperties": {"type": "boolean"},
+                   "description": "Per route: whether at least one of its variants is up."},
+    },
+}
+
+_HEADERS_OUT: dict[str, Schema] = {
+    "X-Request-Id": {"description": "The client's `X-Request-Id`, or one the gateway made up; "
+                                    "also sent to the backend.",
+                     "schema": {"type": "string"}},
+}
+_ROUTED_HEADERS: dict[str, Schema] = {
+    **_HEADERS_OUT,
+    "X-Specrouter-Backend": {"description": "The backend that served the request.",
+                             "schema": {"type": "string"}},
+    "X-Specrouter-Variant": {"description": "The same, under the name clients pin with.",
+                             "schema": {"type": "string"}},
+    "X-Specrouter-Reason": {"description": "Why the policy chose it (`+retryN` after retries).",
+                            "schema": {"type": "string"}},
+    "X-Specrouter-Defaults": {"description": "Parameters the policy set because the request "
+                                             "left them out: `name=value,...`.",
+                              "schema": {"type": "string"}},
+}
+_RETRY_AFTER: Schema = {"description": "Seconds to wait before retrying.",
+                        "schema": {"type": "integer", "minimum": 0}}
+
+
+def _error(description: str, *, retry_after: bool | None = None) -> Schema:
+    """An error response. `retry_after`: True when always sent, None when sometimes."""
+    headers = dict(_HEADERS_OUT)
+    if retry_after is not None:
+        headers["Retry-After"] = {**_RETRY_AFTER, "required": retry_after}
+    return {"description": description, "headers": headers,
+            "content": {_JSON: {"schema": _ref("Error")}}}
+
+
+_UNAUTHORIZED = {
+    "description": "No key, or a key no client of the policy has. `code` is `invalid_api_key`.",
+    "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "required": True}},
+    "content": {_JSON: {"schema": _ref("Error")}},
+}
+
+_GENERATION_ERRORS: dict[str, Schema] = {
+    "400": _error("The body is not JSON, not an object, has no string `model`, the model does "
+                  "not serve this endpoint, a pinned variant does not exist, or the backend "
+                  "rejected a field (its 400, relayed)."),
+    "401": _UNAUTHORIZED,
+    "403": _error("The client may not use this model, or may not pin a variant."),
+    "404": _error("No route serves this model."),
+    "408": _error("The body did not arrive within the gateway's `--body-timeout`."),
+    "413": _error("The body is larger than the gateway's `--max-body-bytes`."),
+    "429": _error("The client's concurrency or request-rate limit (or the backend's own 429, "
+                  "relayed).", retry_after=True),
+    "500": _error("The backend's own internal error, relayed when no other variant could serve "
+                  "the request. The gateway itself never answers 500."),
+    "502": _error("No backend could serve the request (connection refused or lost before the "
+                  "first byte).", retry_after=None),
+    "503": _error("No backend is up, the backend is busy past the admission queue timeout, or "
+                  "the gateway is shutting down.", retry_after=None),
+    "504": _error("The backend sent no first byte in time.", retry_after=None),
+}
+
+_REQUEST_HEADERS: list[Schema] = [
+    {"name": "X-Request-Id", "in": "header", "required": False,
+     "description": "Correlates the request in the gateway's log and the backend's.",
+     "schema": {"type": "string"}},
+    {"name": "X-Specrouter-Variant", "in": "header", "required": False,
+     "description": "Pin a variant of the route (only for clients with `may_pin`).",
+     "schema": {"type": "string"}},
+    {"name": "X-Session-ID", "in": "header", "required": False,
+     "description": "Keeps canary assignment (and engine affinity) sticky per session.",
+     "schema": {"type": "string"}},
+]
+
+
+# A text/event-stream body is described event by event (as OpenAPI 3.2's `itemSchema` does).
+_SSE_EVENT: Schema = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string", "description": "A JSON object, or `[DONE]`."},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
+
+
+def _generation(operation_id: str, summary: str, request: str, response: str, *,
+                streams: bool, stream_note: str = "") -> Schema:
+    ok_content: dict[str, Schema] = {_JSON: {"schema": _ref(response)}}
+    if streams:
+        ok_content[_SSE] = {"schema": {
+            **_SSE_EVENT,
+            "description": "One server-sent event, as the backend wrote it. A stream that fails "
+                           "after it started ends with an error event"
+                           + stream_note + ", never silently.",
+        }}
+    return {"post": {
+        "summary": summary,
+        "operationId": operation_id,
+        "parameters": _REQUEST_HEADERS,
+        "requestBody": {"required": True,
+                        "content": {_JSON: {"schema": _ref(request)}}},
+        "responses": {
+            "200": {"description": "The backend's answer, relayed byte for byte (the model "
+                                   "renamed to the one requested).",
+                    "headers": _ROUTED_HEADERS, "content": ok_content},
+            **_GENERATION_ERRORS,
+        },
+    }}
+
+
+_CHAT_SSE = " (`data: {\"error\": {...}}` then `data: [DONE]`)"
+_RESPONSES_SSE = " (`event: error`)"
+
+SPEC: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {
+        "title": "specrouter public API",
+        "version": "1",
+        "description": "OpenAI-compatible API of the specrouter gateway in front of vLLM. Every "
+                       "request body field the gateway does not act on is passed to the backend "
+                       "unchanged. Before any route is read, a request whose head is too slow "
+                       "or too large is answered 408 or 431 with an empty body and the "
+                       "connection closed; a request that is not HTTP gets 400.",
+    },
+    "security": [{"bearerAuth": []}],
+    "paths": {
+        "/v1/chat/completions": _generation("createChatCompletion", "Chat completion", "ChatCompletionRequest",
+                                            "ChatCompletion", streams=True,
+                                            stream_note=_CHAT_SSE),
+        "/v1/completions": _generation("createCompletion", "Text completion", "CompletionRequest", "Completion",
+                                       streams=True, stream_note=_CHAT_SSE),
+        "/v1/embeddings": _generation("createEmbedding", "Embeddings", "EmbeddingRequest", "EmbeddingList",
+                                      streams=False),
+        "/v1/responses": _generation("createResponse", "Responses API", "ResponsesRequest", "Response",
+                                     streams=True, stream_note=_RESPONSES_SSE),
+        "/v1/models": {"get": {
+            "summary": "The model names the policy serves",
+            "operationId": "listModels",
+            "responses": {
+                "200": {"description": "Every name a route accepts in `model`.",
+                        "content": {_JSON: {"schema": _ref("ModelList")}}},
+                "401": _UNAUTHORIZED,
+            },
+        }},
+        "/healthz": {"get": {
+            "summary": "Liveness: the gateway process answers",
+            "operationId": "healthz",
+            "security": [],
+            "responses": {"200": {"description": "Alive.", "content": {_JSON: {"schema": {
+                "type": "object", "required": ["status"],
+                "properties": {"status": {"type": "string", "enum": ["ok"]}}}}}}},
+        }},
+        "/readyz": {"get": {
+            "summary": "Readiness: every route has a variant that is up",
+            "operationId": "readyz",
+            "security": [],
+            "responses": {
+                "200": {"description": "Ready.", "content": {_JSON: {"schema": _ref("Ready")}}},
+                "503": {"description": "A route has no variant up, or the gateway is draining.",
+                        "content": {_JSON: {"schema": _ref("Ready")}}},
+            },
+        }},
+        "/openapi.json": {"get": {
+            "summary": "This description",
+            "operationId": "openapi",
+            "security": [],
+            "responses": {"200": {"description": "OpenAPI 3 document.",
+                                  "content": {_JSON: {"schema": _OBJECT}}}},
+        }},
+    },
+    "components": {
+        "securitySchemes": {
+            "bearerAuth": {"type": "http", "scheme": "bearer",
+                           "description": "A client key of the policy (stored there as its "
+                                          "SHA-256)."},
+        },
+        "schemas": {
+            "Error": _ERROR,
+            "ChatMessage": _MESSAGE,
+            "ChatCompletionRequest": _CHAT_REQUEST,
+            "CompletionRequest": _COMPLETION_REQUEST,
+            "EmbeddingRequest": _EMBEDDING_REQUEST,
+            "ResponsesRequest": _RESPONSES_REQUEST,
+            "ChatCompletion": _CHAT_COMPLETION,
+            "Completion": _COMPLETION,
+            "EmbeddingList": _EMBEDDING_LIST,
+            "Response": _RESPONSE,
+            "ModelList": _MODEL_LIST,
+            "Ready": _READY,
+        },
+    },
+}
+
+
+def spec_bytes() -> bytes:
+    return orjson.dumps(SPEC)

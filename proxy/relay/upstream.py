@@ -1,0 +1,75 @@
+"""The upstream client: one aiohttp session for every backend, with LLM-sized limits.
+
+aiohttp rather than httpx's default transport: on this path httpx costs ~4x the CPU per
+relayed chunk and collapses past ~64 concurrent streams (see loadtests/bench/overhead.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import aiohttp
+
+# Request headers never forwarded: hop-by-hop ones, and the client's own credentials.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "transfer-encoding", "upgrade", "host", "content-length", "authorization",
+    "accept-encoding", "expect",
+})
+# Response headers the gateway sets itself.
+RESPONSE_DROP = frozenset({
+    "connection", "keep-alive", "transfer-encoding", "content-length", "server", "date",
+})
+
+
+class UpstreamError(Exception):
+    """A backend failed before answering: `kind` is connect, timeout or status."""
+
+    def __init__(self, kind: str, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+
+class Upstream:
+    def __init__(self, *, connect_timeout: float, first_byte_timeout: float) -> None:
+        self._connect_timeout = connect_timeout
+        self._first_byte_timeout = first_byte_timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30,
+                                             enable_cleanup_closed=True)
+            # No total timeout: a stream lasts as long as generation does; the relay enforces
+            # the first-byte and idle timeouts itself.
+            timeout = aiohttp.ClientTimeout(total=None, connect=self._connect_timeout,
+                                            sock_connect=self._connect_timeout)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                                  auto_decompress=False,
+                                                  skip_auto_headers=("User-Agent",))
+        return self._session
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+        """Send the request and wait for the response headers (the first-byte timeout)."""
+        try:
+            async with asyncio.timeout(self._first_byte_timeout):
+                return await self.session.post(url, data=body, headers=headers,
+                                               allow_redirects=False)
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", f"no response from {url} in "
+                                f"{self._first_byte_timeout:g}s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError("connect", f"{type(exc).__name__}: {exc}") from exc
+
+    async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
+        """A short GET, for health checks and metric scrapes."""
+        async with asyncio.timeout(timeout), self.session.get(url) as resp:
+            return resp.status, await resp.read()

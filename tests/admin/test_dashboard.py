@@ -1,0 +1,72 @@
+"""The live dashboard in a real headless Chromium, with real streams through the gateway."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadtests.harness.gateway import ADMIN_TOKEN, GatewayServer, coder_policy
+from loadtests.harness.sim import SimServer
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SERVED = "qwen3.8-27b"
+
+
+def test_snapshot_needs_a_token(certs) -> None:
+    with SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as sim, \
+            GatewayServer(coder_policy({"a": sim.url}), certs=certs) as gw:
+        assert httpx.get(gw.admin + "/dashboard/snapshot").status_code == 401
+        assert httpx.get(gw.admin + "/dashboard").status_code == 401
+        snap = gw.admin_get("/dashboard/snapshot").json()
+        assert [b["name"] for b in snap["backends"]] == ["a"]
+        assert snap["policy"]["version"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is installed by `make test`")
+def test_dashboard_shows_requests_live_in_chromium(certs, artifacts: Path) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.25,
+                   spec_metrics="summary") as sim, \
+            GatewayServer(coder_policy({"coder-dflash7": sim.url}), certs=certs) as gw, \
+            sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1440, "height": 900})
+        errors: list[str] = []
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{gw.admin}/dashboard?token={ADMIN_TOKEN}")
+        page.wait_for_selector("#status.live", timeout=10_000)
+
+        def stream(i: int) -> None:
+            with gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
+                    "model": "coder", "stream": True, "max_tokens": 160, "seed": i,
+                    "messages": [{"role": "user", "content": f"Refactor `lib/m{i}.py`."}]}) as r:
+                r.read()
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        # In flight first, with the variant that serves them...
+        page.wait_for_function(
+            "document.querySelectorAll('#inflight tbody tr').length >= 1", timeout=10_000)
+        assert "coder-dflash7" in page.inner_text("#inflight")
+        for t in threads:
+            t.join(timeout=60)
+        # ...then completed, with their TTFT and tokens per step.
+        page.wait_for_function(
+            "document.querySelectorAll('#recent tbody tr').length >= 3 && "
+            "document.querySelectorAll('#inflight tbody tr').length === 0", timeout=10_000)
+        first = page.locator("#recent tbody tr").first.inner_text()
+        assert " ms" in first and "ok" in first
+        page.wait_for_function(
+            "document.querySelector('#backends tbody .bars') !== null", timeout=15_000)
+        page.screenshot(path=str(artifacts / "dashboard.png"), full_page=True)
+        browser.close()
+        assert errors == []

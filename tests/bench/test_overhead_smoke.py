@@ -1,0 +1,150 @@
+"""The overhead benchmark's parts work: the pacer speaks vLLM's chunk shapes, and one short round
+through the real gateway completes. No timing assertions: timings belong to the benchmark."""
+
+from __future__ import annotations
+
+import re
+import ssl
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from loadtests.bench.overhead import (
+    BENCH_KEY,
+    Bench,
+    Spec,
+    Stack,
+    iter_frames,
+    render,
+    summarize,
+)
+
+ROLE_KEYS = ["id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"]
+CHOICE_KEYS = ["index", "delta", "logprobs", "finish_reason", "token_ids"]
+FINISH_KEYS = ["index", "delta", "logprobs", "finish_reason", "stop_reason", "token_ids"]
+USAGE_KEYS = ["prompt_tokens", "total_tokens", "completion_tokens"]
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    with Stack(nginx=False) as s:
+        yield s
+
+
+def stream(base: str, body: dict[str, Any], *, headers: dict[str, str] | None = None,
+           verify: Any = True) -> bytes:
+    payload = {"model": "pacer", "messages": [{"role": "user", "content": "hi"}],
+               "stream": True, **body}
+    with httpx.Client(base_url=base, verify=verify, timeout=10) as client:
+        resp = client.post("/v1/chat/completions", json=payload, headers=headers or {})
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        return resp.content
+
+
+def events(raw: bytes) -> list[dict[str, Any] | str]:
+    out: list[dict[str, Any] | str] = []
+    for frame in iter_frames(raw):
+        assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+        data = frame[6:-2]
+        out.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+    return out
+
+
+def pacer_url(stack: Stack) -> str:
+    return f"http://127.0.0.1:{stack.targets['direct'].port}"
+
+
+def test_pacer_plain_stream_shapes(stack: Stack) -> None:
+    raw = stream(pacer_url(stack), {"max_tokens": 5, "vllm_xargs": {"pacer_step_ms": 1}},
+                 headers={"x-request-id": "abc"})
+    evs = events(raw)
+    assert evs[-1] == "[DONE]"
+    chunks = [e for e in evs if isinstance(e, dict)]
+    assert len(chunks) == 1 + 5  # role, then one chunk per token
+    role, *content = chunks
+    assert list(role) == ROLE_KEYS
+    assert role["id"] == "chatcmpl-abc" and role["object"] == "chat.completion.chunk"
+    assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None, "finish_reason": None}]
+    for c in content[:-1]:
+        assert list(c) == ["id", "object", "created", "model", "choices"]
+        assert list(c["choices"][0]) == CHOICE_KEYS
+        assert c["choices"][0]["finish_reason"] is None
+    last = content[-1]
+    assert list(last) == ["id", "object", "created", "model", "choices", "system_fingerprint"]
+    assert list(last["choices"][0]) == FINISH_KEYS
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert b" " not in raw.replace(b"data: ", b"").replace(b" tok", b"")  # compact JSON
+
+
+def test_pacer_usage_shapes(stack: Stack) -> None:
+    only = events(stream(pacer_url(stack), {"max_tokens": 3,
+                                            "stream_options": {"include_usage": True}}))
+    *chunks, usage, done = only
+    assert done == "[DONE]"
+    assert isinstance(usage, dict) and usage["choices"] == []
+    assert list(usage) == ["id", "object", "created", "model", "choices", "usage",
+                           "system_fingerprint"]
+    assert usage["usage"] == {"prompt_tokens": usage["usage"]["prompt_tokens"],
+                              "total_tokens": usage["usage"]["prompt_tokens"] + 3,
+                              "completion_tokens": 3}
+    assert all(isinstance(c, dict) and "usage" not in c and "system_fingerprint" not in c
+               for c in chunks)
+
+    cont = events(stream(pacer_url(stack), {
+        "max_tokens": 5, "vllm_xargs": {"pacer_tokens_per_chunk": 2},
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+    dicts = [e for e in cont if isinstance(e, dict)]
+    completion = [d["usage"]["completion_tokens"] for d in dicts]
+    assert completion == [0, 1, 3, 5, 5]  # role, prefill token, 2 per step, last step, usage
+    for d in dicts:
+        assert list(d["usage"]) == USAGE_KEYS
+        keys = list(d)
+        assert keys.index("usage") == keys.index("choices") + 1
+    assert list(dicts[0]) == [*ROLE_KEYS[:5], "usage", *ROLE_KEYS[5:]]
+    assert dicts[-2]["choices"][0]["finish_reason"] == "length"
+    assert "system_fingerprint" not in dicts[-2]
+
+
+def test_pacer_health(stack: Stack) -> None:
+    resp = httpx.get(pacer_url(stack) + "/health", timeout=5)
+    assert resp.status_code == 200 and resp.content == b""
+
+
+def test_gateway_relays_pacer_bytes(stack: Stack) -> None:
+    """What the client gets through the gateway is the pacer's answer to its own request."""
+    gw = stack.targets["gateway"]
+    assert stack.certs is not None
+    body = {"max_tokens": 6, "vllm_xargs": {"pacer_step_ms": 1}}
+    direct = stream(pacer_url(stack), body, headers={"x-request-id": "same"})
+    relayed = stream(f"https://127.0.0.1:{gw.port}", body,
+                     headers={"x-request-id": "same", "authorization": f"Bearer {BENCH_KEY}"},
+                     verify=ssl.create_default_context(cafile=str(stack.certs.ca_cert)))
+    created = re.compile(rb'"created":\d+')
+    assert created.sub(b"", relayed) == created.sub(b"", direct)
+
+
+async def test_one_round_through_the_gateway(stack: Stack) -> None:
+    bench = Bench(stack, prompt_bytes=512)
+    try:
+        spec = Spec("paced16", 3, 2.0, 5, 0.3, 0.05, (0.0, 0.01))
+        results = [await bench.closed_loop(name, spec, 0, 7) for name in ("direct", "gateway")]
+        sat = Spec("sat", 2, 0.0, 0, 0.2, 0.02, warmup_s=0.1)
+        results += [await bench.saturate(name, sat, 0, 7) for name in ("direct", "gateway")]
+    finally:
+        bench.close()
+    for res in results:
+        assert res.ok, res.error
+        assert res.chunks > 0
+    paced = results[1]
+    assert paced.requests > 0 and paced.failed == 0
+    assert paced.chunks == paced.requests * (5 + 1)  # role + 5 token chunks each
+    assert paced.ttft_p50_ms is not None and paced.gap_p99_ms is not None
+    assert paced.cpu_per_chunk_us is not None
+    summary = summarize(results, ["direct", "gateway"])
+    table = render(summary, ["direct", "gateway"], results)
+    assert "added TTFT p50" in table and "CPU per chunk" in table
