@@ -137,20 +137,25 @@ class PolicyStore:
         sig = self._signature()
         if sig is None or (sig == self._file_sig and not force):
             return False
-        self._file_sig = sig
-        text = self.config.read_bytes()
-        try:
-            policy = self.validate(text)
-        except PolicyError as exc:
-            self.reload_failures += 1
-            self.last_error = str(exc)
-            log.error("edited policy file refused, keeping version %s: %s",
-                      self.holder.current.version, exc)
-            return False
-        if policy.version == self.holder.current.version:
-            return False
+        # Under the lock: an `apply` in progress writes the file before it records its version;
+        # read outside the lock, that write looked like a hand edit and was recorded twice.
         async with self._lock:
+            sig = self._signature()
+            if sig is None or (sig == self._file_sig and not force):
+                return False
+            self._file_sig = sig
+            text = self.config.read_bytes()
+            try:
+                policy = self.validate(text)
+            except PolicyError as exc:
+                self.reload_failures += 1
+                self.last_error = str(exc)
+                log.error("edited policy file refused, keeping version %s: %s",
+                          self.holder.current.version, exc)
+                return False
             current = self.holder.current
+            if policy.version == current.version:
+                return False
             changes = tuple(diff_documents(current.document, policy.document))
             await asyncio.to_thread(self._record, policy, text, "file", changes)
             self.holder.current = policy
