@@ -1,0 +1,89 @@
+"""proxy/servers.py subclasses uvicorn's private HttpToolsProtocol and the push relay writes to
+its transport and flow control directly. uvicorn is pinned to one minor release; this test fails
+loudly, naming the missing piece, when an upgrade changes what we rely on."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from importlib.metadata import version
+from typing import Any
+
+import pytest
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from proxy.relay.push import PushChannel
+from proxy.servers import GuardedHttpToolsProtocol, bind, make_server
+
+# Hooks we override, with the signatures we override them with.
+OVERRIDDEN = {
+    "connection_made": ["self", "transport"],
+    "data_received": ["self", "data"],
+    "on_message_begin": ["self"],
+    "on_headers_complete": ["self"],
+    "connection_lost": ["self", "exc"],
+}
+
+
+def test_uvicorn_is_the_pinned_minor() -> None:
+    major, minor = version("uvicorn").split(".")[:2]
+    assert (major, minor) == ("0", "54"), (
+        f"uvicorn {version('uvicorn')}: proxy/servers.py was written against 0.54; re-check "
+        "GuardedHttpToolsProtocol and PushChannel, then move the pin in pyproject.toml")
+
+
+@pytest.mark.parametrize("name", sorted(OVERRIDDEN))
+def test_overridden_hooks_keep_their_signature(name: str) -> None:
+    hook = getattr(HttpToolsProtocol, name, None)
+    assert hook is not None, f"uvicorn's HttpToolsProtocol no longer has {name}()"
+    assert list(inspect.signature(hook).parameters) == OVERRIDDEN[name]
+
+
+def test_flow_control_and_cycle_keep_what_the_push_relay_reads() -> None:
+    assert inspect.iscoroutinefunction(FlowControl.drain)
+    assert "write_paused" in FlowControl.__init__.__code__.co_names or hasattr(
+        FlowControl, "write_paused")
+    assert "disconnected" in inspect.getsource(RequestResponseCycle.__init__)
+
+
+async def test_a_live_connection_exposes_transport_flow_and_cycle() -> None:
+    """A real server on loopback: the push channel our protocol offers reads uvicorn's own
+    transport, flow control and response cycle of that connection."""
+    seen: dict[str, Any] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        channel = scope["extensions"]["specrouter.push"]
+        proto = channel._protocol
+        seen.update(channel=channel, proto=proto, transport=proto.transport, flow=proto.flow,
+                    cycle=proto.cycle, gone=channel.gone)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": True})
+        channel.write(b"pushed")  # a chunk written straight to the transport
+        await send({"type": "http.response.body", "body": b""})
+
+    sock = bind("127.0.0.1", 0)
+    server = make_server(app)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = sock.getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        reply = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+    assert isinstance(seen["channel"], PushChannel)
+    assert isinstance(seen["proto"], GuardedHttpToolsProtocol)
+    assert isinstance(seen["transport"], asyncio.Transport)
+    assert isinstance(seen["flow"], FlowControl)
+    assert isinstance(seen["cycle"], RequestResponseCycle)
+    assert seen["gone"] is False
+    assert b"transfer-encoding: chunked" in reply.lower()
+    assert b"\r\n2\r\nok\r\n6\r\npushed\r\n0\r\n\r\n" in reply
+
