@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -20,8 +21,13 @@ def test_manifests_have_the_expected_kinds() -> None:
     kinds = sorted(d["kind"] for d in _docs())
     assert kinds == ["ConfigMap", "Deployment", "Secret", "Secret", "Service", "Service",
                      "ServiceMonitor"]
+    api = {"ConfigMap": "v1", "Secret": "v1", "Service": "v1", "Deployment": "apps/v1",
+           "ServiceMonitor": "monitoring.coreos.com/v1"}
+    names = [(d["kind"], d["metadata"]["name"]) for d in _docs()]
+    assert len(set(names)) == len(names)  # no two objects of one kind share a name
     for d in _docs():
-        assert d["apiVersion"] and d["metadata"]["name"]
+        assert d["apiVersion"] == api[d["kind"]], d["kind"]
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", d["metadata"]["name"])
 
 
 def test_configmap_policy_is_valid_and_the_deployment_mounts_it() -> None:

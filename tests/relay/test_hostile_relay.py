@@ -201,7 +201,11 @@ def test_filter_never_raises_on_garbage(frames: list[bytes], opts: dict[str, Any
     out, m = _filter(frames, **opts)
     if not opts["strip_usage"] and not opts["drop_usage_chunk"] and opts["rename"] is None:
         assert out == b"".join(frames)  # nothing to edit: every byte through, in order
-    assert m.chunks >= 0
+    # Every choice frame is counted once, whatever its content: JSON objects that are neither
+    # an error event nor a usage-only chunk (`"choices":[]`).
+    assert m.chunks == sum(1 for f in frames if f.startswith(b"data: {")
+                           and not f.startswith(b'data: {"error"') and b'"choices":[]' not in f)
+    assert m.completion_tokens >= 0 and len(m.step_gaps) == len(m.step_tokens)
 
 
 @pytest.mark.parametrize("frame", [
