@@ -22,7 +22,9 @@ from policies.compiled import CompiledPolicy
 from policies.diff import diff_documents
 from policies.engine import decide
 from policies.lint import policy_warnings
-from policies.schema import PolicyDocument, PolicyError, load_policy
+from policies.loading import load_policy
+from policies.spec.base import PolicyError
+from policies.spec.document import PolicyDocument
 from policies.types import Decision, LiveState
 
 ENDPOINTS = ("chat", "completions", "embeddings", "responses")

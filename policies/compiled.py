@@ -19,18 +19,13 @@ from typing import Any
 import orjson
 
 from policies.classify import CONTENT_CLASSES, ContentClass
-from policies.schema import (
-    SELECTOR_KINDS,
-    BackendSpec,
-    ClientSpec,
-    GuardRule,
-    HealthRule,
-    PolicyDocument,
-    PolicyError,
-    RouteSpec,
-    Rule,
-    check_references,
-)
+from policies.spec.backends import BackendSpec
+from policies.spec.base import PolicyError
+from policies.spec.clients import ClientSpec
+from policies.spec.document import PolicyDocument
+from policies.spec.references import check_references
+from policies.spec.routes import RouteSpec
+from policies.spec.rules import SELECTOR_KINDS, GuardRule, HealthRule, Rule
 
 DefaultItems = tuple[tuple[str, Any], ...]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.schema import PolicyDocument
+from policies.spec.document import PolicyDocument
 
 
 def diff_documents(a: PolicyDocument, b: PolicyDocument) -> list[str]:

@@ -26,20 +26,15 @@ How a decision is made, in order:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 from policies.classify import classify
 from policies.compiled import CompiledPolicy, CompiledRoute
-from policies.schema import (
-    CanaryRule,
-    ClientRule,
-    ContentRule,
-    LoadRule,
-    Rule,
-    SamplingRule,
-)
-from policies.types import BackendState, Decision, LiveState, Rejection, RequestView, RuleVerdict
+from policies.explain import verdicts_for
+from policies.predicates import SELECT, is_available, is_tripped
+from policies.spec.rules import Rule
+from policies.types import Decision, LiveState, Rejection, RequestView, RuleVerdict
 
 # vLLM's own words (vllm/v1/engine/processor.py) so a client sees what the engine would have said.
 UNSUPPORTED_WITH_SPECULATION: Final = (
@@ -47,9 +42,6 @@ UNSUPPORTED_WITH_SPECULATION: Final = (
 )
 # An engine that is down or starting: the cold start is minutes, a client should not spin.
 RETRY_AFTER_UNAVAILABLE_S: Final = 5.0
-
-_UNKNOWN: Final = BackendState()  # a backend the gateway has not observed yet counts as up, idle
-
 
 def canary_bucket(key: str) -> float:
     """A stable position in [0, 1) for `key` (the client's name): the same client always lands
@@ -100,7 +92,7 @@ def decide(
     else:
         choice, reason = route.variants[0], "default"
         for rule in route.selectors:
-            picked = _SELECT[rule.kind](rule, view, state, route, content_class, temperature)
+            picked = SELECT[rule.kind](rule, view, state, route, content_class, temperature)
             if picked is not None:
                 choice, reason, decided_by = picked, rule.name, rule
                 break
@@ -122,8 +114,6 @@ def decide(
         priority = client.priority
     verdicts: tuple[RuleVerdict, ...] = ()
     if explain:
-        from policies.explain import verdicts_for  # only the admin path pays for the import
-
         verdicts = verdicts_for(
             view, state, route, content_class, temperature, blocked, choice, applied, clamped
         )
@@ -184,95 +174,7 @@ def _effective_temperature(
     return route.spec.model_default_temperature
 
 
-# Selectors: each returns the variant it picks, or None to let the next rule decide -------------
-
-Selector = Callable[
-    [Any, RequestView, LiveState, CompiledRoute, str | None, float], str | None
-]
-
-
-def load_count(rule: LoadRule, state: LiveState, route: CompiledRoute) -> int:
-    """Sequences in flight that the load rule counts (this request excluded)."""
-    names = route.variants if rule.scope == "route" else (rule.use,)
-    total = 0
-    for name in names:
-        backend = state.backends.get(name, _UNKNOWN)
-        if rule.count == "in_flight":
-            total += backend.in_flight
-        elif rule.count == "running":
-            # Before the first scrape the gateway's own count is the best there is.
-            total += backend.in_flight if backend.running is None else backend.running
-        else:
-            total += max(backend.in_flight, backend.running or 0)
-    return total
-
-
-def _select_load(
-    rule: LoadRule, view: RequestView, state: LiveState, route: CompiledRoute,
-    content_class: str | None, temperature: float,
-) -> str | None:
-    # "At most N" counts this request: with N = 2, two agents share the deep variant, a third
-    # goes elsewhere.
-    if load_count(rule, state, route) + 1 <= rule.max_in_flight:
-        return rule.use
-    return rule.otherwise
-
-
-def _select_content(
-    rule: ContentRule, view: RequestView, state: LiveState, route: CompiledRoute,
-    content_class: str | None, temperature: float,
-) -> str | None:
-    return rule.use if content_class in rule.classes else None
-
-
-def _select_sampling(
-    rule: SamplingRule, view: RequestView, state: LiveState, route: CompiledRoute,
-    content_class: str | None, temperature: float,
-) -> str | None:
-    return rule.use if temperature_in_range(rule, temperature) else None
-
-
-def temperature_in_range(rule: SamplingRule, temperature: float) -> bool:
-    """[temperature_at_least, temperature_below): the lower bound is in, the upper one out."""
-    low, high = rule.temperature_at_least, rule.temperature_below
-    return (low is None or temperature >= low) and (high is None or temperature < high)
-
-
-def _select_canary(
-    rule: CanaryRule, view: RequestView, state: LiveState, route: CompiledRoute,
-    content_class: str | None, temperature: float,
-) -> str | None:
-    return rule.use if view.canary_bucket * 100.0 < rule.percent else None
-
-
-def _select_client(
-    rule: ClientRule, view: RequestView, state: LiveState, route: CompiledRoute,
-    content_class: str | None, temperature: float,
-) -> str | None:
-    return rule.use if view.client in rule.clients else None
-
-
-_SELECT: Final[dict[str, Selector]] = {
-    "load": _select_load,
-    "content": _select_content,
-    "sampling": _select_sampling,
-    "canary": _select_canary,
-    "client": _select_client,
-}
-
-
 # Constraints -----------------------------------------------------------------------------------
-
-
-def is_available(name: str, route: CompiledRoute, state: LiveState) -> bool:
-    return state.backends.get(name, _UNKNOWN).health not in route.unavailable
-
-
-def is_tripped(name: str, route: CompiledRoute, state: LiveState) -> bool:
-    # Only a guard the route still configures counts: after a policy edit removes a guard, its
-    # last state may linger in the live state for a scrape or two.
-    guard = state.guards.get(name)
-    return guard is not None and guard.tripped and name in route.guards
 
 
 def _blocked_by(

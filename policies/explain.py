@@ -7,8 +7,8 @@ say why it matched or not, which costs several times the decision itself.
 from __future__ import annotations
 
 from policies.compiled import CompiledRoute
-from policies.engine import _SELECT, is_available, is_tripped, load_count, temperature_in_range
-from policies.schema import (
+from policies.predicates import SELECT, is_available, is_tripped, load_count, temperature_in_range
+from policies.spec.rules import (
     SELECTOR_KINDS,
     CanaryRule,
     ClientRule,
@@ -52,7 +52,7 @@ def verdicts_for(
             elif decided:
                 out.append(RuleVerdict(rule.name, "not-evaluated", "an earlier rule decided"))
             else:
-                picked = _SELECT[rule.kind](rule, view, state, route, content_class, temperature)
+                picked = SELECT[rule.kind](rule, view, state, route, content_class, temperature)
                 detail = _why(rule, view, state, route, content_class, temperature)
                 if picked is None:
                     out.append(RuleVerdict(rule.name, "no-match", detail))

@@ -24,7 +24,7 @@ no drafts in the window) changes nothing but the trial clock.
 
 from __future__ import annotations
 
-from policies.schema import GuardRule
+from policies.spec.rules import GuardRule
 from policies.types import GuardState
 
 OK = GuardState()

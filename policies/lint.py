@@ -1,21 +1,16 @@
 """Warnings for valid policies that are probably wrong: `policy_warnings(doc) -> list[str]`.
 
-Errors make a document unusable (policies.schema); these do not, but each names a combination the
-facts show to regress or a rule that can never act. `specrouter policy check` prints them, and
+Errors make a document unusable (policies.spec, policies.loading); these do not, but each names
+a combination the facts show to regress or a rule that can never act. `specrouter policy check` prints them, and
 `--strict` turns them into failures.
 """
 
 from __future__ import annotations
 
-from policies.schema import (
-    SELECTOR_KINDS,
-    CanaryRule,
-    GuardRule,
-    LoadRule,
-    PolicyDocument,
-    RouteSpec,
-    SpeculativeSpec,
-)
+from policies.spec.backends import SpeculativeSpec
+from policies.spec.document import PolicyDocument
+from policies.spec.routes import RouteSpec
+from policies.spec.rules import SELECTOR_KINDS, CanaryRule, GuardRule, LoadRule
 
 # vLLM's SpeculativeMethod names as of 0.28 plus DFlash; newer engines may add more.
 KNOWN_METHODS = frozenset(

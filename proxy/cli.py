@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "policy": ("policies.cli", "check, explain and diff policy files"),
     "probe": ("loadtests.probe.command", "measure decode throughput and acceptance"),
     "report": ("proxy.ops.report", "summarise the request log by variant, temperature, load"),
-    "deploy": ("proxy.ops.deploy", "render and check the GB10 deployment from the policy"),
+    "deploy": ("proxy.ops.deploy.cli", "render and check the GB10 deployment from the policy"),
 }
 
 

@@ -1,0 +1,121 @@
+"""A backend: one engine (one variant), where it is, what it serves, how it speculates, and
+the guarded repair the gateway may run on it."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from policies.spec.base import ENV_NAME, MODEL_NAME, StrictModel, Task
+
+BackendKind = Literal["vllm", "openai"]
+
+
+class SpeculativeSpec(StrictModel):
+    """The engine's `--speculative-config`, as deployed. Descriptive: vLLM fixes it per engine."""
+
+    method: Annotated[str, Field(min_length=1)]  # vLLM SpeculativeMethod: mtp, dflash, eagle3, ...
+    num_speculative_tokens: Annotated[int, Field(ge=1, le=64)]
+    draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
+    rejection_sample_method: Literal["standard", "synthetic", "block"] = "standard"
+    # [[start_bs, end_bs, K], ...]: K draft tokens while the batch size is in [start_bs, end_bs].
+    num_speculative_tokens_per_batch_size: list[list[int]] | None = None
+
+    @field_validator("num_speculative_tokens_per_batch_size")
+    @classmethod
+    def _check_schedule(cls, value: list[list[int]] | None) -> list[list[int]] | None:
+        if value is None:
+            return value
+        previous_end = 0
+        for i, row in enumerate(value):
+            if len(row) != 3:
+                raise ValueError(f"entry {i} must be [start_bs, end_bs, K], got {row}")
+            start, end, _ = row
+            if start < 1 or end < start:
+                raise ValueError(f"entry {i}: need 1 <= start_bs <= end_bs, got {row}")
+            if start <= previous_end:
+                raise ValueError(f"entry {i}: batch-size ranges must be ascending and disjoint")
+            previous_end = end
+        return value
+
+    @model_validator(mode="after")
+    def _schedule_within_k(self) -> SpeculativeSpec:
+        for row in self.num_speculative_tokens_per_batch_size or ():
+            if not 0 <= row[2] <= self.num_speculative_tokens:
+                raise ValueError(
+                    f"num_speculative_tokens_per_batch_size: K={row[2]} must be within "
+                    f"0..num_speculative_tokens ({self.num_speculative_tokens})"
+                )
+        return self
+
+
+class RepairSpec(StrictModel):
+    """A guarded repair: the command the gateway may run when the backend stays down."""
+
+    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    after_down_s: Annotated[float, Field(ge=0)] = 60.0  # down this long before a repair
+    max_per_hour: Annotated[int, Field(ge=1, le=60)] = 3
+    timeout_s: Annotated[float, Field(gt=0)] = 120.0  # for the command itself
+
+
+class BackendSpec(StrictModel):
+    """One engine (one variant): where it is, what it serves, how it speculates."""
+
+    url: str | None = None
+    urls: list[str] | None = None  # several engines with the same configuration
+    kind: BackendKind = "vllm"
+    task: Task = "generate"
+    served_model_name: Annotated[str, Field(pattern=MODEL_NAME)]
+    max_concurrency: Annotated[int, Field(ge=1, le=4096)] = 16  # admission limit = max_num_seqs
+    api_key_env: Annotated[str, Field(pattern=ENV_NAME)] | None = None
+    priority_scheduling: bool = False
+    speculative: SpeculativeSpec | None = None
+    # A cold start (weights, CUDA graphs) takes ~7 minutes on the GB10: during this long after
+    # the gateway starts or a repair, a failing backend is "starting", not "down".
+    startup_s: Annotated[float, Field(ge=0)] = 420.0
+    repair: RepairSpec | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        return None if value is None else _normalise_url(value)
+
+    @field_validator("urls")
+    @classmethod
+    def _check_urls(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("urls must not be empty")
+        urls = [_normalise_url(u) for u in value]
+        if len(set(urls)) != len(urls):
+            raise ValueError("urls must be distinct")
+        return urls
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> BackendSpec:
+        if (self.url is None) == (self.urls is None):
+            raise ValueError("give exactly one of url or urls")
+        if self.task == "embed" and self.speculative is not None:
+            raise ValueError("an embed backend cannot have a speculative configuration")
+        return self
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The base URLs, without a trailing slash (the gateway appends `/v1/...`)."""
+        return (self.url,) if self.url is not None else tuple(self.urls or ())
+
+    @property
+    def is_speculative(self) -> bool:
+        return self.speculative is not None
+
+
+def _normalise_url(value: str) -> str:
+    if not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
+        raise ValueError(f"{value!r} is not an http(s):// URL with a host")
+    value = value.rstrip("/")
+    if value.endswith("/v1"):
+        raise ValueError(f"{value!r}: give the base URL without /v1 (the gateway adds the path)")
+    return value

@@ -1,0 +1,70 @@
+"""`specrouter deploy`: the GB10 stack rendered from the policy, and checked against it.
+
+    plan     the engines this machine runs, their memory shares and `vllm serve` arguments
+    render   compose.yaml, prometheus/prometheus.yml and env.example from the policy
+    check    `deploy check`: a compose file, or the running engines, against the policy
+    cli      argument parsing (`specrouter deploy render|check`), file reading and writing
+
+The names below are the package's public surface, for the tests and the tools.
+"""
+
+from __future__ import annotations
+
+from proxy.ops.deploy.check import (
+    EngineArgs,
+    Fetch,
+    check_compose,
+    check_live,
+    compose_engines,
+    draft_positions,
+    http_fetch,
+    parse_vllm_args,
+)
+from proxy.ops.deploy.cli import main, write_rendered
+from proxy.ops.deploy.plan import (
+    BACKEND_LABEL,
+    DeployError,
+    EnginePlan,
+    Skipped,
+    engine_command,
+    engine_plans,
+    env_suffix,
+    speculative_config,
+)
+from proxy.ops.deploy.render import (
+    ADMIN_LISTEN,
+    GATEWAY_LISTEN,
+    PROMETHEUS_LISTEN,
+    render,
+    render_compose,
+    render_env_example,
+    render_prometheus,
+)
+
+__all__ = [
+    "ADMIN_LISTEN",
+    "BACKEND_LABEL",
+    "GATEWAY_LISTEN",
+    "PROMETHEUS_LISTEN",
+    "DeployError",
+    "EngineArgs",
+    "EnginePlan",
+    "Fetch",
+    "Skipped",
+    "check_compose",
+    "check_live",
+    "compose_engines",
+    "draft_positions",
+    "engine_command",
+    "engine_plans",
+    "env_suffix",
+    "http_fetch",
+    "main",
+    "parse_vllm_args",
+    "render",
+    "render_compose",
+    "render_env_example",
+    "render_prometheus",
+    "speculative_config",
+    "write_rendered",
+]
