@@ -53,8 +53,9 @@ class TinySpec:
     n_head_kv: int = 2
     n_ff: int = 128
     n_ctx: int = 1024
-    # Residual scale of the target's blocks past the draft's: the smaller, the closer they agree.
-    tail_scale: float = 0.05
+    # Residual scale of the target's blocks past the draft's: the smaller, the closer they agree
+    # (0.2: ~4 tokens per target step at n_max 8 and temperature 0; 0.05 accepts nearly all).
+    tail_scale: float = 0.2
     # Logit spread: large enough that temperature-0 choices are not near ties.
     logit_scale: float = 4.0
 
