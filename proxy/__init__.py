@@ -1,0 +1,29 @@
+"""specrouter's gateway: TLS in front of vLLM engines, a per-request policy, a byte-exact relay.
+
+The map (each folder one concern; a request's way through is ``relay/``, top to bottom):
+
+    relay/      the public listener's request path: route, authenticate, decide, forward to an
+                engine, relay its stream (push or pull), end it, measure it (its own docstring
+                lists the modules in the order a request takes them)
+    backends/   what the gateway knows about its engines: live state, health checks and states,
+                admission queues, several engines per variant, guarded repair
+    admin/      the admin listener: policy API and its store (versions, audit, rollback), status,
+                the live dashboard and its static files
+    observe/    Prometheus metrics (every name defined once), the request log, statistics
+    ops/        offline commands: ``specrouter report``, ``demo``, ``deploy`` (plan, render,
+                check)
+
+    cli.py      the ``specrouter`` command and its subcommands
+    settings.py every server setting, once (flags, then SPECROUTER_* variables, then defaults)
+    gateway.py  the state one gateway process shares between its listeners
+    serve.py    ``specrouter serve``: listeners, signals (HUP reloads, TERM drains)
+    servers.py  uvicorn on pre-bound sockets, with our guarded HTTP protocol
+    certs.py    the local CA and certificates for the demo and the tests
+    auth.py     bearer keys: hashing and constant-time comparison
+    vllm_wire.py vLLM's wire facts (framing, error bodies, metric names), shared with the
+                simulator, the probe and the soak
+
+The policy itself (schema and the pure decision engine) lives in ``policies/``, which imports
+nothing from here; the simulated GB10, the probe, the harness and the benchmarks in
+``loadtests/``.
+"""
