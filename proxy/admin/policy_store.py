@@ -167,6 +167,8 @@ class PolicyStore:
             return False
         async with self._lock:
             current = self.holder.current
+            if policy.version == current.version:  # the file an apply (just) wrote: no edit
+                return False
             changes = tuple(diff_documents(current.document, policy.document))
             await asyncio.to_thread(self._record, policy, text, "file", changes)
             self.holder.current = policy

@@ -4,6 +4,8 @@ shape differently (404, 405, validation) keep the gateway's."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import httpx
@@ -147,3 +149,28 @@ async def test_the_admin_openapi_describes_every_operation(admin) -> None:
     assert page.status_code == 200 and "/admin/openapi.json" in page.text
     assert "https://" not in page.text  # every asset is served here
     assert (await client.get("/admin/docs/static/swagger-ui-bundle.js")).status_code == 200
+
+
+async def test_a_file_poll_while_a_put_is_applied_records_it_once(admin, monkeypatch) -> None:
+    gw, store, client = admin
+    got = await _get(client)
+    doc = got.json()["document"]
+    doc["routes"]["coder"]["defaults"] = {"temperature": 0.2}
+    record = store._record
+
+    def slow_record(*args, **kwargs):
+        time.sleep(0.3)  # the file is written, the swap not done yet
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_record", slow_record)
+
+    async def poll_meanwhile() -> bool:
+        await asyncio.sleep(0.1)
+        return await store.poll(force=True)
+
+    put, polled = await asyncio.gather(
+        client.put("/admin/policy", json=doc, headers={**AUTH, "if-match": got.headers["etag"]}),
+        poll_meanwhile())
+    assert put.status_code == 200 and polled is False
+    assert [h["who"] for h in store.history()] == ["startup", "admin"]
+    assert gw.policy.current.version == put.json()["version"]
