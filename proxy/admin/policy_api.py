@@ -1,4 +1,10 @@
-"""Admin API for the policy: read, validate, explain, apply (If-Match), history, rollback."""
+"""Admin API for the policy: read, validate, explain, apply (If-Match), history, rollback.
+
+Changes are conditional: `If-Match` carries the ETag of `GET /admin/policy` (or `*`, any current
+version), and is checked before the body is read, so a stale change is answered 412 whatever its
+body (RFC 9110 section 13.2.1). Each operation reads its own body, so the error bodies are the
+gateway's, not FastAPI's validation errors.
+"""
 
 from __future__ import annotations
 
@@ -7,32 +13,58 @@ from dataclasses import asdict
 from typing import Any
 
 import orjson
+import yaml
+from fastapi import Header, Query
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.responses import Response
+from starlette.routing import BaseRoute
 
 from policies.engine import decide
 from policies.inputs import live_state_from_json, request_view
 from policies.schema import PolicyError
-from policies.types import Endpoint
-from proxy.admin.app import guarded
-from proxy.admin.policy_store import PolicyStore, StaleVersion
+from proxy.admin.app import AdminError, admin_router
+from proxy.admin.models import (
+    AppliedOut,
+    ErrorOut,
+    ExplainIn,
+    ExplainOut,
+    HistoryOut,
+    PolicyIn,
+    PolicyOut,
+    RollbackIn,
+    ValidOut,
+)
+from proxy.admin.policy_store import Applied, PolicyStore, StaleVersion
 from proxy.gateway import Gateway
-from proxy.relay.errors import error_body
 
-_ENDPOINTS: dict[str, Endpoint] = {"chat": "chat", "completions": "completions",
-                                   "embeddings": "embeddings", "responses": "responses"}
-
-
-def _error(status: int, message: str, **extra: Any) -> Response:
-    body = orjson.loads(error_body(status, message))
-    body["error"].update(extra)
-    return JSONResponse(body, status_code=status)
+_WHO = Header(None, alias="x-specrouter-admin", description="Who makes the change (audit log).")
+_IF_MATCH = Header(None, alias="if-match",
+                   description='The ETag of `GET /admin/policy`, or `*` for any current version.')
 
 
-def _invalid(exc: PolicyError) -> Response:
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorOut} for code in codes}
+
+
+def _body(model: type[BaseModel], *types: str) -> dict[str, Any]:
+    """The OpenAPI request body of an operation that reads (and checks) its body itself.
+    Nested models are the app's components already (GET's PolicyOut brings them)."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("$defs", None)
+    content: dict[str, Any] = {"application/json": {"schema": schema}}
+    content.update({t: {"schema": {"type": "string"}} for t in types})
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def _invalid(exc: PolicyError) -> AdminError:
     errors = [str(e) for e in getattr(exc, "errors", [str(exc)])]
-    return _error(422, "invalid policy: " + "; ".join(errors), errors=errors)
+    return AdminError(422, "invalid policy: " + "; ".join(errors), errors=errors)
+
+
+def _stale(exc: StaleVersion) -> AdminError:
+    return AdminError(412, f"the policy changed meanwhile: current version is {exc}",
+                      current_version=str(exc))
 
 
 def _etag(version: str) -> str:
@@ -48,94 +80,136 @@ def _unquote(value: str | None) -> str | None:
     return value.strip('"')
 
 
-def _who(request: Request) -> str:
-    return request.headers.get("x-specrouter-admin", "admin")
+def _precondition(store: PolicyStore, if_match: str | None) -> str:
+    """The version a change is based on, checked before its body is read: 428 or 412."""
+    version = _unquote(if_match)
+    if version is None:
+        raise AdminError(428, "If-Match is required: send the ETag of GET /admin/policy")
+    try:
+        store.check(version)
+    except StaleVersion as exc:
+        raise _stale(exc) from None
+    return version
+
+
+def _document(text: bytes) -> bytes:
+    """The policy in a PUT or validate body: the document (YAML or JSON) or GET's JSON body,
+    `{"version", "document"}`, sent back as it came (its `version` is If-Match's to carry)."""
+    if not text.lstrip().startswith(b"{"):
+        return text
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text  # validation says what is wrong with it
+    if isinstance(data, dict) and data.keys() == {"version", "document"}:
+        return yaml.safe_dump(data["document"], sort_keys=False).encode()
+    return text
+
+
+def _applied(applied: Applied, response: Response) -> AppliedOut:
+    response.headers["etag"] = _etag(applied.version)
+    return AppliedOut(version=applied.version, number=applied.number,
+                      changes=list(applied.changes))
+
+
+_AS_YAML: dict[int | str, dict[str, Any]] = {200: {
+    "content": {"application/yaml": {"schema": {"type": "string"}}},
+    "description": "The running policy; the `ETag` header is its version, unquoted in `version`."}}
 
 
 def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
-    async def get_policy(request: Request) -> Response:
+    router = admin_router(gw)
+
+    @router.get("/admin/policy", summary="The running policy (JSON, or `?format=yaml`)",
+                responses=_AS_YAML, response_model=PolicyOut)
+    async def get_policy(response: Response, fmt: str | None = Query(None, alias="format")
+                         ) -> Any:
         policy = store.current
         headers = {"etag": _etag(policy.version), "x-policy-version": policy.version}
-        if request.query_params.get("format") == "yaml":
+        if fmt == "yaml":
             return Response(store.document_yaml(), media_type="application/yaml", headers=headers)
-        return JSONResponse({"version": policy.version, "document": policy.document.to_data()},
-                            headers=headers)
+        response.headers.update(headers)
+        return PolicyOut(version=policy.version, document=policy.document)
 
-    async def put_policy(request: Request) -> Response:
-        if_match = _unquote(request.headers.get("if-match"))
-        if if_match is None:
-            return _error(428, "If-Match is required: send the ETag of GET /admin/policy")
-        text = await request.body()
+    @router.put("/admin/policy", summary="Apply a policy (If-Match required)",
+                responses=_errors(400, 412, 422, 428),
+                openapi_extra=_body(PolicyIn, "application/yaml"))
+    async def put_policy(request: Request, response: Response, if_match: str | None = _IF_MATCH,
+                         who: str | None = _WHO) -> AppliedOut:
+        version = _precondition(store, if_match)
         try:
-            applied = await store.apply(text, who=_who(request), if_match=if_match)
+            applied = await store.apply(_document(await request.body()), who=who or "admin",
+                                        if_match=version)
         except PolicyError as exc:
-            return _invalid(exc)
+            raise _invalid(exc) from None
         except StaleVersion as exc:
-            return _error(412, f"the policy changed meanwhile: current version is {exc}",
-                          current_version=str(exc))
-        return JSONResponse({"version": applied.version, "number": applied.number,
-                             "changes": list(applied.changes)},
-                            headers={"etag": _etag(applied.version)})
+            raise _stale(exc) from None
+        return _applied(applied, response)
 
-    async def validate(request: Request) -> Response:
+    @router.post("/admin/policy/validate", summary="Check a policy without applying it",
+                 responses=_errors(422), openapi_extra=_body(PolicyIn, "application/yaml"))
+    async def validate(request: Request) -> ValidOut:
         try:
-            policy = store.validate(await request.body())
+            policy = store.validate(_document(await request.body()))
         except PolicyError as exc:
-            return _invalid(exc)
-        return JSONResponse({"valid": True, "version": policy.version})
+            raise _invalid(exc) from None
+        return ValidOut(valid=True, version=policy.version)
 
-    async def explain(request: Request) -> Response:
+    @router.post("/admin/policy/explain", summary="What the policy decides for a request, and why",
+                 responses=_errors(400), openapi_extra=_body(ExplainIn))
+    async def explain(request: Request) -> ExplainOut:
         try:
-            data = orjson.loads(await request.body())
-            if not isinstance(data, dict) or not isinstance(data.get("request"), dict):
-                raise ValueError("body must be {\"request\": {...}, \"state\"?: {...}, "
-                                 "\"client\"?: NAME, \"endpoint\"?: chat|completions|...}")
-            body = data["request"]
-            endpoint = _ENDPOINTS[data.get("endpoint", "chat")]
-            state = (live_state_from_json(data["state"]) if isinstance(data.get("state"), dict)
+            data = ExplainIn.model_validate_json(await request.body())
+            body = data.request
+            state = (live_state_from_json(data.state) if data.state is not None
                      else gw.live.snapshot())
             policy = store.current
-            client = str(data.get("client") or (policy.document.clients[0].name
-                                                if policy.document.clients else "anonymous"))
-            headers = {}
-            if isinstance(data.get("pin"), str):
-                headers[b"x-specrouter-variant"] = data["pin"].encode()
-            view = request_view(body, endpoint, str(body.get("model", "")), client, headers,
-                                float(data.get("now", time.monotonic())))
+            client = data.client or (policy.document.clients[0].name
+                                     if policy.document.clients else "anonymous")
+            headers = {} if data.pin is None else {b"x-specrouter-variant": data.pin.encode()}
+            view = request_view(body, data.endpoint, str(body.get("model", "")), client, headers,
+                                time.monotonic() if data.now is None else data.now)
+        except ValidationError as exc:
+            raise AdminError(400, 'cannot explain: body must be {"request": {...}, '
+                             '"state"?: {...}, "client"?: NAME, "endpoint"?: '
+                             f"chat|completions|...}}: {_first(exc)}") from None
         except (ValueError, KeyError, TypeError) as exc:
-            return _error(400, f"cannot explain: {exc}")
+            raise AdminError(400, f"cannot explain: {exc}") from None
         decision = decide(view, state, policy, explain=True)
         out = asdict(decision)
         out["inject"] = dict(decision.inject)
-        return JSONResponse({"policy_version": policy.version, "decision": out})
+        return ExplainOut(policy_version=policy.version, decision=out)
 
-    async def history(_: Request) -> Response:
-        return JSONResponse({"current": store.current.version, "history": store.history()})
+    @router.get("/admin/policy/history", summary="Every applied version: who, when, what changed")
+    async def history() -> HistoryOut:
+        return HistoryOut.model_validate({"current": store.current.version,
+                                          "history": store.history()})
 
-    async def rollback(request: Request) -> Response:
+    @router.post("/admin/policy/rollback",
+                 summary="Apply a version from the history again (If-Match required)",
+                 responses=_errors(400, 404, 412, 422, 428), openapi_extra=_body(RollbackIn))
+    async def rollback(request: Request, response: Response, if_match: str | None = _IF_MATCH,
+                       who: str | None = _WHO) -> AppliedOut:
+        version = _precondition(store, if_match)
         try:
-            data = orjson.loads(await request.body())
-            number = int(data["version"])
-        except (ValueError, KeyError, TypeError):
-            return _error(400, 'body must be {"version": N} (a number from the history)')
+            number = RollbackIn.model_validate_json(await request.body()).version
+        except ValidationError:
+            raise AdminError(400, 'body must be {"version": N} (a number from the history)'
+                             ) from None
         try:
-            applied = await store.rollback(number, who=_who(request),
-                                           if_match=_unquote(request.headers.get("if-match")))
+            applied = await store.rollback(number, who=who or "admin", if_match=version)
         except KeyError:
-            return _error(404, f"no policy version #{number}")
+            raise AdminError(404, f"no policy version #{number}") from None
         except PolicyError as exc:
-            return _invalid(exc)
+            raise _invalid(exc) from None
         except StaleVersion as exc:
-            return _error(412, f"the policy changed meanwhile: current version is {exc}")
-        return JSONResponse({"version": applied.version, "number": applied.number,
-                             "changes": list(applied.changes)})
+            raise _stale(exc) from None
+        return _applied(applied, response)
 
-    return [
-        Route("/admin/policy", guarded(gw, get_policy), methods=["GET"]),
-        Route("/admin/policy", guarded(gw, put_policy), methods=["PUT"]),
-        Route("/admin/policy/validate", guarded(gw, validate), methods=["POST"]),
-        Route("/admin/policy/explain", guarded(gw, explain), methods=["POST"]),
-        Route("/admin/policy/history", guarded(gw, history), methods=["GET"]),
-        Route("/admin/policy/rollback", guarded(gw, rollback), methods=["POST"]),
-    ]
+    return list(router.routes)
 
+
+def _first(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    return f"{where}: {err['msg']}" if where else str(err["msg"])

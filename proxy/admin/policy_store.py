@@ -27,6 +27,8 @@ from proxy.gateway import PolicyHolder
 
 log = logging.getLogger("specrouter.policy")
 
+ANY = "*"  # If-Match: * (any current version)
+
 
 class StaleVersion(Exception):
     """The change was based on a version that is no longer current (HTTP 412)."""
@@ -109,14 +111,28 @@ class PolicyStore:
         """Parse and compile; raises PolicyError with every problem found."""
         return compile_policy(parse_policy(text))
 
+    def check(self, if_match: str | None) -> None:
+        """Raise StaleVersion unless `if_match` holds: the current version, `*` (any current
+        version) or None (unconditional: the store's own callers)."""
+        current = self.holder.current.version
+        if if_match not in (None, ANY, current):
+            raise StaleVersion(current)
+
+    def _number_of(self, version: str) -> int:
+        return next((h["number"] for h in reversed(self.history()) if h["version"] == version), 0)
+
     async def apply(self, text: bytes, *, who: str, if_match: str | None,
-                    note: str = "") -> Applied:
-        """Validate, persist, swap. `if_match` is the version the change was based on."""
+                    note: str = "", unless_running: bool = False) -> Applied:
+        """Validate, persist, swap. `if_match` is the version the change was based on, checked
+        before the text (RFC 9110 13.2.1) and again under the lock. `unless_running`: a policy
+        that is already the running one is no change (no history entry)."""
+        self.check(if_match)
         policy = self.validate(text)
         async with self._lock:
             current = self.holder.current
-            if if_match is not None and if_match != current.version:
-                raise StaleVersion(current.version)
+            self.check(if_match)
+            if unless_running and policy.version == current.version:
+                return Applied(self._number_of(current.version), current.version, ())
             changes = tuple(diff_documents(current.document, policy.document))
             await asyncio.to_thread(atomic_write, self.config, text)
             self._file_sig = self._signature()
@@ -130,7 +146,7 @@ class PolicyStore:
         if not path.exists():
             raise KeyError(number)
         return await self.apply(path.read_bytes(), who=who, if_match=if_match,
-                                note=f"rollback to #{number}")
+                                note=f"rollback to #{number}", unless_running=True)
 
     async def poll(self, *, force: bool = False) -> bool:
         """Apply the config file if someone edited it; True when a new version was applied."""
@@ -154,7 +170,7 @@ class PolicyStore:
                           self.holder.current.version, exc)
                 return False
             current = self.holder.current
-            if policy.version == current.version:
+            if policy.version == current.version:  # the file an apply (just) wrote: no edit
                 return False
             changes = tuple(diff_documents(current.document, policy.document))
             await asyncio.to_thread(self._record, policy, text, "file", changes)

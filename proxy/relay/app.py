@@ -25,6 +25,7 @@ from proxy.gateway import Gateway, RequestRecord
 from proxy.relay.continuation import ContinuableFilter, can_continue, continuation_body
 from proxy.relay.engine_conn import EngineStream, open_engine_stream
 from proxy.relay.errors import error_body
+from proxy.relay.fields import check_fields
 from proxy.relay.measure import StreamFilter
 from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import (
@@ -209,14 +210,11 @@ class PublicApp:
         except orjson.JSONDecodeError as exc:
             await respond_error(send, 400, f"request body is not valid JSON: {exc}", headers=rid)
             return
-        if not isinstance(body, dict):
-            await respond_error(send, 400, "request body must be a JSON object", headers=rid)
+        problem = check_fields(endpoint, body)
+        if problem is not None:
+            await respond_error(send, 400, problem[0], param=problem[1], headers=rid)
             return
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            await respond_error(send, 400, "`model` is required and must be a string",
-                                param="model", headers=rid)
-            return
+        model: str = body["model"]
 
         record = RequestRecord(request_id=request_id, client=client.name, endpoint=endpoint,
                                stream=body.get("stream") is True)

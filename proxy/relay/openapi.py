@@ -1,6 +1,8 @@
 """The public API's OpenAPI description, served at /openapi.json on the public listener.
 
-It describes the API as the gateway accepts it: every generation endpoint takes a JSON object
+Generated, not written: one operation per path of the public app's route table
+(`proxy.relay.app.ENDPOINTS`), its request body from the endpoint's fields
+(proxy/relay/fields.py, which the gateway's own input checks read too). It describes the API as the gateway accepts it: every generation endpoint takes a JSON object
 with a string `model`; the gateway itself reads only a few fields (`model`, `stream`,
 `stream_options`, `n`, the sampling parameters its policy looks at) and passes every other field
 through to the backend untouched, so request schemas allow additional properties. The fields
@@ -13,67 +15,25 @@ backend's 400, relayed. Errors have OpenAI's shape, `{"error": {"message", "type
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-Schema = dict[str, Any]
+from policies.types import Endpoint
+from proxy.relay.fields import Schema, ref, request_schema
 
 _JSON = "application/json"
 _SSE = "text/event-stream"
-
-
-def _ref(name: str) -> Schema:
-    return {"$ref": f"#/components/schemas/{name}"}
 
 
 def _nullable(schema: Schema) -> Schema:
     return {**schema, "nullable": True}
 
 
-# -- request fields --------------------------------------------------------------------------------
-
-_MODEL: Schema = {
-    "type": "string",
-    "minLength": 1,
-    "description": "A model name the policy serves (`GET /v1/models`). The client sees this name "
-                   "in the response, whatever the backend's served name is.",
-}
-_STREAM: Schema = {
-    "type": "boolean",
-    "nullable": True,
-    "default": False,
-    "description": "Answer with server-sent events (`text/event-stream`).",
-}
-_STREAM_OPTIONS: Schema = _nullable({
-    "type": "object",
-    "description": "Only with `stream: true`. The gateway asks the backend for per-chunk usage "
-                   "to measure each request and removes it again, so the client receives exactly "
-                   "the usage it asked for here.",
-    "properties": {
-        "include_usage": {"type": "boolean", "nullable": True},
-        "continuous_usage_stats": {"type": "boolean", "nullable": True},
-    },
-    "additionalProperties": True,
-})
-_TOKEN_IDS: Schema = {"type": "array", "items": {"type": "integer", "minimum": 0}}
-_SAMPLING: dict[str, Schema] = {
-    "max_tokens": _nullable({"type": "integer", "minimum": 1}),
-    "n": _nullable({"type": "integer", "minimum": 1, "default": 1}),
-    "temperature": _nullable({
-        "type": "number", "minimum": 0,
-        "description": "When absent, the route's policy may set a default (reported in the "
-                       "`X-Specrouter-Defaults` response header).",
-    }),
-    "top_p": _nullable({"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1}),
-    "top_k": _nullable({"type": "integer"}),
-    "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-    "seed": _nullable({"type": "integer"}),
-    "stop": _nullable({"oneOf": [{"type": "string"},
-                                 {"type": "array", "items": {"type": "string"}}]}),
-    "logit_bias": _nullable({"type": "object", "additionalProperties": {"type": "number"}}),
-    "user": {"type": "string", "description": "The end user: keeps canary assignment sticky."},
-}
+# -- request bodies: their fields are in proxy/relay/fields.py -------------------------------------
 
 _MESSAGE: Schema = {
     "type": "object",
@@ -86,83 +46,6 @@ _MESSAGE: Schema = {
         ]}),
     },
     "additionalProperties": True,
-}
-
-_CHAT_REQUEST: Schema = {
-    "type": "object",
-    "required": ["model", "messages"],
-    "properties": {
-        "model": _MODEL,
-        "messages": {"type": "array", "items": _ref("ChatMessage")},
-        "stream": _STREAM,
-        "stream_options": _STREAM_OPTIONS,
-        "max_completion_tokens": _nullable({"type": "integer", "minimum": 1}),
-        "tools": _nullable({"type": "array",
-                            "items": {"type": "object", "additionalProperties": True}}),
-        **_SAMPLING,
-    },
-    "additionalProperties": True,
-    "example": {"model": "coder", "messages": [{"role": "user", "content": "Hello"}],
-                "max_tokens": 16},
-}
-
-_COMPLETION_REQUEST: Schema = {
-    "type": "object",
-    "required": ["model", "prompt"],
-    "properties": {
-        "model": _MODEL,
-        "prompt": {"oneOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "items": {"type": "string"}, "minItems": 1},
-            {**_TOKEN_IDS, "minItems": 1},
-            {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
-        ]},
-        "stream": _STREAM,
-        "stream_options": _STREAM_OPTIONS,
-        "echo": {"type": "boolean"},
-        **_SAMPLING,
-    },
-    "additionalProperties": True,
-    "example": {"model": "coder", "prompt": "def parse(", "max_tokens": 16},
-}
-
-_EMBEDDING_REQUEST: Schema = {
-    "type": "object",
-    "required": ["model", "input"],
-    "properties": {
-        "model": _MODEL,
-        "input": {"oneOf": [
-            {"type": "string"},
-            {"type": "array", "items": {"type": "string"}},
-            _TOKEN_IDS,
-            {"type": "array", "items": _TOKEN_IDS},
-        ]},
-        "encoding_format": {"type": "string", "enum": ["float", "base64"], "default": "float"},
-        "dimensions": _nullable({"type": "integer", "minimum": 1}),
-        "user": {"type": "string"},
-    },
-    "additionalProperties": True,
-    "example": {"model": "embedding-small", "input": ["a", "b"]},
-}
-
-_RESPONSES_REQUEST: Schema = {
-    "type": "object",
-    "required": ["model", "input"],
-    "properties": {
-        "model": _MODEL,
-        "input": {"oneOf": [
-            {"type": "string"},
-            {"type": "array", "items": {"type": "object", "additionalProperties": True}},
-        ]},
-        "instructions": _nullable({"type": "string"}),
-        "max_output_tokens": _nullable({"type": "integer", "minimum": 1}),
-        "stream": _STREAM,
-        "temperature": _SAMPLING["temperature"],
-        "top_p": _SAMPLING["top_p"],
-        "seed": _SAMPLING["seed"],
-    },
-    "additionalProperties": True,
-    "example": {"model": "coder", "input": "Hello", "max_output_tokens": 16},
 }
 
 # -- responses ---------------------------------------------------------------------------------------
@@ -299,13 +182,13 @@ def _error(description: str, *, retry_after: bool | None = None) -> Schema:
     if retry_after is not None:
         headers["Retry-After"] = {**_RETRY_AFTER, "required": retry_after}
     return {"description": description, "headers": headers,
-            "content": {_JSON: {"schema": _ref("Error")}}}
+            "content": {_JSON: {"schema": ref("Error")}}}
 
 
 _UNAUTHORIZED = {
     "description": "No key, or a key no client of the policy has. `code` is `invalid_api_key`.",
     "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "required": True}},
-    "content": {_JSON: {"schema": _ref("Error")}},
+    "content": {_JSON: {"schema": ref("Error")}},
 }
 
 _GENERATION_ERRORS: dict[str, Schema] = {
@@ -356,7 +239,7 @@ _SSE_EVENT: Schema = {
 
 def _generation(operation_id: str, summary: str, request: str, response: str, *,
                 streams: bool, stream_note: str = "") -> Schema:
-    ok_content: dict[str, Schema] = {_JSON: {"schema": _ref(response)}}
+    ok_content: dict[str, Schema] = {_JSON: {"schema": ref(response)}}
     if streams:
         ok_content[_SSE] = {"schema": {
             **_SSE_EVENT,
@@ -369,7 +252,7 @@ def _generation(operation_id: str, summary: str, request: str, response: str, *,
         "operationId": operation_id,
         "parameters": _REQUEST_HEADERS,
         "requestBody": {"required": True,
-                        "content": {_JSON: {"schema": _ref(request)}}},
+                        "content": {_JSON: {"schema": ref(request)}}},
         "responses": {
             "200": {"description": "The backend's answer, relayed byte for byte (the model "
                                    "renamed to the one requested).",
@@ -382,86 +265,130 @@ def _generation(operation_id: str, summary: str, request: str, response: str, *,
 _CHAT_SSE = " (`data: {\"error\": {...}}` then `data: [DONE]`)"
 _RESPONSES_SSE = " (`event: error`)"
 
-SPEC: dict[str, Any] = {
-    "openapi": "3.0.3",
-    "info": {
-        "title": "specrouter public API",
-        "version": "1",
-        "description": "OpenAI-compatible API of the specrouter gateway in front of vLLM. Every "
-                       "request body field the gateway does not act on is passed to the backend "
-                       "unchanged. Before any route is read, a request whose head is too slow "
-                       "or too large is answered 408 or 431 with an empty body and the "
-                       "connection closed; a request that is not HTTP gets 400.",
-    },
-    "security": [{"bearerAuth": []}],
-    "paths": {
-        "/v1/chat/completions": _generation("createChatCompletion", "Chat completion", "ChatCompletionRequest",
-                                            "ChatCompletion", streams=True,
-                                            stream_note=_CHAT_SSE),
-        "/v1/completions": _generation("createCompletion", "Text completion", "CompletionRequest", "Completion",
-                                       streams=True, stream_note=_CHAT_SSE),
-        "/v1/embeddings": _generation("createEmbedding", "Embeddings", "EmbeddingRequest", "EmbeddingList",
-                                      streams=False),
-        "/v1/responses": _generation("createResponse", "Responses API", "ResponsesRequest", "Response",
-                                     streams=True, stream_note=_RESPONSES_SSE),
-        "/v1/models": {"get": {
-            "summary": "The model names the policy serves",
-            "operationId": "listModels",
-            "responses": {
-                "200": {"description": "Every name a route accepts in `model`.",
-                        "content": {_JSON: {"schema": _ref("ModelList")}}},
-                "401": _UNAUTHORIZED,
-            },
-        }},
-        "/healthz": {"get": {
-            "summary": "Liveness: the gateway process answers",
-            "operationId": "healthz",
-            "security": [],
-            "responses": {"200": {"description": "Alive.", "content": {_JSON: {"schema": {
-                "type": "object", "required": ["status"],
-                "properties": {"status": {"type": "string", "enum": ["ok"]}}}}}}},
-        }},
-        "/readyz": {"get": {
-            "summary": "Readiness: every route has a variant that is up",
-            "operationId": "readyz",
-            "security": [],
-            "responses": {
-                "200": {"description": "Ready.", "content": {_JSON: {"schema": _ref("Ready")}}},
-                "503": {"description": "A route has no variant up, or the gateway is draining.",
-                        "content": {_JSON: {"schema": _ref("Ready")}}},
-            },
-        }},
-        "/openapi.json": {"get": {
-            "summary": "This description",
-            "operationId": "openapi",
-            "security": [],
-            "responses": {"200": {"description": "OpenAPI 3 document.",
-                                  "content": {_JSON: {"schema": _OBJECT}}}},
-        }},
-    },
-    "components": {
-        "securitySchemes": {
-            "bearerAuth": {"type": "http", "scheme": "bearer",
-                           "description": "A client key of the policy (stored there as its "
-                                          "SHA-256)."},
+
+@dataclass(frozen=True, slots=True)
+class _Operation:
+    operation_id: str
+    summary: str
+    request: str  # component names
+    response: str
+    example: Schema
+    stream_note: str | None  # None: the endpoint does not stream
+
+
+_OPERATIONS: dict[Endpoint, _Operation] = {
+    "chat": _Operation("createChatCompletion", "Chat completion", "ChatCompletionRequest",
+                       "ChatCompletion", {"model": "coder", "max_tokens": 16,
+                                          "messages": [{"role": "user", "content": "Hello"}]},
+                       _CHAT_SSE),
+    "completions": _Operation("createCompletion", "Text completion", "CompletionRequest",
+                              "Completion", {"model": "coder", "prompt": "def parse(",
+                                             "max_tokens": 16}, _CHAT_SSE),
+    "embeddings": _Operation("createEmbedding", "Embeddings", "EmbeddingRequest",
+                             "EmbeddingList", {"model": "embedding-small", "input": ["a", "b"]},
+                             None),
+    "responses": _Operation("createResponse", "Responses API", "ResponsesRequest", "Response",
+                            {"model": "coder", "input": "Hello", "max_output_tokens": 16},
+                            _RESPONSES_SSE),
+}
+
+_OTHER_PATHS: dict[str, Schema] = {
+    "/v1/models": {"get": {
+        "summary": "The model names the policy serves",
+        "operationId": "listModels",
+        "responses": {
+            "200": {"description": "Every name a route accepts in `model`.",
+                    "content": {_JSON: {"schema": ref("ModelList")}}},
+            "401": _UNAUTHORIZED,
         },
-        "schemas": {
-            "Error": _ERROR,
-            "ChatMessage": _MESSAGE,
-            "ChatCompletionRequest": _CHAT_REQUEST,
-            "CompletionRequest": _COMPLETION_REQUEST,
-            "EmbeddingRequest": _EMBEDDING_REQUEST,
-            "ResponsesRequest": _RESPONSES_REQUEST,
-            "ChatCompletion": _CHAT_COMPLETION,
-            "Completion": _COMPLETION,
-            "EmbeddingList": _EMBEDDING_LIST,
-            "Response": _RESPONSE,
-            "ModelList": _MODEL_LIST,
-            "Ready": _READY,
+    }},
+    "/healthz": {"get": {
+        "summary": "Liveness: the gateway process answers",
+        "operationId": "healthz",
+        "security": [],
+        "responses": {"200": {"description": "Alive.", "content": {_JSON: {"schema": {
+            "type": "object", "required": ["status"],
+            "properties": {"status": {"type": "string", "enum": ["ok"]}}}}}}},
+    }},
+    "/readyz": {"get": {
+        "summary": "Readiness: every route has a variant that is up",
+        "operationId": "readyz",
+        "security": [],
+        "responses": {
+            "200": {"description": "Ready.", "content": {_JSON: {"schema": ref("Ready")}}},
+            "503": {"description": "A route has no variant up, or the gateway is draining.",
+                    "content": {_JSON: {"schema": ref("Ready")}}},
         },
-    },
+    }},
+    "/openapi.json": {"get": {
+        "summary": "This description",
+        "operationId": "openapi",
+        "security": [],
+        "responses": {"200": {"description": "OpenAPI 3 document.",
+                              "content": {_JSON: {"schema": _OBJECT}}}},
+    }},
 }
 
 
+def build_spec(routes: Mapping[str, Endpoint]) -> dict[str, Any]:
+    """The document for a route table (path -> endpoint, as the public app routes them)."""
+    paths: dict[str, Schema] = {}
+    requests: dict[str, Schema] = {}
+    for path, endpoint in routes.items():
+        op = _OPERATIONS[endpoint]
+        paths[path] = _generation(op.operation_id, op.summary, op.request, op.response,
+                                  streams=op.stream_note is not None,
+                                  stream_note=op.stream_note or "")
+        requests[op.request] = {**request_schema(endpoint), "example": op.example}
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "specrouter public API",
+            "version": "1",
+            "description": "OpenAI-compatible API of the specrouter gateway in front of vLLM. "
+                           "Every request body field the gateway does not act on is passed to "
+                           "the backend unchanged. Before any route is read, a request whose "
+                           "head is too slow or too large is answered 408 or 431 with an empty "
+                           "body and the connection closed; a request that is not HTTP gets 400.",
+        },
+        "security": [{"bearerAuth": []}],
+        "paths": {**paths, **_OTHER_PATHS},
+        "components": {
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer",
+                               "description": "A client key of the policy (stored there as its "
+                                              "SHA-256)."},
+            },
+            "schemas": {
+                "Error": _ERROR,
+                "ChatMessage": _MESSAGE,
+                **requests,
+                "ChatCompletion": _CHAT_COMPLETION,
+                "Completion": _COMPLETION,
+                "EmbeddingList": _EMBEDDING_LIST,
+                "Response": _RESPONSE,
+                "ModelList": _MODEL_LIST,
+                "Ready": _READY,
+            },
+        },
+    }
+
+
+@functools.cache
+def spec() -> dict[str, Any]:
+    """The public app's document, built once."""
+    # Read late: proxy/relay/app.py imports this module, and owns the route table.
+    from proxy.relay.app import ENDPOINTS
+
+    return build_spec(ENDPOINTS)
+
+
+@functools.cache
 def spec_bytes() -> bytes:
-    return orjson.dumps(SPEC)
+    return orjson.dumps(spec())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SPEC":  # the document as a module attribute, built on first use
+        return spec()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -111,10 +111,12 @@ async def test_validate_explain_history_rollback(setup) -> None:
                      headers={**AUTH, "if-match": etag})
     history = (await client.get("/admin/policy/history", headers=AUTH)).json()["history"]
     assert [h["number"] for h in history] == [1, 2]
-    r = await client.post("/admin/policy/rollback", json={"version": 1}, headers=AUTH)
+    # Rollback is a conditional change like PUT (test_admin_semantics: 428 without If-Match).
+    anyv = {**AUTH, "if-match": "*"}
+    r = await client.post("/admin/policy/rollback", json={"version": 1}, headers=anyv)
     assert r.status_code == 200 and gw.policy.current.version == first
     assert (await client.post("/admin/policy/rollback", json={"version": 99},
-                              headers=AUTH)).status_code == 404
+                              headers=anyv)).status_code == 404
 
 
 async def test_file_edits_are_applied_or_refused(setup) -> None:

@@ -1,0 +1,98 @@
+"""The admin API's request and response bodies, as pydantic models (its OpenAPI description)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+from policies.schema import PolicyDocument
+from policies.types import Endpoint
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorOut(BaseModel):
+    """OpenAI's error shape, as on the public listener. 412 adds `current_version`, 422 `errors`."""
+
+    error: ErrorDetail
+
+
+class PolicyOut(BaseModel):
+    """`GET /admin/policy`: PUT accepts this body back unchanged (or the bare document)."""
+
+    version: str = Field(description="The running version: its ETag, unquoted.")
+    document: PolicyDocument
+
+
+class PolicyIn(RootModel[PolicyOut | PolicyDocument]):
+    """`PUT /admin/policy` and `validate`: GET's body, or the bare document (also as YAML)."""
+
+
+class AppliedOut(BaseModel):
+    version: str
+    number: int = Field(description="The version's number in the history.")
+    changes: list[str] = Field(description="What changed, field by field (empty: nothing).")
+
+
+class ValidOut(BaseModel):
+    valid: bool
+    version: str = Field(description="The version the document would have once applied.")
+
+
+class ExplainIn(BaseModel):
+    request: dict[str, Any] = Field(description="A request body, as a client would send it.")
+    endpoint: Endpoint = "chat"
+    client: str | None = Field(None, description="A client of the policy (default: the first).")
+    state: dict[str, Any] | None = Field(
+        None, description='Engine state, e.g. {"backends": {"a": {"health": "down"}}}; '
+                          "the live state when absent.")
+    pin: str | None = Field(None, description="A pinned variant (`X-Specrouter-Variant`).")
+    now: float | None = Field(None, description="Monotonic time of the request.")
+
+
+class ExplainOut(BaseModel):
+    policy_version: str
+    decision: dict[str, Any] = Field(description="The decision and every rule's verdict.")
+
+
+class HistoryEntry(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    number: int
+    version: str
+    time: float
+    who: str
+    changes: list[str]
+    note: str = ""
+
+
+class HistoryOut(BaseModel):
+    current: str
+    history: list[HistoryEntry]
+
+
+class RollbackIn(BaseModel):
+    version: int = Field(description="A number from the history.")
+
+
+class BackendStatus(BaseModel):
+    health: str
+    in_flight: int
+    running: int | None
+    waiting: int | None
+    kv_usage: float | None
+    acceptance: float | None
+
+
+class StatusOut(BaseModel):
+    policy_version: str
+    backends: dict[str, BackendStatus]
+    in_flight: int
