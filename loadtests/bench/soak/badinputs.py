@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 import time
 from collections.abc import Callable, Sequence
@@ -105,10 +106,10 @@ async def _try_one(target: Target, key: str, what: str, build: Callable[[Target,
         async with asyncio.timeout(15):
             if expected == "tls":
                 # Plain bytes to the TLS port: the handshake fails, the connection is closed.
-                reader, writer = await asyncio.open_connection(target.host, target.port)
-                writer.write(build(target, key))
-                data = await reader.read(1024)
-                writer.close()
+                plain = await Conn.open(dataclasses.replace(target, tls=None))
+                plain.writer.write(build(target, key))
+                data = await plain.reader.read(1024)
+                plain.writer.close()
                 if not data:
                     got = "closed"
                 elif data.startswith(b"HTTP/1.1 "):
