@@ -38,7 +38,8 @@ from typing import Any
 import yaml
 
 from loadtests.harness.procs import ADMIN_TOKEN, GatewayProc, SimProc
-from loadtests.probe.command import _ints, _temps, config_json
+from loadtests.probe.args import _ints, _temps
+from loadtests.probe.command import config_json
 from loadtests.probe.report import Results, cell_summaries, format_table, group, plot
 from loadtests.probe.run import MetricsSource, Probe, ProbeConfig, Progress, RunResult
 from loadtests.probe.stats import CellKey, Summary, Verdict, policy_verdict, temp_label

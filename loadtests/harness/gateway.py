@@ -2,24 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import ssl
 import subprocess
-import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
+from loadtests.harness.launch import SERVE_READY, Child, cli, serve_args
 from proxy import auth
 from proxy.certs import CertFiles, make_local_ca
 
-_LINE = re.compile(r"specrouter listening on (\S+) admin (\S+)")
 CLIENT_KEY = "sk-test-client"
 OTHER_KEY = "sk-test-other"
 ADMIN_TOKEN = "admin-test-token"
@@ -70,6 +66,7 @@ class GatewayServer:
         self.proc: subprocess.Popen[str] | None = None
         self.base = self.admin = ""
         self.output: list[str] = []
+        self._child: Child | None = None
 
     def write_policy(self, policy: dict[str, Any]) -> None:
         self.policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
@@ -79,54 +76,27 @@ class GatewayServer:
         return self.base + "/v1"
 
     def __enter__(self) -> GatewayServer:
-        cmd = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(self.policy_path),
-               "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-               "--admin-token", ADMIN_TOKEN, "--state-dir", str(self.dir / "state"),
-               "--scrape-interval", "0.25", *self.args]
-        if self.insecure:
-            cmd.append("--insecure-http")
-        else:
-            cmd += ["--tls-cert", str(self.certs.cert), "--tls-key", str(self.certs.key)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, env=env)
-        assert self.proc.stdout is not None
-        timer = threading.Timer(20, self.proc.kill)
-        timer.start()
-        try:
-            for line in self.proc.stdout:
-                self.output.append(line)
-                match = _LINE.search(line)
-                if match:
-                    self.base, self.admin = match.group(1), match.group(2)
-                    break
-        finally:
-            timer.cancel()
-        if not self.base:
-            self.proc.kill()
-            raise RuntimeError("gateway did not start:\n" + "".join(self.output))
-        threading.Thread(target=self._drain, daemon=True).start()
+        args = serve_args(self.policy_path, self.dir / "state", ADMIN_TOKEN,
+                          certs=None if self.insecure else self.certs, scrape_interval_s=0.25,
+                          extra=self.args)
+        # keep=None: every line, for the tests that read the logs
+        child = Child("gateway", cli("serve", *args), ready=SERVE_READY, keep=None)
+        self._child = child
+        self.output = child.output
+        child.start(timeout=20)
+        assert child.match is not None
+        self.proc = child.proc
+        self.base, self.admin = child.match.group(1), child.match.group(2)
         return self
 
-    def _drain(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.output.append(line)
-
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self._child is not None:
+            self._child.stop(timeout=10)
         self._tmp.cleanup()
 
     def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait()
+        assert self._child is not None and self._child.proc is not None
+        self._child.kill()
 
     def hup(self) -> None:
         assert self.proc is not None

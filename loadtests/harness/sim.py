@@ -11,18 +11,14 @@ The server binds an ephemeral port (`--port 0`) and prints one line once it acce
 
 from __future__ import annotations
 
-import os
-import select
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
-_READY = "specrouter-sim listening on "
+from loadtests.harness.launch import SIM_READY, Child, cli, sim_args
+
 START_TIMEOUT_S = 20.0
 
 
@@ -48,6 +44,7 @@ class SimServer:
         self.max_num_seqs = max_num_seqs
         self.extra_args = tuple(extra_args)
         self.proc: subprocess.Popen[str] | None = None
+        self._child: Child | None = None
         self.url = ""
         self.port = 0
 
@@ -64,24 +61,14 @@ class SimServer:
         self._spawn(self.port)
 
     def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        child, self._child, self.proc = self._child, None, None
+        if child is not None:
+            child.stop(timeout=5)
 
     def kill(self) -> None:
         """SIGKILL: the process dies with its connections, as a crashed engine does."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(5)
+        if self._child is not None:
+            self._child.kill()
 
     def restart(self) -> None:
         """Start again on the same port (after kill(), or to reset all state)."""
@@ -94,55 +81,20 @@ class SimServer:
         return self.proc.pid
 
     def _args(self, port: int) -> list[str]:
-        args = [
-            sys.executable,
-            "-m",
-            "proxy.cli",
-            "sim",
-            "--profile",
-            self.profile,
-            "--port",
-            str(port),
-            "--time-scale",
-            str(self.time_scale),
-            "--seed",
-            str(self.seed),
-            "--per-request-spec-decode-metrics",
-            self.spec_metrics,
-            "--max-num-seqs",
-            str(self.max_num_seqs),
-        ]
-        if self.served_model_name:
-            args += ["--served-model-name", self.served_model_name]
+        extra = ["--per-request-spec-decode-metrics", self.spec_metrics]
         if self.faults:
-            args.append("--faults")
-        return args + list(self.extra_args)
+            extra.append("--faults")
+        return cli("sim", *sim_args(self.profile, port=port, time_scale=self.time_scale,
+                                    seed=self.seed, max_num_seqs=self.max_num_seqs,
+                                    served_model_name=self.served_model_name,
+                                    extra=[*extra, *self.extra_args]))
 
     def _spawn(self, port: int) -> None:
-        proc = subprocess.Popen(
-            self._args(port),
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        assert proc.stdout is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
-        line = ""
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select(
-                [proc.stdout], [], [], max(0.0, deadline - time.monotonic())
-            )
-            if not ready:
-                break
-            line = proc.stdout.readline()
-            if line.startswith(_READY) or not line:
-                break
-        if not line.startswith(_READY):
-            proc.kill()
-            proc.wait(5)
-            raise RuntimeError(f"specrouter sim did not start (exit={proc.poll()}, said {line!r})")
-        self.proc = proc
-        self.url = line[len(_READY) :].strip()
+        child = Child("specrouter sim", self._args(port), ready=SIM_READY, stderr=False)
+        self._child = child.start(timeout=START_TIMEOUT_S)
+        assert child.match is not None
+        self.proc = child.proc
+        self.url = child.match.group(1)
         self.port = int(self.url.rsplit(":", 1)[1])
 
     # -- control -------------------------------------------------------------------------------

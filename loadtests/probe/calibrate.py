@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 
 import httpx
+
+from loadtests.harness.launch import SIM_READY, Child, cli, sim_args
+from loadtests.harness.procfs import cpu_seconds
 
 STREAMS = (1, 2, 4, 8, 16)
 TOKS_TOL = 0.10
@@ -89,13 +90,6 @@ def _counters(text: str) -> dict[str, float]:
     return out
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc (Linux)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass
 class Cell:
     tok_s: list[float] = field(default_factory=list)
@@ -108,31 +102,22 @@ class Cell:
 
 
 class SimProcess:
-    """A `specrouter sim` subprocess; `ready()` waits for its listening line."""
+    """A `specrouter sim` subprocess, started at once; `ready()` waits for its listening line."""
 
     def __init__(self, profile: str, time_scale: float, seed: int) -> None:
-        args = ["--profile", profile, "--port", "0", "--time-scale", str(time_scale)]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "sim", *args, "--seed", str(seed)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        args = sim_args(profile, time_scale=time_scale, seed=seed)
+        self.child = Child("sim", cli("sim", *args), ready=SIM_READY, stderr=False).spawn()
+        assert self.child.proc is not None
+        self.proc = self.child.proc
         self.url = ""
 
     def ready(self) -> None:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().strip()
-        if "listening on " not in line:
-            self.proc.kill()
-            raise RuntimeError(f"sim did not start: {line!r}")
-        self.url = line.rsplit(" ", 1)[1]
+        match = self.child.wait_ready().match
+        assert match is not None
+        self.url = match.group(1)
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        self.child.stop(timeout=5)
 
 
 async def _stream(
@@ -180,10 +165,10 @@ async def _run_cell(
         # Let every stream take a couple more steps so the batch is steady.
         await asyncio.sleep(0.6 * time_scale)
         before = _counters((await client.get(f"{sim.url}/metrics")).text)
-        cpu0, t0 = _cpu_seconds(sim.proc.pid), time.monotonic()
+        cpu0, t0 = cpu_seconds(sim.proc.pid), time.monotonic()
         await asyncio.sleep(window * time_scale)
         after = _counters((await client.get(f"{sim.url}/metrics")).text)
-        cpu1, t1 = _cpu_seconds(sim.proc.pid), time.monotonic()
+        cpu1, t1 = cpu_seconds(sim.proc.pid), time.monotonic()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -23,152 +23,29 @@ import asyncio
 import contextlib
 import datetime as dt
 import math
-import ssl
-import sys
 import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, TextIO
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
-import orjson
 
 from loadtests.probe import prompts
+from loadtests.probe.config import MetricsSource, PrefillResult, ProbeConfig, RunResult
+from loadtests.probe.frames import _frame_kind, _usage_prompt_tokens
 from loadtests.probe.metrics import Reading, parse_engine, parse_gateway, total, window_figures
+from loadtests.probe.progress import Progress, fmt_duration
 from loadtests.probe.stats import p50_p95, temp_label
 
-SourceKind = Literal["engine", "gateway"]
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsSource:
-    """Where the counters are read: an engine's /metrics, or the gateway's admin /metrics."""
-
-    url: str
-    kind: SourceKind = "engine"
-    backends: tuple[str, ...] | None = None  # gateway only: None sums every backend
-
-    def describe(self) -> dict[str, Any]:
-        return {"url": self.url, "kind": self.kind,
-                "backends": list(self.backends) if self.backends is not None else None}
-
-
-@dataclass(slots=True)
-class ProbeConfig:
-    url: str  # base URL, without /v1
-    model: str
-    key: str | None = None
-    sources: list[MetricsSource] = field(default_factory=list)
-    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
-    temperatures: list[float | None] = field(default_factory=lambda: [0.7, None])
-    repeats: dict[int, int] = field(default_factory=dict)
-    window_s: float = 40.0  # unscaled
-    warmup_s: float = 5.0  # unscaled, after every stream decodes
-    warmup_requests: int = 0
-    warmup_max_tokens: int = 16
-    max_tokens: int = 8192
-    ignore_eos: bool = True
-    prefill_tokens: int = 12000  # 0: no prefill measurement
-    time_scale: float = 1.0
-    seed: int = 0
-    verify: ssl.SSLContext | bool = True
-    max_seconds: float | None = None  # wall-clock bound on the whole probe
-    max_requests: int | None = None
-    request_timeout_s: float = 120.0  # real seconds to the first byte / between chunks
-    # The gateway's admin API: between runs, wait until its own view of the backends (in-flight
-    # counts, scraped `running`) is idle too, so a load rule does not decide on the last run.
-    admin_url: str | None = None
-    admin_token: str | None = None
-
-    def runs_for(self, n: int) -> int:
-        return self.repeats.get(n, 3 if n <= 2 else 2)
-
-    def plan(self) -> list[tuple[int, float | None, int]]:
-        """(concurrency, temperature, run index) in the order they are measured."""
-        return [(n, t, r) for t in self.temperatures for n in self.concurrency
-                for r in range(self.runs_for(n))]
-
-
-@dataclass(slots=True)
-class RunResult:
-    concurrency: int
-    temperature: float | None
-    run: int
-    window_s: float  # unscaled
-    generated: float
-    tok_s: float
-    per_stream_tok_s: float
-    tokens_per_step: float | None
-    accept_per_pos: list[float]
-    ttft_p50_ms: float | None
-    ttft_p95_ms: float | None
-    itl_p50_ms: float | None
-    itl_p95_ms: float | None
-    requests: int
-    errors: int
-    error_samples: list[str]
-    variants: dict[str, int]  # x-specrouter-variant of the measured requests (gateway only)
-    defaults: dict[str, int]  # x-specrouter-defaults of the measured requests (gateway only)
-    sources: dict[str, float]  # generated tokens in the window, per counter source
-    started_at: str
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @staticmethod
-    def from_json(d: dict[str, Any]) -> RunResult:
-        return RunResult(**{k: d.get(k) for k in RunResult.__dataclass_fields__})  # type: ignore[arg-type]
-
-
-@dataclass(slots=True)
-class PrefillResult:
-    prompt_tokens: int
-    seconds: float  # unscaled time to the first token
-    tok_s: float
-    source: str  # where prompt_tokens came from: usage | counter | estimate
+# Where the probe's callers (the command, the policy sweep, the report) have always found them.
+__all__ = ["MetricsSource", "PrefillResult", "Probe", "ProbeConfig", "Progress", "RunResult",
+           "Stopped", "_frame_kind", "fmt_duration"]
 
 
 class Stopped(Exception):
     """Ctrl-C, or a bound (time, requests) reached."""
-
-
-# -- progress ------------------------------------------------------------------------------------
-
-
-class Progress:
-    """One line per phase on stderr; a live countdown during the window on a terminal."""
-
-    def __init__(self, out: TextIO | None = None, quiet: bool = False) -> None:
-        self.out = out or sys.stderr
-        self.quiet = quiet
-        self.tty = bool(getattr(self.out, "isatty", lambda: False)())
-        self._live = False
-
-    def line(self, text: str) -> None:
-        if self.quiet:
-            return
-        if self._live:
-            self.out.write("\n")
-            self._live = False
-        self.out.write(text + "\n")
-        self.out.flush()
-
-    def live(self, text: str) -> None:
-        if self.quiet or not self.tty:
-            return
-        self.out.write("\r" + text + "\033[K")
-        self.out.flush()
-        self._live = True
-
-
-def fmt_duration(seconds: float) -> str:
-    s = max(0, int(round(seconds)))
-    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-# -- the probe ------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -572,42 +449,3 @@ class Probe:
         if self.stop.is_set():
             self.progress.line(f"stopped: {self.stop_reason}; keeping the "
                                f"{len(self.results)} complete run(s)")
-
-
-def _frame_kind(frame: bytes) -> str:
-    """'token', 'error', 'done' or 'other' for one SSE frame."""
-    data = b""
-    for line in frame.split(b"\n"):
-        if line.startswith(b"data:"):
-            data = line[5:].strip()
-    if not data:
-        return "other"
-    if data == b"[DONE]":
-        return "done"
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return "other"
-    if not isinstance(obj, dict):
-        return "other"
-    if "error" in obj and not obj.get("choices"):
-        return "error"
-    for choice in obj.get("choices") or ():
-        delta = choice.get("delta") or {}
-        if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") \
-                or delta.get("tool_calls") or choice.get("text"):
-            return "token"
-    return "other"
-
-
-def _usage_prompt_tokens(frame: bytes) -> int | None:
-    if b'"usage"' not in frame:
-        return None
-    for line in frame.split(b"\n"):
-        if line.startswith(b"data:"):
-            with contextlib.suppress(orjson.JSONDecodeError):
-                obj = orjson.loads(line[5:].strip())
-                usage = obj.get("usage") if isinstance(obj, dict) else None
-                if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-                    return int(usage["prompt_tokens"])
-    return None

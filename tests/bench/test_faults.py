@@ -1,5 +1,5 @@
 """The fault suite: the real gateway (TLS, loopback) in front of two simulated engines that fail
-on purpose, under 16 streams from a raw client (loadtests/bench/soak.py).
+on purpose, under 16 streams from a raw client (loadtests/bench/soak/).
 
 Every scenario checks, from the client's side, that no request was lost (cut without `[DONE]`,
 hung past its deadline, malformed) and that the only errors are clear ones (an error event then
@@ -53,7 +53,7 @@ KEYS = [CLIENT_KEY, OTHER_KEY]  # even workers: client `agent` -> deep; odd: `ot
 STREAMS = 16
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")

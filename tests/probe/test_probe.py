@@ -385,6 +385,7 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.slow
 def test_probe_direct_against_the_sim(tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "direct.json"
@@ -415,6 +416,7 @@ def test_probe_direct_against_the_sim(tmp_path: Path,
     assert probe.main(["facts", str(out), "--tolerance", "0.25"]) == 0
 
 
+@pytest.mark.slow
 def test_probe_through_the_gateway(tmp_path: Path, certs: CertFiles) -> None:
     out = tmp_path / "gw.json"
     with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05,
@@ -445,6 +447,7 @@ def test_probe_through_the_gateway(tmp_path: Path, certs: CertFiles) -> None:
     assert d["cells"][0]["tok_s"]["mean"] == pytest.approx(34.8, rel=0.2)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> None:
     out = tmp_path / "partial.json"
     with SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as sim:
@@ -471,6 +474,7 @@ def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> No
     assert idle["running"] == 0 and idle["waiting"] == 0  # every stream was closed
 
 
+@pytest.mark.slow
 def test_policy_sweep_quick_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from loadtests.bench import policy_sweep
     rc = policy_sweep.main(["--quick", "--concurrency", "1,4", "--temperatures", "0.7",

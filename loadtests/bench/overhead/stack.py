@@ -1,0 +1,146 @@
+"""The processes under test: the pacer, the gateway in front of it, nginx when installed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import ssl
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import yaml
+
+from loadtests.bench.overhead.nginx import NGINX_CONF, find_nginx, free_port
+from loadtests.harness.launch import SERVE_READY, Child, cli, serve_args
+from loadtests.harness.procfs import child_pids
+from proxy import auth
+from proxy.certs import CertFiles, make_local_ca
+
+BENCH_KEY = "sk-bench-overhead"
+ADMIN_TOKEN = "bench-admin-token"
+MODEL = "pacer"
+TARGETS = ("direct", "gateway", "nginx")
+
+
+def _tree(pid: int) -> Callable[[], list[int]]:
+    return lambda: [pid, *child_pids(pid)]
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    tls: ssl.SSLContext | None
+    auth: bytes  # extra request header lines
+    pids: Callable[[], list[int]]  # the processes whose CPU and memory are the target's cost
+
+
+class Stack:
+    """Pacer, gateway and (when installed) nginx on loopback; everything stopped on exit."""
+
+    def __init__(self, *, nginx: bool = True, workdir: Path | None = None) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-overhead-")
+        self.dir = workdir or Path(self._tmp.name)
+        self.want_nginx = nginx
+        self.children: list[Child] = []
+        self.targets: dict[str, Target] = {}
+        self.pacer: Child | None = None
+        self.gateway: Child | None = None
+        self.nginx: Child | None = None
+        self.nginx_skipped = ""
+        self.certs: CertFiles | None = None
+
+    def __enter__(self) -> Stack:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for child in reversed(self.children):
+            with contextlib.suppress(Exception):
+                child.stop()
+        self.children.clear()
+        self._tmp.cleanup()
+
+    def _spawn(self, child: Child) -> Child:
+        self.children.append(child)
+        return child.start()
+
+    def _start(self) -> None:
+        self.certs = certs = make_local_ca(self.dir / "tls")
+        client_tls = ssl.create_default_context(cafile=str(certs.ca_cert))
+        self.pacer = self._spawn(Child(
+            "pacer", [sys.executable, "-m", "loadtests.bench.pacer", "--port", "0"],
+            ready=re.compile(r"pacer listening on http://127\.0\.0\.1:(\d+)"), detach=True))
+        assert self.pacer.match is not None
+        pacer_port = int(self.pacer.match.group(1))
+        pacer_pid = self.pacer.pid
+        self.targets["direct"] = Target("direct", pacer_port, None, b"", lambda: [pacer_pid])
+
+        policy = {
+            "schema": 1,
+            "backends": {MODEL: {"url": f"http://127.0.0.1:{pacer_port}", "kind": "vllm",
+                                 "task": "generate", "served_model_name": MODEL,
+                                 "max_concurrency": 4096}},
+            "routes": {"bench": {"models": [MODEL], "task": "generate", "variants": [MODEL],
+                                 "defaults": {}}},
+            "clients": [{"name": "bench", "key_sha256": auth.hash_key(BENCH_KEY)}],
+        }
+        policy_path = self.dir / "policy.yaml"
+        policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
+        args = serve_args(policy_path, self.dir / "state", ADMIN_TOKEN, certs=certs)
+        self.gateway = self._spawn(Child("gateway", cli("serve", *args), ready=SERVE_READY,
+                                         detach=True))
+        assert self.gateway.match is not None
+        gw_pid = self.gateway.pid
+        bearer = b"authorization: Bearer " + BENCH_KEY.encode() + b"\r\n"
+        gw_port = int(self.gateway.match.group(1).rsplit(":", 1)[1])
+        self.targets["gateway"] = Target("gateway", gw_port, client_tls, bearer, lambda: [gw_pid])
+        if self.want_nginx:
+            self._start_nginx(pacer_port, certs, client_tls, bearer)
+
+    def _start_nginx(self, pacer_port: int, certs: CertFiles, client_tls: ssl.SSLContext,
+                     bearer: bytes) -> None:
+        binary = find_nginx()
+        if binary is None:
+            self.nginx_skipped = "no nginx binary (apt-get install nginx-light to compare)"
+            return
+        d = self.dir / "nginx"
+        d.mkdir(exist_ok=True)
+        for attempt in range(5):
+            port = free_port()
+            user = "user root;" if os.geteuid() == 0 else ""
+            (d / "nginx.conf").write_text(NGINX_CONF.format(
+                d=d, user=user, upstream=pacer_port, port=port, cert=certs.cert, key=certs.key))
+            child = Child("nginx", [binary, "-p", str(d), "-c", str(d / "nginx.conf")],
+                          detach=True)
+            self.children.append(child)
+            child.start()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and child.alive():
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port),
+                                                                           timeout=0.5):
+                    break
+                time.sleep(0.05)
+            if child.alive():
+                master = child.pid
+                self.nginx = child
+                self.targets["nginx"] = Target("nginx", port, client_tls, bearer,
+                                               _tree(master))
+                return
+            self.children.remove(child)
+            if attempt == 4:
+                self.nginx_skipped = "nginx did not start: " + "".join(child.output[-5:])

@@ -1,0 +1,3 @@
+from loadtests.bench.soak.cli import main
+
+raise SystemExit(main())
