@@ -43,8 +43,8 @@ class Relay(Generic[R]):
 
 
 class Exchange(Generic[R]):
-    """The request's state, read and written by every step of the path. The fields below the
-    first group are set as the request gets that far (app.py, then forward.py)."""
+    """The request's state, read and written by every step of the path. `__init__` sets what
+    is known on arrival; the annotated fields below are set as the request gets that far."""
 
     __slots__ = ("gw", "send", "t0", "policy", "headers", "request_id", "rid", "endpoint",
                  "client", "body", "model", "record", "decision", "extra", "watch", "channel",

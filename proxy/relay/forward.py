@@ -20,6 +20,7 @@ from proxy.relay.rewrite import plan_usage, upstream_body
 from proxy.relay.upstream import RESPONSE_DROP, UpstreamError
 
 if TYPE_CHECKING:
+    from policies.schema import BackendSpec
     from proxy.gateway import Gateway
     from proxy.relay.exchange import Exchange, R
 
@@ -125,7 +126,7 @@ async def _connect(x: Exchange[R]) -> bool:
     return True
 
 
-async def open_engine(x: Exchange[R], body: dict[str, Any], backend: Any, base: str,
+async def open_engine(x: Exchange[R], body: dict[str, Any], backend: BackendSpec, base: str,
                       check_status: bool) -> tuple[R, bytes]:
     """Send `body` (the request, or its continuation) to one engine; its answer and first
     body bytes."""
@@ -207,7 +208,8 @@ class Lease:
         gw.admission.release(self.backend, self.limit)
 
 
-def _upstream_headers(headers: dict[bytes, bytes], request_id: str, backend: Any) -> dict[str, str]:
+def _upstream_headers(headers: dict[bytes, bytes], request_id: str, backend: BackendSpec
+                      ) -> dict[str, str]:
     out = {"content-type": "application/json", "accept-encoding": "identity",
            "x-request-id": request_id}
     for name in _FORWARD_HEADERS:
