@@ -4,7 +4,8 @@ A pull loop (read upstream, filter, `send`) so backpressure flows end to end: a 
 pauses uvicorn's `send`, which stops the reads, which closes the TCP window toward vLLM.
 The upstream response is closed on every exit path; the client's disconnect is noticed by
 proxy/relay/watch.py's `DisconnectWatch`, because uvicorn's `send` goes quiet rather than
-failing once it is gone. Used without our server's push channel, or with `relay: pull`.
+failing once it is gone. It relays every plain (non-streaming) answer, and event streams
+without our server's push channel or with `relay: pull`.
 """
 
 from __future__ import annotations
