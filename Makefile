@@ -22,7 +22,7 @@ system-deps:
 	./scripts/system-deps.sh
 
 test: lint system-deps
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --cov --cov-report=term
 
 demo: $(STAMP)
 	$(VENV)/bin/specrouter demo

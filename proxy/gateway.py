@@ -19,8 +19,8 @@ from proxy.observe.metrics import GatewayMetrics
 from proxy.relay.engine_conn import EnginePool
 from proxy.relay.limits import Limits, MemoryLimits, RedisLimits
 from proxy.relay.measure import Measurement
-from proxy.relay.pull import DisconnectWatch
 from proxy.relay.upstream import Upstream
+from proxy.relay.watch import DisconnectWatch
 from proxy.settings import Settings
 
 if TYPE_CHECKING:

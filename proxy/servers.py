@@ -34,7 +34,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
     # The request in progress learns of the client leaving here, without a task of its own
-    # waiting on `receive()` (proxy/relay/pull.py's DisconnectWatch, through the PushChannel).
+    # waiting on `receive()` (proxy/relay/watch.py's DisconnectWatch, through the PushChannel).
     on_lost: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

@@ -1,0 +1,18 @@
+"""The public request path, module by module in the order a streaming request goes through it:
+
+- app.py: routing, authentication, client limits, the body read, the policy decision.
+- exchange.py: `Exchange`, the one object that carries the request along the path.
+- forward.py: attempts, admission, the engine lease, retries before the first byte, the
+  response start.
+- push.py | pull.py: the body relayed from the engine's read callback | by an async pull loop.
+- ends.py: how a relayed event stream ends (its end event, the last bytes, the outcome).
+- watch.py: `DisconnectWatch`, the client's leaving turned into an upstream abort.
+- continuation.py: a stream broken mid-answer, finished by another variant.
+- engine_conn.py | upstream.py: kept-alive engine connections (push) | the aiohttp client
+  (pull), both answering with an `UpstreamResponse`.
+- measure.py: per-request measurement and the stream filter.
+- sse.py, rewrite.py: event-stream framing; the upstream request body.
+
+Beside the path: asgi.py (ASGI types and one-shot answers), errors.py (error bodies),
+limits.py (client rate limits), openapi.py (the served API description).
+"""

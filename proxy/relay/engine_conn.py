@@ -61,7 +61,7 @@ class EngineConnection(asyncio.Protocol):
 
 
 class EngineStream:
-    """One streaming response from an engine.
+    """One streaming response from an engine (an `UpstreamResponse`, proxy/relay/upstream.py).
 
     The body is kept until a sink is attached, then pushed to the sink as it arrives. `head`
     resolves with the status line and headers, `first` with the first body bytes, `done` when
@@ -155,6 +155,20 @@ class EngineStream:
             conn.pool.put(conn)
         else:
             conn.close()
+
+    async def first_bytes(self) -> bytes:
+        """The first body bytes (the caller bounds the wait: connect, head and these share
+        one first-byte timeout)."""
+        if not self.pending:
+            await self.first
+        first = self.take_pending()
+        if not first and self.status == 200:
+            raise UpstreamError("connect", "backend closed the response before the first byte")
+        return first
+
+    def finish(self, ok: bool) -> None:
+        """The relay is over: a complete response has already released its connection."""
+        self.close()
 
     def take_pending(self) -> bytes:
         data, self.pending = b"".join(self.pending), []

@@ -1,7 +1,7 @@
 """The public API's OpenAPI description, served at /openapi.json on the public listener.
 
 Generated, not written: one operation per path of the public app's route table
-(`proxy.relay.app.ENDPOINTS`), its request body from the endpoint's fields
+(`proxy.relay.forward.ENDPOINTS`), its request body from the endpoint's fields
 (proxy/relay/fields.py, which the gateway's own input checks read too). It describes the API as the gateway accepts it: every generation endpoint takes a JSON object
 with a string `model`; the gateway itself reads only a few fields (`model`, `stream`,
 `stream_options`, `n`, the sampling parameters its policy looks at) and passes every other field
@@ -378,7 +378,7 @@ def build_spec(routes: Mapping[str, Endpoint]) -> dict[str, Any]:
 def spec() -> dict[str, Any]:
     """The public app's document, built once."""
     # Read late: proxy/relay/app.py imports this module, and owns the route table.
-    from proxy.relay.app import ENDPOINTS
+    from proxy.relay.forward import ENDPOINTS
 
     return build_spec(ENDPOINTS)
 

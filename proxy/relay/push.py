@@ -20,13 +20,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.relay import sse
-from proxy.relay.engine_conn import EngineStream
+from proxy.relay.ends import RESPONSES_ENDS, at_end, check_end, end_stream, filter_read
+from proxy.relay.engine_conn import EngineStream, open_engine_stream
 from proxy.relay.errors import sse_error_event
-from proxy.relay.pull import RESPONSES_ENDS, _ended, check_end, end_stream, filter_read
+from proxy.relay.exchange import Relay
 from proxy.relay.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from proxy.gateway import Gateway
+    from proxy.relay.exchange import Exchange
 
 
 class PushChannel:
@@ -67,11 +72,42 @@ class PushChannel:
 Sink = Callable[[bytes], None]
 
 
-async def relay_sse_push(stream: EngineStream, first: bytes, channel: PushChannel,
-                         send: Callable[[dict[str, Any]], Any], watch: Any, filt: Any,
-                         idle_timeout: float, ends: tuple[bytes, ...],
-                         resume: Callable[[], Any] | None) -> str:
-    """relay.relay_sse's contract (outcome, error event, continuation), pushed from callbacks."""
+async def open_pushed(x: Exchange[EngineStream], url: str, payload: bytes,
+                      headers: dict[str, str], check_status: bool
+                      ) -> tuple[EngineStream, bytes]:
+    """The request on a kept-alive engine connection; the response and its first body bytes."""
+    watch = x.watch
+    stream, first = await watch.wait(_open_stream(x.gw, url, payload, headers, check_status))
+    watch.response = stream
+    return stream, first
+
+
+async def _open_stream(gw: Gateway, url: str, payload: bytes, headers: dict[str, str],
+                       check_status: bool) -> tuple[EngineStream, bytes]:
+    settings = gw.settings
+    try:
+        async with asyncio.timeout(settings.first_byte_timeout_s):
+            stream = await open_engine_stream(gw.engines, url, payload, headers,
+                                              settings.connect_timeout_s)
+            try:
+                if stream.status >= 500 and check_status:
+                    raise UpstreamError("status", f"backend answered {stream.status}",
+                                        stream.status)
+                return stream, await stream.first_bytes()
+            except BaseException:
+                stream.close()
+                raise
+    except TimeoutError as exc:
+        raise UpstreamError("timeout", f"no first byte in "
+                            f"{settings.first_byte_timeout_s:g}s") from exc
+
+
+async def relay_sse_push(x: Exchange[EngineStream]) -> str:
+    """pull.relay_sse's contract (outcome, error event, continuation), pushed from callbacks."""
+    stream, first, channel, send = x.resp, x.first, x.channel, x.send
+    assert stream is not None and channel is not None  # PUSH is chosen with a channel only
+    watch, filt, ends, resume = x.watch, x.filt, x.ends, x.continuable
+    idle_timeout = x.gw.settings.idle_timeout_s
     m = filt.m
     loop = asyncio.get_running_loop()
     responses = ends is RESPONSES_ENDS
@@ -89,7 +125,7 @@ async def relay_sse_push(stream: EngineStream, first: bytes, channel: PushChanne
                 return
             if m.t_first_byte is None:
                 m.t_first_byte = t
-            ended[0] = _ended(out, ends)
+            ended[0] = at_end(out, ends)
             if channel.write(out) and not draining:
                 # The client reads slower than the engine writes: stop reading the engine
                 # until the client's socket drains (TCP then pushes back on the engine).
@@ -127,9 +163,9 @@ async def relay_sse_push(stream: EngineStream, first: bytes, channel: PushChanne
         if watch.gone or channel.gone:
             return "client_gone"
         outcome, error = check_end(outcome, error, ended[0], m, responses)
-        if outcome != "ok" and resume is not None and watch.closing is None:
-            resumed = await resume()
-            resume = None  # once per request
+        if outcome != "ok" and resume and watch.closing is None:
+            resumed = await x.resume()
+            resume = False  # once per request
             if resumed is not None:
                 stream, first = resumed
                 continue
@@ -147,10 +183,11 @@ async def _resume_after_drain(channel: PushChannel, stream: EngineStream,
         draining.clear()
 
 
-async def relay_body_push(stream: EngineStream, first: bytes, channel: PushChannel,
-                          send: Callable[[dict[str, Any]], Any], watch: Any, m: Any,
-                          idle_timeout: float) -> str:
+async def relay_body_push(x: Exchange[EngineStream]) -> str:
     """A plain body (an engine's error answer to a streaming request), pushed as it comes."""
+    stream, first, channel, send = x.resp, x.first, x.channel, x.send
+    assert stream is not None and channel is not None
+    watch, m, idle_timeout = x.watch, x.record.m, x.gw.settings.idle_timeout_s
     copy = bytearray(first)
 
     def sink(data: bytes) -> None:
@@ -181,3 +218,6 @@ async def relay_body_push(stream: EngineStream, first: bytes, channel: PushChann
     m.record_body(bytes(copy))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return "ok" if stream.status < 400 else "upstream_error"
+
+
+PUSH = Relay(open_pushed, relay_sse_push, relay_body_push)

@@ -7,7 +7,8 @@ relayed chunk and collapses past ~64 concurrent streams (see loadtests/bench/ove
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import aiohttp
 
@@ -30,6 +31,69 @@ class UpstreamError(Exception):
         super().__init__(message)
         self.kind = kind
         self.status = status
+
+
+@runtime_checkable
+class UpstreamResponse(Protocol):
+    """An engine's answer as the request path sees it, whichever relay reads its body: the
+    pull relay's `PulledResponse` (aiohttp) or the push relay's `EngineStream`
+    (proxy/relay/engine_conn.py). Header names in `headers` are lowercase."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def raw_headers(self) -> Sequence[tuple[bytes, bytes]]: ...
+
+    async def first_bytes(self) -> bytes:
+        """The first body bytes: until they arrive, the request can still go to another
+        backend. UpstreamError when there are none."""
+        ...
+
+    def close(self) -> None:
+        """Drop the response: an unfinished one closes its connection (vLLM then aborts)."""
+        ...
+
+    def finish(self, ok: bool) -> None:
+        """The relay is over: a complete, `ok` response keeps its connection for reuse."""
+        ...
+
+
+class PulledResponse:
+    """aiohttp's response as an `UpstreamResponse`; the pull relay reads `content` itself."""
+
+    __slots__ = ("_resp", "_first_byte_timeout", "status", "headers", "raw_headers", "content")
+
+    def __init__(self, resp: aiohttp.ClientResponse, first_byte_timeout: float) -> None:
+        self._resp = resp
+        self._first_byte_timeout = first_byte_timeout
+        self.status = resp.status
+        self.headers = resp.headers
+        self.raw_headers = resp.raw_headers
+        self.content = resp.content
+
+    async def first_bytes(self) -> bytes:
+        timeout = self._first_byte_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                data = await self.content.readany()
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", f"no first byte in {timeout:g}s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError("connect", f"{type(exc).__name__}: {exc}") from exc
+        if not data and self.status == 200 and self._resp.content_length != 0:
+            raise UpstreamError("connect", "backend closed the response before the first byte")
+        return data
+
+    def close(self) -> None:
+        self._resp.close()
+
+    def finish(self, ok: bool) -> None:
+        if self.content.at_eof() and ok:
+            self._resp.release()
+        else:
+            self._resp.close()
 
 
 class Upstream:
@@ -57,12 +121,13 @@ class Upstream:
             await self._session.close()
             self._session = None
 
-    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+    async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> PulledResponse:
         """Send the request and wait for the response headers (the first-byte timeout)."""
         try:
             async with asyncio.timeout(self._first_byte_timeout):
-                return await self.session.post(url, data=body, headers=headers,
+                resp = await self.session.post(url, data=body, headers=headers,
                                                allow_redirects=False)
+                return PulledResponse(resp, self._first_byte_timeout)
         except TimeoutError as exc:
             raise UpstreamError("timeout", f"no response from {url} in "
                                 f"{self._first_byte_timeout:g}s") from exc

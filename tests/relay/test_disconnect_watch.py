@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from proxy.relay.pull import DisconnectWatch
+from proxy.relay.watch import DisconnectWatch
 
 
 class Response:

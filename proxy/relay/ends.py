@@ -1,0 +1,54 @@
+"""How a relayed event stream ends, shared by both relays (proxy/relay/pull.py, push.py): its
+frames filtered read by read, its end event recognised, and what the client gets last."""
+
+from __future__ import annotations
+
+from proxy.relay import sse
+from proxy.relay.asgi import Send
+from proxy.relay.errors import sse_error_event
+from proxy.relay.measure import Measurement, StreamFilter
+
+# How a complete stream ends: vLLM's `[DONE]`, or on /v1/responses a terminal event.
+CHAT_ENDS = (sse.DONE,)
+RESPONSES_ENDS = (b"event: response.completed", b"event: response.incomplete",
+                  b"event: response.failed")
+
+
+def filter_read(splitter: sse.FrameSplitter, filt: StreamFilter, data: bytes, now: float
+                ) -> bytes:
+    """One upstream read: its complete frames, through the filter; what the client gets."""
+    frames = splitter.feed(data)
+    if len(frames) == 1:
+        return filt.frame(frames[0], now)
+    return b"".join([filt.frame(f, now) for f in frames])
+
+
+def at_end(out: bytes, ends: tuple[bytes, ...]) -> bool:
+    """Whether what was just sent finishes with the stream's end event."""
+    if ends is CHAT_ENDS:
+        return out.endswith((sse.DONE, sse.CRLF_DONE))
+    body = out.replace(b"\r\n", b"\n") if b"\r\n" in out else out
+    idx = body.rfind(b"\n\n", 0, len(body) - 2)
+    last = body if idx < 0 else body[idx + 2 :]
+    return last.startswith(ends)
+
+
+def check_end(outcome: str, error: bytes, ended: bool, m: Measurement, responses: bool
+              ) -> tuple[str, bytes]:
+    """A stream that stopped cleanly but without its end event was cut short all the same."""
+    if outcome == "ok" and not ended and m.error is None:
+        return "upstream_error", sse_error_event(
+            502, "upstream stream ended before its end event", responses=responses)
+    return outcome, error
+
+
+async def end_stream(send: Send, filt: StreamFilter, outcome: str, error: bytes) -> str:
+    """Send what is held back and the error event if any; the outcome, as recorded."""
+    m = filt.m
+    if error:
+        m.error = m.error or error.decode(errors="replace")
+    elif m.error is not None:
+        outcome = "upstream_error"
+    await send({"type": "http.response.body", "body": filt.release() + error,
+                "more_body": False})
+    return outcome

@@ -1,0 +1,123 @@
+"""One request on the public path, as one object from its arrival to its last byte.
+
+`PublicApp` (proxy/relay/app.py) fills it as the request is authenticated, read and decided;
+proxy/relay/forward.py then opens an engine through its `relay` (push or pull, chosen once,
+when the request is opened) and the relay streams `resp` to the client.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from proxy.backends.endpoints import prefix_affinity
+from proxy.relay.continuation import ContinuableFilter, can_continue, continuation_body
+from proxy.relay.forward import Lease, open_engine
+from proxy.relay.upstream import UpstreamError, UpstreamResponse
+
+if TYPE_CHECKING:
+    from policies.compiled import CompiledPolicy
+    from policies.schema import ClientSpec
+    from policies.types import Decision, Endpoint
+    from proxy.gateway import Gateway, RequestRecord
+    from proxy.relay.asgi import Send
+    from proxy.relay.measure import StreamFilter
+    from proxy.relay.push import PushChannel
+    from proxy.relay.watch import DisconnectWatch
+
+R = TypeVar("R", bound=UpstreamResponse)
+Headers = list[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Relay(Generic[R]):
+    """One way to relay an engine's answer (proxy/relay/push.py's PUSH, pull.py's PULL)."""
+
+    # (exchange, url, payload, upstream headers, check_status): the response, its first bytes
+    open: Callable[[Exchange[R], str, bytes, dict[str, str], bool], Awaitable[tuple[R, bytes]]]
+    sse: Callable[[Exchange[R]], Awaitable[str]]  # an event stream; the outcome
+    body: Callable[[Exchange[R]], Awaitable[str]]  # a plain body; the outcome
+
+
+class Exchange(Generic[R]):
+    """The request's state, read and written by every step of the path. `__init__` sets what
+    is known on arrival; the annotated fields below are set as the request gets that far."""
+
+    __slots__ = ("gw", "send", "t0", "policy", "headers", "request_id", "rid", "endpoint",
+                 "client", "body", "model", "record", "decision", "extra", "watch", "channel",
+                 "relay", "lease", "resp", "first", "filt", "ends", "rename", "continuable")
+
+    # once authenticated and decided (app.py)
+    client: ClientSpec
+    body: dict[str, Any]
+    model: str
+    record: RequestRecord
+    decision: Decision
+    extra: Headers  # response headers for the client: request id, defaults applied
+    watch: DisconnectWatch
+    channel: PushChannel | None  # the client's connection, when the body is pushed to it
+    relay: Relay[R]
+    # once an engine answered (forward.py)
+    filt: StreamFilter
+    ends: tuple[bytes, ...]
+
+    def __init__(self, gw: Gateway, scope: dict[str, Any], send: Send,
+                 endpoint: Endpoint) -> None:
+        self.gw, self.send, self.endpoint = gw, send, endpoint
+        self.t0 = time.perf_counter()
+        self.policy: CompiledPolicy = gw.policy.current  # whatever is applied meanwhile
+        self.headers: dict[bytes, bytes] = dict(scope["headers"])
+        self.request_id = (self.headers.get(b"x-request-id")
+                           or uuid.uuid4().hex.encode()).decode("latin-1")
+        self.rid: Headers = [(b"x-request-id", self.request_id.encode("latin-1"))]
+        self.lease: Lease | None = None  # the engine slot held now
+        self.resp: R | None = None  # the engine's answer being relayed now
+        self.first = b""  # its first body bytes, read before the response start
+        self.rename: tuple[bytes, bytes] | None = None  # served model name -> client's
+        self.continuable = False  # a broken stream may be continued (`resume`)
+
+    async def resume(self) -> tuple[R, bytes] | None:
+        """Continue a broken chat stream on another variant of the same weights; the relays
+        ask once per request."""
+        gw, policy, record, body, filt = self.gw, self.policy, self.record, self.body, self.filt
+        route = policy.routes[record.route]
+        if not route.spec.continuation or self.endpoint != "chat" or \
+                not can_continue(body, filt):
+            return None
+        failed = record.backend
+        state = gw.live.snapshot()
+        served = policy.backend(failed).served_model_name
+        for name in route.variants:
+            backend = policy.backend(name)
+            health = state.backends.get(name)
+            if name == failed or backend.served_model_name != served or \
+                    (health is not None and health.health != "up"):
+                continue
+            if not gw.admission.try_acquire(name, backend.max_concurrency):
+                continue  # a continuation does not queue
+            base = backend.endpoints[0] if len(backend.endpoints) == 1 else \
+                gw.endpoints.pick(backend.endpoints, prefix_affinity(body))
+            new_lease = Lease.begin(self, name, base, backend.max_concurrency)
+            assert isinstance(filt, ContinuableFilter)
+            cont = continuation_body(body, filt.partial(), filt.m.completion_tokens)
+            try:
+                new_resp, new_first = await open_engine(self, cont, backend, base, True)
+            except UpstreamError as exc:
+                gw.metrics.upstream_errors.labels(name, exc.kind).inc()
+                new_lease.release(gw)
+                continue
+            if self.resp is not None:
+                self.resp.close()
+            if self.lease is not None:
+                self.lease.release(gw)
+            self.resp, self.lease = new_resp, new_lease
+            gw.metrics.upstream_errors.labels(failed, "midstream").inc()
+            gw.live.failure(failed)
+            gw.metrics.continuations.labels(record.route, failed, name).inc()
+            record.backend, record.continued = name, True
+            filt.start_continuation()
+            return new_resp, new_first
+        return None
