@@ -22,7 +22,8 @@ from proxy.certs import CertFiles, make_local_ca
 _LINE = re.compile(r"specrouter listening on (\S+) admin (\S+)")
 CLIENT_KEY = "sk-test-client"
 OTHER_KEY = "sk-test-other"
-ADMIN_TOKEN = "admin-test-token"
+# The gateway refuses an admin token under 32 characters.
+ADMIN_TOKEN = "admin-test-token-of-thirty-two-chars"
 
 
 def coder_policy(backends: dict[str, str], *, served: str = "qwen3.8-27b",
@@ -58,13 +59,21 @@ class GatewayServer:
 
     def __init__(self, policy: dict[str, Any] | None = None, *, certs: CertFiles | None = None,
                  args: tuple[str, ...] = (), insecure: bool = False,
-                 policy_path: Path | None = None) -> None:
+                 policy_path: Path | None = None, operator: dict[str, Any] | None = None
+                 ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-gw-")
         self.dir = Path(self._tmp.name)
         self.certs = certs or make_local_ca(self.dir / "tls")
         self.policy_path = policy_path or self.dir / "policy.yaml"
         if policy is not None:
             self.write_policy(policy)
+        # The operator file (actions, secrets, engine hosts), written owner-only as production
+        # requires; without one the gateway allows no actions, no secrets, loopback engines.
+        self.operator_path: Path | None = None
+        if operator is not None:
+            self.operator_path = self.dir / "operator.yaml"
+            self.operator_path.write_text(yaml.safe_dump(operator, sort_keys=False))
+            self.operator_path.chmod(0o600)
         self.args = args
         self.insecure = insecure
         self.proc: subprocess.Popen[str] | None = None
@@ -83,6 +92,8 @@ class GatewayServer:
                "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
                "--admin-token", ADMIN_TOKEN, "--state-dir", str(self.dir / "state"),
                "--scrape-interval", "0.25", *self.args]
+        if self.operator_path is not None:
+            cmd += ["--operator-file", str(self.operator_path)]
         if self.insecure:
             cmd.append("--insecure-http")
         else:

@@ -24,7 +24,7 @@ from proxy.certs import make_local_ca
 
 _SIM_READY = "specrouter-sim listening on "
 _GW_READY = re.compile(r"specrouter listening on (\S+) admin (\S+)")
-ADMIN_TOKEN = "probe-admin-token"
+ADMIN_TOKEN = "probe-admin-token-of-thirty-two-chars"  # 32+: the gateway refuses less
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

@@ -7,7 +7,6 @@ policy decision and the relay. The admin surface lives on its own listener (prox
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from typing import Any
@@ -347,7 +346,7 @@ class PublicApp:
                     status = 503
                 record.outcome, record.status = "upstream_error", status
                 await respond_error(send, status, f"no backend could serve the request: "
-                                    f"{last_error}", headers=[*extra, (b"retry-after", b"5")])
+                                    f"backend {record.backend!r}: {last_error}", headers=[*extra, (b"retry-after", b"5")])
                 return
 
             async def resume() -> tuple[Any, bytes] | None:
@@ -430,7 +429,8 @@ class PublicApp:
         if decision.priority is not None and backend.priority_scheduling:
             inject.setdefault("priority", decision.priority)
         payload = upstream_body(body, inject, backend.served_model_name, usage)
-        up_headers = _upstream_headers(headers, record.request_id, backend)
+        up_headers = _upstream_headers(headers, record.request_id,
+                                       gw.operator.secret(backend.api_key))
         if push is not None:
             watch.pending = asyncio.ensure_future(self._open_stream(
                 base + _PATHS[endpoint], payload, up_headers, check_status))
@@ -565,22 +565,17 @@ _PATHS: dict[Endpoint, str] = {v: k for k, v in ENDPOINTS.items()}
 _FORWARD_HEADERS = (b"x-session-id", b"x-data-parallel-rank", b"traceparent", b"tracestate")
 
 
-def _upstream_headers(headers: dict[bytes, bytes], request_id: str, backend: Any) -> dict[str, str]:
+def _upstream_headers(headers: dict[bytes, bytes], request_id: str,
+                      key: str | None) -> dict[str, str]:
     out = {"content-type": "application/json", "accept-encoding": "identity",
            "x-request-id": request_id}
     for name in _FORWARD_HEADERS:
         value = headers.get(name)
         if value is not None:
             out[name.decode()] = value.decode("latin-1")
-    key = backend_key(backend)
     if key:
         out["authorization"] = f"Bearer {key}"
     return out
-
-
-def backend_key(backend: Any) -> str | None:
-    env = getattr(backend, "api_key_env", None)
-    return os.environ.get(env) if env else None
 
 
 def _fmt(value: Any) -> str:

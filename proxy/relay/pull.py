@@ -19,7 +19,7 @@ import aiohttp
 from proxy.relay import sse
 from proxy.relay.errors import sse_error_event
 from proxy.relay.measure import Measurement, StreamFilter
-from proxy.relay.upstream import UpstreamError
+from proxy.relay.upstream import UpstreamError, describe
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -111,7 +111,7 @@ async def first_chunk(resp: aiohttp.ClientResponse, timeout: float) -> bytes:
     except TimeoutError as exc:
         raise UpstreamError("timeout", f"no first byte in {timeout:g}s") from exc
     except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamError("connect", f"{type(exc).__name__}: {exc}") from exc
+        raise UpstreamError("connect", describe(exc)) from exc
     if not data and resp.status == 200 and resp.content_length != 0:
         raise UpstreamError("connect", "backend closed the response before the first byte")
     return data

@@ -32,6 +32,15 @@ class UpstreamError(Exception):
         self.status = status
 
 
+def describe(exc: BaseException) -> str:
+    """An error's kind and cause without the engine's address: client-facing messages name the
+    backend (the relay adds its name), never its host, port or URL."""
+    os_error = getattr(exc, "os_error", None)  # aiohttp's connector errors wrap the OSError
+    cause = os_error if isinstance(os_error, OSError) else exc
+    reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else ""
+    return f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
+
+
 class Upstream:
     def __init__(self, *, connect_timeout: float, first_byte_timeout: float) -> None:
         self._connect_timeout = connect_timeout
@@ -64,10 +73,10 @@ class Upstream:
                 return await self.session.post(url, data=body, headers=headers,
                                                allow_redirects=False)
         except TimeoutError as exc:
-            raise UpstreamError("timeout", f"no response from {url} in "
+            raise UpstreamError("timeout", f"no response in "
                                 f"{self._first_byte_timeout:g}s") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError("connect", f"{type(exc).__name__}: {exc}") from exc
+            raise UpstreamError("connect", describe(exc)) from exc
 
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         """A short GET, for health checks and metric scrapes."""
