@@ -74,7 +74,7 @@ class CompiledPolicy:
     - `route_for_model(name)`: the route serving a model name or alias, else None.
     - `model_names()`: every name the routes expose (for /v1/models), in document order.
     - `backend(name)`: a backend's `BackendSpec` (url/endpoints, served_model_name, task, kind,
-      api_key_env, speculative, max_concurrency, priority_scheduling); KeyError if unknown.
+      api_key, speculative, max_concurrency, priority_scheduling); KeyError if unknown.
     - `client_by_key_hash(hex)`: the client whose key hashes to `hex` (lowercase sha256), else None.
       A dict lookup on the hash is safe: timing reveals nothing about the key itself.
     - `client(name)`, `routes`, `backends`, `guards`, `document`, `version`.

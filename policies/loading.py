@@ -13,39 +13,46 @@ import yaml
 from pydantic import ValidationError
 
 from policies.spec.base import PolicyError
+from policies.spec.context import ValidationContext
 from policies.spec.document import PolicyDocument
-from policies.spec.references import check_references
+from policies.spec.references import check_operator_names, check_references
 
 
-def parse_policy(text: str | bytes) -> PolicyDocument:
-    """Parse and validate a policy document; `PolicyError` lists everything wrong with it."""
+def parse_policy(text: str | bytes, context: ValidationContext | None = None) -> PolicyDocument:
+    """Parse and validate a policy document; `PolicyError` lists everything wrong with it.
+
+    `context`: what the operator defined (actions, secrets, engine hosts); None where no
+    operator file is known (offline tools), which leaves the names it would check unchecked."""
     try:
         raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise PolicyError(["YAML: " + " ".join(str(exc).split())]) from None
     if not isinstance(raw, dict):
         raise PolicyError([f"the document must be a mapping, got {type(raw).__name__}"])
-    return validate_policy(raw)
+    return validate_policy(raw, context)
 
 
-def validate_policy(raw: dict[str, Any]) -> PolicyDocument:
+def validate_policy(raw: dict[str, Any], context: ValidationContext | None = None
+                    ) -> PolicyDocument:
     """Validate already-parsed data (an admin API JSON body, say) as a policy document."""
     try:
         doc = PolicyDocument.model_validate(raw)
     except ValidationError as exc:
         raise PolicyError(_format_errors(exc, raw)) from None
     errors = check_references(doc)
+    if context is not None:
+        errors += check_operator_names(doc, context)
     if errors:
         raise PolicyError(errors)
     return doc
 
 
-def load_policy(path: str | Path) -> PolicyDocument:
+def load_policy(path: str | Path, context: ValidationContext | None = None) -> PolicyDocument:
     try:
         text = Path(path).read_bytes()
     except OSError as exc:
         raise PolicyError([f"{path}: {exc.strerror or exc}"]) from None
-    return parse_policy(text)
+    return parse_policy(text, context)
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -18,8 +18,9 @@ from policies.loading import load_policy, parse_policy, validate_policy
 from policies.spec.backends import BackendKind, BackendSpec, RepairSpec, SpeculativeSpec
 from policies.spec.base import BUILTIN_REASONS, NOT_DEFAULTABLE, Defaults, PolicyError, Task
 from policies.spec.clients import ClientSpec
+from policies.spec.context import LOOPBACK_HOSTS, ValidationContext
 from policies.spec.document import AdmissionSpec, GuardDefaults, HealthSpec, PolicyDocument
-from policies.spec.references import check_references
+from policies.spec.references import check_operator_names, check_references
 from policies.spec.routes import Clamp, RouteSpec
 from policies.spec.rules import (
     SELECTOR_KINDS,
@@ -38,6 +39,7 @@ from policies.spec.rules import (
 
 __all__ = [
     "BUILTIN_REASONS",
+    "LOOPBACK_HOSTS",
     "NOT_DEFAULTABLE",
     "SELECTOR_KINDS",
     "AdmissionSpec",
@@ -68,6 +70,8 @@ __all__ = [
     "SamplingRule",
     "SpeculativeSpec",
     "Task",
+    "ValidationContext",
+    "check_operator_names",
     "check_references",
     "compile_policy",
     "load_policy",

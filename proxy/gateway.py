@@ -16,6 +16,7 @@ from proxy.backends.admission import Admission
 from proxy.backends.endpoints import Endpoints
 from proxy.backends.live import LiveTracker
 from proxy.observe.metrics import GatewayMetrics
+from proxy.operator import Operator
 from proxy.relay.engine_conn import EnginePool
 from proxy.relay.limits import Limits, MemoryLimits, RedisLimits
 from proxy.relay.measure import Measurement
@@ -25,6 +26,7 @@ from proxy.settings import Settings
 
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
+    from policies.spec.context import ValidationContext
 
 
 @dataclass(slots=True)
@@ -60,14 +62,18 @@ class PolicyHolder:
     """The current compiled policy. Applying a new one is a single reference swap: a request
     reads `current` once when it arrives and finishes under that policy."""
 
-    def __init__(self, policy: CompiledPolicy) -> None:
+    def __init__(self, policy: CompiledPolicy, context: ValidationContext) -> None:
         self.current = policy
+        self.context = context  # what a new policy is validated against
 
 
 class Gateway:
-    def __init__(self, settings: Settings, policy: CompiledPolicy) -> None:
+    def __init__(self, settings: Settings, policy: CompiledPolicy,
+                 operator: Operator | None = None) -> None:
         self.settings = settings
-        self.policy = PolicyHolder(policy)
+        # Without an operator file: no actions, no secrets, loopback engines only.
+        self.operator = operator or Operator()
+        self.policy = PolicyHolder(policy, self.operator.context)
         self.metrics = GatewayMetrics()
         self.live = LiveTracker()
         self.admission = Admission()

@@ -20,8 +20,11 @@ from proxy.admin.policy_store import PolicyStore
 from proxy.backends.health import HealthMonitor
 from proxy.certs import server_context
 from proxy.gateway import Gateway
+from proxy.observe.metrics_app import create_metrics_app
 from proxy.observe.requestlog import RequestLog
+from proxy.operator import Operator, OperatorError, load_operator
 from proxy.relay.app import PublicApp
+from proxy.safety import UnsafeSettings, check_startup
 from proxy.servers import bind, make_server, url_of
 from proxy.settings import Settings, is_loopback, split_hostport
 
@@ -43,6 +46,10 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--admin-client-ca", type=Path,
                    help="require admin client certificates signed by this CA")
     p.add_argument("--dashboard-token", help="read-only token for the dashboard")
+    p.add_argument("--operator-file", type=Path,
+                   help="operator-defined repair actions, engine secrets and engine hosts")
+    p.add_argument("--metrics-listen",
+                   help="host:port of a plain-HTTP /metrics listener for Prometheus (loopback)")
     p.add_argument("--state-dir", type=Path)
     p.add_argument("--redis-url", help="redis://host:port/db: client limits shared by replicas")
     p.add_argument("--max-body-bytes", type=int)
@@ -58,8 +65,8 @@ def parse_args(argv: list[str]) -> Settings:
     return Settings(**args)
 
 
-def load_compiled(path: Path) -> CompiledPolicy:
-    return compile_policy(load_policy(path))
+def load_compiled(path: Path, operator: Operator | None = None) -> CompiledPolicy:
+    return compile_policy(load_policy(path, (operator or Operator()).context))
 
 
 def tls_context(settings: Settings) -> ssl.SSLContext | None:
@@ -85,9 +92,10 @@ def admin_tls_context(settings: Settings) -> ssl.SSLContext | None:
 class GatewayProcess:
     """Owns the servers and the signals: HUP reloads certificate and policy, TERM drains."""
 
-    def __init__(self, settings: Settings, policy: CompiledPolicy) -> None:
+    def __init__(self, settings: Settings, policy: CompiledPolicy,
+                 operator: Operator | None = None) -> None:
         self.settings = settings
-        self.gw = Gateway(settings, policy)
+        self.gw = Gateway(settings, policy, operator)
         self.monitor = HealthMonitor(self.gw)
         self.ssl = tls_context(settings)
         self.admin_ssl = admin_tls_context(settings)
@@ -140,14 +148,20 @@ class GatewayProcess:
                   *dashboard_routes(self.gw, self.monitor, self.store)]
         admin = make_server(create_admin_app(self.gw, routes), graceful_s=5,
                             ssl_context=self.admin_ssl)
+        servers = [(public, pub_sock), (admin, adm_sock)]
+        if s.metrics_listen is not None:
+            servers.append((make_server(create_metrics_app(self.gw), graceful_s=1),
+                            bind(*split_hostport(s.metrics_listen))))
         loop = asyncio.get_running_loop()
 
         def stop() -> None:
             if self.gw.draining:
-                public.force_exit = admin.force_exit = True  # a second signal: now
+                for server, _ in servers:
+                    server.force_exit = True  # a second signal: now
                 return
             self.gw.draining = True
-            public.should_exit = admin.should_exit = True
+            for server, _ in servers:
+                server.should_exit = True
             self._spawn(self._end_streams_after(drain_s))
 
         loop.add_signal_handler(signal.SIGHUP, self.reload)
@@ -160,10 +174,11 @@ class GatewayProcess:
         self._spawn(self._watch_policy_file())
         scheme = "http" if self.ssl is None else "https"
         admin_scheme = "http" if self.admin_ssl is None else "https"
+        metrics = "".join(f" metrics {url_of(sock, 'http')}" for _, sock in servers[2:])
         print(f"specrouter listening on {url_of(pub_sock, scheme)} "
-              f"admin {url_of(adm_sock, admin_scheme)}", flush=True)
+              f"admin {url_of(adm_sock, admin_scheme)}{metrics}", flush=True)
         try:
-            await asyncio.gather(public.serve([pub_sock]), admin.serve([adm_sock]))
+            await asyncio.gather(*(server.serve([sock]) for server, sock in servers))
         finally:
             for task in list(self._tasks):
                 task.cancel()
@@ -176,11 +191,17 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     settings = parse_args(argv)
     try:
-        policy = load_compiled(settings.config)
+        check_startup(settings)
+        operator = load_operator(settings.operator_file)
+    except (UnsafeSettings, OperatorError) as exc:
+        print(f"specrouter: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    try:
+        policy = load_compiled(settings.config, operator)
     except PolicyError as exc:
         print(f"specrouter: invalid config {settings.config}:\n{exc}", file=sys.stderr)
         return 2
-    process = GatewayProcess(settings, policy)
+    process = GatewayProcess(settings, policy, operator)
     try:
         import uvloop
 

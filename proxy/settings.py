@@ -1,4 +1,5 @@
-"""Process settings: where to listen, TLS material, the admin token, the state directory.
+"""Process settings: where to listen, TLS material, the admin token, the operator file, the
+state directory.
 
 The single source of truth for settings. Values come from flags, then `SPECROUTER_*` environment
 variables, then these defaults. What to route where lives in the policy file, not here.
@@ -27,6 +28,10 @@ class Settings(BaseSettings):
     admin_client_ca: Path | None = Field(
         None, description="require admin client certificates signed by this CA (implies TLS)")
     dashboard_token: str | None = Field(None, description="read-only token for the dashboard")
+    operator_file: Path | None = Field(
+        None, description="operator-defined repair actions, engine secrets and engine hosts")
+    metrics_listen: str | None = Field(
+        None, description="host:port of a plain-HTTP /metrics listener (loopback only)")
     state_dir: Path = Field(Path(".state"), description="certificates, policy versions, logs")
 
     redis_url: str | None = Field(None, description="shared client limits for replicas")

@@ -75,7 +75,7 @@ def restrict(doc: dict[str, Any], route: str, variants: list[str], urls: Mapping
     out["routes"] = {route: r}
     keep = set(variants)
     out["backends"] = {name: {**{k: v for k, v in spec.items()
-                                 if k not in ("url", "urls", "api_key_env")}, "url": urls[name]}
+                                 if k not in ("url", "urls", "api_key")}, "url": urls[name]}
                        for name, spec in out["backends"].items() if name in keep}
     r["variants"] = [v for v in r["variants"] if v in keep]
     if r.get("fallback") not in keep:

@@ -18,7 +18,8 @@ from proxy.certs import CertFiles, make_local_ca
 
 CLIENT_KEY = "sk-test-client"
 OTHER_KEY = "sk-test-other"
-ADMIN_TOKEN = "admin-test-token"
+# The gateway refuses an admin token under 32 characters.
+ADMIN_TOKEN = "admin-test-token-of-thirty-two-chars"
 
 
 def coder_policy(backends: dict[str, str], *, served: str = "qwen3.8-27b",
@@ -54,13 +55,21 @@ class GatewayServer:
 
     def __init__(self, policy: dict[str, Any] | None = None, *, certs: CertFiles | None = None,
                  args: tuple[str, ...] = (), insecure: bool = False,
-                 policy_path: Path | None = None) -> None:
+                 policy_path: Path | None = None, operator: dict[str, Any] | None = None
+                 ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-gw-")
         self.dir = Path(self._tmp.name)
         self.certs = certs or make_local_ca(self.dir / "tls")
         self.policy_path = policy_path or self.dir / "policy.yaml"
         if policy is not None:
             self.write_policy(policy)
+        # The operator file (actions, secrets, engine hosts), written owner-only as production
+        # requires; without one the gateway allows no actions, no secrets, loopback engines.
+        self.operator_path: Path | None = None
+        if operator is not None:
+            self.operator_path = self.dir / "operator.yaml"
+            self.operator_path.write_text(yaml.safe_dump(operator, sort_keys=False))
+            self.operator_path.chmod(0o600)
         self.args = args
         self.insecure = insecure
         self.proc: subprocess.Popen[str] | None = None
@@ -78,7 +87,8 @@ class GatewayServer:
     def __enter__(self) -> GatewayServer:
         args = serve_args(self.policy_path, self.dir / "state", ADMIN_TOKEN,
                           certs=None if self.insecure else self.certs, scrape_interval_s=0.25,
-                          extra=self.args)
+                          extra=(*self.args, *(() if self.operator_path is None else
+                                                ("--operator-file", str(self.operator_path)))))
         # keep=None: every line, for the tests that read the logs
         child = Child("gateway", cli("serve", *args), ready=SERVE_READY, keep=None)
         self._child = child

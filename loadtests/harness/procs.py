@@ -15,7 +15,7 @@ import yaml
 from loadtests.harness.launch import SERVE_READY, SIM_READY, Child, cli, serve_args, sim_args
 from proxy.certs import make_local_ca
 
-ADMIN_TOKEN = "probe-admin-token"
+ADMIN_TOKEN = "probe-admin-token-of-thirty-two-chars"  # 32+: the gateway refuses less
 
 
 class SimProc:

@@ -2,6 +2,7 @@
 
     base        PolicyError, the strict base model, shared field patterns and defaults checks
     backends    backends: engines, their speculative configuration, guarded repair
+    context     what the operator lets a policy name (actions, secrets, engine hosts)
     rules       a route's rules (load, content, sampling, canary, client, guard, health)
     routes      routes: models, variants, defaults, clamps, rules
     clients     clients: keys, defaults, limits

@@ -1,14 +1,18 @@
 """A backend: one engine (one variant), where it is, what it serves, how it speculates, and
-the guarded repair the gateway may run on it."""
+the guarded repair the gateway may run on it.
+
+A backend names its repair action and its API-key secret; the operator defines both outside the
+policy (policies.spec.context), so whoever edits the policy cannot run a command on the host or
+read the gateway's environment."""
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from policies.spec.base import ENV_NAME, MODEL_NAME, StrictModel, Task
+from policies.spec.base import MODEL_NAME, NAME, StrictModel, Task
 
 BackendKind = Literal["vllm", "openai"]
 
@@ -52,12 +56,19 @@ class SpeculativeSpec(StrictModel):
 
 
 class RepairSpec(StrictModel):
-    """A guarded repair: the command the gateway may run when the backend stays down."""
+    """A guarded repair: which operator-defined action to run when the backend stays down."""
 
-    command: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    action: Annotated[str, Field(pattern=NAME)]  # a name in the operator file's `actions`
     after_down_s: Annotated[float, Field(ge=0)] = 60.0  # down this long before a repair
     max_per_hour: Annotated[int, Field(ge=1, le=60)] = 3
-    timeout_s: Annotated[float, Field(gt=0)] = 120.0  # for the command itself
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_command(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "command" in data:
+            raise ValueError("a policy cannot define a command: name an action the operator "
+                             "file defines (repair: {action: NAME})")
+        return data
 
 
 class BackendSpec(StrictModel):
@@ -69,13 +80,21 @@ class BackendSpec(StrictModel):
     task: Task = "generate"
     served_model_name: Annotated[str, Field(pattern=MODEL_NAME)]
     max_concurrency: Annotated[int, Field(ge=1, le=4096)] = 16  # admission limit = max_num_seqs
-    api_key_env: Annotated[str, Field(pattern=ENV_NAME)] | None = None
+    api_key: Annotated[str, Field(pattern=NAME)] | None = None  # an operator-defined secret
     priority_scheduling: bool = False
     speculative: SpeculativeSpec | None = None
     # A cold start (weights, CUDA graphs) takes ~7 minutes on the GB10: during this long after
     # the gateway starts or a repair, a failing backend is "starting", not "down".
     startup_s: Annotated[float, Field(ge=0)] = 420.0
     repair: RepairSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_env(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "api_key_env" in data:
+            raise ValueError("api_key_env is not accepted: name a secret the operator file "
+                             "defines (api_key: NAME)")
+        return data
 
     @field_validator("url")
     @classmethod
@@ -113,9 +132,27 @@ class BackendSpec(StrictModel):
 
 
 def _normalise_url(value: str) -> str:
-    if not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
+    """http(s) with a host and an optional path: no userinfo (a credential in every log line and
+    error), no query or fragment (the gateway appends the path; a `?` or `#` would let the policy
+    choose it), no whitespace."""
+    if any(c.isspace() for c in value) or "?" in value or "#" in value or "\\" in value:
+        raise ValueError(f"{value!r}: an engine URL takes no whitespace, query or fragment")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        raise ValueError(f"{value!r} is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{value!r} is not an http(s):// URL with a host")
+    if "@" in parts.netloc:
+        raise ValueError(f"{value!r}: an engine URL takes no user:password part "
+                         "(name an operator secret with api_key)")
     value = value.rstrip("/")
     if value.endswith("/v1"):
         raise ValueError(f"{value!r}: give the base URL without /v1 (the gateway adds the path)")
     return value
+
+
+def url_host(url: str) -> str:
+    """The host of a checked engine URL, lower-case, without IPv6 brackets."""
+    return urlsplit(url).hostname or ""

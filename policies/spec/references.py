@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from policies.spec.backends import url_host
+from policies.spec.context import ValidationContext
 from policies.spec.document import PolicyDocument
 from policies.spec.routes import RouteSpec
 from policies.spec.rules import ClientRule, GuardRule, HealthRule
@@ -100,3 +102,29 @@ def _check_rules(
             if health_rules > 1:
                 errors.append(f"{at}: one health rule per route")
     return errors
+
+
+def check_operator_names(doc: PolicyDocument, context: ValidationContext) -> list[str]:
+    """What only the operator may define: repair actions, engine secrets, the engines' hosts."""
+    errors: list[str] = []
+    hosts = ", ".join(sorted(context.engine_hosts)) or "none"
+    for name, backend in doc.backends.items():
+        where = f"backends.{name}"
+        urls = [("url", backend.url)] if backend.url is not None else \
+            [(f"urls[{i}]", u) for i, u in enumerate(backend.urls or ())]
+        for field, url in urls:
+            host = url_host(url)
+            if host not in context.engine_hosts:
+                errors.append(f"{where}.{field}: host {host!r} is not one of the operator's "
+                              f"engine_hosts ({hosts})")
+        if backend.repair is not None and backend.repair.action not in context.actions:
+            errors.append(f"{where}.repair.action: {backend.repair.action!r} is not an action "
+                          f"the operator file defines ({_known(context.actions)})")
+        if backend.api_key is not None and backend.api_key not in context.secrets:
+            errors.append(f"{where}.api_key: {backend.api_key!r} is not a secret the operator "
+                          f"file defines ({_known(context.secrets)})")
+    return errors
+
+
+def _known(names: frozenset[str]) -> str:
+    return "defined: " + ", ".join(sorted(names)) if names else "it defines none"

@@ -106,10 +106,9 @@ class PolicyStore:
             os.fsync(f.fileno())
         return number
 
-    @staticmethod
-    def validate(text: bytes | str) -> CompiledPolicy:
+    def validate(self, text: bytes | str) -> CompiledPolicy:
         """Parse and compile; raises PolicyError with every problem found."""
-        return compile_policy(parse_policy(text))
+        return compile_policy(parse_policy(text, self.holder.context))
 
     def check(self, if_match: str | None) -> None:
         """Raise StaleVersion unless `if_match` holds: the current version, `*` (any current

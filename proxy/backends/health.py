@@ -202,7 +202,7 @@ class HealthMonitor:
         """Check every engine of a backend; the backend is up while any of its engines is."""
         gw = self.gw
         backend = gw.policy.current.backend(name)
-        results = await asyncio.gather(*(self._check_url(url, backend.kind == "vllm")
+        results = await asyncio.gather(*(self._check_url(name, url, backend.kind == "vllm")
                                          for url in backend.endpoints))
         if any(ok for ok, _ in results):
             gw.live.success(name)
@@ -221,7 +221,8 @@ class HealthMonitor:
                             kv_usage=max(kv) if kv else None,
                             acceptance=window.acceptance(policy_window(gw)))
 
-    async def _check_url(self, url: str, scrape: bool) -> tuple[bool, Scrape | None]:
+    async def _check_url(self, name: str, url: str, scrape: bool
+                         ) -> tuple[bool, Scrape | None]:
         gw = self.gw
         state = gw.endpoints.state(url)
         timeout = max(1.0, gw.settings.scrape_interval_s)
@@ -239,7 +240,7 @@ class HealthMonitor:
                 return True, None
             reading = parse_vllm_metrics(body.decode(errors="replace"), time.monotonic())
         except Exception as exc:  # a scrape failure leaves the last reading in place
-            log.debug("scrape of %s failed: %s", url, exc)
+            log.debug("scrape of backend %s failed: %s", name, type(exc).__name__)
             return True, None
         running, waiting = reading.values.get("running"), reading.values.get("waiting")
         state.running = None if running is None else int(running)

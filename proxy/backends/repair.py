@@ -1,8 +1,8 @@
 """Guarded repair: restart a backend that stays down, within strict limits.
 
 The speculative path has crashed the GB10's engine; an engine that stays down should come back
-without a person. The gateway runs the backend's declared command (`docker restart NAME`,
-`systemctl restart NAME`) only after the backend has been down for `after_down_s`, at most
+without a person. The gateway runs the action the backend names, as the operator file defines it
+(`docker restart NAME`, `systemctl restart NAME`; the policy cannot define a command), only after the backend has been down for `after_down_s`, at most
 `max_per_hour` times an hour, never while it is starting (a cold start takes minutes and a
 restart would begin it again), one at a time. Every attempt is logged, counted and kept for
 the dashboard.
@@ -56,6 +56,9 @@ class Repairer:
         spec = backend.repair
         if spec is None or (st.running is not None and not st.running.done()):
             return
+        action = self.gw.operator.action(spec.action)
+        if action is None:  # validation refuses such a policy; never run what is not defined
+            return
         if now - st.down_since < spec.after_down_s:
             return
         recent = [t for t in st.attempts if now - t < 3600]
@@ -68,7 +71,7 @@ class Repairer:
         self.gw.live.starting(name, now + backend.startup_s)
         st.down_since = None
         st.running = asyncio.get_running_loop().create_task(
-            self._run(attempt, spec.command, spec.timeout_s), name=f"repair-{name}")
+            self._run(attempt, action.command, action.timeout_s), name=f"repair-{name}")
 
     async def _run(self, attempt: Attempt, command: list[str], timeout: float) -> None:
         log.warning("repairing backend %s: %s", attempt.backend, " ".join(command))

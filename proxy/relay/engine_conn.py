@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from proxy.relay.upstream import UpstreamError
+from proxy.relay.upstream import UpstreamError, describe
 
 Key = tuple[str, str, int]  # scheme, host, port
 
@@ -277,7 +277,8 @@ async def open_engine_stream(pool: EnginePool, url: str, payload: bytes,
     scheme = parts.scheme or "http"
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (443 if scheme == "https" else 80)
-    lines = [f"POST {parts.path or '/'} HTTP/1.1", f"host: {parts.netloc}",
+    # Never userinfo in the Host header (policy URLs refuse it; this holds for any caller).
+    lines = [f"POST {parts.path or '/'} HTTP/1.1", f"host: {parts.netloc.rpartition('@')[2]}",
              f"content-length: {len(payload)}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
@@ -314,5 +315,5 @@ async def _connect(pool: EnginePool, key: Key, timeout: float) -> EngineConnecti
             await asyncio.get_running_loop().create_connection(
                 lambda: conn, host, port, ssl=tls, server_hostname=host if tls else None)
     except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError: a bad certificate too
-        raise UpstreamError("connect", f"{type(exc).__name__}: {exc}") from exc
+        raise UpstreamError("connect", describe(exc)) from exc
     return conn

@@ -5,7 +5,6 @@ first byte, and the response start; the body then goes through the exchange's re
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -121,7 +120,8 @@ async def _connect(x: Exchange[R]) -> bool:
             status = 503
         record.outcome, record.status = "upstream_error", status
         await respond_error(x.send, status, f"no backend could serve the request: "
-                            f"{last_error}", headers=[*x.extra, (b"retry-after", b"5")])
+                            f"backend {record.backend!r}: {last_error}",
+                            headers=[*x.extra, (b"retry-after", b"5")])
         return False
     return True
 
@@ -136,7 +136,7 @@ async def open_engine(x: Exchange[R], body: dict[str, Any], backend: BackendSpec
     if decision.priority is not None and backend.priority_scheduling:
         inject.setdefault("priority", decision.priority)
     payload = upstream_body(body, inject, backend.served_model_name, usage)
-    up_headers = _upstream_headers(x.headers, x.request_id, backend)
+    up_headers = _upstream_headers(x.headers, x.request_id, x.gw.operator.secret(backend.api_key))
     return await x.relay.open(x, base + _PATHS[x.endpoint], payload, up_headers, check_status)
 
 
@@ -208,20 +208,15 @@ class Lease:
         gw.admission.release(self.backend, self.limit)
 
 
-def _upstream_headers(headers: dict[bytes, bytes], request_id: str, backend: BackendSpec
-                      ) -> dict[str, str]:
+def _upstream_headers(headers: dict[bytes, bytes], request_id: str,
+                      key: str | None) -> dict[str, str]:
     out = {"content-type": "application/json", "accept-encoding": "identity",
            "x-request-id": request_id}
     for name in _FORWARD_HEADERS:
         value = headers.get(name)
         if value is not None:
             out[name.decode()] = value.decode("latin-1")
-    key = backend_key(backend)
     if key:
         out["authorization"] = f"Bearer {key}"
     return out
 
-
-def backend_key(backend: Any) -> str | None:
-    env = getattr(backend, "api_key_env", None)
-    return os.environ.get(env) if env else None

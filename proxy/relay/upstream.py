@@ -33,6 +33,16 @@ class UpstreamError(Exception):
         self.status = status
 
 
+def describe(exc: BaseException) -> str:
+    """An error's kind and cause without the engine's address: client-facing messages name the
+    backend (the relay adds its name), never its host, port or URL."""
+    os_error = getattr(exc, "os_error", None)  # aiohttp's connector errors wrap the OSError
+    cause = os_error if isinstance(os_error, OSError) else exc
+    reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else ""
+    return f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
+
+
+
 @runtime_checkable
 class UpstreamResponse(Protocol):
     """An engine's answer as the request path sees it, whichever relay reads its body: the
@@ -81,7 +91,7 @@ class PulledResponse:
         except TimeoutError as exc:
             raise UpstreamError("timeout", f"no first byte in {timeout:g}s") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError("connect", f"{type(exc).__name__}: {exc}") from exc
+            raise UpstreamError("connect", describe(exc)) from exc
         if not data and self.status == 200 and self._resp.content_length != 0:
             raise UpstreamError("connect", "backend closed the response before the first byte")
         return data
@@ -129,10 +139,10 @@ class Upstream:
                                                allow_redirects=False)
                 return PulledResponse(resp, self._first_byte_timeout)
         except TimeoutError as exc:
-            raise UpstreamError("timeout", f"no response from {url} in "
+            raise UpstreamError("timeout", f"no response in "
                                 f"{self._first_byte_timeout:g}s") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise UpstreamError("connect", f"{type(exc).__name__}: {exc}") from exc
+            raise UpstreamError("connect", describe(exc)) from exc
 
     async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         """A short GET, for health checks and metric scrapes."""

@@ -41,12 +41,13 @@ def test_repair_restarts_a_dead_backend_within_limits(certs, tmp_path) -> None:
         policy = coder_policy({"deep": deep.url, "shallow": shallow.url})
         policy["backends"]["deep"].update({
             "startup_s": 5,
-            "repair": {"command": [sys.executable, str(RESTART_SIM), port,
-                                   str(pidfile), "dflash7-prob-block"],
-                       "after_down_s": 0.5, "max_per_hour": 2}})
+            "repair": {"action": "restart-deep", "after_down_s": 0.5, "max_per_hour": 2}})
+        # The command is the operator's (a server-side file); the policy only names it.
+        operator = {"actions": {"restart-deep": {"command": [
+            sys.executable, str(RESTART_SIM), port, str(pidfile), "dflash7-prob-block"]}}}
         policy["health"] = {"fail_after": 2, "recover_after": 1}
         try:
-            with GatewayServer(policy, certs=certs) as gw:
+            with GatewayServer(policy, certs=certs, operator=operator) as gw:
                 _wait(lambda: _health(gw, "deep") == "up")
                 time.sleep(5)  # past the boot window: a failure now means "down"
                 statuses: Counter[int] = Counter()

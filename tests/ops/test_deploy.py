@@ -15,6 +15,7 @@ import yaml
 
 from policies.schema import load_policy, validate_policy
 from proxy.ops import deploy
+from proxy.ops.deploy import secret_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -144,7 +145,7 @@ def test_promtool_accepts_the_rendered_prometheus_config(tmp_path: Path) -> None
         assert result.returncode == 0, result.stdout + result.stderr
     scraped = yaml.safe_load((tmp_path / "gb10" / "prometheus" / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in scraped["scrape_configs"]}
-    assert jobs["specrouter"]["static_configs"][0]["targets"] == [deploy.ADMIN_LISTEN]
+    assert jobs["specrouter"]["static_configs"][0]["targets"] == [deploy.METRICS_LISTEN]
     engines = {c["labels"]["backend"]: c["targets"][0] for c in jobs["vllm"]["static_configs"]}
     assert engines["coder-dflash7"] == "127.0.0.1:8001"
 
@@ -177,7 +178,8 @@ def test_systemd_env_example_names_real_settings() -> None:
     text = (DEPLOY / "systemd" / "specrouter.env.example").read_text()
     names = re.findall(r"^SPECROUTER_(\w+)=", text, re.M)
     fields = {f.upper() for f in Settings.model_fields}
-    policy_keys = {b.api_key_env for b in load_policy(GB10).backends.values() if b.api_key_env}
+    policy_keys = {secret_env(b.api_key) for b in load_policy(GB10).backends.values()
+                   if b.api_key}
     for name in names:
         assert name in fields or f"SPECROUTER_{name}" in policy_keys, name
 
@@ -206,7 +208,7 @@ def _wide_policy() -> dict[str, Any]:
         "backends": {
             "big": {"urls": ["http://127.0.0.1:9101", "http://localhost:9102"],
                     "served_model_name": "big", "max_concurrency": 8,
-                    "api_key_env": "BIG_KEY", "priority_scheduling": True,
+                    "api_key": "big-key", "priority_scheduling": True,
                     "speculative": {"method": "eagle3", "num_speculative_tokens": 4,
                                     "num_speculative_tokens_per_batch_size": [[1, 4, 4],
                                                                               [5, 16, 2]]}},
@@ -254,7 +256,7 @@ def test_wide_policy_renders_what_runs_here(tmp_path: Path) -> None:
     assert _spec(services["big-1"])["num_speculative_tokens_per_batch_size"] == [[1, 4, 4],
                                                                                 [5, 16, 2]]
     assert services["big-1"]["labels"][deploy.BACKEND_LABEL] == "big"
-    assert services["big-1"]["environment"]["VLLM_API_KEY"].startswith("${BIG_KEY:?")
+    assert services["big-1"]["environment"]["VLLM_API_KEY"].startswith("${SPECROUTER_BIG_KEY:?")
 
 
 def test_port_clash_is_refused() -> None:

@@ -20,8 +20,9 @@ def test_backend_key_replaces_the_client_key(certs, monkeypatch) -> None:
                             json={"model": "qwen3.8-27b", "messages": []})
         assert direct.status_code == 401
         policy = coder_policy({"a": sim.url})
-        policy["backends"]["a"]["api_key_env"] = "CODER_API_KEY"
-        with GatewayServer(policy, certs=certs) as gw:
+        policy["backends"]["a"]["api_key"] = "coder-key"  # defined by the operator, not here
+        operator = {"secrets": {"coder-key": {"env": "CODER_API_KEY"}}}
+        with GatewayServer(policy, certs=certs, operator=operator) as gw:
             with gw.client() as c:
                 r = c.post("/v1/chat/completions", json={
                     "model": "coder", "max_tokens": 2,

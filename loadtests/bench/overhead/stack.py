@@ -24,7 +24,7 @@ from proxy import auth
 from proxy.certs import CertFiles, make_local_ca
 
 BENCH_KEY = "sk-bench-overhead"
-ADMIN_TOKEN = "bench-admin-token"
+ADMIN_TOKEN = "bench-admin-token-of-thirty-two-chars"  # 32+: the gateway refuses less
 MODEL = "pacer"
 TARGETS = ("direct", "gateway", "nginx")
 

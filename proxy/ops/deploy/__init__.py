@@ -29,15 +29,18 @@ from proxy.ops.deploy.plan import (
     engine_command,
     engine_plans,
     env_suffix,
+    secret_env,
     speculative_config,
 )
 from proxy.ops.deploy.render import (
     ADMIN_LISTEN,
     GATEWAY_LISTEN,
+    METRICS_LISTEN,
     PROMETHEUS_LISTEN,
     render,
     render_compose,
     render_env_example,
+    render_operator,
     render_prometheus,
 )
 
@@ -45,6 +48,7 @@ __all__ = [
     "ADMIN_LISTEN",
     "BACKEND_LABEL",
     "GATEWAY_LISTEN",
+    "METRICS_LISTEN",
     "PROMETHEUS_LISTEN",
     "DeployError",
     "EngineArgs",
@@ -64,7 +68,9 @@ __all__ = [
     "render",
     "render_compose",
     "render_env_example",
+    "render_operator",
     "render_prometheus",
+    "secret_env",
     "speculative_config",
     "write_rendered",
 ]

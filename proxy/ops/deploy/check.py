@@ -21,6 +21,7 @@ from proxy.ops.deploy.plan import (
     DeployError,
     EnginePlan,
     engine_plans,
+    secret_env,
     speculative_config,
     to_json,
 )
@@ -187,11 +188,11 @@ def _check_engine(plan: EnginePlan, engine: EngineArgs) -> list[str]:
     flag("max-num-seqs", str(spec.max_concurrency), "max_concurrency")
     flag("port", str(plan.port), f"the port of {spec.endpoints[0]}")
     has_key = "api-key" in engine.flags or "VLLM_API_KEY" in engine.environment
-    if spec.api_key_env and not has_key:
-        out.append(f"{where}: the policy sends a key from {spec.api_key_env} but the engine has "
+    if spec.api_key and not has_key:
+        out.append(f"{where}: the policy sends the secret {spec.api_key} but the engine has "
                    "no --api-key (nor VLLM_API_KEY)")
-    elif not spec.api_key_env and has_key:
-        out.append(f"{where}: the engine requires an API key but the policy sets no api_key_env")
+    elif not spec.api_key and has_key:
+        out.append(f"{where}: the engine requires an API key but the policy sets no api_key")
     priority = engine.flags.get("scheduling-policy") == "priority"
     if priority != spec.priority_scheduling:
         out.append(f"{where}: scheduling policy is {'priority' if priority else 'fcfs'} in the "
@@ -326,7 +327,7 @@ def check_live(doc: PolicyDocument, fetch: Fetch,
     for name, backend in doc.backends.items():
         if backend.kind != "vllm":
             continue
-        key = env.get(backend.api_key_env) if backend.api_key_env else None
+        key = env.get(secret_env(backend.api_key)) if backend.api_key else None
         headers = {"authorization": f"Bearer {key}"} if key else {}
         for url in backend.endpoints:
             where = f"backend {name} at {url}"

@@ -48,6 +48,7 @@ def write_rendered(files: Mapping[str, str], out_dir: Path) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
+        tmp.chmod(0o644)  # never group-writable: the gateway refuses such an operator file
         os.replace(tmp, path)
         written.append(path)
     return written
@@ -64,8 +65,8 @@ def main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="render the stack's files from the policy")
     r.add_argument("policy", type=Path)
-    r.add_argument("--out", type=Path, help="write compose.yaml, prometheus/prometheus.yml and "
-                                            "env.example here (default: compose.yaml to stdout)")
+    r.add_argument("--out", type=Path, help="write compose.yaml, prometheus/prometheus.yml, "
+                                            "operator.yaml and env.example here (default: compose.yaml to stdout)")
     c = sub.add_parser("check", help="list every difference between a compose file (and/or "
                                      "the running engines) and the policy; exit 1 when any")
     c.add_argument("policy", type=Path)

@@ -63,6 +63,11 @@ def env_suffix(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").upper()
 
 
+def secret_env(name: str) -> str:
+    """`coder-key` -> `SPECROUTER_CODER_KEY`: where the rendered stack keeps a named secret."""
+    return "SPECROUTER_" + env_suffix(name)
+
+
 def engine_plans(doc: PolicyDocument) -> tuple[list[EnginePlan], list[Skipped]]:
     """The engines this machine runs (vLLM backends reached on loopback), and the others."""
     plans: list[EnginePlan] = []

@@ -1,5 +1,5 @@
 """The stack's files from the policy: compose.yaml (engines, gateway, Prometheus, Grafana),
-prometheus/prometheus.yml and env.example."""
+prometheus/prometheus.yml, operator.yaml (the secrets the policy names) and env.example."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from proxy.ops.deploy.plan import (
     EnginePlan,
     engine_command,
     engine_plans,
+    secret_env,
     speculative_config,
     to_json,
 )
@@ -24,10 +25,12 @@ from proxy.ops.deploy.plan import (
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ASSETS = REPO_ROOT / "deploy"  # grafana provisioning, the gateway's Dockerfile, systemd
 
-# The gateway inside the stack: public TLS listener on the host, admin listener on loopback only
-# (Prometheus scrapes it there; every service runs with the host's network).
+# The gateway inside the stack: public TLS listener on the host, admin listener and /metrics on
+# loopback only (Prometheus scrapes the metrics listener; every service uses the host's network).
 GATEWAY_LISTEN = "0.0.0.0:8443"
 ADMIN_LISTEN = "127.0.0.1:9443"
+METRICS_LISTEN = "127.0.0.1:9464"
+OPERATOR_FILE = "/etc/specrouter/operator.yaml"
 PROMETHEUS_LISTEN = "127.0.0.1:9090"
 GRAFANA_PORT = 3000
 PROMETHEUS_SCRAPE_INTERVAL = "5s"
@@ -97,9 +100,9 @@ def _engine_service(doc: PolicyDocument, plan: EnginePlan) -> list[str]:
                           f"      # - {_q(fb_arg)}"]
             continue
         lines.append(f"      - {_q(arg)}")
-    if spec.api_key_env:
-        lines += ["    environment:",
-                  f"      VLLM_API_KEY: ${{{spec.api_key_env}:?set {spec.api_key_env} in .env}}"]
+    if spec.api_key:
+        var = secret_env(spec.api_key)
+        lines += ["    environment:", f"      VLLM_API_KEY: ${{{var}:?set {var} in .env}}"]
     lines += [
         "    labels:",
         f"      {BACKEND_LABEL}: {plan.backend}",
@@ -142,8 +145,7 @@ def render_compose(doc: PolicyDocument, *, policy: Path, out_dir: Path) -> str:
     plans, skipped = engine_plans(doc)
     policy_dir = _rel(policy.parent, out_dir)
     policy_name = policy.name
-    api_keys = sorted({p.spec.api_key_env for p in plans if p.spec.api_key_env}
-                      | {b.api_key_env for b in doc.backends.values() if b.api_key_env})
+    api_keys = _secret_vars(doc)
     grafana = _rel(ASSETS / "grafana", out_dir)
     lines = [
         "# The GB10 stack: vLLM engines, the specrouter gateway, Prometheus and Grafana.",
@@ -169,6 +171,7 @@ def render_compose(doc: PolicyDocument, *, policy: Path, out_dir: Path) -> str:
     gateway_cmd = [
         "serve", f"--config=/etc/specrouter/policy/{policy_name}",
         f"--listen={GATEWAY_LISTEN}", f"--admin-listen={ADMIN_LISTEN}",
+        f"--metrics-listen={METRICS_LISTEN}", f"--operator-file={OPERATOR_FILE}",
         "--tls-cert=/etc/specrouter/tls/fullchain.pem",
         "--tls-key=/etc/specrouter/tls/privkey.pem",
         "--state-dir=/var/lib/specrouter",
@@ -191,6 +194,8 @@ def render_compose(doc: PolicyDocument, *, policy: Path, out_dir: Path) -> str:
         "    network_mode: host",
         "    volumes:",
         f"      - {policy_dir}:/etc/specrouter/policy",
+        f"      - ./operator.yaml:{OPERATOR_FILE}:ro   # chmod go-w: the gateway refuses it "
+        "otherwise",
         "      - ${SPECROUTER_TLS_DIR:-/etc/specrouter/tls}:/etc/specrouter/tls:ro",
         "      - specrouter-state:/var/lib/specrouter",
         "    read_only: true",
@@ -198,7 +203,7 @@ def render_compose(doc: PolicyDocument, *, policy: Path, out_dir: Path) -> str:
         "    cap_drop: [ALL]",
         "    security_opt: [no-new-privileges:true]",
         "    healthcheck:",
-        "      test: " + _healthcheck("python", f"http://{ADMIN_LISTEN}/metrics"),
+        "      test: " + _healthcheck("python", f"http://{METRICS_LISTEN}/metrics"),
         "      interval: 15s",
         "      timeout: 5s",
         "    stop_grace_period: 40s   # streams in flight get 30 s to finish",
@@ -246,7 +251,7 @@ def render_compose(doc: PolicyDocument, *, policy: Path, out_dir: Path) -> str:
 
 
 def render_prometheus(doc: PolicyDocument) -> str:
-    """Prometheus scrapes the gateway's admin /metrics (which re-exports every backend's engine
+    """Prometheus scrapes the gateway's metrics listener (which re-exports every backend's engine
     state with a `backend` label: one target suffices) and, for vLLM's own histograms, the
     engines directly."""
     plans, _ = engine_plans(doc)
@@ -262,7 +267,7 @@ def render_prometheus(doc: PolicyDocument) -> str:
         "  - job_name: specrouter",
         "    metrics_path: /metrics",
         "    static_configs:",
-        f"      - targets: ['{ADMIN_LISTEN}']",
+        f"      - targets: ['{METRICS_LISTEN}']",
     ]
     if plans:
         lines += [
@@ -284,9 +289,10 @@ def render_env_example(doc: PolicyDocument) -> str:
     lines = ["# Copy to .env next to compose.yaml (chmod 600) and fill in the secrets.",
              "# Every other line shows the default the compose file uses when it is unset.",
              "", "# Secrets (required; the dashboard token is optional)",
+             "# The admin token: 32 characters at least, e.g. `openssl rand -hex 32` (the "
+             "gateway refuses", "# a shorter one)",
              "SPECROUTER_ADMIN_TOKEN=", "SPECROUTER_DASHBOARD_TOKEN=", "GRAFANA_ADMIN_PASSWORD="]
-    keys = sorted({b.api_key_env for b in doc.backends.values() if b.api_key_env})
-    for k in keys:
+    for k in _secret_vars(doc):
         lines += ["# An engine's API key (vLLM's --api-key), which the gateway sends to it", f"{k}="]
     lines += ["", "# Where things are on the host; the TLS directory holds fullchain.pem and "
               "privkey.pem", "SPECROUTER_TLS_DIR=/etc/specrouter/tls",
@@ -310,10 +316,28 @@ def render_env_example(doc: PolicyDocument) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _secret_vars(doc: PolicyDocument) -> list[str]:
+    return sorted({secret_env(b.api_key) for b in doc.backends.values() if b.api_key})
+
+
+def render_operator(doc: PolicyDocument) -> str:
+    """The operator file: each secret the policy names, read from the stack's environment; the
+    engines on loopback. Repair actions, if any, are the operator's to add here by hand."""
+    names = sorted({b.api_key for b in doc.backends.values() if b.api_key})
+    lines = ["# Rendered by `specrouter deploy render`. What the admin-editable policy may name but",
+             "# not define: engine secrets, repair actions, engine hosts. Keep it chmod go-w.",
+             "secrets:" + ("" if names else " {}")]
+    lines += [f"  {n}: {{env: {secret_env(n)}}}" for n in names]
+    lines += ["actions: {}   # e.g. restart-coder: {command: [docker, restart, NAME]}",
+              "engine_hosts: ['127.0.0.1', '::1', localhost]"]
+    return "\n".join(lines) + "\n"
+
+
 def render(doc: PolicyDocument, *, policy: Path, out_dir: Path) -> dict[str, str]:
     """Every rendered file, by path relative to `out_dir`."""
     return {
         "compose.yaml": render_compose(doc, policy=policy, out_dir=out_dir),
+        "operator.yaml": render_operator(doc),
         "prometheus/prometheus.yml": render_prometheus(doc),
         "env.example": render_env_example(doc),
     }
