@@ -133,6 +133,7 @@ class Child:
         except (OSError, ValueError):  # the pipe was closed under us
             pass
         finally:
+            self.proc.stdout.close()  # at EOF: the child is gone; no pipe left to the collector
             self._ended.set()
             self._ready.set()
 
@@ -142,14 +143,16 @@ class Child:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout`."""
         proc = self.proc
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self._ended.wait(5)  # its last lines read and its pipe closed
 
     def kill(self) -> None:
         """SIGKILL: the process dies with its connections, as a crashed one does."""
@@ -157,3 +160,5 @@ class Child:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=5)
+        if proc is not None:
+            self._ended.wait(5)
