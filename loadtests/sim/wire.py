@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from .engine import SpecStats
+from .sequences import SpecStats
 
 DONE = b"data: [DONE]\n\n"
 VLLM_VERSION = "0.28.0"
