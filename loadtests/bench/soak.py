@@ -64,8 +64,9 @@ import httpx
 import orjson
 import yaml
 
+from proxy.vllm_wire import DATA, DONE, DONE_PAYLOAD, ERROR_FRAME_PREFIX
+
 SERVED = "qwen3.8-27b"
-DONE = b"data: [DONE]\n\n"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LOST = frozenset({"cut", "hung", "bad", "refused"})
 LEAN_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "16384", "MALLOC_TRIM_THRESHOLD_": "0"}
@@ -301,9 +302,9 @@ def classify(reply: _Reply | None, stream: bool) -> tuple[str, str]:
     if reply.headers.get("content-type", "").startswith("text/event-stream"):
         if not body.endswith(DONE):
             return "cut", f"stream ended without [DONE]: {body[-120:]!r}"
-        if body.count(b"data: [DONE]") != 1:
+        if body.count(DATA + DONE_PAYLOAD) != 1:
             return "bad", "[DONE] more than once"
-        idx = body.find(b'data: {"error"')
+        idx = body.find(ERROR_FRAME_PREFIX)
         if idx >= 0:
             end = body.find(b"\n\n", idx)
             try:

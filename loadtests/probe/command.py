@@ -46,6 +46,7 @@ from loadtests.probe.report import (
 )
 from loadtests.probe.run import MetricsSource, Probe, ProbeConfig, Progress, fmt_duration
 from loadtests.probe.stats import summarize, temp_label
+from proxy.vllm_wire import Family
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
 DEFAULT_TEMPERATURES = "0.7,unset"
@@ -247,7 +248,7 @@ async def discover(args: argparse.Namespace, key: str | None,
             if "specrouter_backend_generation_tokens" in text:
                 sources.append(MetricsSource(u, "gateway",
                                              tuple(backends) if backends is not None else None))
-            elif "vllm:generation_tokens" in text:
+            elif Family.GENERATION_TOKENS in text:
                 sources.append(MetricsSource(u, "engine"))
             else:
                 raise SystemExit(f"specrouter probe: {u} (HTTP {resp.status_code}) has neither "

@@ -38,6 +38,7 @@ import orjson
 from loadtests.probe import prompts
 from loadtests.probe.metrics import Reading, parse_engine, parse_gateway, total, window_figures
 from loadtests.probe.stats import p50_p95, temp_label
+from proxy.vllm_wire import DONE_PAYLOAD
 
 SourceKind = Literal["engine", "gateway"]
 
@@ -582,7 +583,7 @@ def _frame_kind(frame: bytes) -> str:
             data = line[5:].strip()
     if not data:
         return "other"
-    if data == b"[DONE]":
+    if data == DONE_PAYLOAD:
         return "done"
     try:
         obj = orjson.loads(data)

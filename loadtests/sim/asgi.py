@@ -14,7 +14,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from .wire import Json
+from proxy.vllm_wire import Json
 
 TRANSPORT_KEY = "specrouter.transport"
 

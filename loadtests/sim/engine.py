@@ -2,8 +2,8 @@
 
 `EngineCore` (core.py) is the model and has no I/O and no clock of its own (callers pass `now`),
 so it can be driven step by step in tests; requests and sequences are in sequences.py, the prefix
-cache in prefix_cache.py. `Engine` runs the core on the event loop: plan a step, sleep for the step's
-(scaled) duration, apply it, and hand each sequence's new tokens to its request.
+cache in prefix_cache.py. `Engine` runs the core on the event loop: plan a step, sleep for the
+step's (scaled) duration, apply it, and hand each sequence's new tokens to its request.
 
 What one step does, as in vLLM's V1 scheduler:
 * waiting requests are admitted FIFO while fewer than `max_num_seqs` run and the KV cache has

@@ -9,6 +9,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy import vllm_wire
+
 from . import protocol, wire
 from .asgi import DropResponse, FrameSource, json_response
 from .protocol import (
@@ -136,7 +138,7 @@ async def _frames(
     tail: list[bytes] = []
     if p.include_usage:
         tail.append(usage_chunk(sum(completion), sim.spec_metrics(req, full=False)))
-    tail.append(wire.DONE)
+    tail.append(vllm_wire.DONE)
     yield tail
 
 

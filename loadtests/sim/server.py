@@ -19,6 +19,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from proxy import vllm_wire
+
 from . import wire
 from .asgi import TRANSPORT_KEY, json_response
 from .embeddings import embeddings
@@ -115,7 +117,7 @@ async def sim_faults(sim: Sim, request: Request) -> Response:
             mode = data.pop("mode")
             sim.faults.set(mode, data)
         except (FaultError, orjson.JSONDecodeError) as err:
-            return json_response(wire.error_body(str(err), "BadRequestError", 400), 400)
+            return json_response(vllm_wire.error_body(str(err), "BadRequestError", 400), 400)
     return json_response({"active_faults": sim.faults.active()})
 
 
@@ -149,7 +151,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     from http import HTTPStatus
 
     phrase = HTTPStatus(exc.status_code).phrase
-    return json_response(wire.error_body(str(exc.detail), phrase, exc.status_code), exc.status_code)
+    body = vllm_wire.error_body(str(exc.detail), phrase, exc.status_code)
+    return json_response(body, exc.status_code)
 
 
 def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:

@@ -14,6 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
+from proxy import vllm_wire
+from proxy.vllm_wire import Json
+
 from . import protocol, wire
 from .asgi import FrameSource, SSEResponse, json_response
 from .engine import Engine, EngineCore, EngineRequest, SamplingSpec
@@ -22,7 +25,6 @@ from .metrics import SimMetrics
 from .profiles import Profile
 from .protocol import ChatRequest, CompletionRequest
 from .textgen import derive_seed, split_pieces, token_ids
-from .wire import Json
 
 # Tokenizing a long prompt takes milliseconds; beyond this size it runs in a worker thread so the
 # engine loop keeps its step deadlines.
@@ -122,13 +124,13 @@ class Sim:
             return None
         self.stats.errors += 1
         if status == 500:
-            body = wire.error_body(
+            body = vllm_wire.error_body(
                 "EngineCore encountered an issue. See stack trace (above) for the root cause.",
                 "InternalServerError",
                 500,
             )
         else:
-            body = wire.error_body("Service Unavailable", "Service Unavailable", 503)
+            body = vllm_wire.error_body("Service Unavailable", "Service Unavailable", 503)
         return json_response(body, status)
 
     def drop_after(self) -> int | None:
@@ -304,13 +306,13 @@ class Sim:
         self.stats.errors += 1
         if not p.stream:
             return json_response(
-                wire.error_body(protocol.SPEC_UNSUPPORTED, "BadRequestError", 400), 400
+                vllm_wire.error_body(protocol.SPEC_UNSUPPORTED, "BadRequestError", 400), 400
             )
 
         async def frames() -> FrameSource:
             yield [
-                wire.streaming_error_frame(protocol.SPEC_UNSUPPORTED, "BadRequestError", 400),
-                wire.DONE,
+                vllm_wire.error_event(protocol.SPEC_UNSUPPORTED, "BadRequestError", 400),
+                vllm_wire.DONE,
             ]
 
         return SSEResponse(

@@ -20,6 +20,7 @@ from proxy.relay import sse
 from proxy.relay.errors import sse_error_event
 from proxy.relay.measure import Measurement, StreamFilter
 from proxy.relay.upstream import UpstreamError
+from proxy.vllm_wire import CRLF_DONE, DONE
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -118,7 +119,7 @@ async def first_chunk(resp: aiohttp.ClientResponse, timeout: float) -> bytes:
 
 
 # How a complete stream ends: vLLM's `[DONE]`, or on /v1/responses a terminal event.
-CHAT_ENDS = (sse.DONE,)
+CHAT_ENDS = (DONE,)
 RESPONSES_ENDS = (b"event: response.completed", b"event: response.incomplete",
                   b"event: response.failed")
 
@@ -222,7 +223,7 @@ async def end_stream(send: Send, filt: StreamFilter, outcome: str, error: bytes)
 
 def _ended(out: bytes, ends: tuple[bytes, ...]) -> bool:
     if ends is CHAT_ENDS:
-        return out.endswith((sse.DONE, sse.CRLF_DONE))
+        return out.endswith((DONE, CRLF_DONE))
     body = out.replace(b"\r\n", b"\n") if b"\r\n" in out else out
     idx = body.rfind(b"\n\n", 0, len(body) - 2)
     last = body if idx < 0 else body[idx + 2 :]
