@@ -43,7 +43,8 @@ from typing import Any, cast
 import httptools
 import orjson
 
-DONE = b"data: [DONE]\n\n"
+from proxy.vllm_wire import DONE
+
 FINGERPRINT = "vllm-0.28.0-pacer000"
 _TOKEN = " tok"
 

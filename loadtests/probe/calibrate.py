@@ -31,6 +31,7 @@ import httpx
 
 from loadtests.harness.launch import SIM_READY, Child, cli, sim_args
 from loadtests.harness.procfs import cpu_seconds
+from proxy.vllm_wire import Family, counter_sample
 
 STREAMS = (1, 2, 4, 8, 16)
 TOKS_TOL = 0.10
@@ -176,18 +177,18 @@ async def _run_cell(
         for _ in range(200):
             m = _counters((await client.get(f"{sim.url}/metrics")).text)
             if (
-                m.get("vllm:num_requests_running", 0) == 0
-                and m.get("vllm:num_requests_waiting", 0) == 0
+                m.get(Family.RUNNING, 0) == 0
+                and m.get(Family.WAITING, 0) == 0
             ):
                 break
             await asyncio.sleep(0.01)
     dt = t1 - t0
-    gen = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
-    drafts = after.get("vllm:spec_decode_num_drafts_total", 0) - before.get(
-        "vllm:spec_decode_num_drafts_total", 0
+    gen = after[counter_sample(Family.GENERATION_TOKENS)] - before[counter_sample(Family.GENERATION_TOKENS)]
+    drafts = after.get(counter_sample(Family.SPEC_DRAFTS), 0) - before.get(
+        counter_sample(Family.SPEC_DRAFTS), 0
     )
-    acc = after.get("vllm:spec_decode_num_accepted_tokens_total", 0) - before.get(
-        "vllm:spec_decode_num_accepted_tokens_total", 0
+    acc = after.get(counter_sample(Family.SPEC_ACCEPTED), 0) - before.get(
+        counter_sample(Family.SPEC_ACCEPTED), 0
     )
     tok_s = gen / (dt / time_scale)
     accept = 1.0 + acc / drafts if drafts else float("nan")

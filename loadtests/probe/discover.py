@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from loadtests.probe.run import MetricsSource
+from proxy.vllm_wire import Family
 
 
 def _base(url: str) -> str:
@@ -111,7 +112,7 @@ async def discover(args: argparse.Namespace, key: str | None,
             if "specrouter_backend_generation_tokens" in text:
                 sources.append(MetricsSource(u, "gateway",
                                              tuple(backends) if backends is not None else None))
-            elif "vllm:generation_tokens" in text:
+            elif Family.GENERATION_TOKENS in text:
                 sources.append(MetricsSource(u, "engine"))
             else:
                 raise SystemExit(f"specrouter probe: {u} (HTTP {resp.status_code}) has neither "

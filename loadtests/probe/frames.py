@@ -6,6 +6,8 @@ import contextlib
 
 import orjson
 
+from proxy.vllm_wire import DONE_PAYLOAD
+
 
 def _frame_kind(frame: bytes) -> str:
     """'token', 'error', 'done' or 'other' for one SSE frame."""
@@ -15,7 +17,7 @@ def _frame_kind(frame: bytes) -> str:
             data = line[5:].strip()
     if not data:
         return "other"
-    if data == b"[DONE]":
+    if data == DONE_PAYLOAD:
         return "done"
     try:
         obj = orjson.loads(data)

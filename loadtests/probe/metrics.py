@@ -18,15 +18,17 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.vllm_wire import Family
+
 _ENGINE = {
-    "vllm:generation_tokens": "generation",
-    "vllm:prompt_tokens": "prompt",
-    "vllm:spec_decode_num_drafts": "drafts",
-    "vllm:spec_decode_num_accepted_tokens": "accepted",
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
+    Family.GENERATION_TOKENS: "generation",
+    Family.PROMPT_TOKENS: "prompt",
+    Family.SPEC_DRAFTS: "drafts",
+    Family.SPEC_ACCEPTED: "accepted",
+    Family.RUNNING: "running",
+    Family.WAITING: "waiting",
 }
-_ENGINE_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+_ENGINE_PER_POS = Family.SPEC_ACCEPTED_PER_POS
 
 _GATEWAY = {
     "specrouter_backend_generation_tokens": "generation",

@@ -16,8 +16,10 @@ from typing import Any
 
 import uvicorn
 
+from .asgi import SimulatedCrash
 from .profiles import ProfileError, load_profiles
-from .server import SimConfig, SimulatedCrash, create_app
+from .server import create_app
+from .state import SimConfig
 
 LISTENING = "specrouter-sim listening on http://{host}:{port}"
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
+from proxy.vllm_wire import Family
+
 TTFT_BUCKETS = (
     0.001,
     0.005,
@@ -114,32 +116,32 @@ class SimMetrics:
             return Histogram(name, doc, names, registry=reg, buckets=buckets)
 
         self.running = gauge(
-            "vllm:num_requests_running", "Number of requests in model execution batches."
+            Family.RUNNING, "Number of requests in model execution batches."
         ).labels(*lv)
         self.waiting = gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+            Family.WAITING, "Number of requests waiting to be processed."
         ).labels(*lv)
         self.kv_usage = gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+            Family.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage."
         ).labels(*lv)
         self.prefix_queries = counter(
-            "vllm:prefix_cache_queries",
+            Family.PREFIX_CACHE_QUERIES,
             "Prefix cache queries, in terms of number of queried tokens.",
         ).labels(*lv)
         self.prefix_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+            Family.PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens."
         ).labels(*lv)
         self.preemptions = counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+            Family.PREEMPTIONS, "Cumulative number of preemption from the engine."
         ).labels(*lv)
         self.prompt_tokens = counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed."
+            Family.PROMPT_TOKENS, "Number of prefill tokens processed."
         ).labels(*lv)
         self.generation_tokens = counter(
-            "vllm:generation_tokens", "Number of generation tokens processed."
+            Family.GENERATION_TOKENS, "Number of generation tokens processed."
         ).labels(*lv)
         success = Counter(
-            "vllm:request_success",
+            Family.REQUEST_SUCCESS,
             "Count of successfully processed requests.",
             [*names, "finished_reason"],
             registry=reg,
@@ -148,33 +150,33 @@ class SimMetrics:
         self.success = {r: success.labels(*lv, r) for r in FINISH_REASONS}
         token_buckets = _one_two_five(max_model_len)
         self.request_prompt_tokens = histogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
+            Family.REQUEST_PROMPT_TOKENS, "Number of prefill tokens processed.", token_buckets
         ).labels(*lv)
         self.request_generation_tokens = histogram(
-            "vllm:request_generation_tokens",
+            Family.REQUEST_GENERATION_TOKENS,
             "Number of generation tokens processed.",
             token_buckets,
         ).labels(*lv)
         self.request_max_tokens = histogram(
-            "vllm:request_params_max_tokens",
+            Family.REQUEST_MAX_TOKENS,
             "Histogram of the max_tokens request parameter.",
             token_buckets,
         ).labels(*lv)
         self.request_n = histogram(
-            "vllm:request_params_n", "Histogram of the n request parameter.", (1, 2, 5, 10, 20)
+            Family.REQUEST_N, "Histogram of the n request parameter.", (1, 2, 5, 10, 20)
         ).labels(*lv)
         self.ttft = histogram(
-            "vllm:time_to_first_token_seconds",
+            Family.TTFT,
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
         ).labels(*lv)
         self.itl = histogram(
-            "vllm:inter_token_latency_seconds",
+            Family.ITL,
             "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
         ).labels(*lv)
         self.tpot = histogram(
-            "vllm:request_time_per_output_token_seconds",
+            Family.TPOT,
             "Histogram of time_per_output_token_seconds per request.",
             ITL_BUCKETS,
         ).labels(*lv)
@@ -184,22 +186,22 @@ class SimMetrics:
             REQUEST_LATENCY_BUCKETS,
         ).labels(*lv)
         self.queue_time = histogram(
-            "vllm:request_queue_time_seconds",
+            Family.QUEUE_TIME,
             "Histogram of time spent in WAITING phase for request.",
             REQUEST_LATENCY_BUCKETS,
         ).labels(*lv)
         self.inference_time = histogram(
-            "vllm:request_inference_time_seconds",
+            Family.INFERENCE_TIME,
             "Histogram of time spent in RUNNING phase for request.",
             REQUEST_LATENCY_BUCKETS,
         ).labels(*lv)
         self.prefill_time = histogram(
-            "vllm:request_prefill_time_seconds",
+            Family.PREFILL_TIME,
             "Histogram of time spent in PREFILL phase for request.",
             REQUEST_LATENCY_BUCKETS,
         ).labels(*lv)
         self.decode_time = histogram(
-            "vllm:request_decode_time_seconds",
+            Family.DECODE_TIME,
             "Histogram of time spent in DECODE phase for request.",
             REQUEST_LATENCY_BUCKETS,
         ).labels(*lv)
@@ -208,16 +210,16 @@ class SimMetrics:
         self.spec_enabled = num_spec_tokens > 0
         if self.spec_enabled:
             self.spec_drafts = counter(
-                "vllm:spec_decode_num_drafts", "Number of spec decoding drafts."
+                Family.SPEC_DRAFTS, "Number of spec decoding drafts."
             ).labels(*lv)
             self.spec_draft_tokens = counter(
-                "vllm:spec_decode_num_draft_tokens", "Number of draft tokens."
+                Family.SPEC_DRAFT_TOKENS, "Number of draft tokens."
             ).labels(*lv)
             self.spec_accepted = counter(
-                "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."
+                Family.SPEC_ACCEPTED, "Number of accepted tokens."
             ).labels(*lv)
             per_pos = Counter(
-                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                Family.SPEC_ACCEPTED_PER_POS,
                 "Accepted tokens per draft position.",
                 [*names, "position"],
                 registry=reg,

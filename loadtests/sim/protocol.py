@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from . import wire
+from proxy import vllm_wire
 
 Json = dict[str, Any]
 
@@ -36,12 +36,13 @@ class RequestError(Exception):
 
 
 def bad_request(message: str, param: str | None = None) -> RequestError:
-    return RequestError(400, wire.error_body(message, "BadRequestError", 400, param))
+    return RequestError(400, vllm_wire.error_body(message, "BadRequestError", 400, param))
 
 
 def not_found_model(model: str) -> RequestError:
     return RequestError(
-        404, wire.error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model")
+        404,
+        vllm_wire.error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model"),
     )
 
 
@@ -170,7 +171,7 @@ def _validation_error(errors: list[dict[str, Any]]) -> RequestError:
     count = len(errors)
     message = f"{count} validation {'error' if count == 1 else 'errors'}:\n"
     message += "".join(f"  {err}\n" for err in errors)
-    return RequestError(400, wire.error_body(message.rstrip(), "Bad Request", 400, param))
+    return RequestError(400, vllm_wire.error_body(message.rstrip(), "Bad Request", 400, param))
 
 
 def parse(model: type[M], body: bytes) -> M:

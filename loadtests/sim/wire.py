@@ -9,52 +9,16 @@ follows the reference (`shared/reference/vllm-wire-format.md` §1, §2.4, §6, �
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import orjson
+from proxy.vllm_wire import Json, sse, sse_event, usage
 
-from .engine import SpecStats
+from .sequences import SpecStats
 
-DONE = b"data: [DONE]\n\n"
 VLLM_VERSION = "0.28.0"
-
-Json = dict[str, Any]
-
-
-def sse(obj: Json) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-def sse_event(event_type: str, obj: Json) -> bytes:
-    """Responses API framing: an `event:` line, then `data:`; no [DONE]."""
-    return b"event: " + event_type.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n"
-
-
-# -- errors --------------------------------------------------------------------------------------
-
-
-def error_body(message: str, err_type: str, code: int, param: str | None = None) -> Json:
-    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
-
-
-def streaming_error_frame(
-    message: str, err_type: str, code: int, param: str | None = None
-) -> bytes:
-    """Mid-stream errors are dumped with `json.dumps` in vLLM, so they have spaces."""
-    return b"data: " + json.dumps(error_body(message, err_type, code, param)).encode() + b"\n\n"
 
 
 # -- usage and per-request metrics ---------------------------------------------------------------
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> Json:
-    # vLLM's UsageInfo field order: total_tokens comes before completion_tokens.
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-    }
 
 
 def full_usage(prompt_tokens: int, completion_tokens: int) -> Json:

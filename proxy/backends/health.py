@@ -20,19 +20,20 @@ from policies.types import GuardState
 from proxy.backends.repair import Repairer
 from proxy.gateway import Gateway
 from proxy.observe.metrics import BackendCollector
+from proxy.vllm_wire import Family
 
 log = logging.getLogger("specrouter.health")
 
 WANTED = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:kv_cache_usage_perc": "kv_usage",
-    "vllm:spec_decode_num_drafts": "drafts",
-    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "accepted",
-    "vllm:prefix_cache_queries": "prefix_queries",
-    "vllm:prefix_cache_hits": "prefix_hits",
-    "vllm:generation_tokens": "generation_tokens",
+    Family.RUNNING: "running",
+    Family.WAITING: "waiting",
+    Family.KV_CACHE_USAGE: "kv_usage",
+    Family.SPEC_DRAFTS: "drafts",
+    Family.SPEC_DRAFT_TOKENS: "draft_tokens",
+    Family.SPEC_ACCEPTED: "accepted",
+    Family.PREFIX_CACHE_QUERIES: "prefix_queries",
+    Family.PREFIX_CACHE_HITS: "prefix_hits",
+    Family.GENERATION_TOKENS: "generation_tokens",
 }
 
 
@@ -49,7 +50,7 @@ def parse_vllm_metrics(text: str, t: float) -> Scrape:
     out = Scrape(t)
     for family in text_string_to_metric_families(text):
         key = WANTED.get(family.name)
-        if key is None and family.name != "vllm:spec_decode_num_accepted_tokens_per_pos":
+        if key is None and family.name != Family.SPEC_ACCEPTED_PER_POS:
             continue
         for sample in family.samples:
             if sample.name.endswith("_created"):

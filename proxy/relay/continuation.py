@@ -16,9 +16,10 @@ import orjson
 
 from proxy.relay import sse
 from proxy.relay.measure import Measurement, StreamFilter
+from proxy.vllm_wire import DATA_OBJECT, ERROR_FRAME_PREFIX, USAGE_KEY
 
 _CREATED = re.compile(rb'"created":\d+')
-_USAGE_OFFSET = len(sse.USAGE_KEY) - 1
+_USAGE_OFFSET = len(USAGE_KEY) - 1
 
 
 class ContinuableFilter(StreamFilter):
@@ -41,7 +42,7 @@ class ContinuableFilter(StreamFilter):
         self.continuing = False
 
     def frame(self, frame: bytes, now: float) -> bytes:
-        if not frame.startswith(b"data: {") or frame.startswith(b'data: {"error"'):
+        if not frame.startswith(DATA_OBJECT) or frame.startswith(ERROR_FRAME_PREFIX):
             return super().frame(frame, now)
         if self.continuing:
             frame = self._splice(frame)

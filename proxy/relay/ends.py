@@ -7,9 +7,10 @@ from proxy.relay import sse
 from proxy.relay.asgi import Send
 from proxy.relay.errors import sse_error_event
 from proxy.relay.measure import Measurement, StreamFilter
+from proxy.vllm_wire import CRLF_DONE, DONE
 
 # How a complete stream ends: vLLM's `[DONE]`, or on /v1/responses a terminal event.
-CHAT_ENDS = (sse.DONE,)
+CHAT_ENDS = (DONE,)
 RESPONSES_ENDS = (b"event: response.completed", b"event: response.incomplete",
                   b"event: response.failed")
 
@@ -26,7 +27,7 @@ def filter_read(splitter: sse.FrameSplitter, filt: StreamFilter, data: bytes, no
 def at_end(out: bytes, ends: tuple[bytes, ...]) -> bool:
     """Whether what was just sent finishes with the stream's end event."""
     if ends is CHAT_ENDS:
-        return out.endswith((sse.DONE, sse.CRLF_DONE))
+        return out.endswith((DONE, CRLF_DONE))
     body = out.replace(b"\r\n", b"\n") if b"\r\n" in out else out
     idx = body.rfind(b"\n\n", 0, len(body) - 2)
     last = body if idx < 0 else body[idx + 2 :]

@@ -7,6 +7,8 @@ from http import HTTPStatus
 
 import orjson
 
+from proxy import vllm_wire
+
 _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
@@ -36,13 +38,8 @@ def error_body(
     code: int | str | None = None,
 ) -> bytes:
     """vLLM's `ErrorResponse` shape: OpenAI's, with an integer `code` by default."""
-    err = {
-        "message": message,
-        "type": type_ or error_type(status),
-        "param": param,
-        "code": status if code is None else code,
-    }
-    return orjson.dumps({"error": err})
+    return orjson.dumps(vllm_wire.error_body(
+        message, type_ or error_type(status), status if code is None else code, param))
 
 
 def sse_error_event(status: int, message: str, *, type_: str | None = None,
@@ -54,6 +51,4 @@ def sse_error_event(status: int, message: str, *, type_: str | None = None,
     if responses:
         event = {"type": "error", "code": str(status), "message": message, "param": None}
         return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
-    err = {"error": {"message": message, "type": type_ or error_type(status), "param": None,
-                     "code": status}}
-    return b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
+    return vllm_wire.error_event(message, type_ or error_type(status), status) + vllm_wire.DONE

@@ -14,8 +14,9 @@ from typing import Any
 import orjson
 
 from proxy.relay import sse
+from proxy.vllm_wire import DATA_OBJECT, ERROR_FRAME_PREFIX, METRICS, SPEC_DECODING, USAGE_KEY
 
-_USAGE_OFFSET = len(sse.USAGE_KEY) - 1  # where the usage object's `{` starts in the span
+_USAGE_OFFSET = len(USAGE_KEY) - 1  # where the usage object's `{` starts in the span
 _FINISH = b'"finish_reason":"'
 _EMPTY_CHOICES = b'"choices":[]'
 
@@ -121,9 +122,9 @@ class Measurement:
             self.error = str(obj["error"].get("message"))
 
     def _record_metrics(self, obj: dict[str, Any]) -> None:
-        metrics = obj.get("metrics")
-        if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
-            self.spec = metrics["speculative_decoding"]
+        metrics = obj.get(METRICS)
+        if isinstance(metrics, dict) and isinstance(metrics.get(SPEC_DECODING), dict):
+            self.spec = metrics[SPEC_DECODING]
 
 
 class StreamFilter:
@@ -154,9 +155,9 @@ class StreamFilter:
     def frame(self, frame: bytes, now: float) -> bytes:
         if self.rename is not None:
             frame = frame.replace(self.rename[0], self.rename[1])
-        if not frame.startswith(b"data: {"):
+        if not frame.startswith(DATA_OBJECT):
             return self.release() + frame  # [DONE], or anything we do not interpret
-        if frame.startswith(b'data: {"error"'):
+        if frame.startswith(ERROR_FRAME_PREFIX):
             self._record_error(frame)
             return self.release() + frame
         span = sse.usage_span(frame)

@@ -7,11 +7,9 @@ of the bytes, so everything else reaches the client exactly as the engine wrote 
 
 from __future__ import annotations
 
-FRAME_END = b"\n\n"
-USAGE_KEY = b',"usage":{'
-FINGERPRINT_KEY = b',"system_fingerprint":"'
-DONE = b"data: [DONE]\n\n"
-CRLF_DONE = b"data: [DONE]\r\n\r\n"
+# vLLM's framing facts live in proxy.vllm_wire; the relay's tests read DONE from here.
+from proxy.vllm_wire import DONE as DONE
+from proxy.vllm_wire import FINGERPRINT_KEY, FRAME_END, USAGE_KEY
 
 
 class FrameSplitter:

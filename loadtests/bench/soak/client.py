@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import orjson
 
 from loadtests.harness.rawhttp import Conn, Reply, Target
+from proxy.vllm_wire import DATA, DONE, DONE_PAYLOAD, ERROR_FRAME_PREFIX
 
-DONE = b"data: [DONE]\n\n"
 LOST = frozenset({"cut", "hung", "bad", "refused"})
 ERRORS = frozenset({"error_event", "http_error"})
 
@@ -63,9 +63,9 @@ def classify(reply: Reply | None, stream: bool) -> tuple[str, str]:
     if reply.headers.get("content-type", "").startswith("text/event-stream"):
         if not body.endswith(DONE):
             return "cut", f"stream ended without [DONE]: {body[-120:]!r}"
-        if body.count(b"data: [DONE]") != 1:
+        if body.count(DATA + DONE_PAYLOAD) != 1:
             return "bad", "[DONE] more than once"
-        idx = body.find(b'data: {"error"')
+        idx = body.find(ERROR_FRAME_PREFIX)
         if idx >= 0:
             end = body.find(b"\n\n", idx)
             try:

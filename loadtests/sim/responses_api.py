@@ -1,0 +1,152 @@
+"""`/v1/responses`: the Responses API on the same engine (typed events, no `[DONE]`)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from . import protocol, wire
+from .asgi import DropResponse, FrameSource, json_response
+from .engine import EngineRequest, SamplingSpec
+from .protocol import (
+    RequestError,
+    ResponsesRequest,
+)
+from .state import Sim
+
+
+async def responses(sim: Sim, request: Request) -> Response:
+    sim.stats.requests += 1
+    gated = sim.gate()
+    if gated is not None:
+        return gated
+    try:
+        req = protocol.parse(ResponsesRequest, await request.body())
+        sim.check_model(req.model)
+        messages = protocol.render_responses_input(req)
+        prompt_ids, hashes = await sim.tokenize(protocol.render_chat(messages, None))
+        max_tokens = protocol.resolve_max_tokens(
+            req.max_output_tokens, len(prompt_ids), sim.profile.max_model_len
+        )
+        temperature = 1.0 if req.temperature is None else req.temperature
+        protocol.check_sampling(1, temperature, req.top_p, max_tokens)
+    except RequestError as err:
+        sim.stats.errors += 1
+        return json_response(err.body, err.status)
+    if sim.drop_after() is not None and not req.stream:
+        return DropResponse()
+    rid = request.headers.get("x-request-id") or secrets.token_hex(8)
+    ereq = sim.new_request(
+        f"resp_{rid}",
+        prompt_key=("responses", [m.model_dump() for m in messages]).__repr__(),
+        prompt_ids=prompt_ids,
+        hashes=hashes,
+        sampling=SamplingSpec(max_tokens=max_tokens, temperature=temperature),
+        n=1,
+        seed=req.seed,
+    )
+    events = wire.ResponsesEvents(
+        response_id=f"resp_{rid}",
+        item_id=f"msg_{secrets.token_hex(8)}",
+        created=int(time.time()),
+        model=sim.model,
+        temperature=temperature,
+        max_output_tokens=req.max_output_tokens,
+        instructions=req.instructions,
+    )
+    sim.submit(ereq)
+    if req.stream:
+        return sim.stream_response(ereq, _responses_frames(sim, ereq, events))
+    results = await sim.collect(ereq, request.receive)
+    if results is None:
+        return Response(status_code=499)
+    if sim.drop_after() is not None:
+        return DropResponse()
+    (result,) = results
+    text = result.text
+    usage = events.usage(len(prompt_ids), len(result.token_ids), ereq.cached_tokens)
+    incomplete = result.finish_reason == "length"
+    body = events.response(
+        "incomplete" if incomplete else "completed",
+        [events.message(text, "incomplete" if incomplete else "completed")],
+        usage,
+        incomplete=incomplete,
+    )
+    return json_response(body)
+
+
+async def _responses_frames(sim: Sim, req: EngineRequest, ev: wire.ResponsesEvents) -> FrameSource:
+    in_progress = ev.response("in_progress", [], None)
+    yield [
+        ev.event("response.created", {"response": in_progress}),
+        ev.event("response.in_progress", {"response": in_progress}),
+    ]
+    first = True
+    parts: list[str] = []
+    ntok = 0
+    finish = "stop"
+    while True:
+        deltas = await req.take()
+        if not deltas:
+            break
+        out: list[bytes] = []
+        if first:
+            out.append(
+                ev.event(
+                    "response.output_item.added",
+                    {"item": ev.message(None, "in_progress"), "output_index": 0},
+                )
+            )
+            out.append(
+                ev.event(
+                    "response.content_part.added",
+                    {
+                        "content_index": 0,
+                        "item_id": ev.item_id,
+                        "output_index": 0,
+                        "part": ev.part(""),
+                    },
+                )
+            )
+            first = False
+        for d in deltas:
+            ntok += len(d.token_ids)
+            finish = d.finish_reason or finish
+            if d.text:
+                parts.append(d.text)
+                out.append(ev.text_delta(d.text))
+        if out:
+            yield out
+    sim.finished(req)
+    if req.aborted:
+        return
+    text = "".join(parts)
+    status = "incomplete" if finish == "length" else "completed"
+    item = ev.message(text, status)
+    usage = ev.usage(req.prompt_len, ntok, req.cached_tokens)
+    yield [
+        ev.event(
+            "response.output_text.done",
+            {
+                "content_index": 0,
+                "item_id": ev.item_id,
+                "logprobs": [],
+                "output_index": 0,
+                "text": text,
+            },
+        ),
+        ev.event(
+            "response.content_part.done",
+            {"content_index": 0, "item_id": ev.item_id, "output_index": 0, "part": ev.part(text)},
+        ),
+        ev.event("response.output_item.done", {"item": item, "output_index": 0}),
+        ev.event(
+            # vLLM ends every stream with response.completed; a truncated answer shows as
+            # status "incomplete" inside it.
+            "response.completed",
+            {"response": ev.response(status, [item], usage, incomplete=status == "incomplete")},
+        ),
+    ]

@@ -1,0 +1,328 @@
+"""State of one simulated server: configuration, engine, metrics, faults, counters, and the
+steps every generation request shares (gate, tokenize, prepare, submit, collect)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive
+
+from proxy import vllm_wire
+from proxy.vllm_wire import Json
+
+from . import protocol, wire
+from .asgi import FrameSource, SSEResponse, json_response
+from .engine import Engine, EngineCore, EngineRequest, SamplingSpec
+from .faults import Faults
+from .metrics import SimMetrics
+from .profiles import Profile
+from .protocol import ChatRequest, CompletionRequest
+from .textgen import derive_seed, split_pieces, token_ids
+
+# Tokenizing a long prompt takes milliseconds; beyond this size it runs in a worker thread so the
+# engine loop keeps its step deadlines.
+_THREAD_TOKENIZE_CHARS = 32_768
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    profile: Profile
+    served_model_name: str
+    time_scale: float = 1.0
+    seed: int = 0
+    spec_metrics: str = "none"  # none | summary
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 8192
+    faults: bool = False
+    api_key: str | None = None
+    embed_dim: int | None = None
+
+
+@dataclass(slots=True)
+class Stats:
+    requests: int = 0  # generation/embedding requests received (errors included)
+    completed: int = 0
+    aborted: int = 0  # requests aborted because the client disconnected
+    dropped: int = 0  # streams whose connection the die_mid_stream fault dropped
+    errors: int = 0  # requests answered with an error status or event
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One finished choice of a non-streaming request."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stop_reason: str | None
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A validated generation request, ready to submit."""
+
+    engine_req: EngineRequest
+    request_id: str
+    prompt_tokens: int
+    prompt_ids: list[int]
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    return_token_ids: bool
+    spec_conflict: bool
+
+
+class Sim:
+    """State of one simulated server: engine, metrics, faults, counters."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        profile = config.profile
+        self.profile = profile
+        self.model = config.served_model_name
+        self.embed_dim = config.embed_dim or profile.embed_dim
+        self.metrics = SimMetrics(self.model, profile.max_model_len, profile.num_spec_tokens)
+        self.core = EngineCore(
+            profile,
+            self.metrics,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        )
+        self.engine = Engine(self.core, time_scale=config.time_scale)
+        self.faults = Faults(self.engine, time_scale=config.time_scale)
+        self.stats = Stats()
+        self.created = int(time.time())
+        self.perm_id = f"modelperm-{secrets.token_hex(8)}"
+        spec = orjson.dumps(profile.speculative_config, option=orjson.OPT_SORT_KEYS)
+        digest = hashlib.blake2b(profile.name.encode() + spec, digest_size=4).hexdigest()
+        self.fingerprint = f"vllm-{wire.VLLM_VERSION}-{digest}"
+        self._live: set[EngineRequest] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def abort_all(self) -> None:
+        """Shutdown: end every stream now instead of waiting for it."""
+        for req in list(self._live):
+            self.engine.abort(req)
+
+    # -- shared checks -----------------------------------------------------------------------
+
+    def gate(self, *, generation: bool = True) -> Response | None:
+        """Faults that answer a /v1 request before it is even parsed. Only cold_start refuses
+        /v1/models; http_500/http_503 (and their counts) apply to inference requests."""
+        if not self.config.faults:
+            return None
+        status = self.faults.reject_status() if generation else self.faults.starting_status()
+        if status is None:
+            return None
+        self.stats.errors += 1
+        if status == 500:
+            body = vllm_wire.error_body(
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "InternalServerError",
+                500,
+            )
+        else:
+            body = vllm_wire.error_body("Service Unavailable", "Service Unavailable", 503)
+        return json_response(body, status)
+
+    def drop_after(self) -> int | None:
+        return self.faults.drop_after() if self.config.faults else None
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model:
+            raise protocol.not_found_model(model)
+
+    def request_id(self, request: Request, body_id: str | None, prefix: str) -> str:
+        rid = request.headers.get("x-request-id") or body_id or secrets.token_hex(8)
+        return f"{prefix}-{rid}"
+
+    async def tokenize(self, text: str) -> tuple[list[int], list[int]]:
+        if len(text) > _THREAD_TOKENIZE_CHARS:
+            return await asyncio.to_thread(self._tokenize, text)
+        return self._tokenize(text)
+
+    def _tokenize(self, text: str) -> tuple[list[int], list[int]]:
+        return self.block_hashes(token_ids(split_pieces(text)))
+
+    def block_hashes(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        bs = self.profile.block_size
+        hashes: list[int] = []
+        h = 0
+        for i in range(0, len(ids) - bs + 1, bs):
+            h = hash((h, tuple(ids[i : i + bs])))
+            hashes.append(h)
+        return ids, hashes
+
+    def new_request(
+        self,
+        request_id: str,
+        *,
+        prompt_key: object,
+        prompt_ids: list[int],
+        hashes: list[int],
+        sampling: SamplingSpec,
+        n: int,
+        seed: int | None,
+    ) -> EngineRequest:
+        # Same seed (or none, with the same server --seed) and same prompt: same text.
+        key = (
+            derive_seed("request", seed, prompt_key)
+            if seed is not None
+            else derive_seed("server", self.config.seed, prompt_key)
+        )
+        return EngineRequest(
+            request_id,
+            prompt_len=len(prompt_ids),
+            block_hashes=hashes,
+            sampling=sampling,
+            n=n,
+            key=key,
+            arrival=asyncio.get_running_loop().time(),
+        )
+
+    def submit(self, req: EngineRequest) -> None:
+        self._live.add(req)
+        self.engine.submit(req)
+
+    def finished(self, req: EngineRequest) -> None:
+        self._live.discard(req)
+        if not req.aborted:
+            self.stats.completed += 1
+
+    def client_gone(self, req: EngineRequest) -> None:
+        if not req.done:
+            self.stats.aborted += 1
+            self.engine.abort(req)
+        self._live.discard(req)
+
+    def dropped(self, req: EngineRequest) -> None:
+        if not req.done:
+            self.engine.abort(req)
+        self.stats.dropped += 1
+        self._live.discard(req)
+
+    def spec_metrics(self, req: EngineRequest, *, full: bool) -> Json | None:
+        if self.config.spec_metrics == "none" or req.n != 1 or not req.sequences:
+            return None
+        return wire.per_request_metrics(req.sequences[0].spec, full=full)
+
+    async def collect(self, req: EngineRequest, receive: Receive) -> list[Result] | None:
+        """Wait for a non-streaming request to finish; None if the client went away."""
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.client_gone(req)
+                    return
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        texts: list[list[str]] = [[] for _ in range(req.n)]
+        ids: list[list[int]] = [[] for _ in range(req.n)]
+        finish: list[str] = ["stop"] * req.n
+        stop: list[str | None] = [None] * req.n
+        try:
+            while deltas := await req.take():
+                for d in deltas:
+                    texts[d.index].append(d.text)
+                    ids[d.index].extend(d.token_ids)
+                    if d.finish_reason is not None:
+                        finish[d.index] = d.finish_reason
+                        stop[d.index] = d.stop_reason
+        finally:
+            watcher.cancel()
+        self.finished(req)
+        if req.aborted:
+            return None
+        return [Result("".join(texts[i]), ids[i], finish[i], stop[i]) for i in range(req.n)]
+
+    # -- generation request preparation ------------------------------------------------------
+
+    async def prepare(
+        self,
+        request: Request,
+        req: ChatRequest | CompletionRequest,
+        prefix: str,
+        prompt_text: str | None,
+        prompt_ids_in: list[int] | None,
+    ) -> Prepared:
+        if prompt_text is not None:
+            prompt_ids, hashes = await self.tokenize(prompt_text)
+            prompt_key: object = prompt_text
+        else:
+            assert prompt_ids_in is not None
+            prompt_ids, hashes = self.block_hashes(prompt_ids_in)
+            prompt_key = tuple(prompt_ids_in)
+        max_tokens = protocol.resolve_max_tokens(
+            req.requested_max_tokens(), len(prompt_ids), self.profile.max_model_len
+        )
+        n = 1 if req.n is None else req.n
+        # No temperature: the checkpoint's generation config default (1.0), as vLLM applies it.
+        temperature = 1.0 if req.temperature is None else req.temperature
+        protocol.check_sampling(n, temperature, req.top_p, max_tokens)
+        sampling = SamplingSpec(
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=req.stop_list(),
+            include_stop_str=req.include_stop_str_in_output,
+            ignore_eos=req.ignore_eos,
+            temperature=temperature,
+        )
+        request_id = self.request_id(request, req.request_id, prefix)
+        engine_req = self.new_request(
+            request_id,
+            prompt_key=prompt_key,
+            prompt_ids=prompt_ids,
+            hashes=hashes,
+            sampling=sampling,
+            n=n,
+            seed=req.seed,
+        )
+        opts = req.stream_options
+        include_usage = bool(req.stream and opts and opts.include_usage)
+        return Prepared(
+            engine_req=engine_req,
+            request_id=request_id,
+            prompt_tokens=len(prompt_ids),
+            prompt_ids=prompt_ids,
+            stream=bool(req.stream),
+            include_usage=include_usage,
+            continuous_usage=include_usage and bool(opts and opts.continuous_usage_stats),
+            return_token_ids=bool(req.return_token_ids),
+            spec_conflict=self.profile.num_spec_tokens > 0 and protocol.spec_decode_conflict(req),
+        )
+
+    def spec_conflict_response(self, p: Prepared) -> Response:
+        """min_p/logit_bias with speculation: vLLM validates in the engine client's generator,
+        so a stream has already started (200) and gets an error event; a plain request a 400."""
+        self.stats.errors += 1
+        if not p.stream:
+            return json_response(
+                vllm_wire.error_body(protocol.SPEC_UNSUPPORTED, "BadRequestError", 400), 400
+            )
+
+        async def frames() -> FrameSource:
+            yield [
+                vllm_wire.error_event(protocol.SPEC_UNSUPPORTED, "BadRequestError", 400),
+                vllm_wire.DONE,
+            ]
+
+        return SSEResponse(
+            frames(), on_disconnect=lambda: None, on_drop=lambda: None, drop_after=self.drop_after
+        )
+
+    def stream_response(self, req: EngineRequest, frames: FrameSource) -> SSEResponse:
+        return SSEResponse(
+            frames,
+            on_disconnect=lambda: self.client_gone(req),
+            on_drop=lambda: self.dropped(req),
+            drop_after=self.drop_after,
+        )

@@ -1,0 +1,122 @@
+"""vLLM's wire facts, in one place: SSE framing, error bodies, chunk keys, metric names.
+
+The gateway (proxy/relay, proxy/backends), the simulator (loadtests/sim), the probe and the soak
+all speak vLLM 0.28's OpenAI-compatible API; what they rely on about its bytes is defined here
+and nowhere else. Sources: shared/reference/vllm-wire-format.md (§1 streaming, §3 /metrics, §7
+errors) and the golden fixtures in shared/reference/vllm-golden (0.28.0 and 0.33.0).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+Json = dict[str, Any]
+
+# -- SSE framing ---------------------------------------------------------------------------------
+# Every chat/completions event is `data: <compact json>\n\n`, with no `event:`/`id:` lines; the
+# stream always ends with `[DONE]`, after an error event too. /v1/responses has typed events
+# (`event: <type>\ndata: <json>\n\n`) and no `[DONE]`.
+
+DATA = b"data: "
+EVENT = b"event: "
+FRAME_END = b"\n\n"
+DONE_PAYLOAD = b"[DONE]"
+DONE = DATA + DONE_PAYLOAD + FRAME_END
+CRLF_DONE = DATA + DONE_PAYLOAD + b"\r\n\r\n"  # the same end from a CRLF-framing upstream
+DATA_OBJECT = DATA + b"{"  # a frame carrying a JSON object (not `[DONE]`)
+ERROR_FRAME_PREFIX = DATA + b'{"error"'  # a mid-stream error event, either spacing
+
+
+def sse(obj: Json) -> bytes:
+    """One chunk as vLLM writes it: pydantic's compact JSON (orjson gives the same bytes)."""
+    return DATA + orjson.dumps(obj) + FRAME_END
+
+
+def sse_event(event_type: str, obj: Json) -> bytes:
+    """A /v1/responses event: an `event:` line, then `data:`."""
+    return EVENT + event_type.encode() + b"\n" + DATA + orjson.dumps(obj) + FRAME_END
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+
+def error_body(message: str, err_type: str, code: int | str, param: str | None = None) -> Json:
+    """vLLM's `ErrorResponse`: OpenAI's error object, with the HTTP status as `code`."""
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+def error_event(
+    message: str, err_type: str, code: int, param: str | None = None, *, spaced: bool = True
+) -> bytes:
+    """The mid-stream error event (without the `[DONE]` that follows it).
+
+    vLLM 0.28 writes it with `json.dumps` (spaces after `:` and `,`) on chat and completions;
+    0.33 chat writes compact JSON (`spaced=False`), 0.33 completions still spaced.
+    """
+    body = error_body(message, err_type, code, param)
+    raw = json.dumps(body).encode() if spaced else orjson.dumps(body)
+    return DATA + raw + FRAME_END
+
+
+# -- chunk keys ----------------------------------------------------------------------------------
+# `usage` sits after `choices` (and before `system_fingerprint`) in every chunk that has it; in it
+# `total_tokens` comes before `completion_tokens` (UsageInfo's field order).
+
+USAGE_KEY = b',"usage":{'
+FINGERPRINT_KEY = b',"system_fingerprint":"'
+PROMPT_TOKENS = "prompt_tokens"
+COMPLETION_TOKENS = "completion_tokens"
+TOTAL_TOKENS = "total_tokens"
+PROMPT_TOKENS_DETAILS = "prompt_tokens_details"
+CACHED_TOKENS = "cached_tokens"
+METRICS = "metrics"  # PerRequestMetrics, on the usage chunk / full body only
+SPEC_DECODING = "speculative_decoding"  # metrics.speculative_decoding (per-request summary)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Json:
+    """UsageInfo as a chunk carries it (`exclude_unset`): the three counts, in vLLM's order."""
+    return {
+        PROMPT_TOKENS: prompt_tokens,
+        TOTAL_TOKENS: prompt_tokens + completion_tokens,
+        COMPLETION_TOKENS: completion_tokens,
+    }
+
+
+# -- /metrics families ---------------------------------------------------------------------------
+# Family names as prometheus_client parses them: counters' samples add `_total`.
+
+
+class Family:
+    RUNNING = "vllm:num_requests_running"
+    WAITING = "vllm:num_requests_waiting"
+    KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+    PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"
+    PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
+    PREEMPTIONS = "vllm:num_preemptions"
+    PROMPT_TOKENS = "vllm:prompt_tokens"
+    GENERATION_TOKENS = "vllm:generation_tokens"
+    REQUEST_SUCCESS = "vllm:request_success"
+    REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
+    REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
+    REQUEST_MAX_TOKENS = "vllm:request_params_max_tokens"
+    REQUEST_N = "vllm:request_params_n"
+    TTFT = "vllm:time_to_first_token_seconds"
+    ITL = "vllm:inter_token_latency_seconds"
+    TPOT = "vllm:request_time_per_output_token_seconds"
+    E2E = "vllm:e2e_request_latency_seconds"
+    QUEUE_TIME = "vllm:request_queue_time_seconds"
+    INFERENCE_TIME = "vllm:request_inference_time_seconds"
+    PREFILL_TIME = "vllm:request_prefill_time_seconds"
+    DECODE_TIME = "vllm:request_decode_time_seconds"
+    SPEC_DRAFTS = "vllm:spec_decode_num_drafts"
+    SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+    SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+    SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label `position`
+
+
+def counter_sample(family: str) -> str:
+    """The sample name of a counter family (`vllm:generation_tokens` -> `..._total`)."""
+    return family + "_total"
