@@ -18,6 +18,7 @@ from policies.loading import load_policy, parse_policy, validate_policy
 from policies.spec.backends import BackendKind, BackendSpec, RepairSpec, SpeculativeSpec
 from policies.spec.base import BUILTIN_REASONS, NOT_DEFAULTABLE, Defaults, PolicyError, Task
 from policies.spec.clients import ClientSpec
+from policies.spec.deployment import DeploymentSpec, EngineSpec, ToolCallParser
 from policies.spec.document import AdmissionSpec, GuardDefaults, HealthSpec, PolicyDocument
 from policies.spec.references import check_references
 from policies.spec.routes import Clamp, RouteSpec
@@ -47,6 +48,8 @@ __all__ = [
     "Clamp",
     "ClientRule",
     "ClientSpec",
+    "DeploymentSpec",
+    "EngineSpec",
     "CompiledPolicy",
     "CompiledRoute",
     "ContentRule",
@@ -68,6 +71,7 @@ __all__ = [
     "SamplingRule",
     "SpeculativeSpec",
     "Task",
+    "ToolCallParser",
     "check_references",
     "compile_policy",
     "load_policy",

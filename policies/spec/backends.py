@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from policies.spec.base import ENV_NAME, MODEL_NAME, StrictModel, Task
+from policies.spec.deployment import EngineSpec
 
 BackendKind = Literal["vllm", "openai"]
 
@@ -76,6 +77,7 @@ class BackendSpec(StrictModel):
     # the gateway starts or a repair, a failing backend is "starting", not "down".
     startup_s: Annotated[float, Field(ge=0)] = 420.0
     repair: RepairSpec | None = None
+    engine: EngineSpec = EngineSpec()  # launch settings for `specrouter deploy`
 
     @field_validator("url")
     @classmethod
@@ -100,6 +102,8 @@ class BackendSpec(StrictModel):
             raise ValueError("give exactly one of url or urls")
         if self.task == "embed" and self.speculative is not None:
             raise ValueError("an embed backend cannot have a speculative configuration")
+        if self.task == "embed" and (self.engine.tool_call_parser or self.engine.reasoning_parser):
+            raise ValueError("an embed backend has no tool-call or reasoning parser")
         return self
 
     @property

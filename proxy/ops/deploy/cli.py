@@ -30,7 +30,8 @@ from policies.loading import load_policy
 from policies.spec.base import PolicyError
 from policies.spec.document import PolicyDocument
 from proxy.ops.deploy.check import check_compose, check_live, http_fetch
-from proxy.ops.deploy.plan import DeployError
+from proxy.ops.deploy.memory import describe
+from proxy.ops.deploy.plan import DeployError, engine_plans
 from proxy.ops.deploy.render import render, render_compose
 
 
@@ -51,6 +52,12 @@ def write_rendered(files: Mapping[str, str], out_dir: Path) -> list[Path]:
         os.replace(tmp, path)
         written.append(path)
     return written
+
+
+def memory_report(doc: PolicyDocument) -> list[str]:
+    """Each coding engine's memory, KV tokens and how many long contexts it holds."""
+    plans, _ = engine_plans(doc)
+    return [f"vLLM {p.version} {describe(p.memory)}" for p in plans if p.memory is not None]
 
 
 def _print_lines(lines: Iterable[str], file: Any = None) -> None:
@@ -80,9 +87,11 @@ def main(argv: list[str]) -> int:
         if args.command == "render":
             if args.out is None:
                 sys.stdout.write(render_compose(doc, policy=args.policy, out_dir=Path.cwd()))
+                _print_lines(memory_report(doc), file=sys.stderr)  # stdout is the file
                 return 0
             files = render(doc, policy=args.policy, out_dir=args.out)
             _print_lines(f"wrote {path}" for path in write_rendered(files, args.out))
+            _print_lines(memory_report(doc))
             return 0
         diffs: list[str] = []
         if args.compose is not None:
