@@ -75,7 +75,8 @@ def kv_rate(method: str | None, num_speculative_tokens: int | None) -> KvRate:
     hold fewer tokens, so it errs on the safe side), else the lowest of all; no speculation
     takes MTP's, the closest to the target model alone."""
     if method is None:
-        method, num_speculative_tokens = "mtp", 3
+        mtp = MEASURED_KV_TOKENS[("mtp", 3)]
+        return KvRate(mtp / MEASURED_KV_BUDGET_GIB, False, "no speculation: as mtp 3")
     key = (method, num_speculative_tokens or 0)
     if key in MEASURED_KV_TOKENS:
         return KvRate(MEASURED_KV_TOKENS[key] / MEASURED_KV_BUDGET_GIB, True,
