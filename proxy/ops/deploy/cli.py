@@ -6,9 +6,10 @@
 
 One source of truth: the policy's backend descriptions (served model name, max_concurrency, the
 port of the URL, the speculative configuration) are what the metrics are labelled with, so they
-are also what the engines are launched with. What the policy does not say (where the weights are,
-the drafter's checkpoint, the memory split, images) is a compose variable with a default, listed
-in the rendered `env.example`.
+are also what the engines are launched with, with the backend's `engine:` settings (vLLM
+release, --max-model-len, parsers). The memory split comes from the memory model (memory.py;
+`render` prints it); what the policy does not say (where the weights are, the drafter's
+checkpoint, images) is a compose variable with a default, listed in the rendered `env.example`.
 
 The pure functions (`engine_plans`, `engine_command`, `render_compose`, `render_prometheus`,
 `render_env_example`, `compose_engines`, `check_compose`, `check_live`) take documents and return text or
