@@ -19,6 +19,7 @@ from policies.spec.backends import BackendKind, BackendSpec, RepairSpec, Specula
 from policies.spec.base import BUILTIN_REASONS, NOT_DEFAULTABLE, Defaults, PolicyError, Task
 from policies.spec.clients import ClientSpec
 from policies.spec.context import LOOPBACK_HOSTS, ValidationContext
+from policies.spec.deployment import DeploymentSpec, EngineSpec, ToolCallParser
 from policies.spec.document import AdmissionSpec, GuardDefaults, HealthSpec, PolicyDocument
 from policies.spec.references import check_operator_names, check_references
 from policies.spec.routes import Clamp, RouteSpec
@@ -49,6 +50,8 @@ __all__ = [
     "Clamp",
     "ClientRule",
     "ClientSpec",
+    "DeploymentSpec",
+    "EngineSpec",
     "CompiledPolicy",
     "CompiledRoute",
     "ContentRule",
@@ -72,6 +75,7 @@ __all__ = [
     "Task",
     "ValidationContext",
     "check_operator_names",
+    "ToolCallParser",
     "check_references",
     "compile_policy",
     "load_policy",

@@ -14,7 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("proxy.serve", "run the gateway"),
     "demo": ("proxy.ops.demo", "run the gateway on simulated GB10 backends"),
     "sim": ("loadtests.sim.cli", "run a simulated vLLM backend"),
-    "policy": ("policies.cli", "check, explain and diff policy files"),
+    "policy": ("proxy.ops.deploy.policy_check", "check, explain and diff policy files"),
     "probe": ("loadtests.probe.command", "measure decode throughput and acceptance"),
     "report": ("proxy.ops.report", "summarise the request log by variant, temperature, load"),
     "deploy": ("proxy.ops.deploy.cli", "render and check the GB10 deployment from the policy"),

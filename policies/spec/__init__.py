@@ -6,7 +6,9 @@
     rules       a route's rules (load, content, sampling, canary, client, guard, health)
     routes      routes: models, variants, defaults, clamps, rules
     clients     clients: keys, defaults, limits
-    document    the whole document (backends, routes, clients, admission, guard, health)
+    deployment  engine launch settings (vLLM release, max-model-len, parsers) and memory knobs
+    document    the whole document (backends, routes, clients, admission, guard, health,
+                deployment)
     references  the cross-reference checks the models alone cannot make
 
 Parsing and loading are in policies.loading; policies.schema gathers the public names.

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from policies.spec.base import MODEL_NAME, NAME, StrictModel, Task
+from policies.spec.deployment import EngineSpec
 
 BackendKind = Literal["vllm", "openai"]
 
@@ -87,6 +88,7 @@ class BackendSpec(StrictModel):
     # the gateway starts or a repair, a failing backend is "starting", not "down".
     startup_s: Annotated[float, Field(ge=0)] = 420.0
     repair: RepairSpec | None = None
+    engine: EngineSpec = EngineSpec()  # launch settings for `specrouter deploy`
 
     @model_validator(mode="before")
     @classmethod
@@ -119,6 +121,8 @@ class BackendSpec(StrictModel):
             raise ValueError("give exactly one of url or urls")
         if self.task == "embed" and self.speculative is not None:
             raise ValueError("an embed backend cannot have a speculative configuration")
+        if self.task == "embed" and (self.engine.tool_call_parser or self.engine.reasoning_parser):
+            raise ValueError("an embed backend has no tool-call or reasoning parser")
         return self
 
     @property

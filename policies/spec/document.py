@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field
 from policies.spec.backends import BackendSpec
 from policies.spec.base import NAME, StrictModel
 from policies.spec.clients import ClientSpec
+from policies.spec.deployment import DeploymentSpec
 from policies.spec.routes import RouteSpec
 
 
@@ -38,6 +39,7 @@ class PolicyDocument(StrictModel):
     admission: AdmissionSpec = AdmissionSpec()
     guard: GuardDefaults = GuardDefaults()
     health: HealthSpec = HealthSpec()
+    deployment: DeploymentSpec = DeploymentSpec()
 
     def to_data(self) -> dict[str, Any]:
         """The document as plain data, keyed as in YAML (for diff, history and the admin API)."""

@@ -63,8 +63,17 @@ def test_rendered_compose_has_the_deployed_gb10_stack(tmp_path: Path) -> None:
     assert dflash["labels"][deploy.BACKEND_LABEL] == "coder-dflash7"
     args = dflash["command"]
     for flag in ("--served-model-name=qwen3.8-27b", "--max-num-seqs=16", "--port=8001",
-                 "--host=127.0.0.1", "--per-request-spec-decode-metrics=summary"):
+                 "--host=127.0.0.1", "--max-model-len=131072", "--enable-auto-tool-choice",
+                 "--tool-call-parser=qwen3_coder", "--reasoning-parser=qwen3",
+                 "--enable-prompt-tokens-details", "--enable-request-id-headers"):
         assert flag in args
+    # 0.28.0 has no per-request spec summary (0.29+): the flag would stop the engine.
+    assert not any(a.startswith("--per-request-spec-decode-metrics") for a in args)
+    assert dflash["image"] == "${VLLM_IMAGE:-vllm/vllm-openai:v0.28.0}"
+    assert any(a.startswith("--gpu-memory-utilization=${GPU_MEMORY_CODER_DFLASH7:-0.")
+               for a in args)
+    assert any(a.startswith("--kv-cache-memory-bytes=${KV_CACHE_BYTES_CODER_DFLASH7:-")
+               for a in args)
     spec = _spec(dflash)
     assert spec["method"] == "dflash" and spec["num_speculative_tokens"] == 7
     assert spec["draft_sample_method"] == "probabilistic"
@@ -208,6 +217,7 @@ def _wide_policy() -> dict[str, Any]:
         "backends": {
             "big": {"urls": ["http://127.0.0.1:9101", "http://localhost:9102"],
                     "served_model_name": "big", "max_concurrency": 8,
+                    "engine": {"max_model_len": 32768, "vllm_version": "0.33.0"},
                     "api_key": "big-key", "priority_scheduling": True,
                     "speculative": {"method": "eagle3", "num_speculative_tokens": 4,
                                     "num_speculative_tokens_per_batch_size": [[1, 4, 4],
@@ -216,7 +226,7 @@ def _wide_policy() -> dict[str, Any]:
             "cloud": {"url": "https://api.example.com", "kind": "openai",
                       "served_model_name": "big"},
             "plain": {"url": "http://127.0.0.1:9103", "served_model_name": "big",
-                      "max_concurrency": 4},
+                      "max_concurrency": 4, "engine": {"max_model_len": 32768}},
             "emb": {"url": "http://127.0.0.1:9104", "task": "embed",
                     "served_model_name": "emb"},
         },
@@ -286,8 +296,17 @@ EDITS: list[tuple[str, str, str, str]] = [
     ("--served-model-name=qwen3.8-27b", "--served-model-name=qwen", "--served-model-name is "
      "'qwen'", "served name"),
     ("--port=8002", "--port=8003", "--port is '8003' in the compose file, '8002'", "port"),
-    ("      - --per-request-spec-decode-metrics=summary\n", "",
-     "--per-request-spec-decode-metrics is None, not 'summary'", "no exact acceptance"),
+    ("      - --enable-request-id-headers\n", "      - --enable-request-id-headers\n"
+     "      - --per-request-spec-decode-metrics=summary\n",
+     "--per-request-spec-decode-metrics is not a flag of vLLM 0.28.0", "a 0.29 flag on 0.28"),
+    ("--max-model-len=131072", "--max-model-len=262144",
+     "less than one --max-model-len 262,144 request: vLLM refuses to start it", "context too long"),
+    ("${KV_CACHE_BYTES_CODER_DFLASH5:-", "${KV_CACHE_BYTES_CODER_DFLASH5:-1",
+     "the engines take", "KV budget over the machine"),
+    ("      - --enable-auto-tool-choice\n", "",
+     "no --enable-auto-tool-choice", "no tool choice"),
+    ("image: ${VLLM_IMAGE:-vllm/vllm-openai:v0.28.0}", "image: vllm/vllm-openai:v0.33.0",
+     "runs vLLM 0.33.0, the policy says 0.28.0", "another release"),
     ("""      - '--speculative-config={"method": "mtp", "num_speculative_tokens": 3}'""",
      "      - --enforce-eager", "the engine has no --speculative-config", "speculation removed"),
     ("      - --runner=pooling\n", "      - --runner=pooling\n"
@@ -345,7 +364,9 @@ def test_check_reads_string_commands_and_the_api_server_module() -> None:
         "command": "python3 -m vllm.entrypoints.openai.api_server --model /m "
                    "--served_model_name qwen3.8-27b --port 8002 --max-num-seqs 16 "
                    "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}' "
-                   "--per-request-spec-decode-metrics summary --enforce-eager",
+                   "--max_model_len 131072 --gpu-memory-utilization 0.26 "
+                   "--enable-auto-tool-choice --tool-call-parser qwen3_coder "
+                   "--reasoning-parser=qwen3 --enforce-eager",
         "environment": ["VLLM_API_KEY=x"]}}}
     engines = deploy.compose_engines(compose)
     assert engines["coder-mtp3"].model == "/m"
@@ -411,6 +432,7 @@ def test_check_live_against_simulated_engines(capsys: pytest.CaptureFixture[str]
                    spec_metrics="summary") as dflash, \
             SimServer("mtp3", served_model_name="qwen3.8-27b", spec_metrics="none") as mtp:
         raw = yaml.safe_load(GB10.read_text())
+        raw["deployment"]["vllm_version"] = "0.29.0"  # has the per-request spec summary
         raw["backends"]["coder-dflash7"]["url"] = dflash.url
         raw["backends"]["coder-mtp3"]["url"] = mtp.url
         del raw["backends"]["coder-dflash5"]

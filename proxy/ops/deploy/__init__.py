@@ -1,8 +1,13 @@
 """`specrouter deploy`: the GB10 stack rendered from the policy, and checked against it.
 
     plan     the engines this machine runs, their memory shares and `vllm serve` arguments
+    memory   the GB10 memory model: weights, KV tokens per GiB, the split between engines
+    versions the vLLM releases known, their `vllm serve` flags (vllm_flags/*.txt)
+    flagtable how a release's flag table is made from its wheel (`python -m ...flagtable`)
     render   compose.yaml, prometheus/prometheus.yml and env.example from the policy
+    compose_read  a compose file's `vllm serve` command lines, read back as flags
     check    `deploy check`: a compose file, or the running engines, against the policy
+    launch_check  flags against the release's table, launch settings, the memory split
     cli      argument parsing (`specrouter deploy render|check`), file reading and writing
 
 The names below are the package's public surface, for the tests and the tools.
@@ -10,17 +15,9 @@ The names below are the package's public surface, for the tests and the tools.
 
 from __future__ import annotations
 
-from proxy.ops.deploy.check import (
-    EngineArgs,
-    Fetch,
-    check_compose,
-    check_live,
-    compose_engines,
-    draft_positions,
-    http_fetch,
-    parse_vllm_args,
-)
+from proxy.ops.deploy.check import Fetch, check_compose, check_live, draft_positions, http_fetch
 from proxy.ops.deploy.cli import main, write_rendered
+from proxy.ops.deploy.compose_read import EngineArgs, compose_engines, parse_vllm_args
 from proxy.ops.deploy.plan import (
     BACKEND_LABEL,
     DeployError,

@@ -7,115 +7,25 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from policies.spec.backends import BackendSpec, SpeculativeSpec
 from policies.spec.document import PolicyDocument
+from proxy.ops.deploy import versions
+from proxy.ops.deploy.compose_read import EngineArgs, as_list, compose_engines
+from proxy.ops.deploy.compose_read import parse_vllm_args as parse_vllm_args
+from proxy.ops.deploy.launch_check import check_launch, check_memory
 from proxy.ops.deploy.plan import (
-    BACKEND_LABEL,
     NO_DRAFTER_METHODS,
-    DeployError,
     EnginePlan,
     engine_plans,
+    memory_params,
     secret_env,
     speculative_config,
     to_json,
 )
-
-# Reading a compose file back ------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class EngineArgs:
-    """A compose service's `vllm serve` command line, parsed."""
-
-    service: str
-    backend: str | None  # from the io.specrouter.backend label
-    model: str | None = None
-    flags: dict[str, str | None] = field(default_factory=dict)
-    environment: dict[str, str] = field(default_factory=dict)
-    errors: list[str] = field(default_factory=list)
-
-
-def _as_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return shlex.split(value)
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    raise DeployError(f"expected a string or a list, got {type(value).__name__}")
-
-
-def _mapping(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if isinstance(value, dict):
-        return {str(k): "" if v is None else str(v) for k, v in value.items()}
-    if isinstance(value, list):
-        out: dict[str, str] = {}
-        for item in value:
-            key, _, val = str(item).partition("=")
-            out[key] = val
-        return out
-    raise DeployError(f"expected a mapping or a list, got {type(value).__name__}")
-
-
-def parse_vllm_args(argv: Sequence[str]) -> tuple[str | None, dict[str, str | None]] | None:
-    """(model, flags) of a `vllm serve ...` (or the api_server module) command, else None."""
-    args = list(argv)
-    if args[:2] == ["vllm", "serve"]:
-        args = args[2:]
-    elif len(args) >= 3 and args[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
-        args = args[3:]
-    else:
-        return None
-    model: str | None = None
-    flags: dict[str, str | None] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg.startswith("--"):
-            name, eq, value = arg[2:].partition("=")
-            name = name.replace("_", "-")
-            if eq:
-                flags[name] = value
-            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-                flags[name] = args[i + 1]
-                i += 1
-            else:
-                flags[name] = None
-        elif model is None:
-            model = arg
-        i += 1
-    if model is None and flags.get("model"):
-        model = flags.pop("model")
-    return model, flags
-
-
-def compose_engines(compose: Mapping[str, Any]) -> dict[str, EngineArgs]:
-    """The vLLM services of a compose document, by service name."""
-    services = compose.get("services")
-    if not isinstance(services, dict):
-        raise DeployError("the compose file has no services mapping")
-    out: dict[str, EngineArgs] = {}
-    for name, service in services.items():
-        if not isinstance(service, dict):
-            continue
-        argv = _as_list(service.get("entrypoint")) + _as_list(service.get("command"))
-        parsed = parse_vllm_args(argv)
-        if parsed is None:
-            continue
-        labels = _mapping(service.get("labels"))
-        engine = EngineArgs(str(name), labels.get(BACKEND_LABEL), parsed[0], parsed[1],
-                            _mapping(service.get("environment")))
-        out[str(name)] = engine
-    return out
-
 
 # Checking ---------------------------------------------------------------------------------------
 
@@ -139,7 +49,7 @@ _SPEC_DEFAULTS: dict[str, Any] = {"draft_sample_method": "greedy",
 
 
 def _check_speculative(where: str, policy: SpeculativeSpec | None,
-                       engine: EngineArgs) -> list[str]:
+                       engine: EngineArgs, version: str) -> list[str]:
     running, error = _spec_of(engine)
     if error is not None:
         return [f"{where}: {error}"]
@@ -166,7 +76,8 @@ def _check_speculative(where: str, policy: SpeculativeSpec | None,
     if policy.method not in NO_DRAFTER_METHODS and not running.get("model"):
         out.append(f"{where}: speculative method {policy.method} needs a drafter model "
                    "(\"model\" in --speculative-config)")
-    if engine.flags.get("per-request-spec-decode-metrics") != "summary":
+    if (version in versions.SUPPORTED and versions.has_flag(version, versions.PER_REQUEST_SPEC_FLAG)
+            and engine.flags.get("per-request-spec-decode-metrics") != "summary"):
         out.append(f"{where}: --per-request-spec-decode-metrics is "
                    f"{engine.flags.get('per-request-spec-decode-metrics')!r}, not 'summary' "
                    "(the gateway would estimate acceptance instead of reading it)")
@@ -201,7 +112,8 @@ def _check_engine(plan: EnginePlan, engine: EngineArgs) -> list[str]:
     if (spec.task == "embed") != pooling:
         out.append(f"{where}: the engine runs as {'pooling' if pooling else 'generate'}, the "
                    f"policy's task is {spec.task}")
-    out += _check_speculative(where, spec.speculative, engine)
+    out += _check_speculative(where, spec.speculative, engine, plan.version)
+    out += check_launch(where, plan, engine)
     return out
 
 
@@ -215,6 +127,7 @@ def check_compose(doc: PolicyDocument, compose: Mapping[str, Any], *,
     engines = compose_engines(compose)
     by_service = {p.service: p for p in plans}
     matched: set[str] = set()
+    pairs: list[tuple[EnginePlan, EngineArgs]] = []
     out: list[str] = []
     for engine in engines.values():
         plan = by_service.get(engine.service)
@@ -236,7 +149,9 @@ def check_compose(doc: PolicyDocument, compose: Mapping[str, Any], *,
             out.append(f"service {engine.service}: a second engine for backend {plan.backend}")
             continue
         matched.add(plan.service)
+        pairs.append((plan, engine))
         out += _check_engine(plan, engine)
+    out += check_memory(pairs, memory_params(doc))
     for plan in plans:
         if plan.service not in matched:
             out.append(f"backend {plan.backend}: no engine service {plan.service} in the compose "
@@ -252,13 +167,13 @@ def _check_gateway_policy(compose: Mapping[str, Any], compose_dir: Path,
     for name, service in services.items():
         if not isinstance(service, dict):
             continue
-        argv = _as_list(service.get("command"))
+        argv = as_list(service.get("command"))
         if "serve" not in argv[:3] or not any(a.startswith("--config") for a in argv):
             continue
         config = _flag_value(argv, "--config")
         if config is None:
             continue
-        for volume in _as_list(service.get("volumes")):
+        for volume in as_list(service.get("volumes")):
             source, _, rest = volume.partition(":")
             target = rest.split(":")[0]
             if "$" in source or not config.startswith(target.rstrip("/") + "/"):
@@ -350,11 +265,14 @@ def check_live(doc: PolicyDocument, fetch: Fetch,
             elif spec is not None and positions and positions != spec.num_speculative_tokens:
                 out.append(f"{where}: the engine drafts {positions} positions, the policy says "
                            f"num_speculative_tokens {spec.num_speculative_tokens}")
-            out += _check_reported_config(where, backend, fetch(url + "/version", {}))
+            release = backend.engine.vllm_version or doc.deployment.vllm_version
+            out += _check_reported_config(where, backend, release,
+                                          fetch(url + "/version", {}))
     return out
 
 
-def _check_reported_config(where: str, backend: BackendSpec, version: str | None) -> list[str]:
+def _check_reported_config(where: str, backend: BackendSpec, release: str,
+                           version: str | None) -> list[str]:
     try:
         data = json.loads(version) if version else None
     except ValueError:
@@ -375,6 +293,6 @@ def _check_reported_config(where: str, backend: BackendSpec, version: str | None
         engine.flags["per-request-spec-decode-metrics"] = metrics_mode
     if backend.speculative is not None and "per-request-spec-decode-metrics" not in engine.flags:
         engine.flags["per-request-spec-decode-metrics"] = "summary"  # not reported: not judged
-    for diff in _check_speculative(where, backend.speculative, engine):
+    for diff in _check_speculative(where, backend.speculative, engine, release):
         out.append(diff.replace("in the compose file", "on the engine"))
     return out

@@ -6,9 +6,10 @@
 
 One source of truth: the policy's backend descriptions (served model name, max_concurrency, the
 port of the URL, the speculative configuration) are what the metrics are labelled with, so they
-are also what the engines are launched with. What the policy does not say (where the weights are,
-the drafter's checkpoint, the memory split, images) is a compose variable with a default, listed
-in the rendered `env.example`.
+are also what the engines are launched with, with the backend's `engine:` settings (vLLM
+release, --max-model-len, parsers). The memory split comes from the memory model (memory.py;
+`render` prints it); what the policy does not say (where the weights are, the drafter's
+checkpoint, images) is a compose variable with a default, listed in the rendered `env.example`.
 
 The pure functions (`engine_plans`, `engine_command`, `render_compose`, `render_prometheus`,
 `render_env_example`, `compose_engines`, `check_compose`, `check_live`) take documents and return text or
@@ -30,7 +31,8 @@ from policies.loading import load_policy
 from policies.spec.base import PolicyError
 from policies.spec.document import PolicyDocument
 from proxy.ops.deploy.check import check_compose, check_live, http_fetch
-from proxy.ops.deploy.plan import DeployError
+from proxy.ops.deploy.memory import describe
+from proxy.ops.deploy.plan import DeployError, engine_plans
 from proxy.ops.deploy.render import render, render_compose
 
 
@@ -52,6 +54,12 @@ def write_rendered(files: Mapping[str, str], out_dir: Path) -> list[Path]:
         os.replace(tmp, path)
         written.append(path)
     return written
+
+
+def memory_report(doc: PolicyDocument) -> list[str]:
+    """Each coding engine's memory, KV tokens and how many long contexts it holds."""
+    plans, _ = engine_plans(doc)
+    return [f"vLLM {p.version} {describe(p.memory)}" for p in plans if p.memory is not None]
 
 
 def _print_lines(lines: Iterable[str], file: Any = None) -> None:
@@ -81,9 +89,11 @@ def main(argv: list[str]) -> int:
         if args.command == "render":
             if args.out is None:
                 sys.stdout.write(render_compose(doc, policy=args.policy, out_dir=Path.cwd()))
+                _print_lines(memory_report(doc), file=sys.stderr)  # stdout is the file
                 return 0
             files = render(doc, policy=args.policy, out_dir=args.out)
             _print_lines(f"wrote {path}" for path in write_rendered(files, args.out))
+            _print_lines(memory_report(doc))
             return 0
         diffs: list[str] = []
         if args.compose is not None:

@@ -11,14 +11,13 @@ from urllib.parse import urlsplit
 
 from policies.spec.backends import BackendSpec, SpeculativeSpec
 from policies.spec.document import PolicyDocument
+from proxy.ops.deploy import memory, versions
+from proxy.ops.deploy.memory import NO_DRAFTER_METHODS as NO_DRAFTER_METHODS
+from proxy.ops.deploy.memory import EngineMemory, MemoryParams
 
-# Speculative methods whose drafter is built into the target model or needs no weights.
-NO_DRAFTER_METHODS = frozenset({"mtp", "ngram", "ngram_gpu", "suffix"})
-# Share of the GB10's unified memory each engine may take (vLLM --gpu-memory-utilization): the
-# embedders a small fixed share, the coding engines (weights ~16 GiB + drafter ~3 GiB + KV each)
-# split what is left after ~12 % for the OS, the gateway and the monitoring.
-GPU_MEMORY_EMBED = "0.04"
-GPU_MEMORY_USABLE = 0.88
+# The embedders' --gpu-memory-utilization when the policy sets none; the coding engines' shares
+# come from the memory model (proxy/ops/deploy/memory.py).
+GPU_MEMORY_EMBED = f"{MemoryParams().embed_share:g}"
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 BACKEND_LABEL = "io.specrouter.backend"
@@ -37,7 +36,16 @@ class EnginePlan:
     spec: BackendSpec
     host: str  # what vLLM binds: loopback when the policy reaches it on loopback
     port: int
+    version: str = versions.SUPPORTED[0]  # the vLLM release it runs
     memory_share: str = GPU_MEMORY_EMBED
+    memory: EngineMemory | None = None  # coding engines: the memory model's split
+
+    @property
+    def max_model_len(self) -> int | None:
+        """--max-model-len: the policy's, else the checkpoint's full context for a coder."""
+        if self.spec.engine.max_model_len is not None or self.spec.task == "embed":
+            return self.spec.engine.max_model_len
+        return memory.FULL_CONTEXT
 
     @property
     def model_var(self) -> str:
@@ -50,6 +58,10 @@ class EnginePlan:
     @property
     def gpu_memory_var(self) -> str:
         return "GPU_MEMORY_" + env_suffix(self.backend)
+
+    @property
+    def kv_bytes_var(self) -> str:
+        return "KV_CACHE_BYTES_" + env_suffix(self.backend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,22 +105,52 @@ def engine_plans(doc: PolicyDocument) -> tuple[list[EnginePlan], list[Skipped]]:
                 continue
             port = parts.port or 80
             bind = "::1" if host in {"::1", "[::1]"} else "127.0.0.1"
-            plans.append(EnginePlan(service, name, backend, bind, port))
+            version = backend.engine.vllm_version or doc.deployment.vllm_version
+            if version not in versions.SUPPORTED:
+                raise DeployError(f"backend {name!r}: vLLM {version} has no flag table (known: "
+                                  f"{', '.join(versions.SUPPORTED)}; `python -m "
+                                  "proxy.ops.deploy.flagtable --help` adds one)")
+            plans.append(EnginePlan(service, name, backend, bind, port, version))
     seen: dict[int, str] = {}
     for plan in plans:
         if plan.port in seen:
             raise DeployError(f"backends {seen[plan.port]!r} and {plan.service!r} both listen on "
                               f"port {plan.port} of this machine")
         seen[plan.port] = plan.service
-    return _with_memory_shares(plans), skipped
+    return _with_memory(plans, memory_params(doc)), skipped
 
 
-def _with_memory_shares(plans: list[EnginePlan]) -> list[EnginePlan]:
-    embedders = sum(p.spec.task == "embed" for p in plans)
-    coders = len(plans) - embedders
-    left = GPU_MEMORY_USABLE - embedders * float(GPU_MEMORY_EMBED)
-    share = f"{int(left / max(coders, 1) * 100) / 100:.2f}"  # rounded down: never over 100 %
-    return [p if p.spec.task == "embed" else replace(p, memory_share=share) for p in plans]
+def memory_params(doc: PolicyDocument) -> MemoryParams:
+    """The memory model's parameters, with the policy's overrides."""
+    d, default = doc.deployment, MemoryParams()
+    return MemoryParams(
+        reserved_gib=default.reserved_gib if d.reserved_gib is None else d.reserved_gib,
+        embed_share=default.embed_share if d.embed_memory_share is None
+        else d.embed_memory_share,
+        engine_overhead_gib=default.engine_overhead_gib if d.engine_overhead_gib is None
+        else d.engine_overhead_gib)
+
+
+def demand(plan: EnginePlan) -> memory.CoderDemand:
+    """What the memory model needs to know of a coding engine."""
+    s = plan.spec.speculative
+    return memory.CoderDemand(plan.service, s.method if s else None,
+                              s.num_speculative_tokens if s else None,
+                              plan.max_model_len or memory.FULL_CONTEXT)
+
+
+def _with_memory(plans: list[EnginePlan], params: MemoryParams) -> list[EnginePlan]:
+    coders = [p for p in plans if p.spec.task != "embed"]
+    embed_share = f"{params.embed_share:g}"
+    try:
+        split = memory.split([demand(p) for p in coders], len(plans) - len(coders), params)
+    except memory.MemorySplitError as exc:
+        raise DeployError(str(exc)) from None
+    shares = {p.service: m for p, m in zip(coders, split, strict=True)}
+    return [replace(p, memory_share=embed_share) if p.service not in shares
+            else replace(p, memory=shares[p.service],
+                         memory_share=f"{shares[p.service].share(params):.3f}")
+            for p in plans]
 
 
 def speculative_config(spec: SpeculativeSpec, drafter: str | None) -> dict[str, Any]:
@@ -139,7 +181,8 @@ def drafter_ref(plan: EnginePlan) -> str:
 
 
 def engine_command(plan: EnginePlan) -> list[str]:
-    """`vllm serve` arguments (after the entrypoint), one flag per item."""
+    """`vllm serve` arguments (after the entrypoint), one flag per item, only flags that the
+    plan's vLLM release has."""
     spec = plan.spec
     args = [
         f"${{{plan.model_var}:-/models/{spec.served_model_name}}}",
@@ -148,19 +191,38 @@ def engine_command(plan: EnginePlan) -> list[str]:
         f"--port={plan.port}",
         f"--max-num-seqs={spec.max_concurrency}",
     ]
+    if plan.max_model_len is not None:
+        args.append(f"--max-model-len={plan.max_model_len}")
+    args.append(f"--gpu-memory-utilization=${{{plan.gpu_memory_var}:-{plan.memory_share}}}")
     if spec.task == "embed":
-        args += ["--runner=pooling",
-                 f"--gpu-memory-utilization=${{{plan.gpu_memory_var}:-{GPU_MEMORY_EMBED}}}"]
+        args.append("--runner=pooling")
     else:
-        args += [f"--gpu-memory-utilization=${{{plan.gpu_memory_var}:-{plan.memory_share}}}",
-                 # cached prompt tokens in each response's usage, for the gateway's request log
-                 "--enable-prompt-tokens-details"]
+        if plan.memory is not None and versions.has_flag(plan.version, versions.KV_BYTES_FLAG):
+            # The KV budget exactly, whatever the activations take; the utilization above
+            # still sizes vLLM's free-memory check at start, so both are set.
+            args.append(f"{versions.KV_BYTES_FLAG}=${{{plan.kv_bytes_var}:-"
+                        f"{plan.memory.kv_bytes}}}")
+        # cached prompt tokens in each response's usage, for the gateway's request log
+        args.append("--enable-prompt-tokens-details")
+    # X-Request-Id on every response: the gateway's request id in the engine's logs
+    args.append("--enable-request-id-headers")
+    if spec.engine.tool_call_parser is not None:
+        # tool_choice "auto" (what coding agents send) is a 400 without these
+        args += ["--enable-auto-tool-choice", f"--tool-call-parser={spec.engine.tool_call_parser}"]
+    if spec.engine.reasoning_parser is not None:
+        args.append(f"--reasoning-parser={spec.engine.reasoning_parser}")
     if spec.priority_scheduling:
         args.append("--scheduling-policy=priority")
     if spec.speculative is not None:
         config = speculative_config(spec.speculative, drafter_ref(plan))
         args.append(f"--speculative-config={to_json(config)}")
-        # Exact accepted/drafted counts in each response: the gateway's acceptance is then the
-        # engine's own figure, not an estimate from chunk sizes.
-        args.append("--per-request-spec-decode-metrics=summary")
+        if versions.has_flag(plan.version, versions.PER_REQUEST_SPEC_FLAG):
+            # Exact accepted/drafted counts in each response (0.29+): the gateway's acceptance
+            # is then the engine's own figure, not an estimate from chunk sizes.
+            args.append(f"{versions.PER_REQUEST_SPEC_FLAG}=summary")
+    unknown = versions.unknown_flags(plan.version, [a.split("=", 1)[0] for a in args
+                                                    if a.startswith("--")])
+    if unknown:
+        raise DeployError(f"backend {plan.backend!r}: vLLM {plan.version} has no "
+                          f"{', '.join(unknown)}")
     return args

@@ -11,6 +11,7 @@ import yaml
 
 from policies.spec.backends import SpeculativeSpec
 from policies.spec.document import PolicyDocument
+from proxy.ops.deploy import versions
 from proxy.ops.deploy.plan import (
     BACKEND_LABEL,
     NO_DRAFTER_METHODS,
@@ -35,7 +36,7 @@ PROMETHEUS_LISTEN = "127.0.0.1:9090"
 GRAFANA_PORT = 3000
 PROMETHEUS_SCRAPE_INTERVAL = "5s"
 
-VLLM_IMAGE = "vllm/vllm-openai:v0.28.0"
+VLLM_IMAGE = "vllm/vllm-openai:v{version}"  # the engine's release, from the policy
 PROMETHEUS_IMAGE = "prom/prometheus:v2.55.1"
 GRAFANA_IMAGE = "grafana/grafana-oss:11.4.0"
 
@@ -72,7 +73,8 @@ def _engine_service(doc: PolicyDocument, plan: EnginePlan) -> list[str]:
     spec = plan.spec
     what = (f"{spec.task} engine for backend {plan.backend!r}, served as "
             f"{spec.served_model_name!r}, {spec.max_concurrency} sequences")
-    lines = [f"  {plan.service}:", f"    # {what}", "    image: ${VLLM_IMAGE:-" + VLLM_IMAGE + "}",
+    image = VLLM_IMAGE.format(version=plan.version)
+    lines = [f"  {plan.service}:", f"    # {what}", "    image: ${VLLM_IMAGE:-" + image + "}",
              "    entrypoint: [vllm, serve]", "    command:"]
     for arg in engine_command(plan):
         if arg.startswith("--speculative-config="):
@@ -308,10 +310,19 @@ def render_env_example(doc: PolicyDocument) -> str:
         if s is not None and s.method not in NO_DRAFTER_METHODS:
             lines += [f"# The {s.method} drafter of backend {plan.backend}",
                       f"{plan.drafter_var}=/models/drafters/{plan.backend}"]
-    lines += ["", "# Memory: share of the unified memory each engine takes"]
+    lines += ["", "# Memory: share of the unified memory each engine takes and, for the coding",
+              "# engines, their KV budget in bytes (`specrouter deploy check` refuses a split",
+              "# whose KV cannot hold the engine's --max-model-len)"]
     for plan in plans:
         lines.append(f"{plan.gpu_memory_var}={plan.memory_share}")
-    lines += ["", "# Images", f"VLLM_IMAGE={VLLM_IMAGE}", f"PROMETHEUS_IMAGE={PROMETHEUS_IMAGE}",
+        if plan.memory is not None and versions.has_flag(plan.version, versions.KV_BYTES_FLAG):
+            lines.append(f"{plan.kv_bytes_var}={plan.memory.kv_bytes}")
+    images = sorted({VLLM_IMAGE.format(version=p.version) for p in plans}) or [
+        VLLM_IMAGE.format(version=doc.deployment.vllm_version)]
+    # One image for all engines when they run one release; with several, each keeps its own
+    # default and VLLM_IMAGE (which would replace them all) is left commented.
+    lines += ["", "# Images", ("" if len(images) == 1 else "#") + f"VLLM_IMAGE={images[0]}",
+              f"PROMETHEUS_IMAGE={PROMETHEUS_IMAGE}",
               f"GRAFANA_IMAGE={GRAFANA_IMAGE}", "PROMETHEUS_RETENTION=30d"]
     return "\n".join(lines) + "\n"
 
