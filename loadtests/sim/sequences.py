@@ -165,6 +165,11 @@ class EngineRequest:
     def wake(self) -> None:
         self._event.set()
 
+    @property
+    def pending(self) -> bool:
+        """Output is waiting for the consumer."""
+        return bool(self._pending)
+
     async def take(self) -> list[Delta]:
         """Wait for output. An empty list means the request is over (finished or aborted)."""
         while not self._pending:

@@ -24,6 +24,7 @@ from .faults import Faults
 from .metrics import SimMetrics
 from .profiles import Profile
 from .protocol import ChatRequest, CompletionRequest
+from .scripted import Script
 from .textgen import derive_seed, split_pieces, token_ids
 
 # Tokenizing a long prompt takes milliseconds; beyond this size it runs in a worker thread so the
@@ -104,6 +105,7 @@ class Sim:
         digest = hashlib.blake2b(profile.name.encode() + spec, digest_size=4).hexdigest()
         self.fingerprint = f"vllm-{wire.VLLM_VERSION}-{digest}"
         self._live: set[EngineRequest] = set()
+        self.script: Script | None = None  # scripted engine outputs (golden tests only)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -150,6 +152,8 @@ class Sim:
         return self._tokenize(text)
 
     def _tokenize(self, text: str) -> tuple[list[int], list[int]]:
+        if self.script is not None:
+            return self.block_hashes(list(self.script.prompt_token_ids))
         return self.block_hashes(token_ids(split_pieces(text)))
 
     def block_hashes(self, ids: list[int]) -> tuple[list[int], list[int]]:
@@ -190,7 +194,10 @@ class Sim:
 
     def submit(self, req: EngineRequest) -> None:
         self._live.add(req)
-        self.engine.submit(req)
+        if self.script is not None:
+            self.script.play(req)
+        else:
+            self.engine.submit(req)
 
     def finished(self, req: EngineRequest) -> None:
         self._live.discard(req)

@@ -1,0 +1,293 @@
+"""The simulator against vLLM 0.28.0's own bytes (shared/reference/vllm-golden/0.28.0).
+
+Every fixture's request is sent to an in-process simulator whose engine plays back the
+fixture's engine outputs (`loadtests.sim.scripted.Script`: same prompt token ids, same output
+texts, token ids and finish reasons, one read per engine output), then the body is compared
+frame by frame after the README's normalisation (ids, timestamps, fingerprint hash, /metrics
+process samples). What still differs is listed in EXPECTED, with how many frames differ: the test
+fails when a listed difference disappears or changes, or a new one appears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from loadtests.sim.engine import Delta
+from loadtests.sim.profiles import BUILTIN_PROFILES
+from loadtests.sim.scripted import Script
+from loadtests.sim.server import create_app
+from loadtests.sim.state import SimConfig
+
+GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "reference" / "vllm-golden"
+VERSION_DIR = GOLDEN / "0.28.0"
+
+if not VERSION_DIR.is_dir():
+    pytest.skip(f"vLLM golden fixtures not found at {VERSION_DIR}", allow_module_level=True)
+
+_NOT_YET = "the simulator does not emit it yet (a later issue adds it)"
+_PTD = "--enable-prompt-tokens-details: the simulator never writes usage.prompt_tokens_details"
+
+# fixture -> (frames that differ, why). Frames: SSE events, or 1 for a JSON body.
+EXPECTED: dict[str, tuple[int, str]] = {
+    **{
+        name: (n, f"Anthropic /v1/messages: {_NOT_YET} (404)")
+        for name, n in {
+            "anth_count_tokens": 1,
+            "anth_err_400_count_tokens_tools_without_auto_tool_choice": 1,
+            "anth_err_400_tools_without_auto_tool_choice": 1,
+            "anth_err_400_validation": 1,
+            "anth_err_400_validation_max_tokens": 1,
+            "anth_err_404_count_tokens_unknown_model": 1,
+            "anth_err_404_unknown_model": 1,
+            "anth_full_max_tokens": 1,
+            "anth_full_plain": 1,
+            "anth_full_prompt_tokens_details": 1,
+            "anth_full_stop_sequence": 1,
+            "anth_full_tools_qwen3_coder": 1,
+            "anth_stream_error_midstream": 5,
+            "anth_stream_max_tokens": 9,
+            "anth_stream_plain": 10,
+            "anth_stream_prompt_tokens_details": 10,
+            "anth_stream_reasoning": 13,
+            "anth_stream_stop_sequence": 8,
+            "anth_stream_tools_qwen3_coder": 14,
+            "anth_stream_tools_qwen3_coder_noreasoning": 12,
+        }.items()
+    },
+    **{
+        name: (n, f"reasoning parser (`reasoning` deltas, reasoning_tokens): {_NOT_YET}")
+        for name, n in {
+            "chat_full_reasoning": 1,
+            "chat_stream_reasoning": 8,
+            "chat_stream_reasoning_continuous": 9,
+        }.items()
+    },
+    **{
+        name: (n, f"tool-call parser (`tool_calls` deltas, finish tool_calls): {_NOT_YET}")
+        for name, n in {
+            "chat_full_tools_hermes": 1,
+            "chat_full_tools_qwen3_coder": 1,
+            "chat_stream_tools_hermes": 9,
+            "chat_stream_tools_qwen3_coder": 10,
+            "chat_stream_tools_qwen3_coder_noreasoning": 3,
+        }.items()
+    },
+    "err_400_tools_without_auto_tool_choice": (
+        1, "the simulator serves `tools` without --enable-auto-tool-choice instead of a 400"),
+    "chat_full_prompt_tokens_details": (1, _PTD),
+    "chat_stream_prompt_tokens_details": (1, _PTD),
+    "cmpl_stream_prompt_tokens_details": (1, _PTD),
+    "chat_stream_continuous": (
+        6, "continuous usage: vLLM adds `completion_tokens_details: null` to every per-chunk "
+        "usage (role, content and finish chunks); the simulator writes the three counts only"),
+    "chat_stream_error_midstream": (
+        3, "engine finish_reason 'error': vLLM turns it into an error event (500) then [DONE]; "
+        "the simulator streams it as a finish chunk, then usage and [DONE]"),
+    "cmpl_stream_error_midstream": (
+        1, "engine finish_reason 'error' (as chat_stream_error_midstream)"),
+    "emb_float": (
+        1, "0.28 answers embeddings with ORJSONResponse (float32 shortest repr, -0.08396084); the "
+        "simulator writes float32 values as doubles, the no-orjson form (emb_float_no_orjson "
+        "matches)"),
+    "emb_base64": (1, "vectors: the simulator's hash-seeded vector differs from the fixture's"),
+    "err_400_cmpl_validation": (
+        1, "missing prompt: vLLM answers VLLMValidationError (BadRequestError, `... "
+        "(parameter=prompt)`); the simulator a pydantic '1 validation error' (Bad Request)"),
+    "err_400_stream_options": (
+        1, "stream_options without stream: same VLLMValidationError vs pydantic wrapping as "
+        "err_400_cmpl_validation (README, 'Notable differences')"),
+    "metrics_k7_fresh": (
+        15, "families the simulator does not export: cache_config_info, engine_sleep_state, "
+        "estimated_{flops,read_bytes,write_bytes}_per_gpu, external_prefix_cache_{hits,queries}, "
+        "iteration_tokens, mm_cache_{hits,queries}, num_requests_waiting_by_reason, "
+        "prompt_tokens_{by_source,cached}, request_max_num_generation_tokens, "
+        "request_prefill_kv_computed_tokens; every family it does export matches"),
+    "metrics_k0": (
+        35, "the 15 missing families of metrics_k7_fresh, plus 20 whose values come from the "
+        "stats input.json recorded through PrometheusStatLogger (not replayed into the sim)"),
+    "metrics_k7": (
+        39, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
+    "responses_full": (
+        1, "Response object: vLLM 0.28 has no `error` key, writes `logprobs: null` (sim: []), "
+        "`phase: null` on the message item, and tool_choice 'none' (sim: 'auto')"),
+    "responses_stream": (
+        7, "the responses_full object differences, in every event that carries the response "
+        "or the item (created, in_progress, item added/done, text done, completed)"),
+    "responses_stream_truncated": (7, "as responses_stream"),
+}
+
+
+# -- normalisation (README "Comparing a simulator's bytes with these") ---------------------------
+
+_SUBS = [
+    (re.compile(rb"chatcmpl-tool-[0-9a-f]{16}"), b"chatcmpl-tool-<ID>"),
+    (re.compile(rb"(chatcmpl|cmpl|embd)-[0-9a-f]{16}"), rb"\1-<ID>"),
+    (re.compile(rb"modelperm-[0-9a-f]{16}"), b"modelperm-<ID>"),
+    (re.compile(rb'"(created|created_at)":\d+'), rb'"\1":<T>'),
+    (re.compile(rb"(vllm-[0-9][^\"]*?)-[0-9a-f]{8}\""), rb'\1-<HASH>"'),
+]
+_RESPONSES_IDS = re.compile(rb"resp_[0-9a-f]{16}|msg_[0-9a-f]{16}|(?<=\")[0-9a-f]{16}(?=\")")
+_PROM_DROP = re.compile(r"^(# (HELP|TYPE) )?(process_|python_gc_|python_info|http_)")
+
+
+def normalise(body: bytes, kind: str) -> list[bytes]:
+    if kind == "prom":
+        return _prom_frames(body.decode())
+    for pattern, repl in _SUBS:
+        body = pattern.sub(repl, body)
+    if kind.startswith("responses"):
+        seen: dict[bytes, bytes] = {}
+        body = _RESPONSES_IDS.sub(
+            lambda m: seen.setdefault(m.group(0), b"<ID%d>" % len(seen)), body
+        )
+    if kind.endswith("sse"):
+        return [f for f in body.split(b"\n\n") if f]
+    return [body]
+
+
+def _prom_frames(text: str) -> list[bytes]:
+    """One frame per vLLM family (HELP, TYPE, samples), by name: the exposition order is the
+    registration order, which is not part of the format. `_created` samples are dropped and
+    cache_config_info label values masked."""
+    families: dict[str, list[str]] = {}
+    name = ""
+    for line in text.splitlines():
+        if _PROM_DROP.match(line) or not line:
+            continue
+        if line.startswith("# HELP "):
+            name = line.split(" ", 3)[2]
+        if name.endswith("_created") or re.match(r"^\S+_created[{ ]", line):
+            continue  # a timestamp, written as its own family by some exposition formats
+        if "vllm:cache_config_info" in line and not line.startswith("#"):
+            line = re.sub(r'="[^"]*"', '="<V>"', line)
+        families.setdefault(name, []).append(line)
+    return ["\n".join(families[n]).encode() for n in sorted(families)]
+
+
+# -- driving the simulator ----------------------------------------------------------------------
+
+
+def _fixtures() -> list[str]:
+    return sorted(p.name[: -len(".input.json")] for p in VERSION_DIR.glob("*.input.json"))
+
+
+def _body_file(name: str) -> Path:
+    (path,) = [p for p in VERSION_DIR.glob(name + ".*") if not p.name.endswith(".input.json")]
+    return path
+
+
+def _route(name: str, spec: dict[str, Any]) -> tuple[str, str]:
+    http = spec.get("http", {})
+    if "path" in http:
+        return http.get("method", "POST"), http["path"]
+    prefix = name.split("_", 1)[0]
+    paths = {"chat": "/v1/chat/completions", "cmpl": "/v1/completions",
+             "emb": "/v1/embeddings", "responses": "/v1/responses"}
+    return "POST", paths[prefix]
+
+
+def _script(spec: dict[str, Any]) -> Script | None:
+    eo = spec.get("engine_outputs")
+    if not eo or "request_outputs" not in eo:
+        return None
+    steps = [
+        [Delta(o["index"], o["text"], list(o["token_ids"]), o["finish_reason"], o["stop_reason"])
+         for o in ro["outputs"]]
+        for ro in eo["request_outputs"]
+    ]
+    return Script(list(eo["prompt_token_ids"]), steps, cached_tokens=eo.get("num_cached_tokens")
+                  or 0)
+
+
+def _config(spec: dict[str, Any]) -> SimConfig:
+    server = spec["server"]
+    flags = " ".join(server.get("flags", []))
+    if server["served_model_name"].endswith("embed"):
+        profile = BUILTIN_PROFILES["embed"]
+    elif "num_speculative_tokens" in flags:
+        profile = BUILTIN_PROFILES["dflash7-prob-block"]
+    else:
+        profile = BUILTIN_PROFILES["nospec"]
+    return SimConfig(profile=profile, served_model_name=server["served_model_name"],
+                     time_scale=0.0)
+
+
+async def _simulate(name: str, spec: dict[str, Any]) -> bytes:
+    app, sim = create_app(_config(spec))
+    sim.script = _script(spec)
+    method, path = _route(name, spec)
+    transport = httpx.ASGITransport(app=app)
+    sim.engine.start()  # requests the script does not answer (no engine outputs) still finish
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
+            if method == "GET":
+                resp = await client.get(path, timeout=10)
+            else:
+                resp = await client.post(path, json=spec["request_body"], timeout=10)
+    finally:
+        sim.abort_all()
+        await sim.engine.stop()
+    return resp.content
+
+
+def _kind(path: Path) -> str:
+    if path.suffix == ".prom":
+        return "prom"
+    kind = "sse" if path.suffix == ".sse" else "json"
+    return "responses_" + kind if path.name.startswith("responses_") else kind
+
+
+def compare(name: str) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(frame index, vLLM's frame, the simulator's) for every frame that differs."""
+    spec = json.loads((VERSION_DIR / f"{name}.input.json").read_text())
+    golden_file = _body_file(name)
+    kind = _kind(golden_file)
+    ours = normalise(asyncio.run(_simulate(name, spec)), kind)
+    theirs = normalise(golden_file.read_bytes(), kind)
+    if kind == "prom":  # families by name: a missing family is one difference, not a shift
+        mine, vllm = _by_family(ours), _by_family(theirs)
+        names = sorted(set(mine) | set(vllm))
+        return [(i, vllm.get(n), mine.get(n)) for i, n in enumerate(names)
+                if vllm.get(n) != mine.get(n)]
+    diffs: list[tuple[int, bytes | None, bytes | None]] = []
+    for i in range(max(len(ours), len(theirs))):
+        a = theirs[i] if i < len(theirs) else None
+        b = ours[i] if i < len(ours) else None
+        if a != b:
+            diffs.append((i, a, b))
+    return diffs
+
+
+def _by_family(frames: list[bytes]) -> dict[bytes, bytes]:
+    return {f.split(b"\n", 1)[0]: f for f in frames}
+
+
+@pytest.mark.parametrize("name", _fixtures())
+def test_fixture(name: str) -> None:
+    diffs = compare(name)
+    shown = "\n".join(f"[{i}]\n  vllm: {a!r}\n  sim:  {b!r}" for i, a, b in diffs[:3])
+    if name not in EXPECTED:
+        assert not diffs, f"{name}: {len(diffs)} frames differ from vLLM 0.28.0\n{shown}"
+        return
+    count, reason = EXPECTED[name]
+    assert diffs, f"{name} now matches vLLM: drop it from EXPECTED ({reason})"
+    assert len(diffs) == count, f"{name}: {len(diffs)} frames differ, {count} expected\n{shown}"
+
+
+def test_expected_names_exist() -> None:
+    assert set(EXPECTED) <= set(_fixtures())
+
+
+if __name__ == "__main__":  # a report of every difference, for updating EXPECTED
+    for n in _fixtures():
+        d = compare(n)
+        print(f"{n}: {len(d)}")
+        for i, a, b in d[:2]:
+            print(f"   [{i}] vllm: {(a or b'')[:400]!r}\n        sim:  {(b or b'')[:400]!r}")
