@@ -10,7 +10,7 @@ import httpx
 import pytest
 import yaml
 
-from loadtests.harness.gateway import GatewayServer, coder_policy
+from loadtests.harness.gateway import ADMIN_TOKEN, GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
 from proxy.relay.limits import MemoryLimits, RedisLimits
 
@@ -72,7 +72,7 @@ def test_two_replicas_share_limits_and_policy(certs, redis_url, tmp_path) -> Non
 
             # A policy change through one replica reaches the other (the shared file).
             with httpx.Client(base_url=g1.admin, timeout=10,
-                              headers={"authorization": "Bearer admin-test-token"}) as admin:
+                              headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as admin:
                 current = admin.get("/admin/policy")
                 doc = current.json()["document"]
                 doc["clients"][0]["requests_per_minute"] = None
