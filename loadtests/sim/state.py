@@ -24,6 +24,7 @@ from .faults import Faults
 from .metrics import SimMetrics
 from .profiles import Profile
 from .protocol import ChatRequest, CompletionRequest
+from .sequences import Script
 from .textgen import derive_seed, split_pieces, token_ids
 
 # Tokenizing a long prompt takes milliseconds; beyond this size it runs in a worker thread so the
@@ -43,6 +44,10 @@ class SimConfig:
     faults: bool = False
     api_key: str | None = None
     embed_dim: int | None = None
+    # vLLM's --enable-auto-tool-choice, --tool-call-parser (qwen3_coder | hermes), --reasoning-parser
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 @dataclass(slots=True)
@@ -171,6 +176,7 @@ class Sim:
         sampling: SamplingSpec,
         n: int,
         seed: int | None,
+        script: Script | None = None,
     ) -> EngineRequest:
         # Same seed (or none, with the same server --seed) and same prompt: same text.
         key = (
@@ -186,6 +192,7 @@ class Sim:
             n=n,
             key=key,
             arrival=asyncio.get_running_loop().time(),
+            script=script,
         )
 
     def submit(self, req: EngineRequest) -> None:
@@ -253,6 +260,7 @@ class Sim:
         prefix: str,
         prompt_text: str | None,
         prompt_ids_in: list[int] | None,
+        script: Script | None = None,
     ) -> Prepared:
         if prompt_text is not None:
             prompt_ids, hashes = await self.tokenize(prompt_text)
@@ -285,6 +293,7 @@ class Sim:
             sampling=sampling,
             n=n,
             seed=req.seed,
+            script=script,
         )
         opts = req.stream_options
         include_usage = bool(req.stream and opts and opts.include_usage)
