@@ -302,7 +302,7 @@ def parse_full(
     text: str, *, reasoning: bool, tool_parser: str | None, tools: dict[str, Json] | None = None
 ) -> tuple[str | None, str | None, list[Json]]:
     thought: str | None = None
-    if reasoning:
+    if reasoning and (text.startswith(THINK) or END_THINK in text):
         body = text[len(THINK) :] if text.startswith(THINK) else text
         end = body.find(END_THINK)
         if end >= 0:

@@ -130,14 +130,9 @@ class ChatChunks(_Chunks):
 
     object_kind = "chat.completion.chunk"
 
-    def __init__(
-        self,
-        *,
-        prompt_token_ids: list[int] | None,
-        parsers: list[ChatParser] | None = None,
-        tool_finish: bool = False,
-        **common: Any,
-    ) -> None:
+    def __init__(self, *, prompt_token_ids: list[int] | None,
+                 parsers: list[ChatParser] | None = None, tool_finish: bool = False,
+                 **common: Any) -> None:
         super().__init__(**common)
         self.prompt_token_ids = prompt_token_ids
         # One reasoning/tool parser per choice when the server runs parsers (toolparse.py).
@@ -160,8 +155,7 @@ class ChatChunks(_Chunks):
         }
         obj: Json = {**self.head, "choices": [choice]}
         if self.continuous:
-            obj["usage"] = chunk_usage(self.prompt_tokens, 0, 0 if self.reasoning_tokens(0)
-                                       is not None else None)
+            obj["usage"] = chunk_usage(self.prompt_tokens, 0, self.reasoning_tokens(0) and 0)
         obj["prompt_token_ids"] = self.prompt_token_ids if self.return_token_ids else None
         obj["prompt_text"] = None
         return sse(obj)
@@ -411,7 +405,11 @@ class ResponsesEvents:
         temperature: float,
         max_output_tokens: int | None,
         instructions: str | None,
+        tools: list[Json] | None = None, tool_choice: str | Json | None = None,
+        reasoning: Json | None = None,
     ) -> None:
+        self.echo = {"tools": tools or [], "tool_choice": tool_choice or "auto",
+                     "reasoning": reasoning}
         self.response_id = response_id
         self.item_id = item_id
         self.created = created
@@ -440,15 +438,15 @@ class ResponsesEvents:
             "output": output,
             "parallel_tool_calls": True,
             "temperature": self.temperature,
-            "tool_choice": "auto",
-            "tools": [],
+            "tool_choice": self.echo["tool_choice"],
+            "tools": self.echo["tools"],
             "top_p": 1.0,
             "background": False,
             "max_output_tokens": self.max_output_tokens,
             "max_tool_calls": None,
             "previous_response_id": None,
             "prompt": None,
-            "reasoning": None,
+            "reasoning": self.echo["reasoning"],
             "service_tier": "auto",
             "status": status,
             "text": None,
@@ -473,12 +471,12 @@ class ResponsesEvents:
         return {"annotations": [], "text": text, "type": "output_text", "logprobs": []}
 
     @staticmethod
-    def usage(prompt_tokens: int, output_tokens: int, cached: int) -> Json:
+    def usage(prompt_tokens: int, output_tokens: int, cached: int, reasoning: int = 0) -> Json:
         return {
             "input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt_tokens + output_tokens,
         }
 
