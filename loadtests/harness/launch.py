@@ -36,14 +36,20 @@ def cli(*args: str) -> list[str]:
 
 def sim_args(profile: str, *, time_scale: float, port: int = 0, seed: int = 0,
              max_num_seqs: int | None = None, served_model_name: str | None = None,
+             tool_call_parser: str | None = None, reasoning_parser: str | None = None,
              extra: Sequence[str] = ()) -> list[str]:
-    """The arguments of `specrouter sim` on loopback."""
+    """The arguments of `specrouter sim` on loopback (a tool-call parser comes with
+    --enable-auto-tool-choice, as vLLM deployments that serve agents run it)."""
     args = ["--profile", profile, "--port", str(port), "--time-scale", str(time_scale),
             "--seed", str(seed)]
     if max_num_seqs is not None:
         args += ["--max-num-seqs", str(max_num_seqs)]
     if served_model_name:
         args += ["--served-model-name", served_model_name]
+    if tool_call_parser:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+    if reasoning_parser:
+        args += ["--reasoning-parser", reasoning_parser]
     return args + list(extra)
 
 

@@ -33,6 +33,8 @@ class SimServer:
         spec_metrics: str = "none",
         faults: bool = True,
         max_num_seqs: int = 16,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
         self.profile = profile
@@ -42,6 +44,8 @@ class SimServer:
         self.spec_metrics = spec_metrics
         self.faults = faults
         self.max_num_seqs = max_num_seqs
+        self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser
         self.extra_args = tuple(extra_args)
         self.proc: subprocess.Popen[str] | None = None
         self._child: Child | None = None
@@ -87,6 +91,8 @@ class SimServer:
         return cli("sim", *sim_args(self.profile, port=port, time_scale=self.time_scale,
                                     seed=self.seed, max_num_seqs=self.max_num_seqs,
                                     served_model_name=self.served_model_name,
+                                    tool_call_parser=self.tool_call_parser,
+                                    reasoning_parser=self.reasoning_parser,
                                     extra=[*extra, *self.extra_args]))
 
     def _spawn(self, port: int) -> None:

@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--embed-dim", type=int, default=None, help="embedding dimension (embed profile)"
     )
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='serve tool_choice "auto" (needs --tool-call-parser)')
+    p.add_argument("--tool-call-parser", choices=("qwen3_coder", "hermes"), default=None)
+    p.add_argument("--reasoning-parser", choices=("qwen3",), default=None)
     p.add_argument("--list-profiles", action="store_true")
     return p
 
@@ -127,6 +131,9 @@ def main(argv: list[str]) -> int:
         faults=args.faults,
         api_key=args.api_key,
         embed_dim=args.embed_dim,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
     app, sim = create_app(config)
 

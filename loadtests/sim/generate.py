@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from proxy import vllm_wire
 
-from . import protocol, wire
+from . import protocol, toolparse, tooluse, wire
 from .asgi import DropResponse, FrameSource, json_response
 from .protocol import (
     ChatRequest,
@@ -55,11 +55,16 @@ async def _generate(
 
 
 async def chat_completions(sim: Sim, request: Request) -> Response:
+    plan = tooluse.Plan(None, None, False, None, {}, named=False)
+
     async def prepare() -> Prepared:
+        nonlocal plan
         req = protocol.parse(ChatRequest, await request.body())
         sim.check_model(req.model)
+        plan = tooluse.chat_plan(sim.config, req)
         return await sim.prepare(
-            request, req, "chatcmpl", protocol.render_chat(req.messages, req.tools), None
+            request, req, "chatcmpl", protocol.render_chat(req.messages, req.tools), None,
+            plan.script,
         )
 
     def stream(p: Prepared, created: int) -> FrameSource:
@@ -73,14 +78,30 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
             prompt_tokens=p.prompt_tokens,
             prompt_token_ids=p.prompt_ids,
             return_token_ids=p.return_token_ids,
+            parsers=[plan.parser() for _ in range(p.engine_req.n)] if plan.parses else None,
+            tool_finish=not plan.named,
         )
         return _frames(sim, p, chunks.role, chunks.content, chunks.usage_chunk)
 
     def answer(p: Prepared, created: int, results: list[Result]) -> dict[str, Any]:
-        choices = [
-            (r.text, r.finish_reason, r.stop_reason, r.token_ids if p.return_token_ids else None)
-            for r in results
-        ]
+        choices: list[tuple[dict[str, Any], str, str | None, list[int] | None]] = []
+        reasoning_tokens = 0
+        for r in results:
+            message = wire.chat_message(r.text, None, [])
+            finish = r.finish_reason
+            if plan.parses:
+                parser = plan.parser()
+                parser.count_tokens(r.token_ids)
+                reasoning_tokens += parser.reasoning_tokens
+                content, reasoning, calls = toolparse.parse_full(
+                    r.text, reasoning=plan.reasoning, tool_parser=plan.tool_parser,
+                    tools=plan.schemas,
+                )
+                message = wire.chat_message(content, reasoning, calls)
+                if calls and finish == "stop" and not plan.named:
+                    finish = "tool_calls"
+            ids = r.token_ids if p.return_token_ids else None
+            choices.append((message, finish, r.stop_reason, ids))
         return wire.chat_response(
             request_id=p.request_id,
             created=created,
@@ -91,6 +112,7 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
             fingerprint=sim.fingerprint,
             prompt_token_ids=p.prompt_ids if p.return_token_ids else None,
             metrics=sim.spec_metrics(p.engine_req, full=True),
+            reasoning_tokens=reasoning_tokens if plan.reasoning else None,
         )
 
     return await _generate(sim, request, prepare, stream, answer)
@@ -130,8 +152,11 @@ async def _frames(
                     prompt_ids = p.prompt_ids
                     sent_prompt[d.index] = True
                 args.append(prompt_ids)
-            out.append(content(*args))
-        yield out
+            frame = content(*args)
+            if frame:  # a parser may hold a whole step back (no chunk)
+                out.append(frame)
+        if out:
+            yield out
     sim.finished(req)
     if req.aborted:
         return

@@ -58,6 +58,7 @@ class StreamOptions(_Base):
 class ChatMessage(_Base):
     role: str
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class _GenerationRequest(_Base):
@@ -101,6 +102,8 @@ class ChatRequest(_GenerationRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def requested_max_tokens(self) -> int | None:
         if self.max_completion_tokens is not None:
@@ -143,6 +146,9 @@ class ResponsesRequest(_Base):
     top_p: float | None = None
     stream: bool | None = False
     seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -236,7 +242,11 @@ def render_chat(messages: list[ChatMessage], tools: list[dict[str, Any]] | None)
         tool_text = "\n".join(orjson.dumps(t).decode() for t in tools)
         out.append(f"<|im_start|>system\n# Tools\n<tools>\n{tool_text}\n</tools><|im_end|>\n")
     for m in messages:
-        out.append(f"<|im_start|>{m.role}\n{_content_text(m.content)}<|im_end|>\n")
+        calls = "".join(
+            "\n<tool_call>\n" + orjson.dumps(c.get("function")).decode() + "\n</tool_call>"
+            for c in m.tool_calls or []
+        )
+        out.append(f"<|im_start|>{m.role}\n{_content_text(m.content)}{calls}<|im_end|>\n")
     out.append("<|im_start|>assistant\n")
     return "".join(out)
 
@@ -249,6 +259,20 @@ def render_responses_input(req: ResponsesRequest) -> list[ChatMessage]:
         messages.append(ChatMessage(role="user", content=req.input))
         return messages
     for item in req.input:
+        kind = item.get("type")
+        if kind in ("function_call", "custom_tool_call"):
+            args = item.get("arguments", item.get("input", ""))
+            call = {"type": "function", "id": item.get("call_id"),
+                    "function": {"name": item.get("name"), "arguments": args}}
+            messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+            continue
+        if kind in ("function_call_output", "custom_tool_call_output"):
+            output = item.get("output")
+            messages.append(ChatMessage(role="tool", content=output if isinstance(output, str)
+                                        else orjson.dumps(output).decode()))
+            continue
+        if kind == "reasoning":
+            continue
         role = str(item.get("role", "user"))
         content = item.get("content")
         if isinstance(content, list):

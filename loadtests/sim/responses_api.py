@@ -8,13 +8,14 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import protocol, wire
+from . import protocol, toolparse, tooluse, wire
 from .asgi import DropResponse, FrameSource, json_response
 from .engine import EngineRequest, SamplingSpec
 from .protocol import (
     RequestError,
     ResponsesRequest,
 )
+from .responses_tools import ResponsesItems
 from .state import Sim
 
 
@@ -27,7 +28,8 @@ async def responses(sim: Sim, request: Request) -> Response:
         req = protocol.parse(ResponsesRequest, await request.body())
         sim.check_model(req.model)
         messages = protocol.render_responses_input(req)
-        prompt_ids, hashes = await sim.tokenize(protocol.render_chat(messages, None))
+        plan = tooluse.responses_plan(sim.config, req, messages)
+        prompt_ids, hashes = await sim.tokenize(protocol.render_chat(messages, req.tools))
         max_tokens = protocol.resolve_max_tokens(
             req.max_output_tokens, len(prompt_ids), sim.profile.max_model_len
         )
@@ -47,6 +49,7 @@ async def responses(sim: Sim, request: Request) -> Response:
         sampling=SamplingSpec(max_tokens=max_tokens, temperature=temperature),
         n=1,
         seed=req.seed,
+        script=plan.script,
     )
     events = wire.ResponsesEvents(
         response_id=f"resp_{rid}",
@@ -56,9 +59,16 @@ async def responses(sim: Sim, request: Request) -> Response:
         temperature=temperature,
         max_output_tokens=req.max_output_tokens,
         instructions=req.instructions,
+        tools=req.tools,
+        tool_choice=req.tool_choice,
+        reasoning=req.reasoning,
     )
+    custom = {str(t.get("name")) for t in req.tools or [] if t.get("type") == "custom"}
+    items = ResponsesItems(events, custom)
     sim.submit(ereq)
     if req.stream:
+        if plan.parses:
+            return sim.stream_response(ereq, _parsed_frames(sim, ereq, events, plan, items))
         return sim.stream_response(ereq, _responses_frames(sim, ereq, events))
     results = await sim.collect(ereq, request.receive)
     if results is None:
@@ -67,15 +77,53 @@ async def responses(sim: Sim, request: Request) -> Response:
         return DropResponse()
     (result,) = results
     text = result.text
-    usage = events.usage(len(prompt_ids), len(result.token_ids), ereq.cached_tokens)
     incomplete = result.finish_reason == "length"
-    body = events.response(
-        "incomplete" if incomplete else "completed",
-        [events.message(text, "incomplete" if incomplete else "completed")],
-        usage,
-        incomplete=incomplete,
-    )
+    status = "incomplete" if incomplete else "completed"
+    output = [events.message(text, status)]
+    reasoning_tokens = 0
+    if plan.parses:
+        parser = plan.parser()
+        parser.count_tokens(result.token_ids)
+        reasoning_tokens = parser.reasoning_tokens
+        output = items.full(*toolparse.parse_full(
+            text, reasoning=plan.reasoning, tool_parser=plan.tool_parser, tools=plan.schemas))
+    usage = events.usage(len(prompt_ids), len(result.token_ids), ereq.cached_tokens,
+                         reasoning_tokens)
+    body = events.response(status, output, usage, incomplete=incomplete)
     return json_response(body)
+
+
+async def _parsed_frames(
+    sim: Sim, req: EngineRequest, ev: wire.ResponsesEvents, plan: tooluse.Plan,
+    items: ResponsesItems,
+) -> FrameSource:
+    """A stream whose output goes through the reasoning/tool parsers (responses_tools.py)."""
+    in_progress = ev.response("in_progress", [], None)
+    yield [
+        ev.event("response.created", {"response": in_progress}),
+        ev.event("response.in_progress", {"response": in_progress}),
+    ]
+    parser = plan.parser()
+    ntok = 0
+    finish = "stop"
+    while deltas := await req.take():
+        out: list[bytes] = []
+        for d in deltas:
+            ntok += len(d.token_ids)
+            finish = d.finish_reason or finish
+            delta = parser.feed(d.text, d.token_ids, d.finish_reason is not None)
+            if delta is not None:
+                out += items.feed(delta)
+        if out:
+            yield out
+    sim.finished(req)
+    if req.aborted:
+        return
+    tail = items.close()
+    status = "incomplete" if finish == "length" else "completed"
+    usage = ev.usage(req.prompt_len, ntok, req.cached_tokens, parser.reasoning_tokens)
+    response = ev.response(status, items.output, usage, incomplete=status == "incomplete")
+    yield [*tail, ev.event("response.completed", {"response": response})]
 
 
 async def _responses_frames(sim: Sim, req: EngineRequest, ev: wire.ResponsesEvents) -> FrameSource:

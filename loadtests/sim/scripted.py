@@ -1,42 +1,206 @@
-"""Scripted engine outputs, for byte-for-byte comparisons with vLLM's own bytes (tests only).
+"""What the simulated model "decides" to do when a request offers tools: a fixed, harmless script.
 
-A `Script` replaces the model of one simulated server: every request gets the given prompt token
-ids (its prompt count) and, instead of generated text, the given engine outputs, one consumer
-read per output, as vLLM's frontend yields one `RequestOutput` per engine step. Everything
-after the engine (validation, chunk building, usage, framing) is the simulator's own code.
+Agents execute the calls they get, so the calls are chosen by tool name and are inert: a shell tool
+lists the working directory, an edit / apply-patch tool writes one scratch file, any other tool
+gets arguments that satisfy its JSON schema with inert values. A conversation gets at most
+`MAX_CALLS` calls (one per turn); the turn after the last call's result is a short final answer,
+so an agent loop ends by itself. Same request, same turn: nothing here is random.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
-from .sequences import Delta, EngineRequest
+Json = dict[str, Any]
+
+MAX_CALLS = 2
+SCRATCH_FILE = "specrouter-sim-scratch.txt"
+SCRATCH_TEXT = "written by the specrouter simulator\n"
+PATCH = (
+    "*** Begin Patch\n"
+    f"*** Add File: {SCRATCH_FILE}\n"
+    f"+{SCRATCH_TEXT}"
+    "*** End Patch\n"
+)
+FINAL_ANSWER = (
+    f"Done: I listed the working directory and wrote {SCRATCH_FILE}. Nothing else was changed."
+)
+
+_SHELL_NAMES = {"shell", "exec_command", "bash", "local_shell", "run_shell_command", "terminal"}
+_EDIT_NAMES = {"apply_patch", "edit", "str_replace_based_edit_tool", "write", "write_file",
+               "edit_file", "str_replace_editor", "multiedit"}
+_COMMAND_KEYS = ("command", "cmd", "commands", "script")
+_PATH_KEYS = ("path", "file_path", "filename", "file", "target_file")
+_TEXT_KEYS = ("content", "file_text", "text", "new_string", "new_str", "contents")
 
 
 @dataclass(frozen=True, slots=True)
-class Script:
-    prompt_token_ids: list[int]
-    steps: list[list[Delta]]  # one engine output per entry: the new output of each sequence
-    cached_tokens: int = 0
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False, compare=False)
+class Tool:
+    """One tool the request offers. `custom` tools (Responses freeform) take one string input."""
 
-    def play(self, req: EngineRequest) -> None:
-        req.cached_tokens = self.cached_tokens
-        task = asyncio.get_running_loop().create_task(self._play(req))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    name: str
+    parameters: Json = field(default_factory=dict)
+    custom: bool = False
 
-    async def _play(self, req: EngineRequest) -> None:
-        for step in self.steps:
-            for d in step:
-                req.push(Delta(d.index, d.text, list(d.token_ids), d.finish_reason,
-                               d.stop_reason))
-                if d.finish_reason is not None:
-                    req.finished += 1
-            while req.pending and not req.aborted:
-                await asyncio.sleep(0)
-            if req.aborted:
-                return
-        req.finished = req.n
-        req.wake()
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    name: str
+    arguments: Json  # custom tools: {"input": text}
+    custom: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """The model's answer: optional reasoning, then either tool calls or text (None: free text)."""
+
+    reasoning: str | None
+    content: str | None
+    calls: tuple[Call, ...] = ()
+
+
+def chat_tools(tools: list[Json] | None) -> list[Tool]:
+    """Chat `tools` ({"type": "function", "function": {...}}), in request order."""
+    out: list[Tool] = []
+    for t in tools or []:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            params = fn.get("parameters")
+            out.append(Tool(fn["name"], params if isinstance(params, dict) else {}))
+    return out
+
+
+def responses_tools(tools: list[Json] | None) -> list[Tool]:
+    """Responses `tools`: flat `function` tools and `custom` (freeform) tools."""
+    out: list[Tool] = []
+    for t in tools or []:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            continue
+        if t.get("type") == "function":
+            params = t.get("parameters")
+            out.append(Tool(t["name"], params if isinstance(params, dict) else {}))
+        elif t.get("type") == "custom":
+            out.append(Tool(t["name"], custom=True))
+    return out
+
+
+def _kind(name: str) -> str:
+    low = name.lower()
+    if low in _SHELL_NAMES or "shell" in low or low.startswith("bash"):
+        return "shell"
+    if low in _EDIT_NAMES or "patch" in low:
+        return "edit"
+    return "other"
+
+
+def inert(schema: Any) -> Any:
+    """A value that satisfies a (simple) JSON schema and does nothing."""
+    if not isinstance(schema, dict):
+        return ""
+    if "enum" in schema and schema["enum"]:
+        return schema["enum"][0]
+    if "default" in schema:
+        return schema["default"]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties") or {}
+        return {k: inert(props.get(k)) for k in schema.get("required") or [] if k in props}
+    if kind == "array":
+        return [inert(schema.get("items")) for _ in range(int(schema.get("minItems", 0)))]
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", schema.get("exclusiveMinimum")) or 0
+        step = 1 if "exclusiveMinimum" in schema else 0
+        return int(low) + step if kind == "integer" else low
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    return "sim"
+
+
+def _command(schema: Json, shell_words: list[str]) -> Any:
+    """A command shaped as the schema wants it: an argv array or one command line."""
+    return shell_words if schema.get("type") == "array" else shell_words[-1]
+
+
+def _arguments(tool: Tool, kind: str) -> Json:
+    if tool.custom:
+        return {"input": PATCH if kind == "edit" else "ls"}
+    props: Json = tool.parameters.get("properties") or {}
+    args = inert(tool.parameters)
+    if not isinstance(args, dict):
+        args = {}
+    if kind == "shell":
+        key = next((k for k in _COMMAND_KEYS if k in props), None)
+        args[key or "command"] = _command(props.get(key or "command") or {}, ["bash", "-lc", "ls"])
+        return args
+    if kind == "edit":
+        if "command" in props:  # str_replace_based_edit_tool: {"command": "create", ...}
+            enum = props["command"].get("enum") or []
+            args["command"] = "create" if "create" in enum or not enum else enum[0]
+        for key in props:
+            if key in _PATH_KEYS:
+                args[key] = SCRATCH_FILE
+            elif key in _TEXT_KEYS:
+                args[key] = SCRATCH_TEXT
+            elif key in ("input", "patch"):
+                args[key] = PATCH
+        if not props:
+            args["input"] = PATCH
+    return args
+
+
+def plan(tools: list[Tool]) -> list[Call]:
+    """The calls a conversation makes, in order: a shell listing, then a scratch-file edit."""
+    calls: list[Call] = []
+    for kind in ("shell", "edit"):
+        tool = next((t for t in tools if _kind(t.name) == kind), None)
+        if tool is not None:
+            calls.append(Call(tool.name, _arguments(tool, kind), tool.custom))
+    if not calls and tools:
+        calls.append(Call(tools[0].name, _arguments(tools[0], "other"), tools[0].custom))
+    return calls[:MAX_CALLS]
+
+
+def _reasoning(call: Call | None, answering: bool) -> str:
+    if call is not None:
+        return f"\nThe task needs a look at the workspace first. I will call {call.name}.\n"
+    if answering:
+        return "\nThe tool results are in; I can answer now.\n"
+    return "\nThe user wants code. I will write it directly.\n"
+
+
+def decide(
+    tools: list[Tool],
+    tool_choice: Any,
+    calls_made: int,
+    *,
+    thinking: bool,
+) -> Turn:
+    """This turn: the next scripted call, or the final answer once the script is used up.
+
+    `tool_choice` "none" (or no tools) answers in text; "required" and a named function always
+    call (the named one, or the script's next tool, cycling), as guided decoding forces vLLM to.
+    """
+    offered = [] if tool_choice == "none" else tools
+    forced: str | None = None
+    if isinstance(tool_choice, dict):
+        fn = tool_choice.get("function") if isinstance(tool_choice.get("function"), dict) else None
+        forced = (fn or tool_choice).get("name")
+    if forced is not None:
+        named = [t for t in offered if t.name == forced]
+        calls = plan(named) or [Call(t.name, _arguments(t, "other"), t.custom) for t in named]
+    else:
+        calls = plan(offered)
+    if calls and (tool_choice == "required" or forced is not None):
+        call: Call | None = calls[calls_made % len(calls)]
+    else:
+        call = calls[calls_made] if calls_made < len(calls) else None
+    answering = bool(offered) and call is None
+    reasoning = _reasoning(call, answering) if thinking else None
+    if call is not None:
+        return Turn(reasoning, None, (call,))
+    return Turn(reasoning, FINAL_ANSWER if answering else None)

@@ -34,6 +34,14 @@ class SamplingSpec:
     temperature: float = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class Script:
+    """Scripted model output: token pieces, and whether the answer ends with them."""
+
+    pieces: tuple[str, ...]
+    complete: bool
+
+
 @dataclass(slots=True)
 class Delta:
     """New output of one sequence since its consumer last looked (several steps merge)."""
@@ -92,7 +100,8 @@ class Sequence:
         self.request = request
         self.index = index
         self.state = State.WAITING
-        self.text = CodeText(derive_seed(key, index, "text"))
+        script = request.script
+        self.text = CodeText(derive_seed(key, index, "text"), script.pieces if script else ())
         self.rng = random.Random(derive_seed(key, index, "accept"))
         sp = request.sampling
         # Content variance: how well the drafter guesses depends on what is being written.
@@ -105,7 +114,12 @@ class Sequence:
         length = random.Random(derive_seed(key, index, "length")).lognormvariate(
             math.log(400.0), 0.6
         )
-        self.eos_at: int | None = None if sp.ignore_eos else max(8, sp.min_tokens, round(length))
+        natural = max(8, sp.min_tokens, round(length))
+        if script is not None:
+            # A scripted answer ends with its last piece (then EOS); a scripted prefix is
+            # followed by the usual free text.
+            natural = len(script.pieces) + 1 if script.complete else natural + len(script.pieces)
+        self.eos_at: int | None = None if sp.ignore_eos else natural
         self.prefill_left = 0
         self.num_generated = 0
         self.out_text = ""  # kept only while stop strings need a look-back
@@ -131,6 +145,7 @@ class EngineRequest:
         n: int,
         key: int,
         arrival: float,
+        script: Script | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_len = prompt_len
@@ -139,6 +154,7 @@ class EngineRequest:
         self.n = n
         self.key = key
         self.arrival = arrival
+        self.script = script
         self.sequences: list[Sequence] = []
         self.cached_tokens = 0
         self.aborted = False

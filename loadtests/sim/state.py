@@ -22,9 +22,10 @@ from .asgi import FrameSource, SSEResponse, json_response
 from .engine import Engine, EngineCore, EngineRequest, SamplingSpec
 from .faults import Faults
 from .metrics import SimMetrics
+from .playback import Playback
 from .profiles import Profile
 from .protocol import ChatRequest, CompletionRequest
-from .scripted import Script
+from .sequences import Script
 from .textgen import derive_seed, split_pieces, token_ids
 
 # Tokenizing a long prompt takes milliseconds; beyond this size it runs in a worker thread so the
@@ -44,6 +45,10 @@ class SimConfig:
     faults: bool = False
     api_key: str | None = None
     embed_dim: int | None = None
+    # vLLM's --enable-auto-tool-choice, --tool-call-parser (qwen3_coder | hermes), --reasoning-parser
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
 
 @dataclass(slots=True)
@@ -105,7 +110,7 @@ class Sim:
         digest = hashlib.blake2b(profile.name.encode() + spec, digest_size=4).hexdigest()
         self.fingerprint = f"vllm-{wire.VLLM_VERSION}-{digest}"
         self._live: set[EngineRequest] = set()
-        self.script: Script | None = None  # scripted engine outputs (golden tests only)
+        self.playback: Playback | None = None  # recorded engine outputs (golden tests only)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -152,8 +157,8 @@ class Sim:
         return self._tokenize(text)
 
     def _tokenize(self, text: str) -> tuple[list[int], list[int]]:
-        if self.script is not None:
-            return self.block_hashes(list(self.script.prompt_token_ids))
+        if self.playback is not None:
+            return self.block_hashes(list(self.playback.prompt_token_ids))
         return self.block_hashes(token_ids(split_pieces(text)))
 
     def block_hashes(self, ids: list[int]) -> tuple[list[int], list[int]]:
@@ -175,6 +180,7 @@ class Sim:
         sampling: SamplingSpec,
         n: int,
         seed: int | None,
+        script: Script | None = None,
     ) -> EngineRequest:
         # Same seed (or none, with the same server --seed) and same prompt: same text.
         key = (
@@ -190,12 +196,13 @@ class Sim:
             n=n,
             key=key,
             arrival=asyncio.get_running_loop().time(),
+            script=script,
         )
 
     def submit(self, req: EngineRequest) -> None:
         self._live.add(req)
-        if self.script is not None:
-            self.script.play(req)
+        if self.playback is not None:
+            self.playback.play(req)
         else:
             self.engine.submit(req)
 
@@ -260,6 +267,7 @@ class Sim:
         prefix: str,
         prompt_text: str | None,
         prompt_ids_in: list[int] | None,
+        script: Script | None = None,
     ) -> Prepared:
         if prompt_text is not None:
             prompt_ids, hashes = await self.tokenize(prompt_text)
@@ -292,6 +300,7 @@ class Sim:
             sampling=sampling,
             n=n,
             seed=req.seed,
+            script=script,
         )
         opts = req.stream_options
         include_usage = bool(req.stream and opts and opts.include_usage)

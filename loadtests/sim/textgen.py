@@ -18,6 +18,10 @@ from collections.abc import Iterable
 
 VOCAB_SIZE = 151_936  # Qwen3 family
 EOS_TOKEN_ID = 151_645  # <|im_end|>
+THINK_ID, END_THINK_ID = 151_667, 151_668
+# Qwen3's added tokens keep their real ids (the reasoning parser and usage details count on them).
+_ADDED_IDS = {"<tool_call>": 151_657, "</tool_call>": 151_658, "<think>": THINK_ID,
+              "</think>": END_THINK_ID}
 
 # Special tokens first, then words (<= 8 letters per piece), numbers, punctuation runs,
 # newlines and indentation; the final `.` guarantees the pattern covers any input.
@@ -34,6 +38,9 @@ def split_pieces(text: str) -> list[str]:
 
 def piece_id(piece: str) -> int:
     """A stable token id for a piece (crc32, so identical across processes and runs)."""
+    added = _ADDED_IDS.get(piece)
+    if added is not None:
+        return added
     return zlib.crc32(piece.encode("utf-8")) % (VOCAB_SIZE - 1000) + 100
 
 
@@ -128,13 +135,14 @@ _COMMENTS = (
 
 
 class CodeText:
-    """An endless, deterministic stream of code-like token pieces for one sequence."""
+    """An endless, deterministic stream of code-like token pieces for one sequence, after an
+    optional scripted prefix (reasoning, tool-call markup, a final answer: see scripted.py)."""
 
     __slots__ = ("_rng", "_pending", "_indent", "_in_func")
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, prefix: Iterable[str] = ()) -> None:
         self._rng = random.Random(seed)
-        self._pending: deque[str] = deque()
+        self._pending: deque[str] = deque(prefix)
         self._indent = 0
         self._in_func = False
 

@@ -9,11 +9,14 @@ follows the reference (`shared/reference/vllm-wire-format.md` §1, §2.4, §6, �
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from proxy.vllm_wire import Json, sse, sse_event, usage
 
 from .sequences import SpecStats
+
+if TYPE_CHECKING:
+    from .toolparse import ChatParser
 
 VLLM_VERSION = "0.28.0"
 
@@ -21,11 +24,19 @@ VLLM_VERSION = "0.28.0"
 # -- usage and per-request metrics ---------------------------------------------------------------
 
 
-def full_usage(prompt_tokens: int, completion_tokens: int) -> Json:
+def full_usage(prompt_tokens: int, completion_tokens: int, reasoning: int | None = None) -> Json:
     """UsageInfo as `model_dump()` writes it (non-streaming bodies)."""
     out = usage(prompt_tokens, completion_tokens)
     out["prompt_tokens_details"] = None
-    out["completion_tokens_details"] = None
+    out["completion_tokens_details"] = None if reasoning is None else {"reasoning_tokens": reasoning}
+    return out
+
+
+def chunk_usage(prompt_tokens: int, completion_tokens: int, reasoning: int | None) -> Json:
+    """A chunk's usage; `completion_tokens_details` only when a reasoning parser runs."""
+    out = usage(prompt_tokens, completion_tokens)
+    if reasoning is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return out
 
 
@@ -94,11 +105,16 @@ class _Chunks:
         self.prompt_tokens = prompt_tokens
         self.return_token_ids = return_token_ids
 
+    def reasoning_tokens(self, index: int | None) -> int | None:
+        """Reasoning tokens of one choice (None: all), or None without a reasoning parser."""
+        return None
+
     def usage_chunk(self, completion_tokens: int, metrics: Json | None) -> bytes:
         obj: Json = {
             **self.head,
             "choices": [],
-            "usage": usage(self.prompt_tokens, completion_tokens),
+            "usage": chunk_usage(self.prompt_tokens, completion_tokens,
+                                 self.reasoning_tokens(None)),
             "system_fingerprint": self.fingerprint,
         }
         if metrics is not None:
@@ -114,9 +130,21 @@ class ChatChunks(_Chunks):
 
     object_kind = "chat.completion.chunk"
 
-    def __init__(self, *, prompt_token_ids: list[int] | None, **common: Any) -> None:
+    def __init__(self, *, prompt_token_ids: list[int] | None,
+                 parsers: list[ChatParser] | None = None, tool_finish: bool = False,
+                 **common: Any) -> None:
         super().__init__(**common)
         self.prompt_token_ids = prompt_token_ids
+        # One reasoning/tool parser per choice when the server runs parsers (toolparse.py).
+        self.parsers = parsers
+        self.tool_finish = tool_finish
+
+    def reasoning_tokens(self, index: int | None) -> int | None:
+        if not self.parsers or not self.parsers[0].reasoning:
+            return None
+        if index is not None:
+            return self.parsers[index].reasoning_tokens
+        return sum(p.reasoning_tokens for p in self.parsers)
 
     def role(self, index: int) -> bytes:
         choice = {
@@ -127,7 +155,7 @@ class ChatChunks(_Chunks):
         }
         obj: Json = {**self.head, "choices": [choice]}
         if self.continuous:
-            obj["usage"] = usage(self.prompt_tokens, 0)
+            obj["usage"] = chunk_usage(self.prompt_tokens, 0, self.reasoning_tokens(0) and 0)
         obj["prompt_token_ids"] = self.prompt_token_ids if self.return_token_ids else None
         obj["prompt_text"] = None
         return sse(obj)
@@ -141,9 +169,18 @@ class ChatChunks(_Chunks):
         finish_reason: str | None,
         stop_reason: str | None,
     ) -> bytes:
+        """One choice's chunk; b"" when the parser holds everything back (no chunk at all)."""
+        delta: Json | None = {"content": text}
+        if self.parsers:
+            parser = self.parsers[index]
+            delta = parser.feed(text, token_ids, finish_reason is not None)
+            if delta is None:
+                return b""
+            if finish_reason == "stop" and self.tool_finish and parser.tool_calls_streamed:
+                finish_reason = "tool_calls"
         choice: Json = {
             "index": index,
-            "delta": {"content": text},
+            "delta": delta,
             "logprobs": None,
             "finish_reason": finish_reason,
         }
@@ -152,22 +189,41 @@ class ChatChunks(_Chunks):
         choice["token_ids"] = token_ids if self.return_token_ids else None
         obj: Json = {**self.head, "choices": [choice]}
         if self.continuous:
-            obj["usage"] = usage(self.prompt_tokens, completion_tokens)
+            obj["usage"] = chunk_usage(self.prompt_tokens, completion_tokens,
+                                       self.reasoning_tokens(index))
         if finish_reason is not None and not self.include_usage:
             obj["system_fingerprint"] = self.fingerprint
         return sse(obj)
+
+
+def chat_message(content: str | None, reasoning: str | None, tool_calls: list[Json]) -> Json:
+    """ChatMessage.model_dump(): `tool_calls` only when there are some."""
+    out: Json = {
+        "role": "assistant",
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+    }
+    if tool_calls:
+        out["tool_calls"] = tool_calls
+    out["reasoning"] = reasoning
+    return out
+
 
 def chat_response(
     *,
     request_id: str,
     created: int,
     model: str,
-    choices: list[tuple[str, str, str | None, list[int] | None]],
+    choices: list[tuple[Json, str, str | None, list[int] | None]],
     prompt_tokens: int,
     completion_tokens: int,
     fingerprint: str,
     prompt_token_ids: list[int] | None,
     metrics: Json | None,
+    reasoning_tokens: int | None = None,
 ) -> Json:
     """ChatCompletionResponse.model_dump(): every field, nulls included."""
     return {
@@ -178,26 +234,18 @@ def chat_response(
         "choices": [
             {
                 "index": i,
-                "message": {
-                    "role": "assistant",
-                    "content": text,
-                    "refusal": None,
-                    "annotations": None,
-                    "audio": None,
-                    "function_call": None,
-                    "reasoning": None,
-                },
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish,
                 "stop_reason": stop,
                 "token_ids": ids,
                 "routed_experts": None,
             }
-            for i, (text, finish, stop, ids) in enumerate(choices)
+            for i, (message, finish, stop, ids) in enumerate(choices)
         ],
         "service_tier": None,
         "system_fingerprint": fingerprint,
-        "usage": full_usage(prompt_tokens, completion_tokens),
+        "usage": full_usage(prompt_tokens, completion_tokens, reasoning_tokens),
         "prompt_logprobs": None,
         "prompt_token_ids": prompt_token_ids,
         "prompt_text": None,
@@ -357,7 +405,11 @@ class ResponsesEvents:
         temperature: float,
         max_output_tokens: int | None,
         instructions: str | None,
+        tools: list[Json] | None = None, tool_choice: str | Json | None = None,
+        reasoning: Json | None = None,
     ) -> None:
+        self.echo = {"tools": tools or [], "tool_choice": tool_choice or "auto",
+                     "reasoning": reasoning}
         self.response_id = response_id
         self.item_id = item_id
         self.created = created
@@ -386,15 +438,15 @@ class ResponsesEvents:
             "output": output,
             "parallel_tool_calls": True,
             "temperature": self.temperature,
-            "tool_choice": "auto",
-            "tools": [],
+            "tool_choice": self.echo["tool_choice"],
+            "tools": self.echo["tools"],
             "top_p": 1.0,
             "background": False,
             "max_output_tokens": self.max_output_tokens,
             "max_tool_calls": None,
             "previous_response_id": None,
             "prompt": None,
-            "reasoning": None,
+            "reasoning": self.echo["reasoning"],
             "service_tier": "auto",
             "status": status,
             "text": None,
@@ -419,12 +471,12 @@ class ResponsesEvents:
         return {"annotations": [], "text": text, "type": "output_text", "logprobs": []}
 
     @staticmethod
-    def usage(prompt_tokens: int, output_tokens: int, cached: int) -> Json:
+    def usage(prompt_tokens: int, output_tokens: int, cached: int, reasoning: int = 0) -> Json:
         return {
             "input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt_tokens + output_tokens,
         }
 

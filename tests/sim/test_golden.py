@@ -1,7 +1,7 @@
 """The simulator against vLLM 0.28.0's own bytes (shared/reference/vllm-golden/0.28.0).
 
 Every fixture's request is sent to an in-process simulator whose engine plays back the
-fixture's engine outputs (`loadtests.sim.scripted.Script`: same prompt token ids, same output
+fixture's engine outputs (`loadtests.sim.playback.Playback`: same prompt token ids, same output
 texts, token ids and finish reasons, one read per engine output), then the body is compared
 frame by frame after the README's normalisation (ids, timestamps, fingerprint hash, /metrics
 process samples). What still differs is listed in EXPECTED, with how many frames differ: the test
@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from loadtests.sim.engine import Delta
+from loadtests.sim.playback import Playback
 from loadtests.sim.profiles import BUILTIN_PROFILES
-from loadtests.sim.scripted import Script
 from loadtests.sim.server import create_app
 from loadtests.sim.state import SimConfig
 
@@ -61,26 +61,6 @@ EXPECTED: dict[str, tuple[int, str]] = {
             "anth_stream_tools_qwen3_coder_noreasoning": 12,
         }.items()
     },
-    **{
-        name: (n, f"reasoning parser (`reasoning` deltas, reasoning_tokens): {_NOT_YET}")
-        for name, n in {
-            "chat_full_reasoning": 1,
-            "chat_stream_reasoning": 8,
-            "chat_stream_reasoning_continuous": 9,
-        }.items()
-    },
-    **{
-        name: (n, f"tool-call parser (`tool_calls` deltas, finish tool_calls): {_NOT_YET}")
-        for name, n in {
-            "chat_full_tools_hermes": 1,
-            "chat_full_tools_qwen3_coder": 1,
-            "chat_stream_tools_hermes": 9,
-            "chat_stream_tools_qwen3_coder": 10,
-            "chat_stream_tools_qwen3_coder_noreasoning": 3,
-        }.items()
-    },
-    "err_400_tools_without_auto_tool_choice": (
-        1, "the simulator serves `tools` without --enable-auto-tool-choice instead of a 400"),
     "chat_full_prompt_tokens_details": (1, _PTD),
     "chat_stream_prompt_tokens_details": (1, _PTD),
     "cmpl_stream_prompt_tokens_details": (1, _PTD),
@@ -193,7 +173,7 @@ def _route(name: str, spec: dict[str, Any]) -> tuple[str, str]:
     return "POST", paths[prefix]
 
 
-def _script(spec: dict[str, Any]) -> Script | None:
+def _script(spec: dict[str, Any]) -> Playback | None:
     eo = spec.get("engine_outputs")
     if not eo or "request_outputs" not in eo:
         return None
@@ -202,7 +182,7 @@ def _script(spec: dict[str, Any]) -> Script | None:
          for o in ro["outputs"]]
         for ro in eo["request_outputs"]
     ]
-    return Script(list(eo["prompt_token_ids"]), steps, cached_tokens=eo.get("num_cached_tokens")
+    return Playback(list(eo["prompt_token_ids"]), steps, cached_tokens=eo.get("num_cached_tokens")
                   or 0)
 
 
@@ -216,12 +196,15 @@ def _config(spec: dict[str, Any]) -> SimConfig:
     else:
         profile = BUILTIN_PROFILES["nospec"]
     return SimConfig(profile=profile, served_model_name=server["served_model_name"],
-                     time_scale=0.0)
+                     time_scale=0.0,
+                     enable_auto_tool_choice=bool(server.get("enable_auto_tool_choice")),
+                     tool_call_parser=server.get("tool_call_parser"),
+                     reasoning_parser=server.get("reasoning_parser"))
 
 
 async def _simulate(name: str, spec: dict[str, Any]) -> bytes:
     app, sim = create_app(_config(spec))
-    sim.script = _script(spec)
+    sim.playback = _script(spec)
     method, path = _route(name, spec)
     transport = httpx.ASGITransport(app=app)
     sim.engine.start()  # requests the script does not answer (no engine outputs) still finish

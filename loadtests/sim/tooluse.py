@@ -1,0 +1,98 @@
+"""Tools and reasoning for one request: vLLM's tool_choice check, the scripted turn, the parsers.
+
+What the server's flags and the request together decide, as in vLLM 0.28.0's serving code:
+* `tools` with `tool_choice` "auto" (the default when tools are present) need
+  `--enable-auto-tool-choice` and `--tool-call-parser`, otherwise a 400; "none", "required" and
+  a named function are served without them;
+* the tool parser runs only for "auto" with tools; "none" skips it;
+* the reasoning parser runs whenever the server has one; the model thinks unless the request
+  switches it off (chat: `chat_template_kwargs.enable_thinking: false`; Responses: thinking only
+  when `reasoning` is sent, with an effort other than "none").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from proxy import vllm_wire
+
+from . import scripted, toolparse
+from .protocol import ChatMessage, ChatRequest, RequestError, ResponsesRequest
+from .scripted import Tool, Turn
+from .sequences import Script
+from .state import SimConfig
+
+AUTO_TOOL_CHOICE_ERROR = (
+    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one request will generate and how its output is parsed."""
+
+    turn: Turn | None  # None: plain free text, no parsers
+    script: Script | None
+    reasoning: bool  # the reasoning parser runs
+    tool_parser: str | None  # the tool parser that runs (None: not for this request)
+    schemas: dict[str, dict[str, Any]]
+    named: bool  # a named tool_choice: finish_reason stays "stop"
+
+    def parser(self) -> toolparse.ChatParser:
+        return toolparse.ChatParser(
+            reasoning=self.reasoning, tool_parser=self.tool_parser, tools=self.schemas
+        )
+
+    @property
+    def parses(self) -> bool:
+        return self.reasoning or self.tool_parser is not None
+
+
+def check_tool_choice(config: SimConfig, tools: list[Tool], tool_choice: Any) -> None:
+    auto = tool_choice in (None, "auto")
+    if tools and auto and not (config.enable_auto_tool_choice and config.tool_call_parser):
+        raise RequestError(
+            400, vllm_wire.error_body(AUTO_TOOL_CHOICE_ERROR, "BadRequestError", 400)
+        )
+
+
+def _calls_made(messages: list[ChatMessage]) -> int:
+    return sum(len(m.tool_calls or []) for m in messages if m.role == "assistant")
+
+
+def _plan(
+    config: SimConfig, tools: list[Tool], tool_choice: Any, calls_made: int, thinking: bool
+) -> Plan:
+    check_tool_choice(config, tools, tool_choice)
+    reasoning = config.reasoning_parser is not None
+    thinking = thinking and reasoning
+    offered = bool(tools) and tool_choice != "none"
+    if not offered and not thinking:
+        return Plan(None, None, reasoning, None, {}, named=False)
+    turn = scripted.decide(tools, tool_choice, calls_made, thinking=thinking)
+    # "required" and a named function are decoded without the auto parser; the simulator writes
+    # their calls in the configured parser's markup (hermes without one) and parses them back.
+    tool_parser = (config.tool_call_parser or "hermes") if offered else None
+    text = toolparse.render(turn, tool_parser)
+    complete = bool(turn.calls) or turn.content is not None
+    script = Script(tuple(toolparse.pieces(text)), complete)
+    schemas = {t.name: t.parameters for t in tools}
+    named = isinstance(tool_choice, dict)
+    return Plan(turn, script, reasoning, tool_parser, schemas, named)
+
+
+def chat_plan(config: SimConfig, req: ChatRequest) -> Plan:
+    tools = scripted.chat_tools(req.tools)
+    kwargs = req.chat_template_kwargs or {}
+    thinking = kwargs.get("enable_thinking", True) is not False
+    return _plan(config, tools, req.tool_choice, _calls_made(req.messages), thinking)
+
+
+def responses_plan(
+    config: SimConfig, req: ResponsesRequest, messages: list[ChatMessage]
+) -> Plan:
+    tools = scripted.responses_tools(req.tools)
+    effort = (req.reasoning or {}).get("effort")
+    thinking = req.reasoning is not None and effort != "none"
+    return _plan(config, tools, req.tool_choice, _calls_made(messages), thinking)
