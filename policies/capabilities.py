@@ -54,3 +54,29 @@ CAPABILITIES: Final[Mapping[EngineKind, Capabilities]] = MappingProxyType({
 
 def capabilities(kind: EngineKind) -> Capabilities:
     return CAPABILITIES[kind]
+
+
+class LlamaCppFamily:
+    """llama.cpp's /metrics families (needs the server's API key), as prometheus_client parses
+    them: counters without `_total`. It exports no KV-cache use; `requests_deferred` are the
+    requests waiting for a free slot."""
+
+    RUNNING = "llamacpp:requests_processing"
+    WAITING = "llamacpp:requests_deferred"
+    PROMPT_TOKENS = "llamacpp:prompt_tokens"
+    PROMPT_TOKENS_CACHED = "llamacpp:prompt_tokens_cached"
+    GENERATION_TOKENS = "llamacpp:tokens_predicted"
+    DECODES = "llamacpp:n_decode"  # target decode calls: one per target step
+    SPEC_DRAFTS = "llamacpp:spec_decode_num_drafts"
+    SPEC_DRAFT_TOKENS = "llamacpp:spec_decode_num_draft_tokens"
+    SPEC_ACCEPTED = "llamacpp:spec_decode_num_accepted_tokens"
+    SPEC_ACCEPTED_PER_POS = "llamacpp:spec_decode_num_accepted_tokens_per_pos"  # label `position`
+
+
+# llama.cpp's per-request `timings` object (final chunk of a stream, or the body): the keys read.
+TIMINGS_KEY = "timings"
+TIMINGS_PREDICTED_N = "predicted_n"
+TIMINGS_DRAFT_N = "draft_n"
+TIMINGS_DRAFT_ACCEPTED = "draft_n_accepted"
+TIMINGS_PROMPT_N = "prompt_n"
+TIMINGS_CACHE_N = "cache_n"
