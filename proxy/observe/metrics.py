@@ -27,7 +27,8 @@ from proxy.relay.measure import Measurement
 # too, in multiprocess mode).
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-OUTCOMES: Final = ("ok", "client_gone", "upstream_error", "timeout", "rejected")
+OUTCOMES: Final = (
+    "ok", "client_gone", "client_error", "upstream_error", "timeout", "rejected")
 
 # Buckets sized for LLM traffic: TTFT up to minutes (100K-token prefills), ITL from 1 ms.
 TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
