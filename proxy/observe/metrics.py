@@ -163,6 +163,10 @@ class GatewayMetrics:
                                      "Streams finished by another variant after their engine "
                                      "died mid-stream.", ("route", "from_backend", "to_backend"),
                                      registry=r)
+        self.continuations_refused = Counter(
+            "specrouter_continuations_refused_total",
+            "Variants passed over for a continuation: another engine kind or other weights.",
+            ("route", "from_backend", "to_backend", "reason"), registry=r)
         self.retries = Counter("specrouter_retries_total",
                                "Requests sent to another backend before the first byte.",
                                ("route", "backend"), registry=r)

@@ -64,7 +64,8 @@ def record_timings(m: Measurement, timings: dict[str, Any]) -> None:
     if predicted > m.completion_tokens:
         m.completion_tokens = predicted
     prompt, cached = timings.get(TIMINGS_PROMPT_N), timings.get(TIMINGS_CACHE_N)
-    if isinstance(prompt, int) and isinstance(cached, int):
+    # A continuation's prompt holds the partial answer: the first engine's count stands.
+    if isinstance(prompt, int) and isinstance(cached, int) and m.prompt_tokens is None:
         m.prompt_tokens, m.cached_tokens = prompt + cached, cached
     accepted = timings.get(TIMINGS_DRAFT_ACCEPTED)
     if not isinstance(accepted, int):
