@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from policies.capabilities import capabilities
 from policies.classify import CONTENT_CLASSES, ContentClass
 from policies.spec.backends import BackendSpec
 from policies.spec.base import PolicyError
@@ -55,6 +56,8 @@ class CompiledRoute:
     unavailable: frozenset[str]  # health states the route skips
     preference: tuple[str, ...]  # try order when the choice cannot serve: fallback, then variants
     speculative: frozenset[str]  # variants whose engine speculates
+    # speculative variant -> the sampling fields its engine kind refuses while it speculates
+    refused_sampling: Mapping[str, frozenset[str]]
     clamps: tuple[tuple[str, float | None, float | None], ...]
     # (client name or None, content class or None) -> defaults to inject when absent
     defaults: Mapping[tuple[str | None, str | None], DefaultItems]
@@ -156,6 +159,9 @@ def _compile_route(name: str, spec: RouteSpec, doc: PolicyDocument) -> CompiledR
         unavailable=frozenset(["down", "starting"] if health is None else health.unavailable),
         preference=preference,
         speculative=frozenset(v for v in variants if doc.backends[v].is_speculative),
+        refused_sampling=MappingProxyType({
+            v: frozenset(capabilities(doc.backends[v].kind).refused_with_speculation)
+            for v in variants if doc.backends[v].is_speculative}),
         clamps=tuple((field, c.min, c.max) for field, c in spec.clamps.items()),
         defaults=MappingProxyType(_merged_defaults(spec, doc.clients)),
         allowed=MappingProxyType(allowed),

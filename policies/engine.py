@@ -16,7 +16,8 @@ How a decision is made, in order:
    order, else the route's first variant (reason `default`).
 5. Constraints on the choice, whichever rule made it: a variant the client may not use
    (`allowed-variants`), an unavailable backend (the health rule's name, `health` by default),
-   a speculative backend for a request vLLM would refuse with speculation (`unsupported-params`),
+   a speculative backend whose engine kind refuses the request's sampling fields
+   (policies/capabilities.py; `unsupported-params`),
    a tripped acceptance guard (the guard's name; a pinned variant is exempt). A constrained
    choice moves to the guard's fallback, then the route's fallback, then the other variants;
    the constraint becomes the reason.
@@ -79,7 +80,9 @@ def decide(
     inject, applied, clamped = _parameters(view, route, content_class)
     temperature = _effective_temperature(view, route, inject)
     min_p = view.min_p if "min_p" in view.fields_set else inject.get("min_p")
-    needs_plain = view.has_logit_bias or (min_p is not None and min_p > 0)
+    sampling = frozenset(
+        (["logit_bias"] if view.has_logit_bias else [])
+        + (["min_p"] if min_p is not None and min_p > 0 else []))
 
     # The choice.
     pinned = view.pinned_variant
@@ -98,11 +101,11 @@ def decide(
                 break
 
     # Constraints, then the retry order.
-    blocked = _blocked_by(choice, route, state, allowed, needs_plain, guarded=pinned is None)
-    usable = _usable(route, state, allowed, needs_plain, first=_guard_fallback(route, blocked))
+    blocked = _blocked_by(choice, route, state, allowed, sampling, guarded=pinned is None)
+    usable = _usable(route, state, allowed, sampling, first=_guard_fallback(route, blocked))
     if blocked is not None:
         if not usable:
-            return _no_backend(view, route, state, allowed, needs_plain)
+            return _no_backend(view, route, state, allowed, sampling)
         if usable[0] != choice:  # a tripped choice with nothing better stays, reason and all
             choice, reason = usable[0], blocked
         else:
@@ -182,7 +185,7 @@ def _blocked_by(
     route: CompiledRoute,
     state: LiveState,
     allowed: tuple[str, ...],
-    needs_plain: bool,
+    sampling: frozenset[str],
     *,
     guarded: bool,
 ) -> str | None:
@@ -191,11 +194,17 @@ def _blocked_by(
         return "allowed-variants"
     if not is_available(choice, route, state):
         return route.health_reason
-    if needs_plain and choice in route.speculative:
+    if refuses(route, choice, sampling):
         return "unsupported-params"
     if guarded and is_tripped(choice, route, state):
         return route.guards[choice].rule.name
     return None
+
+
+def refuses(route: CompiledRoute, name: str, sampling: frozenset[str]) -> bool:
+    """The variant's engine refuses one of these sampling fields while it speculates
+    (policies/capabilities.py: vLLM's min_p / logit_bias limit, not llama.cpp's)."""
+    return bool(sampling) and not sampling.isdisjoint(route.refused_sampling.get(name, ()))
 
 
 def _guard_fallback(route: CompiledRoute, blocked: str | None) -> str | None:
@@ -211,7 +220,7 @@ def _usable(
     route: CompiledRoute,
     state: LiveState,
     allowed: tuple[str, ...],
-    needs_plain: bool,
+    sampling: frozenset[str],
     first: str | None,
 ) -> tuple[str, ...]:
     """Variants that can serve, in the order to try them. A tripped guard's variant still
@@ -222,7 +231,7 @@ def _usable(
     for name in order:
         if name in good or name in tripped or name not in allowed:
             continue
-        if not is_available(name, route, state) or (needs_plain and name in route.speculative):
+        if not is_available(name, route, state) or refuses(route, name, sampling):
             continue
         (tripped if is_tripped(name, route, state) else good).append(name)
     return tuple(good + tripped)
@@ -284,11 +293,9 @@ def _no_backend(
     route: CompiledRoute,
     state: LiveState,
     allowed: tuple[str, ...],
-    needs_plain: bool,
+    sampling: frozenset[str],
 ) -> Decision:
-    if needs_plain and any(
-        is_available(v, route, state) for v in allowed if v in route.speculative
-    ):
+    if any(is_available(v, route, state) for v in allowed if refuses(route, v, sampling)):
         # Something is up but every such engine speculates: answer what vLLM would, no round trip.
         return _reject(
             route, "unsupported-params", 400, "BadRequestError", None, UNSUPPORTED_WITH_SPECULATION

@@ -7,6 +7,7 @@ a combination the facts show to regress or a rule that can never act. `specroute
 
 from __future__ import annotations
 
+from policies.capabilities import capabilities
 from policies.spec.backends import SpeculativeSpec
 from policies.spec.document import PolicyDocument
 from policies.spec.routes import RouteSpec
@@ -59,7 +60,9 @@ def _route(where: str, route: RouteSpec, doc: PolicyDocument) -> list[str]:
     for defaults in (route.defaults, *route.defaults_by_class.values()):
         min_p = defaults.get("min_p")
         sets_min_p = isinstance(min_p, int | float) and min_p > 0
-        if speculative and (sets_min_p or defaults.get("logit_bias")):
+        refusing = [v for v in speculative
+                    if capabilities(doc.backends[v].kind).refused_with_speculation]
+        if refusing and (sets_min_p or defaults.get("logit_bias")):
             out.append(
                 f"{where}.defaults: min_p/logit_bias sends every request that does not set it to "
                 "a non-speculative variant (or a 400)"

@@ -12,10 +12,11 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from policies.capabilities import EngineKind
 from policies.spec.base import MODEL_NAME, NAME, StrictModel, Task
 from policies.spec.deployment import EngineSpec
 
-BackendKind = Literal["vllm", "openai"]
+BackendKind = EngineKind  # vllm | llamacpp | openai (policies/capabilities.py)
 
 
 class SpeculativeSpec(StrictModel):

@@ -1,7 +1,9 @@
 """Active health checks and engine-metric scrapes, every few seconds, for every backend.
 
 vLLM's `/health` is 200 or 503 (engine dead). Its `/metrics` gives running/waiting, KV use and
-the spec-decode counters; acceptance over a window is `1 + Δaccepted / Δdrafts`.
+the spec-decode counters; acceptance over a window is `1 + Δaccepted / Δdrafts`. llama.cpp's
+(`llamacpp:` names, behind the server's API key) map onto the same keys, KV use excepted: it
+exports none. Other kinds are health-checked only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.capabilities import EngineKind, LlamaCppFamily
 from policies.guard import advance
 from policies.types import GuardState
 from proxy.backends.repair import Repairer
@@ -24,7 +27,7 @@ from proxy.vllm_wire import Family
 
 log = logging.getLogger("specrouter.health")
 
-WANTED = {
+VLLM_WANTED = {
     Family.RUNNING: "running",
     Family.WAITING: "waiting",
     Family.KV_CACHE_USAGE: "kv_usage",
@@ -34,6 +37,21 @@ WANTED = {
     Family.PREFIX_CACHE_QUERIES: "prefix_queries",
     Family.PREFIX_CACHE_HITS: "prefix_hits",
     Family.GENERATION_TOKENS: "generation_tokens",
+}
+LLAMACPP_WANTED = {
+    LlamaCppFamily.RUNNING: "running",
+    LlamaCppFamily.WAITING: "waiting",
+    LlamaCppFamily.SPEC_DRAFTS: "drafts",
+    LlamaCppFamily.SPEC_DRAFT_TOKENS: "draft_tokens",
+    LlamaCppFamily.SPEC_ACCEPTED: "accepted",
+    LlamaCppFamily.GENERATION_TOKENS: "generation_tokens",
+    LlamaCppFamily.DECODES: "decodes",
+}
+# kind -> (family -> live-state key, the per-position acceptance family); a kind not here is
+# health-checked only.
+SCRAPED: dict[EngineKind, tuple[dict[str, str], str]] = {
+    "vllm": (VLLM_WANTED, Family.SPEC_ACCEPTED_PER_POS),
+    "llamacpp": (LLAMACPP_WANTED, LlamaCppFamily.SPEC_ACCEPTED_PER_POS),
 }
 
 
@@ -47,10 +65,16 @@ class Scrape:
 
 
 def parse_vllm_metrics(text: str, t: float) -> Scrape:
+    return parse_metrics(text, t, "vllm")
+
+
+def parse_metrics(text: str, t: float, kind: EngineKind) -> Scrape:
+    """One /metrics page of an engine of `kind` (one in SCRAPED), read onto the live keys."""
+    wanted, per_pos = SCRAPED[kind]
     out = Scrape(t)
     for family in text_string_to_metric_families(text):
-        key = WANTED.get(family.name)
-        if key is None and family.name != Family.SPEC_ACCEPTED_PER_POS:
+        key = wanted.get(family.name)
+        if key is None and family.name != per_pos:
             continue
         for sample in family.samples:
             if sample.name.endswith("_created"):
@@ -203,7 +227,9 @@ class HealthMonitor:
         """Check every engine of a backend; the backend is up while any of its engines is."""
         gw = self.gw
         backend = gw.policy.current.backend(name)
-        results = await asyncio.gather(*(self._check_url(name, url, backend.kind == "vllm")
+        scrape_kind = backend.kind if backend.kind in SCRAPED else None
+        key = gw.operator.secret(backend.api_key)
+        results = await asyncio.gather(*(self._check_url(name, url, scrape_kind, key)
                                          for url in backend.endpoints))
         if any(ok for ok, _ in results):
             gw.live.success(name)
@@ -222,7 +248,7 @@ class HealthMonitor:
                             kv_usage=max(kv) if kv else None,
                             acceptance=window.acceptance(policy_window(gw)))
 
-    async def _check_url(self, name: str, url: str, scrape: bool
+    async def _check_url(self, name: str, url: str, kind: EngineKind | None, key: str | None
                          ) -> tuple[bool, Scrape | None]:
         gw = self.gw
         state = gw.endpoints.state(url)
@@ -233,13 +259,16 @@ class HealthMonitor:
             state.up = False
             return False, None
         state.up = status == 200
-        if not state.up or not scrape:
+        if not state.up or kind is None:
             return state.up, None
+        # The backend's own key: a keyed engine (llama.cpp's --api-key, vLLM behind a proxy)
+        # answers /metrics 401 without it.
+        headers = {"authorization": f"Bearer {key}"} if key else None
         try:
-            status, body = await gw.upstream.get(url + "/metrics", timeout)
+            status, body = await gw.upstream.get(url + "/metrics", timeout, headers)
             if status != 200:
                 return True, None
-            reading = parse_vllm_metrics(body.decode(errors="replace"), time.monotonic())
+            reading = parse_metrics(body.decode(errors="replace"), time.monotonic(), kind)
         except Exception as exc:  # a scrape failure leaves the last reading in place
             log.debug("scrape of backend %s failed: %s", name, type(exc).__name__)
             return True, None

@@ -27,7 +27,8 @@ from proxy.relay.measure import Measurement
 # too, in multiprocess mode).
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-OUTCOMES: Final = ("ok", "client_gone", "upstream_error", "timeout", "rejected")
+OUTCOMES: Final = (
+    "ok", "client_gone", "client_error", "upstream_error", "timeout", "rejected")
 
 # Buckets sized for LLM traffic: TTFT up to minutes (100K-token prefills), ITL from 1 ms.
 TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
@@ -162,6 +163,10 @@ class GatewayMetrics:
                                      "Streams finished by another variant after their engine "
                                      "died mid-stream.", ("route", "from_backend", "to_backend"),
                                      registry=r)
+        self.continuations_refused = Counter(
+            "specrouter_continuations_refused_total",
+            "Variants passed over for a continuation: another engine kind or other weights.",
+            ("route", "from_backend", "to_backend", "reason"), registry=r)
         self.retries = Counter("specrouter_retries_total",
                                "Requests sent to another backend before the first byte.",
                                ("route", "backend"), registry=r)

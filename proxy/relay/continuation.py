@@ -4,7 +4,11 @@ another variant of the same weights finishes it in the same stream.
 Speculative decoding preserves the target model's distribution, so text continued by a
 variant with another drafter is still a sample of the same model; the continuation is
 conditioned on the partial answer exactly as if the first engine had gone on (vLLM's
-`continue_final_message`). Only for one choice, no tool calls in flight, once per request.
+`continue_final_message`; llama.cpp continues a final assistant message unasked). That holds
+only for the same weights on the same kind of engine (two engines' kernels and samplers are not
+the same distribution), so a variant of another kind or model is refused, and counted. Only for
+one choice, no tool calls in flight, tokens already sent counted (so `max_tokens` holds across
+the splice), once per request.
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ from typing import Any
 
 import orjson
 
+from policies.spec.backends import BackendSpec
 from proxy.relay import sse
 from proxy.relay.measure import Measurement, StreamFilter
 from proxy.vllm_wire import DATA_OBJECT, ERROR_FRAME_PREFIX, USAGE_KEY
 
 _CREATED = re.compile(rb'"created":\d+')
+# A role chunk, whatever its content: vLLM's `""`, llama.cpp's `null`, or none at all.
+_ROLE_CHUNK = re.compile(rb'"delta":\{"role":"[^"]*"(,"content":(""|null))?\}')
 _USAGE_OFFSET = len(USAGE_KEY) - 1
 
 
@@ -87,7 +94,7 @@ class ContinuableFilter(StreamFilter):
         if self.cont_id is None:
             start = frame.find(b'"id":"') + 6
             self.cont_id = frame[start:frame.find(b'"', start)]
-        if b'"delta":{"role":' in frame and b'"content":""' in frame:
+        if _ROLE_CHUNK.search(frame):
             return b""  # the continuation's own role chunk: the client already has one
         if self.orig_id is not None and self.cont_id:
             frame = frame.replace(b'"id":"' + self.cont_id + b'"',
@@ -119,5 +126,18 @@ def continuation_body(body: dict[str, Any], partial: str, generated: int) -> dic
 
 
 def can_continue(body: dict[str, Any], filt: StreamFilter) -> bool:
-    return (isinstance(filt, ContinuableFilter) and filt.eligible and bool(filt.text)
+    # Without a count of the tokens sent (an engine that reports none per chunk) a continuation
+    # could not honour max_tokens: it would grant the whole budget again.
+    counted = filt.m.completion_tokens > 0 or not any(
+        isinstance(body.get(k), int) for k in ("max_tokens", "max_completion_tokens"))
+    return (isinstance(filt, ContinuableFilter) and filt.eligible and bool(filt.text) and counted
             and body.get("n", 1) in (1, None) and isinstance(body.get("messages"), list))
+
+
+def continuation_refused(failed: BackendSpec, other: BackendSpec) -> str | None:
+    """Why `other` may not continue a stream `failed` began (None: it may)."""
+    if other.kind != failed.kind:
+        return "other-kind"
+    if other.served_model_name != failed.served_model_name:
+        return "other-weights"
+    return None

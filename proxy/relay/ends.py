@@ -34,6 +34,14 @@ def at_end(out: bytes, ends: tuple[bytes, ...]) -> bool:
     return last.startswith(ends)
 
 
+def body_outcome(status: int) -> str:
+    """A whole body's outcome by its status: an engine's 4xx is the client's error (a prompt too
+    long, a bad field), not the engine failing; 408 and 429 are the engine's."""
+    if status < 400:
+        return "ok"
+    return "client_error" if status < 500 and status not in (408, 429) else "upstream_error"
+
+
 def check_end(outcome: str, error: bytes, ended: bool, m: Measurement, responses: bool
               ) -> tuple[str, bytes]:
     """A stream that stopped cleanly but without its end event was cut short all the same."""

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from proxy.backends.endpoints import prefix_affinity
-from proxy.relay.continuation import ContinuableFilter, can_continue, continuation_body
+from proxy.relay.continuation import (
+    ContinuableFilter,
+    can_continue,
+    continuation_body,
+    continuation_refused,
+)
 from proxy.relay.forward import Lease, open_engine
 from proxy.relay.upstream import UpstreamError, UpstreamResponse
 
@@ -89,12 +94,16 @@ class Exchange(Generic[R]):
             return None
         failed = record.backend
         state = gw.live.snapshot()
-        served = policy.backend(failed).served_model_name
+        before = policy.backend(failed)
         for name in route.variants:
             backend = policy.backend(name)
             health = state.backends.get(name)
-            if name == failed or backend.served_model_name != served or \
-                    (health is not None and health.health != "up"):
+            if name == failed or (health is not None and health.health != "up"):
+                continue
+            refused = continuation_refused(before, backend)
+            if refused is not None:
+                gw.metrics.continuations_refused.labels(record.route, failed, name,
+                                                        refused).inc()
                 continue
             if not gw.admission.try_acquire(name, backend.max_concurrency):
                 continue  # a continuation does not queue

@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from policies.capabilities import capabilities
 from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
 from proxy.backends.endpoints import prefix_affinity
@@ -159,8 +160,10 @@ async def _relay(x: Exchange[R]) -> None:
     # frame by frame: it goes through as a plain body, with its content-encoding.
     is_sse = not encoded and \
         resp.headers.get("content-type", "").startswith("text/event-stream")
-    if is_sse:
-        out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+    if is_sse:  # each set once: llama.cpp sends its own x-accel-buffering
+        present = {k for k, _ in out_headers}
+        out_headers += [(k, v) for k, v in ((b"cache-control", b"no-cache"),
+                                            (b"x-accel-buffering", b"no")) if k not in present]
     record.status = resp.status
     chosen = record.backend.encode()
     reason = record.reason + (f"+retry{record.retries}" if record.retries else "")
@@ -173,7 +176,8 @@ async def _relay(x: Exchange[R]) -> None:
         x.continuable = endpoint == "chat" and x.policy.routes[record.route].spec.continuation
         cls = ContinuableFilter if x.continuable else StreamFilter
         x.filt = cls(record.m, strip_usage=usage.strip_usage,
-                     drop_usage_chunk=usage.drop_usage_chunk, rename=x.rename)
+                     drop_usage_chunk=usage.drop_usage_chunk, rename=x.rename,
+                     engine_timings="timings" in capabilities(backend.kind).per_request)
         x.ends = RESPONSES_ENDS if endpoint == "responses" else CHAT_ENDS
         record.outcome = await x.relay.sse(x)
     else:

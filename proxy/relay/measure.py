@@ -13,7 +13,8 @@ from typing import Any
 
 import orjson
 
-from proxy.relay import sse
+from policies.capabilities import TIMINGS_KEY
+from proxy.relay import llamacpp, sse
 from proxy.vllm_wire import DATA_OBJECT, ERROR_FRAME_PREFIX, METRICS, SPEC_DECODING, USAGE_KEY
 
 _USAGE_OFFSET = len(USAGE_KEY) - 1  # where the usage object's `{` starts in the span
@@ -39,6 +40,9 @@ class Measurement:
     step_gaps: array[float] = field(default_factory=lambda: array("d"))
     step_tokens: array[int] = field(default_factory=lambda: array("I"))
     spec: dict[str, Any] | None = None  # vLLM's metrics.speculative_decoding, when reported
+    # where tokens per step come from: "engine" (its own per-request figures), "chunks"
+    # (counted from per-chunk usage), "average", or None (not measured)
+    tps_source: str | None = None
     finish_reason: str | None = None
     error: str | None = None  # an upstream error event's message
 
@@ -122,6 +126,9 @@ class Measurement:
             self.error = str(obj["error"].get("message"))
 
     def _record_metrics(self, obj: dict[str, Any]) -> None:
+        timings = obj.get(TIMINGS_KEY)
+        if isinstance(timings, dict):
+            llamacpp.record_timings(self, timings)
         metrics = obj.get(METRICS)
         if isinstance(metrics, dict) and isinstance(metrics.get(SPEC_DECODING), dict):
             self.spec = metrics[SPEC_DECODING]
@@ -134,9 +141,11 @@ class StreamFilter:
     `drop_usage_chunk`: the client did not ask for usage at all, so the final usage chunk goes;
     vLLM then puts `system_fingerprint` on the finish chunk instead, so the finish chunk is held
     until the usage chunk (which follows it at once) hands its fingerprint over.
+    `engine_timings`: a llama.cpp stream (proxy/relay/llamacpp.py): one token per frame, the
+    engine's own `timings` on the last; nothing is cut.
     """
 
-    __slots__ = ("m", "strip_usage", "drop_usage_chunk", "rename", "_held")
+    __slots__ = ("m", "strip_usage", "drop_usage_chunk", "rename", "engine_timings", "_held")
 
     def __init__(
         self,
@@ -145,8 +154,10 @@ class StreamFilter:
         strip_usage: bool = False,
         drop_usage_chunk: bool = False,
         rename: tuple[bytes, bytes] | None = None,
+        engine_timings: bool = False,
     ) -> None:
         self.m = m
+        self.engine_timings = engine_timings
         self.strip_usage = strip_usage
         self.drop_usage_chunk = drop_usage_chunk
         self.rename = rename
@@ -160,6 +171,8 @@ class StreamFilter:
         if frame.startswith(ERROR_FRAME_PREFIX):
             self._record_error(frame)
             return self.release() + frame
+        if self.engine_timings:
+            self._engine_frame(frame, now)
         span = sse.usage_span(frame)
         empty_choices = _EMPTY_CHOICES in frame
         finish = not empty_choices and _FINISH in frame
@@ -190,6 +203,13 @@ class StreamFilter:
             self._held += frame
             return b""
         return frame
+
+    def _engine_frame(self, frame: bytes, now: float) -> None:
+        if llamacpp.is_token_frame(frame):
+            self.m.record_tokens(self.m.completion_tokens + 1, now)
+        timings = llamacpp.frame_timings(frame)
+        if timings is not None:
+            llamacpp.record_timings(self.m, timings)
 
     def release(self) -> bytes:
         """Frames held back, to send now (at the end of the stream at the latest)."""

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from proxy.relay import sse
-from proxy.relay.ends import RESPONSES_ENDS, at_end, check_end, end_stream, filter_read
+from proxy.relay.ends import (
+    RESPONSES_ENDS,
+    at_end,
+    body_outcome,
+    check_end,
+    end_stream,
+    filter_read,
+)
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
 from proxy.relay.upstream import PulledResponse, UpstreamError
@@ -147,7 +154,7 @@ async def relay_body(x: Exchange[PulledResponse]) -> str:
         return "client_gone"
     m.record_body(bytes(copy))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-    return "ok" if resp.status < 400 else "upstream_error"
+    return body_outcome(resp.status)
 
 
 PULL = Relay(open_pulled, relay_sse, relay_body)

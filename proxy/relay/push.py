@@ -23,7 +23,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from proxy.relay import sse
-from proxy.relay.ends import RESPONSES_ENDS, at_end, check_end, end_stream, filter_read
+from proxy.relay.ends import (
+    RESPONSES_ENDS,
+    at_end,
+    body_outcome,
+    check_end,
+    end_stream,
+    filter_read,
+)
 from proxy.relay.engine_conn import EngineStream, open_engine_stream
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
@@ -217,7 +224,7 @@ async def relay_body_push(x: Exchange[EngineStream]) -> str:
         m.t_first_byte = time.perf_counter()
     m.record_body(bytes(copy))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-    return "ok" if stream.status < 400 else "upstream_error"
+    return body_outcome(stream.status)
 
 
 PUSH = Relay(open_pushed, relay_sse_push, relay_body_push)

@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from policies.capabilities import EngineKind, capabilities
 from policies.types import Endpoint
 
 # Endpoints whose streams carry vLLM's `stream_options` usage frames.
@@ -26,7 +27,7 @@ class UsagePlan:
     drop_usage_chunk: bool = False
 
 
-def plan_usage(body: dict[str, Any], endpoint: Endpoint, backend_kind: str) -> UsagePlan:
+def plan_usage(body: dict[str, Any], endpoint: Endpoint, backend_kind: EngineKind) -> UsagePlan:
     """Ask vLLM for per-chunk usage when the client did not, so tokens per step are measured.
 
     Only for n == 1: with several choices vLLM moves `system_fingerprint` per choice and the
@@ -34,7 +35,9 @@ def plan_usage(body: dict[str, Any], endpoint: Endpoint, backend_kind: str) -> U
     """
     if endpoint not in USAGE_ENDPOINTS or body.get("stream") is not True:
         return UsagePlan()
-    if backend_kind != "vllm" or body.get("n", 1) not in (1, None):
+    # Only an engine that honours continuous usage is asked for it (policies/capabilities.py);
+    # llama.cpp sends its `timings` unasked, so its request goes as the client sent it.
+    if not capabilities(backend_kind).continuous_usage or body.get("n", 1) not in (1, None):
         return UsagePlan()
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):

@@ -144,7 +144,8 @@ class Upstream:
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError("connect", describe(exc)) from exc
 
-    async def get(self, url: str, timeout: float) -> tuple[int, bytes]:
-        """A short GET, for health checks and metric scrapes."""
-        async with asyncio.timeout(timeout), self.session.get(url) as resp:
+    async def get(self, url: str, timeout: float, headers: dict[str, str] | None = None
+                  ) -> tuple[int, bytes]:
+        """A short GET, for health checks and metric scrapes (with the engine's key)."""
+        async with asyncio.timeout(timeout), self.session.get(url, headers=headers) as resp:
             return resp.status, await resp.read()

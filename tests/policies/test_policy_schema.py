@@ -98,7 +98,7 @@ ERRORS = [
     ("urls-empty", "backends.mtp.urls", [], "urls must not be empty"),
     ("urls-duplicate", "backends.mtp.urls", ["http://h:1", "http://h:1/"],
      "urls must be distinct"),
-    ("bad-kind", "backends.deep.kind", "tgi", "backends.deep.kind: Input should be 'vllm' or"),
+    ("bad-kind", "backends.deep.kind", "tgi", "backends.deep.kind: Input should be 'vllm', 'llamacpp' or 'openai'"),
     ("bad-secret-name", "backends.deep.api_key", "MY KEY", "backends.deep.api_key"),
     ("env-not-accepted", "backends.deep.api_key_env", "MY_KEY", "api_key_env is not accepted"),
     ("embed-speculative", "backends.emb.speculative", {"method": "mtp",
