@@ -33,7 +33,7 @@ class ActionSpec(StrictModel):
 
 class SecretSpec(StrictModel):
     env: Annotated[str, Field(pattern=ENV_NAME)] | None = None
-    file: Path | None = None
+    file: Annotated[str, Field(min_length=1)] | None = None  # relative: to the operator file
 
     @model_validator(mode="after")
     def _one_source(self) -> SecretSpec:
@@ -61,7 +61,7 @@ class Operator:
         self._file_secrets: dict[str, str] = {}
         for name, secret in self.spec.secrets.items():
             if secret.file is not None:
-                path = secret.file if base is None else base / secret.file
+                path = Path(secret.file) if base is None else base / secret.file
                 try:
                     self._file_secrets[name] = path.read_text().strip()
                 except OSError as exc:
