@@ -80,6 +80,10 @@ class RunResult:
     defaults: dict[str, int]  # x-specrouter-defaults of the measured requests (gateway only)
     sources: dict[str, float]  # generated tokens in the window, per counter source
     started_at: str
+    # The gap between token chunks (one engine step, several tokens with speculative decoding);
+    # ITL above is per token. None in files written before the split.
+    chunk_gap_p50_ms: float | None = None
+    chunk_gap_p95_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

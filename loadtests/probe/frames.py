@@ -46,3 +46,29 @@ def _usage_prompt_tokens(frame: bytes) -> int | None:
                 if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
                     return int(usage["prompt_tokens"])
     return None
+
+
+def completion_tokens(frame: bytes) -> int | None:
+    """The running completion_tokens of a chunk with continuous usage (None without usage)."""
+    if b'"completion_tokens"' not in frame:
+        return None
+    for line in frame.split(b"\n"):
+        if line.startswith(b"data:"):
+            with contextlib.suppress(orjson.JSONDecodeError):
+                obj = orjson.loads(line[5:].strip())
+                usage = obj.get("usage") if isinstance(obj, dict) else None
+                if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                    return int(usage["completion_tokens"])
+    return None
+
+
+def per_token(gaps: list[float], tokens: list[int], tokens_per_step: float | None) -> list[float]:
+    """Per-token inter-token latencies: a chunk of k tokens after a gap g gives k of g/k (k
+    from the chunk's usage; 0 = unknown: the engine counters' mean tokens per step)."""
+    out: list[float] = []
+    for gap, k in zip(gaps, tokens, strict=True):
+        if k > 0:
+            out.extend([gap / k] * k)
+        else:
+            out.append(gap / (tokens_per_step or 1.0))
+    return out

@@ -61,8 +61,11 @@ def messages(seed: int, concurrency: int, temperature: float | None, run: int, s
 
 def chat_body(model: str, msgs: list[dict[str, str]], *, max_tokens: int,
               temperature: float | None, ignore_eos: bool) -> dict[str, Any]:
+    # Continuous usage: each chunk's completion_tokens, to make the client's ITL per token.
     body: dict[str, Any] = {"model": model, "messages": msgs, "stream": True,
-                            "max_tokens": max_tokens}
+                            "max_tokens": max_tokens,
+                            "stream_options": {"include_usage": True,
+                                               "continuous_usage_stats": True}}
     if temperature is not None:
         body["temperature"] = temperature
     if ignore_eos:

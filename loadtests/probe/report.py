@@ -78,6 +78,8 @@ def cell_json(runs: Iterable[RunResult]) -> list[dict[str, Any]]:
             "ttft_p95_ms": _mean_of(r.ttft_p95_ms for r in rs),
             "itl_p50_ms": _mean_of(r.itl_p50_ms for r in rs),
             "itl_p95_ms": _mean_of(r.itl_p95_ms for r in rs),
+            "chunk_gap_p50_ms": _mean_of(r.chunk_gap_p50_ms for r in rs),
+            "chunk_gap_p95_ms": _mean_of(r.chunk_gap_p95_ms for r in rs),
             "errors": sum(r.errors for r in rs), "requests": sum(r.requests for r in rs),
         })
     return cells

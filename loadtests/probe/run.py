@@ -8,8 +8,9 @@ One *run* of a cell (N streams, one temperature):
 2. wait until every stream's long request is decoding, then `warmup_s` more (unscaled);
 3. read the engine counters, wait `window_s` (unscaled), read them again: decode tokens/s is
    delta(generation tokens) / window, accepted tokens per step and per-position acceptance come
-   from the spec-decode counters. Client-side TTFT (of the long requests) and inter-chunk gaps
-   (ITL, inside the window) are timed on the client;
+   from the spec-decode counters. Client-side TTFT (of the long requests) and the gaps between
+   token chunks (inside the window) are timed on the client: the chunk gap, and ITL per token
+   (each chunk's tokens from its continuous usage, else the counters' tokens per step);
 4. close the streams (the server aborts them) and wait until the engine is idle.
 
 Every duration is unscaled: a simulated backend running `--time-scale F` is waited on F times
@@ -34,7 +35,7 @@ import httpx
 
 from loadtests.probe import prompts
 from loadtests.probe.config import MetricsSource, PrefillResult, ProbeConfig, RunResult
-from loadtests.probe.frames import _frame_kind, _usage_prompt_tokens
+from loadtests.probe.frames import _frame_kind, _usage_prompt_tokens, completion_tokens, per_token
 from loadtests.probe.metrics import Reading, parse_engine, parse_gateway, total, window_figures
 from loadtests.probe.progress import Progress, fmt_duration
 from loadtests.probe.stats import p50_p95, temp_label
@@ -53,7 +54,8 @@ class _RunState:
     n: int
     measuring: bool = False
     ttft: list[float] = field(default_factory=list)
-    itl: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)  # between token chunks
+    gap_tokens: list[int] = field(default_factory=list)  # tokens each gap produced (0: unknown)
     requests: int = 0
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
@@ -213,6 +215,7 @@ class Probe:
             t0 = loop.time()
             chunks = 0
             last = t0
+            seen: int | None = None  # completion tokens so far, from the chunks' usage
             failed = False
             try:
                 async with client.stream("POST", f"{cfg.url}/v1/chat/completions", json=body,
@@ -235,6 +238,7 @@ class Probe:
                             buf += raw
                             *frames, buf = buf.split(b"\n\n")
                             tokens = False
+                            before = seen
                             for frame in frames:
                                 kind = _frame_kind(frame)
                                 if kind == "token":
@@ -242,12 +246,15 @@ class Probe:
                                 elif kind == "error":
                                     st.error(frame.decode("utf-8", "replace"))
                                     failed = True
+                                seen = completion_tokens(frame) or seen
                             if not tokens:
                                 continue
                             if chunks == 0 and long:
                                 st.ttft.append(now - t0)
                             elif chunks > 0 and st.measuring:
-                                st.itl.append(now - last)
+                                st.gaps.append(now - last)
+                                st.gap_tokens.append(seen - before if seen is not None
+                                                     and before is not None else 0)
                             chunks += 1
                             last = now
                             if long and chunks == 2 and idx not in st.decoding:
@@ -308,7 +315,9 @@ class Probe:
         window = (t1 - t0) / self.scale
         fig = window_figures(total(before.values()), total(after.values()), window)
         ttft = p50_p95([1000.0 * x / self.scale for x in st.ttft])
-        itl = p50_p95([1000.0 * x / self.scale for x in st.itl])
+        itl = p50_p95([1000.0 * x / self.scale
+                       for x in per_token(st.gaps, st.gap_tokens, fig.tokens_per_step)])
+        gap = p50_p95([1000.0 * x / self.scale for x in st.gaps])
         sources = {k: max(0.0, after[k].get("generation") - before[k].get("generation", ))
                    for k in after if k in before}
         return RunResult(
@@ -318,7 +327,7 @@ class Probe:
             ttft_p50_ms=ttft[0], ttft_p95_ms=ttft[1], itl_p50_ms=itl[0], itl_p95_ms=itl[1],
             requests=st.requests, errors=st.errors, error_samples=st.error_samples,
             variants=dict(st.variants), defaults=dict(st.defaults), sources=sources,
-            started_at=started_at)
+            started_at=started_at, chunk_gap_p50_ms=gap[0], chunk_gap_p95_ms=gap[1])
 
     # -- the prefill -----------------------------------------------------------------------------
 

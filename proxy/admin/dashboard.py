@@ -40,7 +40,7 @@ def _record_row(r: RequestRecord) -> dict[str, Any]:
             "ttft_ms": _ms(m.ttft), "itl_p50_ms": _ms(quantile(itl, 0.5)),
             "itl_p95_ms": _ms(quantile(itl, 0.95)),
             "tokens_per_step": None if m.acceptance is None else round(m.acceptance, 2),
-            "tokens": m.completion_tokens, "e2e_s": None if m.e2e is None else round(m.e2e, 2),
+            "tps_source": m.tps_source, "tokens": m.completion_tokens, "e2e_s": None if m.e2e is None else round(m.e2e, 2),
             "outcome": r.outcome, "finish": m.finish_reason}
 
 
@@ -63,13 +63,14 @@ def snapshot(gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | No
     for r in recent:
         if now_wall - r.started_wall > VARIANT_WINDOW_S or r.outcome != "ok" or not r.backend:
             continue
-        v = variants.setdefault(r.backend, {"ttft": [], "itl": [], "tps": []})
-        if r.m.ttft is not None:
+        v = variants.setdefault(r.backend, {"n": [], "ttft": [], "itl": [], "tps": []})
+        v["n"].append(1.0)
+        if r.m.ttft is not None:  # streams only: a non-streaming request has no TTFT
             v["ttft"].append(r.m.ttft)
         v["itl"] += r.m.itl_per_token()
         if r.m.acceptance is not None:
             v["tps"].append(r.m.acceptance)
-    variant_rows = [{"variant": name, "requests": len(v["ttft"]),
+    variant_rows = [{"variant": name, "requests": len(v["n"]), "streams": len(v["ttft"]),
                      "ttft_p50_ms": _ms(quantile(v["ttft"], 0.5)),
                      "ttft_p95_ms": _ms(quantile(v["ttft"], 0.95)),
                      "itl_p50_ms": _ms(quantile(v["itl"], 0.5)),

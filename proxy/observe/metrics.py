@@ -21,7 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from proxy.relay.measure import Measurement
+from proxy.relay.measure import Measurement, TpsSource
 
 # `_created` samples double the exposition and no dashboard reads them (vLLM runs without them
 # too, in multiprocess mode).
@@ -38,6 +38,8 @@ STEP_BUCKETS: Final = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2
                        2.5)
 TOKENS_PER_STEP_BUCKETS: Final = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
 ACCEPTANCE_BUCKETS: Final = (1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8)
+PHASE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5,
+                        10, 30, 60, 120, 300)
 E2E_BUCKETS: Final = (0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 120, 300, 600, 1800)
 
 
@@ -105,38 +107,56 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         rb = ("route", "backend")
+        rbs = ("route", "backend", "source")  # source: measure.TpsSource
         self.requests = Counter("specrouter_requests_total", "Requests finished, by outcome.",
                                 ("route", "backend", "client", "outcome"), registry=r)
         self.ttft = FastHistogram("specrouter_ttft_seconds",
-                                  "Request received to first frame sent to the client.", rb,
-                                  TTFT_BUCKETS)
+                                  "Time to first token, streams only: request received to the "
+                                  "relay of the first frame carrying a generated token (text, "
+                                  "reasoning, tool-call arguments; not a role-only chunk, "
+                                  "`response.created`, `message_start`, a ping or a comment). "
+                                  "Non-streaming requests are in e2e only.", rb, TTFT_BUCKETS)
         self.itl = FastHistogram("specrouter_itl_seconds",
-                                 "Inter-token latency: one sample per generated token.", rb,
-                                 ITL_BUCKETS)
+                                 "Inter-token latency, one sample per generated token: a decode "
+                                 "chunk's gap over its tokens; on Responses/Messages streams "
+                                 "(no per-event usage) the request average, decode time over "
+                                 "output tokens - 1.", rb, ITL_BUCKETS)
         self.step = FastHistogram("specrouter_step_seconds",
-                                  "Gap between decode chunks (one target step), per chunk.", rb,
-                                  STEP_BUCKETS)
+                                  "Chunk gap: time between decode chunks (one target step), per "
+                                  "chunk; not per token.", rb, STEP_BUCKETS)
         self.tokens_per_step = FastHistogram("specrouter_tokens_per_step",
-                                             "Tokens carried by one decode chunk.", rb,
+                                             "Tokens per target step, per step: carried by one "
+                                             "decode chunk (source=chunks), or the request "
+                                             "average (source=average).", rbs,
                                              TOKENS_PER_STEP_BUCKETS)
         self.acceptance = FastHistogram("specrouter_request_acceptance_length",
-                                        "Accepted tokens per target step, per request.", rb,
+                                        "Tokens per target step, per request. source: engine "
+                                        "(its per-request report, exact), chunks (the "
+                                        "gateway's count per decode chunk), average ((output "
+                                        "tokens - 1) / (token events - 1)).", rbs,
                                         ACCEPTANCE_BUCKETS)
-        self.e2e = FastHistogram("specrouter_e2e_seconds", "Request received to last byte.", rb,
-                                 E2E_BUCKETS)
+        self.e2e = FastHistogram("specrouter_e2e_seconds", "Request received to last byte "
+                                 "(for every request, streaming or not).", rb, E2E_BUCKETS)
+        self.phases = FastHistogram("specrouter_phase_seconds",
+                                    "A response's time by phase, each from the end of the one "
+                                    "before: gateway (before the engine was asked), "
+                                    "engine_headers (to the engine's headers), first_token "
+                                    "(streams), end (to the last byte); Server-Timing sends "
+                                    "the first two.", ("route", "backend", "phase"),
+                                    PHASE_BUCKETS)
         for h in (self.ttft, self.itl, self.step, self.tokens_per_step, self.acceptance,
-                  self.e2e):
+                  self.e2e, self.phases):
             r.register(h)
         self.tokens = Counter("specrouter_tokens_total",
                               "Tokens by kind: prompt, cached (prompt tokens served from the "
                               "prefix cache), completion.", ("route", "backend", "kind"),
                               registry=r)
         self.spec_steps = Counter("specrouter_spec_steps_total",
-                                  "Target steps of requests with acceptance measured.", rb,
-                                  registry=r)
+                                  "Target steps of requests with acceptance measured "
+                                  "(source as for acceptance).", rbs, registry=r)
         self.spec_accepted = Counter("specrouter_spec_accepted_tokens_total",
                                      "Accepted draft tokens of those requests (bonus excluded).",
-                                     rb, registry=r)
+                                     rbs, registry=r)
         self.in_flight = Gauge("specrouter_in_flight", "Requests open to a backend.", rb,
                                registry=r)
         self.queued = Gauge("specrouter_queued", "Requests waiting for admission to a backend.",
@@ -179,23 +199,37 @@ class GatewayMetrics:
             self.ttft.observe(key, m.ttft)
         if m.e2e is not None:
             self.e2e.observe(key, m.e2e)
+        for phase, seconds in m.phases().items():
+            self.phases.observe((route, backend, phase), seconds)
+        gaps, tokens = m.itl_steps()
+        if gaps:
+            self.itl.observe_weighted(key, gaps, tokens)
         if m.step_gaps:
             self.step.observe_many(key, m.step_gaps)
-            self.tokens_per_step.observe_many(key, m.step_tokens)
-            self.itl.observe_weighted(key, m.step_gaps, m.step_tokens)
-        acc = m.acceptance
-        if acc is not None:
-            self.acceptance.observe(key, acc)
-        counted = m.accepted_and_steps
-        if counted is not None:
-            self.spec_accepted.labels(route, backend).inc(counted[0])
-            self.spec_steps.labels(route, backend).inc(counted[1])
+            self.tokens_per_step.observe_many((route, backend, "chunks"), m.step_tokens)
+        source = m.tps_source
+        if source is not None:
+            self._observe_tps(route, backend, source, m)
         if m.prompt_tokens:
             self.tokens.labels(route, backend, "prompt").inc(m.prompt_tokens)
         if m.cached_tokens:
             self.tokens.labels(route, backend, "cached").inc(m.cached_tokens)
         if m.completion_tokens:
             self.tokens.labels(route, backend, "completion").inc(m.completion_tokens)
+
+    def _observe_tps(self, route: str, backend: str, source: TpsSource, m: Measurement) -> None:
+        counted = m.accepted_and_steps
+        if source == "average" and counted is not None:
+            # one sample per step of the request's mean, so sum / count stays tokens per step
+            self.tokens_per_step.observe_weighted((route, backend, source),
+                                                  (float(counted[0] + counted[1]),),
+                                                  (counted[1],))
+        acc = m.acceptance
+        if acc is not None:
+            self.acceptance.observe((route, backend, source), acc)
+        if counted is not None:
+            self.spec_accepted.labels(route, backend, source).inc(counted[0])
+            self.spec_steps.labels(route, backend, source).inc(counted[1])
 
 
 # Each backend's engine state, re-exported from the gateway's scrapes so that one Prometheus

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: tps_source, gateway_s, engine_headers_s (added to a version-1 file)
 
 # Column order is the row tuple's order; `report` reads them by these names.
 COLUMNS: tuple[str, ...] = (
@@ -38,7 +38,10 @@ COLUMNS: tuple[str, ...] = (
     "temperature", "temperature_defaulted", "concurrency", "prompt_tokens", "cached_tokens",
     "completion_tokens", "ttft_s", "itl_p50_s", "itl_p95_s", "tokens_per_step",
     "decode_tokens_per_s", "e2e_s", "finish_reason", "outcome", "policy_version",
+    "tps_source", "gateway_s", "engine_headers_s",
 )
+# Columns after version 1's, with their types: an older file gets them on open.
+_ADDED = (("tps_source", "TEXT"), ("gateway_s", "REAL"), ("engine_headers_s", "REAL"))
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -56,15 +59,18 @@ CREATE TABLE IF NOT EXISTS requests (
     prompt_tokens INTEGER,
     cached_tokens INTEGER,
     completion_tokens INTEGER NOT NULL,
-    ttft_s REAL,
+    ttft_s REAL,                    -- streams only (NULL for a non-streaming request)
     itl_p50_s REAL,
     itl_p95_s REAL,
-    tokens_per_step REAL,
+    tokens_per_step REAL,           -- from tps_source
     decode_tokens_per_s REAL,
     e2e_s REAL,
     finish_reason TEXT,
     outcome TEXT NOT NULL,
-    policy_version TEXT NOT NULL
+    policy_version TEXT NOT NULL,
+    tps_source TEXT,                -- engine | chunks | average (measure.TpsSource), or NULL
+    gateway_s REAL,                 -- arrival to the answering engine asked
+    engine_headers_s REAL           -- the engine asked to its response headers
 );
 CREATE INDEX IF NOT EXISTS requests_time ON requests (time);
 """
@@ -135,11 +141,14 @@ def row_of(p: Pending) -> Row:
     """The SQLite row for one pending record (run in the writer thread: it sorts ITLs)."""
     wall, rid, client, route, variant, reason, canary, cclass, temp, tdef, conc, outcome, \
         version, m = p
-    p50, p95 = itl_quantiles(m.step_gaps, m.step_tokens)
+    gaps, tokens = m.itl_steps()
+    p50, p95 = itl_quantiles(gaps, tokens)
+    phases = m.phases()
     return (wall, rid, client, route, variant, reason, int(canary), cclass, temp, int(tdef), conc,
             m.prompt_tokens, m.cached_tokens, m.completion_tokens, m.ttft, p50, p95,
-            m.acceptance, decode_tokens_per_s(m.step_gaps, m.step_tokens), m.e2e,
-            m.finish_reason, outcome, version)
+            m.acceptance, decode_tokens_per_s(gaps, tokens), m.e2e,
+            m.finish_reason, outcome, version, m.tps_source, phases.get("gateway"),
+            phases.get("engine_headers"))
 
 
 # --- the database, used only from the writer thread (one call at a time) -----------------------
@@ -158,6 +167,10 @@ def open_db(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.executescript(_SCHEMA)
+        have = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+        for name, kind in _ADDED:
+            if name not in have:
+                conn.execute(f"ALTER TABLE requests ADD COLUMN {name} {kind}")
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except BaseException:
         conn.close()

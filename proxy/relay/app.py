@@ -124,7 +124,7 @@ class PublicApp:
         token = auth.bearer(x.headers.get(b"authorization"))
         client = None if token is None else x.policy.client_by_key_hash(auth.hash_key(token))
         if client is None:
-            await _unauthorized(send, x.rid)
+            await _unauthorized(x.send, x.rid)
             return
         x.client = client
         if client.max_concurrent is None and client.requests_per_minute is None:
@@ -134,7 +134,7 @@ class PublicApp:
                                      client.requests_per_minute)
         if wait is not None:
             gw.metrics.rate_limited.labels(client.name).inc()
-            await respond_error(send, 429, f"rate limit for client {client.name!r}: retry in "
+            await respond_error(x.send, 429, f"rate limit for client {client.name!r}: retry in "
                                 f"{wait:.1f}s", type_="RateLimitError",
                                 headers=[*x.rid, (b"retry-after", str(max(1, round(wait))).encode())])
             return

@@ -21,6 +21,7 @@ from proxy.relay.continuation import (
     continuation_refused,
 )
 from proxy.relay.forward import Lease, open_engine
+from proxy.relay.measure import Measurement
 from proxy.relay.upstream import UpstreamError, UpstreamResponse
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class Exchange(Generic[R]):
     """The request's state, read and written by every step of the path. `__init__` sets what
     is known on arrival; the annotated fields below are set as the request gets that far."""
 
-    __slots__ = ("gw", "send", "t0", "policy", "headers", "request_id", "rid", "endpoint",
+    __slots__ = ("gw", "send", "_send", "t0", "policy", "headers", "request_id", "rid", "endpoint",
                  "client", "body", "model", "record", "decision", "extra", "watch", "channel",
                  "relay", "lease", "resp", "first", "filt", "ends", "rename", "continuable")
 
@@ -71,7 +72,9 @@ class Exchange(Generic[R]):
 
     def __init__(self, gw: Gateway, scope: dict[str, Any], send: Send,
                  endpoint: Endpoint) -> None:
-        self.gw, self.send, self.endpoint = gw, send, endpoint
+        self.gw, self.endpoint = gw, endpoint
+        self._send = send
+        self.send: Send = self._start  # the response start gets Server-Timing, then `send`
         self.t0 = time.perf_counter()
         self.policy: CompiledPolicy = gw.policy.current  # whatever is applied meanwhile
         self.headers: dict[bytes, bytes] = dict(scope["headers"])
@@ -83,6 +86,19 @@ class Exchange(Generic[R]):
         self.first = b""  # its first body bytes, read before the response start
         self.rename: tuple[bytes, bytes] | None = None  # served model name -> client's
         self.continuable = False  # a broken stream may be continued (`resume`)
+
+    async def _start(self, message: dict[str, Any]) -> None:
+        """Every response's start, whoever sends it: `Server-Timing` with what is known now
+        (proxy/relay/measure.py's `Measurement.server_timing`); later messages go straight."""
+        if message["type"] == "http.response.start":
+            self.send = self._send
+            record = getattr(self, "record", None)
+            now = time.perf_counter()
+            m = record.m if record is not None else Measurement(self.t0)
+            timing = m.server_timing(now)
+            message = {**message, "headers": [*message.get("headers", ()),
+                                              (b"server-timing", timing)]}
+        await self._send(message)
 
     async def resume(self) -> tuple[R, bytes] | None:
         """Continue a broken chat stream on another variant of the same weights; the relays

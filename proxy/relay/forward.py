@@ -15,6 +15,7 @@ from proxy.backends.endpoints import prefix_affinity
 from proxy.relay.asgi import respond_error
 from proxy.relay.continuation import ContinuableFilter
 from proxy.relay.ends import CHAT_ENDS, RESPONSES_ENDS
+from proxy.relay.events import reader_for
 from proxy.relay.measure import StreamFilter
 from proxy.relay.rewrite import plan_usage, upstream_body
 from proxy.relay.upstream import RESPONSE_DROP, UpstreamError
@@ -138,6 +139,9 @@ async def open_engine(x: Exchange[R], body: dict[str, Any], backend: BackendSpec
         inject.setdefault("priority", decision.priority)
     payload = upstream_body(body, inject, backend.served_model_name, usage)
     up_headers = _upstream_headers(x.headers, x.request_id, x.gw.operator.secret(backend.api_key))
+    if x.resp is None:  # not a continuation: this attempt is the one the timings describe
+        m = x.record.m
+        m.t_engine, m.t_headers = time.perf_counter(), None
     return await x.relay.open(x, base + _PATHS[x.endpoint], payload, up_headers, check_status)
 
 
@@ -175,9 +179,11 @@ async def _relay(x: Exchange[R]) -> None:
         usage = plan_usage(x.body, endpoint, backend.kind)
         x.continuable = endpoint == "chat" and x.policy.routes[record.route].spec.continuation
         cls = ContinuableFilter if x.continuable else StreamFilter
+        record.m.stream = True
         x.filt = cls(record.m, strip_usage=usage.strip_usage,
                      drop_usage_chunk=usage.drop_usage_chunk, rename=x.rename,
-                     engine_timings="timings" in capabilities(backend.kind).per_request)
+                     engine_timings="timings" in capabilities(backend.kind).per_request,
+                     events=reader_for(endpoint, record.m))
         x.ends = RESPONSES_ENDS if endpoint == "responses" else CHAT_ENDS
         record.outcome = await x.relay.sse(x)
     else:

@@ -60,7 +60,6 @@ def record_timings(m: Measurement, timings: dict[str, Any]) -> None:
     predicted = timings.get(TIMINGS_PREDICTED_N)
     if not isinstance(predicted, int) or predicted <= 0:
         return
-    m.tps_source = "engine"
     if predicted > m.completion_tokens:
         m.completion_tokens = predicted
     prompt, cached = timings.get(TIMINGS_PROMPT_N), timings.get(TIMINGS_CACHE_N)

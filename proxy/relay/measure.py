@@ -3,13 +3,22 @@
 The gateway asks vLLM for continuous usage so it can count tokens per chunk; `StreamFilter`
 takes those additions back out so the client's bytes are what vLLM would have sent for the
 client's own request. It does no I/O and reads no clock: the relay passes `now` in.
+
+One meaning of each measure, for every API (the README's metrics table says the same):
+- TTFT: streams only, arrival of the request to the relay of the first frame that carries a
+  generated token (text, reasoning, tool-call arguments); a role-only chunk, `response.created`,
+  `message_start`, pings and comments are not tokens. A non-streaming request has its e2e only.
+- ITL: per token. A decode chunk of n tokens after a gap g gives n tokens of g/n; where the
+  engine sends no per-event counts (Responses, Messages) it is the request average.
+- tokens per step: `TpsSource` says where the figure comes from.
 """
 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
@@ -17,9 +26,19 @@ from policies.capabilities import TIMINGS_KEY
 from proxy.relay import llamacpp, sse
 from proxy.vllm_wire import DATA_OBJECT, ERROR_FRAME_PREFIX, METRICS, SPEC_DECODING, USAGE_KEY
 
+if TYPE_CHECKING:
+    from proxy.relay.events import EventReader
+
 _USAGE_OFFSET = len(USAGE_KEY) - 1  # where the usage object's `{` starts in the span
 _FINISH = b'"finish_reason":"'
 _EMPTY_CHOICES = b'"choices":[]'
+
+# Where a request's tokens per step (and acceptance) come from: "engine", vLLM's per-request
+# `metrics.speculative_decoding` (or another engine's own per-request report); "chunks", the
+# gateway's count of tokens per decode chunk; "average", (output tokens - 1) / (token events - 1)
+# from the final usage, on streams without per-event usage (Responses, Messages).
+TpsSource = Literal["engine", "chunks", "average"]
+TPS_SOURCES: tuple[TpsSource, ...] = ("engine", "chunks", "average")
 
 
 @dataclass(slots=True)
@@ -27,60 +46,125 @@ class Measurement:
     """What one request did, as the gateway saw it. Times are monotonic seconds."""
 
     t_start: float
-    t_first_byte: float | None = None  # first frame sent to the client (TTFT)
-    t_first_token: float | None = None
+    stream: bool = False  # an event stream was relayed: only then is there a TTFT
+    t_engine: float | None = None  # the answering engine was asked
+    t_headers: float | None = None  # its response headers came
+    t_first_byte: float | None = None  # first frame sent to the client
+    t_first_token: float | None = None  # first frame carrying a generated token, relayed
     t_last_token: float | None = None
     t_end: float | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int = 0
     chunks: int = 0  # choice frames seen
+    delta_events: int = 0  # token-carrying events of a stream without per-event usage
     # Per decode chunk, as typed arrays: 12 bytes a chunk instead of ~40 (a float object and two
     # list slots); `gw.recent` keeps 200 finished requests with theirs.
     step_gaps: array[float] = field(default_factory=lambda: array("d"))
     step_tokens: array[int] = field(default_factory=lambda: array("I"))
     spec: dict[str, Any] | None = None  # vLLM's metrics.speculative_decoding, when reported
-    # where tokens per step come from: "engine" (its own per-request figures), "chunks"
-    # (counted from per-chunk usage), "average", or None (not measured)
-    tps_source: str | None = None
     finish_reason: str | None = None
     error: str | None = None  # an upstream error event's message
 
     @property
     def ttft(self) -> float | None:
-        return None if self.t_first_byte is None else self.t_first_byte - self.t_start
+        if not self.stream or self.t_first_token is None:
+            return None
+        return self.t_first_token - self.t_start
 
     @property
     def e2e(self) -> float | None:
         return None if self.t_end is None else self.t_end - self.t_start
 
     @property
+    def tps_source(self) -> TpsSource | None:
+        if self._engine_counts() is not None or self._engine_mean() is not None:
+            return "engine"
+        if self.step_tokens:
+            return "chunks"
+        if self.delta_events > 1 and self.completion_tokens > 1:
+            return "average"
+        return None
+
+    @property
     def acceptance(self) -> float | None:
-        """Accepted tokens per target step: exact when the engine reported it, else measured."""
-        if self.spec is not None:
-            value = self.spec.get("mean_acceptance_length")
-            if isinstance(value, int | float):
-                return float(value)
-        if not self.step_tokens:
+        """Tokens per target step (accepted drafts + 1), from `tps_source`."""
+        mean = self._engine_mean()
+        if mean is not None:
+            return mean
+        counted = self.accepted_and_steps
+        if counted is None:
             return None
-        return sum(self.step_tokens) / len(self.step_tokens)
+        return (counted[0] + counted[1]) / counted[1]
 
     @property
     def accepted_and_steps(self) -> tuple[int, int] | None:
         """(accepted draft tokens, target steps), to aggregate acceptance over many requests."""
-        if self.spec is not None:
-            acc, steps = self.spec.get("num_accepted_draft_tokens"), self.spec.get("num_spec_steps")
-            if isinstance(acc, int) and isinstance(steps, int):
-                return acc, steps
-        if not self.step_tokens:
+        engine = self._engine_counts()
+        if engine is not None:
+            return engine
+        if self.step_tokens:
+            return sum(self.step_tokens) - len(self.step_tokens), len(self.step_tokens)
+        if self.delta_events > 1 and self.completion_tokens > 1:
+            steps = self.delta_events - 1  # the first event is the prefill's token
+            return max(0, self.completion_tokens - 1 - steps), steps
+        return None
+
+    def _engine_mean(self) -> float | None:
+        value = self.spec.get("mean_acceptance_length") if self.spec is not None else None
+        return float(value) if isinstance(value, int | float) else None
+
+    def _engine_counts(self) -> tuple[int, int] | None:
+        if self.spec is None:
             return None
-        return sum(self.step_tokens) - len(self.step_tokens), len(self.step_tokens)
+        acc, steps = self.spec.get("num_accepted_draft_tokens"), self.spec.get("num_spec_steps")
+        if isinstance(acc, int) and isinstance(steps, int) and steps > 0:
+            return acc, steps
+        return None
+
+    def itl_steps(self) -> tuple[Sequence[float], Sequence[int]]:
+        """(gaps, tokens per gap) whose ratios are the per-token ITL: the decode chunks, or on
+        a stream without per-event usage one span of the decode time over its tokens."""
+        if self.step_tokens:
+            return self.step_gaps, self.step_tokens
+        first, last, n = self.t_first_token, self.t_last_token, self.completion_tokens - 1
+        if self.delta_events > 1 and first is not None and last is not None and n > 0:
+            return (last - first,), (n,)
+        return (), ()
 
     def itl_per_token(self) -> list[float]:
         out: list[float] = []
-        for gap, tokens in zip(self.step_gaps, self.step_tokens, strict=True):
+        for gap, tokens in zip(*self.itl_steps(), strict=True):
             out.extend([gap / tokens] * tokens)
         return out
+
+    def phases(self) -> dict[str, float]:
+        """The response's time, phase by phase (each from the end of the one before): the
+        gateway's before the engine was asked, the engine's to its headers, to the first
+        token (streams), to the end."""
+        out: dict[str, float] = {}
+        last = self.t_start
+        for name, t in (("gateway", self.t_engine), ("engine_headers", self.t_headers),
+                        ("first_token", self.t_first_token if self.stream else None),
+                        ("end", self.t_end)):
+            if t is not None and t >= last:
+                out[name], last = t - last, t
+        return out
+
+    def server_timing(self, now: float) -> bytes:
+        """The `Server-Timing` value when the response headers leave at `now`."""
+        gw_end = self.t_engine if self.t_engine is not None else now
+        parts = [b"gw;dur=%.1f" % ((gw_end - self.t_start) * 1000)]
+        if self.t_engine is not None and self.t_headers is not None:
+            parts.append(b"engine;dur=%.1f" % ((self.t_headers - self.t_engine) * 1000))
+        return b", ".join(parts)
+
+    def record_delta(self, now: float) -> None:
+        """An event that carries generated tokens, on a stream without per-event counts."""
+        self.delta_events += 1
+        if self.t_first_token is None:
+            self.t_first_token = now
+        self.t_last_token = now
 
     def record_tokens(self, total: int, now: float) -> None:
         """A choice frame reported `total` completion tokens so far."""
@@ -96,13 +180,21 @@ class Measurement:
         self.t_last_token = now
 
     def record_usage(self, usage: dict[str, Any]) -> None:
-        prompt = usage.get("prompt_tokens")
+        """Chat/completions usage, Responses' (`input_tokens`, `input_tokens_details`,
+        `output_tokens`) or Anthropic's (`input_tokens` excludes the cache reads and writes it
+        lists beside it)."""
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        read = usage.get("cache_read_input_tokens")
+        written = usage.get("cache_creation_input_tokens")
         if isinstance(prompt, int):
-            self.prompt_tokens = prompt
-        details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-            self.cached_tokens = details["cached_tokens"]
-        completion = usage.get("completion_tokens")
+            self.prompt_tokens = prompt + sum(v for v in (read, written) if isinstance(v, int))
+        if isinstance(read, int):
+            cached = read
+        if isinstance(cached, int):
+            self.cached_tokens = cached
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
         if isinstance(completion, int) and completion > self.completion_tokens:
             self.completion_tokens = completion
 
@@ -120,7 +212,11 @@ class Measurement:
         choices = obj.get("choices")
         if isinstance(choices, list) and choices and isinstance(choices[0], dict):
             reason = choices[0].get("finish_reason")
-            self.finish_reason = reason if isinstance(reason, str) else None
+        else:  # Messages' stop_reason, Responses' incomplete reason or status
+            details = obj.get("incomplete_details")
+            reason = obj.get("stop_reason") or \
+                (details.get("reason") if isinstance(details, dict) else obj.get("status"))
+        self.finish_reason = reason if isinstance(reason, str) else None
         self._record_metrics(obj)
         if isinstance(obj.get("error"), dict):
             self.error = str(obj["error"].get("message"))
@@ -143,9 +239,12 @@ class StreamFilter:
     until the usage chunk (which follows it at once) hands its fingerprint over.
     `engine_timings`: a llama.cpp stream (proxy/relay/llamacpp.py): one token per frame, the
     engine's own `timings` on the last; nothing is cut.
+    `events`: the reader of a typed event stream (proxy/relay/events.py), given every frame
+    that is not a `data:` object; it only reads.
     """
 
-    __slots__ = ("m", "strip_usage", "drop_usage_chunk", "rename", "engine_timings", "_held")
+    __slots__ = ("m", "strip_usage", "drop_usage_chunk", "rename", "engine_timings", "events",
+                 "_held")
 
     def __init__(
         self,
@@ -155,19 +254,23 @@ class StreamFilter:
         drop_usage_chunk: bool = False,
         rename: tuple[bytes, bytes] | None = None,
         engine_timings: bool = False,
+        events: EventReader | None = None,
     ) -> None:
         self.m = m
         self.engine_timings = engine_timings
         self.strip_usage = strip_usage
         self.drop_usage_chunk = drop_usage_chunk
         self.rename = rename
+        self.events = events
         self._held = b""
 
     def frame(self, frame: bytes, now: float) -> bytes:
         if self.rename is not None:
             frame = frame.replace(self.rename[0], self.rename[1])
         if not frame.startswith(DATA_OBJECT):
-            return self.release() + frame  # [DONE], or anything we do not interpret
+            if self.events is not None:
+                self.events.read(frame, now)
+            return self.release() + frame  # [DONE], a typed event, a comment: untouched
         if frame.startswith(ERROR_FRAME_PREFIX):
             self._record_error(frame)
             return self.release() + frame
@@ -180,8 +283,8 @@ class StreamFilter:
             self.m.chunks += 1
             if finish:
                 self._record_finish(frame)
-        if span is None:
-            if not empty_choices and self.m.t_first_token is None:
+        if span is None:  # no token counts: the first frame with generated text is the first token
+            if not empty_choices and self.m.t_first_token is None and _carries_token(frame):
                 self.m.t_first_token = now
             return frame
         try:
@@ -245,3 +348,22 @@ class StreamFilter:
             self.m.error = str(obj["error"].get("message"))
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             self.m.error = "unparsable error event"
+
+
+def _carries_token(frame: bytes) -> bool:
+    """Whether a choice frame holds generated text, reasoning or tool-call arguments (not a
+    role-only chunk). Parsed only until the first such frame."""
+    try:
+        obj = orjson.loads(frame[6:])
+    except orjson.JSONDecodeError:
+        return False
+    for choice in obj.get("choices") or () if isinstance(obj, dict) else ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")
+                                        or delta.get("reasoning") or delta.get("tool_calls")):
+            return True
+        if choice.get("text"):
+            return True
+    return False

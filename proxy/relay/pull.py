@@ -41,6 +41,7 @@ async def open_pulled(x: Exchange[PulledResponse], url: str, payload: bytes,
     """The request through the aiohttp session; the response and its first body bytes."""
     watch = x.watch
     resp = await watch.wait(x.gw.upstream.post(url, payload, headers))
+    x.record.m.t_headers = time.perf_counter()
     watch.response = resp
     try:
         if resp.status >= 500 and check_status:

@@ -37,7 +37,6 @@ from proxy.relay.exchange import Relay
 from proxy.relay.upstream import UpstreamError
 
 if TYPE_CHECKING:
-    from proxy.gateway import Gateway
     from proxy.relay.exchange import Exchange
 
 
@@ -84,18 +83,21 @@ async def open_pushed(x: Exchange[EngineStream], url: str, payload: bytes,
                       ) -> tuple[EngineStream, bytes]:
     """The request on a kept-alive engine connection; the response and its first body bytes."""
     watch = x.watch
-    stream, first = await watch.wait(_open_stream(x.gw, url, payload, headers, check_status))
+    stream, first = await watch.wait(_open_stream(x, url, payload, headers, check_status))
     watch.response = stream
     return stream, first
 
 
-async def _open_stream(gw: Gateway, url: str, payload: bytes, headers: dict[str, str],
-                       check_status: bool) -> tuple[EngineStream, bytes]:
+async def _open_stream(x: Exchange[EngineStream], url: str, payload: bytes,
+                       headers: dict[str, str], check_status: bool
+                       ) -> tuple[EngineStream, bytes]:
+    gw = x.gw
     settings = gw.settings
     try:
         async with asyncio.timeout(settings.first_byte_timeout_s):
             stream = await open_engine_stream(gw.engines, url, payload, headers,
                                               settings.connect_timeout_s)
+            x.record.m.t_headers = time.perf_counter()
             try:
                 if stream.status >= 500 and check_status:
                     raise UpstreamError("status", f"backend answered {stream.status}",

@@ -31,7 +31,7 @@ def make_record(i: int = 0, *, variant: str = "eagle3", steps: Sequence[tuple[fl
         defaulted: bool = False, concurrency: int = 1, outcome: str = "ok",
         wall: float | None = None, spec: dict[str, object] | None = None) -> RequestRecord:
     """A finished streaming request, fed through Measurement the way the relay feeds it."""
-    m = Measurement(t_start=1000.0)
+    m = Measurement(t_start=1000.0, stream=True)  # an event stream, as relayed
     m.t_first_byte = 1000.0 + ttft
     m.record_usage({"prompt_tokens": 120 + i, "prompt_tokens_details": {"cached_tokens": 64}})
     now, total = 1000.0 + ttft, 1

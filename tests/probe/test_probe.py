@@ -18,6 +18,7 @@ from loadtests.bench.policy_sweep import profile_for, restrict
 from loadtests.harness.gateway import ADMIN_TOKEN, CLIENT_KEY, GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
 from loadtests.probe import command as probe
+from loadtests.probe.frames import completion_tokens, per_token
 from loadtests.probe.metrics import Reading, parse_engine, parse_gateway, select, window_figures
 from loadtests.probe.report import (
     Results,
@@ -272,6 +273,15 @@ def test_frame_kind(frame: bytes, kind: str) -> None:
     assert _frame_kind(frame) == kind
 
 
+def test_per_token_itl_from_usage_else_the_counters() -> None:
+    assert per_token([0.12, 0.1], [3, 1], 2.0) == pytest.approx([0.04] * 3 + [0.1])
+    assert per_token([0.12], [0], 2.4) == pytest.approx([0.05])  # no usage: counters' mean
+    assert per_token([0.12], [0], None) == pytest.approx([0.12])
+    frame = (b'data: {"choices":[{"index":0,"text":"x"}],"usage":{"prompt_tokens":3,'
+             b'"total_tokens":8,"completion_tokens":5}}')
+    assert completion_tokens(frame) == 5 and completion_tokens(b"data: [DONE]") is None
+
+
 def test_redact_secrets() -> None:
     argv = ["--url", "u", "--key", "sk-secret", "--admin-token=tok", "--admin-token", "t2"]
     assert probe.redact(argv) == ["--url", "u", "--key", "***", "--admin-token=***",
@@ -406,7 +416,9 @@ def test_probe_direct_against_the_sim(tmp_path: Path,
     assert one["tok_s"]["mean"] == pytest.approx(20.8, rel=0.2)
     assert one["tokens_per_step"]["mean"] == pytest.approx(2.55, rel=0.2)
     assert len(one["accept_per_pos"]) == 3
-    assert one["itl_p50_ms"] == pytest.approx(122, rel=0.25)  # one target step
+    assert one["chunk_gap_p50_ms"] == pytest.approx(122, rel=0.25)  # one target step
+    # per token: a step's gap over its tokens (2.55 a step on mtp3), as the gateway counts
+    assert one["itl_p50_ms"] < 0.75 * one["chunk_gap_p50_ms"]
     assert all(c["errors"] == 0 for c in d["cells"])
     # unset = the engine's default (1.0): slower than 0.7
     assert d["cells"][2]["tokens_per_step"]["mean"] < one["tokens_per_step"]["mean"]

@@ -45,7 +45,7 @@ function render(s) {
     <td>${esc(r.reason)}</td>
     <td class="num">${r.temperature === null ? "–" : r.temperature + (r.temperature_default ? "*" : "")}</td>
     <td class="num">${fmt(r.ttft_ms, " ms", 0)}</td><td class="num">${fmt(r.itl_p50_ms, " ms")}</td>
-    <td class="num">${fmt(r.itl_p95_ms, " ms")}</td><td class="num">${fmt(r.tokens_per_step, "", 2)}</td>
+    <td class="num">${fmt(r.itl_p95_ms, " ms")}</td><td class="num" title="${esc(r.tps_source || "")}">${fmt(r.tokens_per_step, "", 2)}${r.tps_source && r.tps_source !== "engine" ? "~" : ""}</td>
     <td class="num">${r.tokens}</td><td class="outcome-${esc(r.outcome)}">${esc(r.outcome)}</td>`);
   $("#history").innerHTML = s.policy.history.slice().reverse().map((h) =>
     `<li><code>#${h.number} ${esc(h.version)}</code> by ${esc(h.who)} at ${new Date(h.time * 1000).toLocaleString()}` +
