@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
+from collections.abc import Mapping
+
+# `NAME=TOKEN` names a token; anything else is a token named by the caller's default.
+_NAMED = re.compile(r"([A-Za-z][A-Za-z0-9_.-]{0,63})=([^=].*)", re.DOTALL)
 
 
 def hash_key(key: str) -> str:
@@ -26,3 +31,23 @@ def token_matches(token: str | None, expected_sha256: str | None) -> bool:
     if token is None or not expected_sha256:
         return False
     return hmac.compare_digest(hash_key(token), expected_sha256)
+
+
+def named_token(value: str, default: str) -> tuple[str, str]:
+    """(name, token) of a `NAME=TOKEN` setting; a bare token (base64 padding included) is
+    named `default`."""
+    match = _NAMED.fullmatch(value)
+    return (match.group(1), match.group(2)) if match else (default, value)
+
+
+def token_name(token: str | None, digests: Mapping[str, str]) -> str | None:
+    """The name whose digest the token matches, comparing against every one (no early exit,
+    so the time taken says nothing about which name, if any, matched)."""
+    if token is None:
+        return None
+    presented = hash_key(token)
+    found = None
+    for name, digest in digests.items():
+        if hmac.compare_digest(presented, digest) and found is None:
+            found = name
+    return found

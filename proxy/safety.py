@@ -22,8 +22,7 @@ class UnsafeSettings(ValueError):
 
 
 def check_startup(settings: Settings, shipped_root: Path = REPO_ROOT) -> None:
-    token = settings.admin_token
-    if token is not None:
+    for token in settings.admin_tokens().values():
         if len(token) < MIN_TOKEN_CHARS:
             raise UnsafeSettings(f"the admin token has {len(token)} characters; use "
                                  f"{MIN_TOKEN_CHARS} or more (e.g. `openssl rand -hex 32`)")

@@ -40,12 +40,21 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--tls-key", type=Path)
     p.add_argument("--insecure-http", action="store_true", default=None,
                    help="plain HTTP on the public listener (loopback only)")
-    p.add_argument("--admin-token")
+    p.add_argument("--admin-token", action="append", metavar="[NAME=]TOKEN",
+                   help="an admin token (repeatable); the audit log records its NAME "
+                        "(default: admin)")
     p.add_argument("--admin-tls", action="store_true", default=None,
                    help="serve the admin listener over TLS (same certificate)")
     p.add_argument("--admin-client-ca", type=Path,
                    help="require admin client certificates signed by this CA")
     p.add_argument("--dashboard-token", help="read-only token for the dashboard")
+    p.add_argument("--scrape-token",
+                   help="read-only token /metrics on the admin listener then requires")
+    p.add_argument("--dashboard-session", dest="dashboard_session_s", type=float,
+                   help="seconds a dashboard login lasts (default 43200: 12 h)")
+    p.add_argument("--auth-failures-per-minute", type=int,
+                   help="failed authentications per source and minute before 429 (default 10; "
+                        "0: no limit)")
     p.add_argument("--operator-file", type=Path,
                    help="operator-defined repair actions, engine secrets and engine hosts")
     p.add_argument("--metrics-listen",

@@ -1,4 +1,4 @@
-"""Process settings: where to listen, TLS material, the admin token, the operator file, the
+"""Process settings: where to listen, TLS material, the admin tokens, the operator file, the
 state directory.
 
 The single source of truth for settings. Values come from flags, then `SPECROUTER_*` environment
@@ -8,10 +8,12 @@ variables, then these defaults. What to route where lives in the policy file, no
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from proxy.auth import named_token
 
 
 class Settings(BaseSettings):
@@ -23,11 +25,18 @@ class Settings(BaseSettings):
     tls_cert: Path | None = Field(None, description="server certificate chain (PEM)")
     tls_key: Path | None = Field(None, description="server private key (PEM)")
     insecure_http: bool = Field(False, description="serve plain HTTP (loopback only)")
-    admin_token: str | None = Field(None, description="bearer token for the admin listener")
+    # Each `NAME=TOKEN` (a bare TOKEN is named "admin"): the audit log records the NAME.
+    admin_token: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="bearer tokens for the admin listener")
     admin_tls: bool = Field(False, description="serve the admin listener over TLS too")
     admin_client_ca: Path | None = Field(
         None, description="require admin client certificates signed by this CA (implies TLS)")
     dashboard_token: str | None = Field(None, description="read-only token for the dashboard")
+    scrape_token: str | None = Field(
+        None, description="when set, /metrics on the admin listener needs it (or an admin token)")
+    dashboard_session_s: float = Field(12 * 3600.0, description="dashboard login lifetime")
+    auth_failures_per_minute: int = Field(
+        10, description="failed authentications a source may make per minute (0: no limit)")
     operator_file: Path | None = Field(
         None, description="operator-defined repair actions, engine secrets and engine hosts")
     metrics_listen: str | None = Field(
@@ -48,6 +57,26 @@ class Settings(BaseSettings):
     # callback, proxy/relay/push.py) or "pull" (an async pull loop, proxy/relay/pull.py).
     relay: Literal["push", "pull"] = "push"
     drain_timeout_s: float = 20.0  # SIGTERM: how long streams in flight may still run
+
+    @field_validator("admin_token", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        # The environment (SPECROUTER_ADMIN_TOKEN) gives one token, the flag a list.
+        if value is None:
+            return []
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _names_unique(cls, value: list[str]) -> list[str]:
+        names = [named_token(v, "admin")[0] for v in value]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two admin tokens share a name: {sorted(names)}")
+        return value
+
+    def admin_tokens(self) -> dict[str, str]:
+        """Name -> token, for every `--admin-token`."""
+        return dict(named_token(v, "admin") for v in self.admin_token)
 
 
 def split_hostport(value: str) -> tuple[str, int]:

@@ -1,8 +1,9 @@
 """The admin listener: metrics for Prometheus, and the admin API behind the admin token.
 
 Not reachable from the public listener. `/metrics` is open on this listener (it is bound to
-loopback by default) so Prometheus needs no credentials; every `/admin` operation and the
-dashboard need the admin token. The API's description (`/admin/openapi.json`) and its
+loopback by default) so Prometheus needs no credentials, unless `--scrape-token` is set; every
+`/admin` operation needs an admin token (the audit records its name), the dashboard an admin
+or dashboard token. Failed authentication is throttled per source address (proxy/throttle.py). The API's description (`/admin/openapi.json`) and its
 interactive docs (`/admin/docs`, Swagger UI served from this process: no CDN) are open too:
 they hold no state, and trying an operation there still takes the token ("Authorize").
 """
@@ -23,19 +24,18 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute
 
-from proxy import auth
-from proxy.admin.models import ErrorOut, StatusOut
+from proxy.admin.identity import AdminAuth, Denied, admin_auth
+from proxy.admin.models import ErrorOut, ReadyOut, StatusOut
 from proxy.gateway import Gateway
 from proxy.relay.errors import error_body
+from proxy.relay.ready import readiness
 
 # Documents the scheme (Swagger UI's Authorize button); the token itself is checked below.
 _BEARER = HTTPBearer(auto_error=False, description="The gateway's `--admin-token`.")
-UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: {"model": ErrorOut,
-                                                       "description": "No admin token."}}
-
-
-class AdminDenied(Exception):
-    """The request lacks the admin token (answered 401 by the app's handler)."""
+UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut, "description": "No admin token."},
+    429: {"model": ErrorOut, "description": "Too many failed authentications from this address "
+                                            "(`Retry-After` says when to try again)."}}
 
 
 class AdminError(Exception):
@@ -46,32 +46,25 @@ class AdminError(Exception):
         self.status, self.message, self.extra = status, message, extra
 
 
-def require_admin(gw: Gateway, request: Request) -> Response | None:
-    """None when the request carries the admin token, else the 401 to send."""
-    expected = gw.settings.admin_token
-    token = auth.bearer(request.headers.get("authorization", "").encode("latin-1") or None)
-    if expected and token is not None and auth.token_matches(token, auth.hash_key(expected)):
-        return None
-    return Response(error_body(401, "admin token required", type_="AuthenticationError"),
-                    status_code=401, media_type="application/json",
-                    headers={"www-authenticate": "Bearer"})
+def require_admin(request: Request) -> str:
+    """The name of the admin token the request carries, else Denied (401, or 429)."""
+    checker = admin_auth(request)
+    return checker.identify(request, checker.admin)
 
 
 def admin_router(gw: Gateway) -> APIRouter:
-    """A router whose every operation needs the admin token, checked before anything else."""
+    """A router whose every operation needs an admin token, checked before anything else; the
+    token's name is `request.state.admin` (the audit's "who")."""
     async def guard(request: Request, _: Annotated[Any, Security(_BEARER)]) -> None:
-        if require_admin(gw, request) is not None:
-            raise AdminDenied
+        request.state.admin = require_admin(request)
 
     return APIRouter(dependencies=[Depends(guard)], responses=UNAUTHORIZED)
 
 
 def _handlers(gw: Gateway) -> dict[Any, Callable[[Request, Any], Coroutine[Any, Any, Response]]]:
     """Exception handlers that keep the answers the hand-routed Starlette app gave."""
-    async def denied(request: Request, _: Exception) -> Response:
-        response = require_admin(gw, request)
-        assert response is not None
-        return response
+    async def denied(_: Request, exc: Denied) -> Response:
+        return exc.response
 
     async def refused(_: Request, exc: AdminError) -> Response:
         body = orjson.loads(error_body(exc.status, exc.message))
@@ -92,7 +85,7 @@ def _handlers(gw: Gateway) -> dict[Any, Callable[[Request, Any], Coroutine[Any, 
         return await refused(request, AdminError(
             400, f"{where}: {first.get('msg', 'invalid request')}"))
 
-    return {AdminDenied: denied, AdminError: refused, HTTPException: http_error, RequestValidationError: invalid}
+    return {Denied: denied, AdminError: refused, HTTPException: http_error, RequestValidationError: invalid}
 
 
 def create_admin_app(gw: Gateway, extra_routes: list[BaseRoute] | None = None) -> FastAPI:
@@ -104,9 +97,12 @@ def create_admin_app(gw: Gateway, extra_routes: list[BaseRoute] | None = None) -
         # No call to the online validator: the docs work offline and send nothing out.
         swagger_ui_parameters={"validatorUrl": None},
         exception_handlers=_handlers(gw))
+    app.state.admin_auth = checker = AdminAuth(gw.settings)
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if checker.scrape is not None:
+            checker.identify(request, checker.scrape)
         return Response(generate_latest(gw.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", summary="Liveness of the admin listener")
@@ -124,6 +120,12 @@ def create_admin_app(gw: Gateway, extra_routes: list[BaseRoute] | None = None) -
                                 "running": b.running, "waiting": b.waiting,
                                 "kv_usage": b.kv_usage, "acceptance": b.acceptance}
                          for name, b in state.backends.items()}})
+
+    @router.get("/admin/readyz", summary="Readiness, per route (the public /readyz: only ready)")
+    async def readyz(response: Response) -> ReadyOut:
+        ready, routes = readiness(gw)
+        response.status_code = 200 if ready else 503
+        return ReadyOut(ready=ready, draining=gw.draining, routes=routes)
 
     app.include_router(router)
     app.router.routes.extend(extra_routes or [])

@@ -1,7 +1,7 @@
 """The built-in live dashboard: a static page fed by a once-a-second SSE snapshot.
 
-Served on the admin listener. A browser cannot send a bearer header on navigation, so
-`/dashboard?token=T` trades the admin or dashboard token for an HttpOnly cookie.
+Served on the admin listener. A browser cannot send a bearer header on navigation, so the
+page logs in by a POST form (proxy/admin/login.py); scripts may send the token as a bearer header.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from proxy import auth
+from proxy.admin.identity import Denied
+from proxy.admin.login import login_form, login_routes, refused, viewer
 from proxy.admin.policy_store import PolicyStore
 from proxy.backends.health import HealthMonitor
 from proxy.gateway import Gateway, RequestRecord
 from proxy.observe.stats import quantile
 
-COOKIE = "specrouter_dashboard"
 VARIANT_WINDOW_S = 300.0
 
 
@@ -112,20 +112,6 @@ def snapshot(gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | No
             "variants": variant_rows, "backends": backends, "repairs": repairs}
 
 
-def _authorised(gw: Gateway, request: Request) -> bool:
-    tokens = [t for t in (gw.settings.admin_token, gw.settings.dashboard_token) if t]
-    header = auth.bearer(request.headers.get("authorization", "").encode("latin-1") or None)
-    presented = header or request.cookies.get(COOKIE)
-    return any(auth.token_matches(presented, auth.hash_key(t)) for t in tokens)
-
-
-_LOGIN = b"""<!doctype html><meta charset=utf-8><title>specrouter</title>
-<form method=get action=/dashboard style="font:16px system-ui;margin:20vh auto;width:22em">
-<p>specrouter dashboard: admin or dashboard token</p>
-<input name=token type=password autofocus style="width:100%;padding:.4em">
-</form>"""
-
-
 def _static(name: str) -> bytes:
     return resources.files("proxy.admin").joinpath("static", name).read_bytes()
 
@@ -133,14 +119,13 @@ def _static(name: str) -> bytes:
 def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
                      store: PolicyStore | None) -> list[BaseRoute]:
     async def page(request: Request) -> Response:
-        token = request.query_params.get("token")
-        if token is not None:
-            response = RedirectResponse("/dashboard", status_code=303)
-            response.set_cookie(COOKIE, token, httponly=True, samesite="strict",
-                                path="/dashboard")
-            return response
-        if not _authorised(gw, request):
-            return Response(_LOGIN, status_code=401, media_type="text/html")
+        if "token" in request.query_params:
+            # Refused, not used: a URL is kept in browser history and proxy logs.
+            return login_form("a token in the URL is refused: log in with this form", 400)
+        try:
+            viewer(request)
+        except Denied as exc:
+            return refused(exc)
         return Response(_static("dashboard.html"), media_type="text/html",
                         headers={"cache-control": "no-store"})
 
@@ -152,14 +137,18 @@ def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
         return Response(_static(name), media_type=media)
 
     async def snap(request: Request) -> Response:
-        if not _authorised(gw, request):
-            return Response(status_code=401)
+        try:
+            viewer(request)
+        except Denied as exc:
+            return exc.response
         return Response(orjson.dumps(snapshot(gw, monitor, store)),
                         media_type="application/json")
 
     async def events(request: Request) -> Response:
-        if not _authorised(gw, request):
-            return Response(status_code=401)
+        try:
+            viewer(request)
+        except Denied as exc:
+            return exc.response
 
         async def stream() -> AsyncIterator[bytes]:
             while True:
@@ -174,4 +163,5 @@ def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
         Route("/dashboard/static/{name}", asset),
         Route("/dashboard/snapshot", snap),
         Route("/dashboard/events", events),
+        *login_routes(),
     ]

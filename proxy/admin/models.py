@@ -92,6 +92,14 @@ class BackendStatus(BaseModel):
     acceptance: float | None
 
 
+class ReadyOut(BaseModel):
+    """`GET /admin/readyz`: 200 when ready, else 503, with the same body."""
+
+    ready: bool
+    draining: bool
+    routes: dict[str, bool] = Field(description="Per route: whether a variant of it is up.")
+
+
 class StatusOut(BaseModel):
     policy_version: str
     backends: dict[str, BackendStatus]

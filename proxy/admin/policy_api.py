@@ -38,7 +38,10 @@ from proxy.admin.models import (
 from proxy.admin.policy_store import Applied, PolicyStore, StaleVersion
 from proxy.gateway import Gateway
 
-_WHO = Header(None, alias="x-specrouter-admin", description="Who makes the change (audit log).")
+# The audit's "who" is the name of the admin token used; a header only adds a note.
+_NOTE = Header(None, alias="x-specrouter-note", max_length=200,
+               description="A note for the audit log (who made the change is the name of the "
+                           "admin token used).")
 _IF_MATCH = Header(None, alias="if-match",
                    description='The ETag of `GET /admin/policy`, or `*` for any current version.')
 
@@ -135,11 +138,11 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
                 responses=_errors(400, 412, 422, 428),
                 openapi_extra=_body(PolicyIn, "application/yaml"))
     async def put_policy(request: Request, response: Response, if_match: str | None = _IF_MATCH,
-                         who: str | None = _WHO) -> AppliedOut:
+                         note: str | None = _NOTE) -> AppliedOut:
         version = _precondition(store, if_match)
         try:
-            applied = await store.apply(_document(await request.body()), who=who or "admin",
-                                        if_match=version)
+            applied = await store.apply(_document(await request.body()), who=request.state.admin,
+                                        if_match=version, note=note or "")
         except PolicyError as exc:
             raise _invalid(exc) from None
         except StaleVersion as exc:
@@ -188,8 +191,8 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
     @router.post("/admin/policy/rollback",
                  summary="Apply a version from the history again (If-Match required)",
                  responses=_errors(400, 404, 412, 422, 428), openapi_extra=_body(RollbackIn))
-    async def rollback(request: Request, response: Response, if_match: str | None = _IF_MATCH,
-                       who: str | None = _WHO) -> AppliedOut:
+    async def rollback(request: Request, response: Response, if_match: str | None = _IF_MATCH
+                       ) -> AppliedOut:
         version = _precondition(store, if_match)
         try:
             number = RollbackIn.model_validate_json(await request.body()).version
@@ -197,7 +200,7 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
             raise AdminError(400, 'body must be {"version": N} (a number from the history)'
                              ) from None
         try:
-            applied = await store.rollback(number, who=who or "admin", if_match=version)
+            applied = await store.rollback(number, who=request.state.admin, if_match=version)
         except KeyError:
             raise AdminError(404, f"no policy version #{number}") from None
         except PolicyError as exc:

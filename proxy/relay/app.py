@@ -25,7 +25,9 @@ from proxy.relay.forward import ENDPOINTS, forward
 from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import PULL
 from proxy.relay.push import PUSH, PushChannel
+from proxy.relay.ready import readiness
 from proxy.relay.watch import DisconnectWatch
+from proxy.throttle import AuthThrottle, source_of
 
 _GET_PATHS = frozenset({"/v1/models", "/openapi.json", "/healthz", "/readyz"})
 
@@ -53,6 +55,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
 class PublicApp:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
+        self.throttle = AuthThrottle(gw.settings.auth_failures_per_minute, listener="public")
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -84,20 +87,31 @@ class PublicApp:
         else:
             await respond_error(send, 404, f"no route for {method} {path}")
 
-    def _client(self, scope: dict[str, Any]) -> Any:
-        policy = self.gw.policy.current
-        authz = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authz = value
-                break
+    def _client(self, scope: dict[str, Any], authz: bytes | None, policy: Any) -> Any:
+        """The policy's client of the request's key, or None (a wrong key counts as a failure
+        of its source, proxy/throttle.py)."""
         token = auth.bearer(authz)
-        if token is None:
-            return None
-        return policy.client_by_key_hash(auth.hash_key(token))
+        client = None if token is None else policy.client_by_key_hash(auth.hash_key(token))
+        if client is None and authz is not None:
+            self.throttle.failed(source_of(scope))
+        return client
+
+    async def _throttled(self, scope: dict[str, Any], send: Send,
+                         headers: list[tuple[bytes, bytes]]) -> bool:
+        """Answered 429 (before any key is checked): the source failed too often."""
+        wait = self.throttle.retry_after(source_of(scope))
+        if wait is None:
+            return False
+        await respond_error(send, 429, "too many failed authentications from this address: "
+                            f"retry in {wait}s", type_="RateLimitError",
+                            headers=[*headers, (b"retry-after", str(wait).encode())])
+        return True
 
     async def models(self, scope: dict[str, Any], send: Send) -> None:
-        if self._client(scope) is None:
+        if await self._throttled(scope, send, []):
+            return
+        authz = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        if self._client(scope, authz, self.gw.policy.current) is None:
             await _unauthorized(send)
             return
         created = int(time.time())
@@ -107,22 +121,17 @@ class PublicApp:
         await respond(send, 200, orjson.dumps({"object": "list", "data": data}))
 
     async def readyz(self, send: Send) -> None:
-        policy = self.gw.policy.current
-        state = self.gw.live.snapshot()
-        routes: dict[str, bool] = {}
-        for name, route in policy.document.routes.items():
-            routes[name] = any(state.backends.get(b) is None or state.backends[b].health == "up"
-                               for b in route.variants)
-        ready = all(routes.values()) and not self.gw.draining
-        await respond(send, 200 if ready else 503,
-                      orjson.dumps({"ready": ready, "routes": routes}))
+        # Ready or not, nothing more: route names are the admin listener's (/admin/readyz).
+        ready, _ = readiness(self.gw)
+        await respond(send, 200 if ready else 503, orjson.dumps({"ready": ready}))
 
     async def generate(self, scope: dict[str, Any], receive: Receive, send: Send,
                        endpoint: Endpoint) -> None:
         gw = self.gw
         x: Exchange[Any] = Exchange(gw, scope, send, endpoint)
-        token = auth.bearer(x.headers.get(b"authorization"))
-        client = None if token is None else x.policy.client_by_key_hash(auth.hash_key(token))
+        if await self._throttled(scope, send, x.rid):
+            return
+        client = self._client(scope, x.headers.get(b"authorization"), x.policy)
         if client is None:
             await _unauthorized(x.send, x.rid)
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import ssl
 import threading
 from pathlib import Path
 
@@ -32,17 +33,28 @@ def test_dashboard_shows_requests_live_in_chromium(certs, artifacts: Path) -> No
 
     with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.25,
                    spec_metrics="summary") as sim, \
-            GatewayServer(coder_policy({"coder-dflash7": sim.url}), certs=certs) as gw, \
+            GatewayServer(coder_policy({"coder-dflash7": sim.url}), certs=certs,
+                          args=("--admin-tls",)) as gw, \
             sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        page = browser.new_page(viewport={"width": 1440, "height": 900})
+        page = browser.new_page(viewport={"width": 1440, "height": 900}, ignore_https_errors=True)
+        urls: list[str] = []
+        page.on("request", lambda req: urls.append(req.url))
+        page.goto(f"{gw.admin}/dashboard")
+        page.fill("input[name=token]", ADMIN_TOKEN)
+        page.click("button[type=submit]")  # a POST: the token is in the body only
+        page.wait_for_selector("#status.live", timeout=10_000)
+        assert page.url == f"{gw.admin}/dashboard"
+        [cookie] = page.context.cookies()
+        assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
+        assert cookie["expires"] > 0 and cookie["path"] == "/dashboard"
+        assert ADMIN_TOKEN not in cookie["value"] and len(cookie["value"]) >= 32
+        # From here on the page must not log errors (the login form itself was a 401).
         errors: list[str] = []
         page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
         page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.goto(f"{gw.admin}/dashboard?token={ADMIN_TOKEN}")
-        page.wait_for_selector("#status.live", timeout=10_000)
 
         def stream(i: int) -> None:
             with gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
@@ -68,5 +80,14 @@ def test_dashboard_shows_requests_live_in_chromium(certs, artifacts: Path) -> No
         page.wait_for_function(
             "document.querySelector('#backends tbody .bars') !== null", timeout=15_000)
         page.screenshot(path=str(artifacts / "dashboard.png"), full_page=True)
-        browser.close()
         assert errors == []
+        # Logging out ends the session on the server, not only in this browser.
+        page.click("form.logout button")
+        page.wait_for_selector("input[name=token]", timeout=10_000)
+        assert page.context.cookies() == []
+        ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
+        stale = httpx.get(gw.admin + "/dashboard/snapshot", verify=ctx, timeout=10,
+                          cookies={cookie["name"]: cookie["value"]})
+        assert stale.status_code == 401
+        browser.close()
+        assert not any(ADMIN_TOKEN in url for url in urls), urls
