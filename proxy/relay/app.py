@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from policies.engine import decide
-from policies.inputs import request_view
+from policies.inputs import for_body, request_view
 from policies.types import Endpoint
 from proxy import auth
 from proxy.gateway import Gateway, RequestRecord
@@ -85,16 +85,7 @@ class PublicApp:
             await respond_error(send, 404, f"no route for {method} {path}")
 
     def _client(self, scope: dict[str, Any]) -> Any:
-        policy = self.gw.policy.current
-        authz = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authz = value
-                break
-        token = auth.bearer(authz)
-        if token is None:
-            return None
-        return policy.client_by_key_hash(auth.hash_key(token))
+        return _client_for(self.gw.policy.current, dict(scope["headers"]))
 
     async def models(self, scope: dict[str, Any], send: Send) -> None:
         if self._client(scope) is None:
@@ -121,10 +112,9 @@ class PublicApp:
                        endpoint: Endpoint) -> None:
         gw = self.gw
         x: Exchange[Any] = Exchange(gw, scope, send, endpoint)
-        token = auth.bearer(x.headers.get(b"authorization"))
-        client = None if token is None else x.policy.client_by_key_hash(auth.hash_key(token))
+        client = _client_for(x.policy, x.headers)
         if client is None:
-            await _unauthorized(send, x.rid)
+            await _unauthorized(send, x.rid, anthropic=x.anthropic)
             return
         x.client = client
         if client.max_concurrent is None and client.requests_per_minute is None:
@@ -135,7 +125,7 @@ class PublicApp:
         if wait is not None:
             gw.metrics.rate_limited.labels(client.name).inc()
             await respond_error(send, 429, f"rate limit for client {client.name!r}: retry in "
-                                f"{wait:.1f}s", type_="RateLimitError",
+                                f"{wait:.1f}s", type_="RateLimitError", anthropic=x.anthropic,
                                 headers=[*x.rid, (b"retry-after", str(max(1, round(wait))).encode())])
             return
         try:
@@ -149,7 +139,8 @@ class PublicApp:
         gw, send, rid = self.gw, x.send, x.rid
         if gw.draining:
             await respond_error(send, 503, "the gateway is shutting down; retry",
-                                headers=[*rid, (b"retry-after", b"1"), (b"connection", b"close")])
+                                headers=[*rid, (b"retry-after", b"1"), (b"connection", b"close")],
+                                anthropic=x.anthropic)
             return
         channel: PushChannel | None = scope.get("extensions", {}).get("specrouter.push")
         x.watch = watch = DisconnectWatch(receive, channel)
@@ -168,29 +159,32 @@ class PublicApp:
 
     async def _read(self, x: Exchange[Any], receive: Receive) -> bool:
         """The body, parsed, with its model (`x.body`, `x.model`); False once answered."""
-        settings, send, rid = self.gw.settings, x.send, x.rid
+        settings, send, rid, anthropic = self.gw.settings, x.send, x.rid, x.anthropic
         try:
             async with asyncio.timeout(settings.body_timeout_s):
                 raw = await read_body(receive, settings.max_body_bytes)
         except TimeoutError:
             await respond_error(send, 408, f"request body not received within "
                                 f"{settings.body_timeout_s:g}s",
-                                headers=[*rid, (b"connection", b"close")])
+                                headers=[*rid, (b"connection", b"close")], anthropic=anthropic)
             return False
         except BodyTooLarge:
             await respond_error(send, 413, f"request body larger than "
-                                f"{settings.max_body_bytes} bytes", headers=rid)
+                                f"{settings.max_body_bytes} bytes", headers=rid,
+                                anthropic=anthropic)
             return False
         except ConnectionResetError:
             return False
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            await respond_error(send, 400, f"request body is not valid JSON: {exc}", headers=rid)
+            await respond_error(send, 400, f"request body is not valid JSON: {exc}", headers=rid,
+                                anthropic=anthropic)
             return False
         problem = check_fields(x.endpoint, body)
         if problem is not None:
-            await respond_error(send, 400, problem[0], param=problem[1], headers=rid)
+            await respond_error(send, 400, problem[0], param=problem[1], headers=rid,
+                                anthropic=anthropic)
             return False
         x.body, x.model = body, body["model"]
         return True
@@ -202,7 +196,7 @@ class PublicApp:
                                endpoint=x.endpoint, stream=body.get("stream") is True)
         record.m.t_start = x.t0
         view = request_view(body, x.endpoint, x.model, x.client.name, x.headers, x.t0)
-        decision = decide(view, gw.live.snapshot(), policy)
+        decision = for_body(decide(view, gw.live.snapshot(), policy), x.endpoint, body)
         record.route, record.reason = decision.route, decision.reason
         record.policy_version = policy.version
         record.content_class, record.canary = decision.content_class, decision.canary
@@ -214,9 +208,11 @@ class PublicApp:
                 if rej.status in (429, 503):
                     retry = [(b"retry-after", str(int(rej.retry_after_s or 5)).encode())]
                 await respond_error(x.send, rej.status, rej.message, param=rej.param,
-                                    type_=rej.type, headers=[*rid, *retry])
+                                    type_=rej.type, headers=[*rid, *retry],
+                                    anthropic=x.anthropic)
             else:
-                await respond_error(x.send, 503, "no backend available", headers=rid)
+                await respond_error(x.send, 503, "no backend available", headers=rid,
+                                    anthropic=x.anthropic)
             record.m.t_end = time.perf_counter()
             gw.metrics.observe_request(record.route or "none", "none", record.client,
                                        record.outcome, record.m)
@@ -242,8 +238,15 @@ def _fmt(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
-async def _unauthorized(send: Send, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+def _client_for(policy: Any, headers: dict[bytes, bytes]) -> Any:
+    key = auth.client_key(headers.get(b"authorization"), headers.get(b"x-api-key"))
+    return None if key is None else policy.client_by_key_hash(auth.hash_key(key))
+
+
+async def _unauthorized(send: Send, headers: list[tuple[bytes, bytes]] | None = None, *,
+                        anthropic: bool = False) -> None:
     await respond(send, 401, error_body(
-        401, "invalid or missing API key: send `Authorization: Bearer KEY`",
-        type_="AuthenticationError", code="invalid_api_key"),
+        401, "invalid or missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY` "
+        "(one key, not two different ones)",
+        type_="AuthenticationError", code="invalid_api_key", anthropic=anthropic),
         [*(headers or []), (b"www-authenticate", b"Bearer")])

@@ -47,6 +47,7 @@ class Exchange(Generic[R]):
     is known on arrival; the annotated fields below are set as the request gets that far."""
 
     __slots__ = ("gw", "send", "t0", "policy", "headers", "request_id", "rid", "endpoint",
+                 "path", "anthropic",
                  "client", "body", "model", "record", "decision", "extra", "watch", "channel",
                  "relay", "lease", "resp", "first", "filt", "ends", "rename", "continuable")
 
@@ -67,6 +68,8 @@ class Exchange(Generic[R]):
     def __init__(self, gw: Gateway, scope: dict[str, Any], send: Send,
                  endpoint: Endpoint) -> None:
         self.gw, self.send, self.endpoint = gw, send, endpoint
+        self.path: str = scope["path"]  # the engine is asked on the same path
+        self.anthropic = endpoint == "messages"  # the gateway's own errors in Anthropic's shape
         self.t0 = time.perf_counter()
         self.policy: CompiledPolicy = gw.policy.current  # whatever is applied meanwhile
         self.headers: dict[bytes, bytes] = dict(scope["headers"])

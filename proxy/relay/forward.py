@@ -13,8 +13,9 @@ from proxy.backends.admission import AdmissionTimeout
 from proxy.backends.endpoints import prefix_affinity
 from proxy.relay.asgi import respond_error
 from proxy.relay.continuation import ContinuableFilter
-from proxy.relay.ends import CHAT_ENDS, RESPONSES_ENDS
+from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS
 from proxy.relay.measure import StreamFilter
+from proxy.relay.messages_measure import MessagesFilter
 from proxy.relay.rewrite import plan_usage, upstream_body
 from proxy.relay.upstream import RESPONSE_DROP, UpstreamError
 
@@ -29,8 +30,9 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "messages",
 }
-_PATHS: dict[Endpoint, str] = {v: k for k, v in ENDPOINTS.items()}
 _FORWARD_HEADERS = (b"x-session-id", b"x-data-parallel-rank", b"traceparent", b"tracestate")
 
 
@@ -78,7 +80,8 @@ async def _connect(x: Exchange[R]) -> bool:
             except AdmissionTimeout as exc:
                 record.outcome, record.status = "rejected", 503
                 await respond_error(x.send, 503, f"backend busy: {exc}",
-                                    headers=[*x.extra, (b"retry-after", b"2")])
+                                    headers=[*x.extra, (b"retry-after", b"2")],
+                                    anthropic=x.anthropic)
                 return False
             except asyncio.CancelledError:
                 if not watch.gone:
@@ -121,7 +124,7 @@ async def _connect(x: Exchange[R]) -> bool:
         record.outcome, record.status = "upstream_error", status
         await respond_error(x.send, status, f"no backend could serve the request: "
                             f"backend {record.backend!r}: {last_error}",
-                            headers=[*x.extra, (b"retry-after", b"5")])
+                            headers=[*x.extra, (b"retry-after", b"5")], anthropic=x.anthropic)
         return False
     return True
 
@@ -137,7 +140,7 @@ async def open_engine(x: Exchange[R], body: dict[str, Any], backend: BackendSpec
         inject.setdefault("priority", decision.priority)
     payload = upstream_body(body, inject, backend.served_model_name, usage)
     up_headers = _upstream_headers(x.headers, x.request_id, x.gw.operator.secret(backend.api_key))
-    return await x.relay.open(x, base + _PATHS[x.endpoint], payload, up_headers, check_status)
+    return await x.relay.open(x, base + x.path, payload, up_headers, check_status)
 
 
 async def _relay(x: Exchange[R]) -> None:
@@ -171,16 +174,22 @@ async def _relay(x: Exchange[R]) -> None:
     if is_sse:
         usage = plan_usage(x.body, endpoint, backend.kind)
         x.continuable = endpoint == "chat" and x.policy.routes[record.route].spec.continuation
-        cls = ContinuableFilter if x.continuable else StreamFilter
+        cls: type[StreamFilter] = ContinuableFilter if x.continuable else \
+            _FILTERS.get(endpoint, StreamFilter)
         x.filt = cls(record.m, strip_usage=usage.strip_usage,
                      drop_usage_chunk=usage.drop_usage_chunk, rename=x.rename)
-        x.ends = RESPONSES_ENDS if endpoint == "responses" else CHAT_ENDS
+        x.ends = _ENDS.get(endpoint, CHAT_ENDS)
         record.outcome = await x.relay.sse(x)
     else:
         record.outcome = await x.relay.body(x)
     if record.outcome in ("upstream_error", "timeout") and record.m.chunks:
         gw.metrics.upstream_errors.labels(record.backend, "midstream").inc()
         gw.live.failure(record.backend)
+
+
+# What reads an API's event stream (its measurement), and how the stream ends, by API kind.
+_FILTERS: dict[Endpoint, type[StreamFilter]] = {"messages": MessagesFilter}
+_ENDS: dict[Endpoint, tuple[bytes, ...]] = {"responses": RESPONSES_ENDS, "messages": MESSAGES_ENDS}
 
 
 class Lease:

@@ -264,6 +264,7 @@ def _generation(operation_id: str, summary: str, request: str, response: str, *,
 
 _CHAT_SSE = " (`data: {\"error\": {...}}` then `data: [DONE]`)"
 _RESPONSES_SSE = " (`event: error`)"
+_MESSAGES_SSE = " (`event: error`, Anthropic's error object)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +291,17 @@ _OPERATIONS: dict[Endpoint, _Operation] = {
     "responses": _Operation("createResponse", "Responses API", "ResponsesRequest", "Response",
                             {"model": "coder", "input": "Hello", "max_output_tokens": 16},
                             _RESPONSES_SSE),
+    "messages": _Operation("createMessage", "Anthropic Messages API (the gateway's own errors "
+                           "in Anthropic's shape; `x-api-key` or bearer auth)", "MessagesRequest",
+                           "Message", {"model": "coder", "max_tokens": 16,
+                                       "messages": [{"role": "user", "content": "Hello"}]},
+                           _MESSAGES_SSE),
+}
+# A path whose operation differs from its API kind's (same request fields).
+_PATH_OPERATIONS: dict[str, _Operation] = {
+    "/v1/messages/count_tokens": _Operation(
+        "countMessageTokens", "Anthropic Messages: count the prompt's tokens", "MessagesRequest",
+        "MessageTokenCount", _OPERATIONS["messages"].example, None),
 }
 
 _OTHER_PATHS: dict[str, Schema] = {
@@ -335,7 +347,7 @@ def build_spec(routes: Mapping[str, Endpoint]) -> dict[str, Any]:
     paths: dict[str, Schema] = {}
     requests: dict[str, Schema] = {}
     for path, endpoint in routes.items():
-        op = _OPERATIONS[endpoint]
+        op = _PATH_OPERATIONS.get(path) or _OPERATIONS[endpoint]
         paths[path] = _generation(op.operation_id, op.summary, op.request, op.response,
                                   streams=op.stream_note is not None,
                                   stream_note=op.stream_note or "")
@@ -367,6 +379,8 @@ def build_spec(routes: Mapping[str, Endpoint]) -> dict[str, Any]:
                 "Completion": _COMPLETION,
                 "EmbeddingList": _EMBEDDING_LIST,
                 "Response": _RESPONSE,
+                "Message": _OBJECT,
+                "MessageTokenCount": _OBJECT,
                 "ModelList": _MODEL_LIST,
                 "Ready": _READY,
             },

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from proxy.relay import sse
-from proxy.relay.ends import RESPONSES_ENDS, at_end, check_end, end_stream, filter_read
+from proxy.relay.ends import (
+    MESSAGES_ENDS,
+    RESPONSES_ENDS,
+    at_end,
+    check_end,
+    end_stream,
+    filter_read,
+)
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
 from proxy.relay.upstream import PulledResponse, UpstreamError
@@ -57,7 +64,7 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
     idle_timeout, resume = x.gw.settings.idle_timeout_s, x.continuable
     m = filt.m
     loop = asyncio.get_running_loop()
-    responses = ends is RESPONSES_ENDS
+    responses, messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
     while True:
         splitter = sse.FrameSplitter()  # a dead upstream's partial frame is never sent
         content = resp.content
@@ -86,19 +93,19 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
         except TimeoutError:
             outcome = "timeout"
             error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s",
-                                    responses=responses)
+                                    responses=responses, messages=messages)
         except (aiohttp.ClientError, OSError) as exc:
             if watch.gone:
                 return "client_gone"
             outcome = "upstream_error"
             if watch.closing is not None:
-                error = sse_error_event(503, watch.closing, responses=responses)
+                error = sse_error_event(503, watch.closing, responses=responses, messages=messages)
             else:
                 error = sse_error_event(502, f"upstream connection lost: {type(exc).__name__}",
-                                        responses=responses)
+                                        responses=responses, messages=messages)
         if watch.gone:
             return "client_gone"
-        outcome, error = check_end(outcome, error, saw_done, m, responses)
+        outcome, error = check_end(outcome, error, saw_done, m, responses, messages)
         if outcome != "ok" and resume and watch.closing is None:
             resumed = await x.resume()
             resume = False  # once per request
