@@ -124,9 +124,9 @@ class PublicApp:
                                      client.requests_per_minute)
         if wait is not None:
             gw.metrics.rate_limited.labels(client.name).inc()
-            await respond_error(send, 429, f"rate limit for client {client.name!r}: retry in "
-                                f"{wait:.1f}s", type_="RateLimitError", anthropic=x.anthropic,
-                                headers=[*x.rid, (b"retry-after", str(max(1, round(wait))).encode())])
+            await x.error(429, f"rate limit for client {client.name!r}: retry in "
+                          f"{wait:.1f}s", type_="RateLimitError",
+                          headers=[*x.rid, (b"retry-after", str(max(1, round(wait))).encode())])
             return
         try:
             await self._generate(x, scope, receive)
@@ -136,11 +136,10 @@ class PublicApp:
     async def _generate(self, x: Exchange[Any], scope: dict[str, Any], receive: Receive) -> None:
         if not await self._read(x, receive) or not await self._decide(x):
             return
-        gw, send, rid = self.gw, x.send, x.rid
+        gw, rid = self.gw, x.rid
         if gw.draining:
-            await respond_error(send, 503, "the gateway is shutting down; retry",
-                                headers=[*rid, (b"retry-after", b"1"), (b"connection", b"close")],
-                                anthropic=x.anthropic)
+            await x.error(503, "the gateway is shutting down; retry",
+                          headers=[*rid, (b"retry-after", b"1"), (b"connection", b"close")])
             return
         channel: PushChannel | None = scope.get("extensions", {}).get("specrouter.push")
         x.watch = watch = DisconnectWatch(receive, channel)
@@ -159,32 +158,29 @@ class PublicApp:
 
     async def _read(self, x: Exchange[Any], receive: Receive) -> bool:
         """The body, parsed, with its model (`x.body`, `x.model`); False once answered."""
-        settings, send, rid, anthropic = self.gw.settings, x.send, x.rid, x.anthropic
+        settings, rid = self.gw.settings, x.rid
         try:
             async with asyncio.timeout(settings.body_timeout_s):
                 raw = await read_body(receive, settings.max_body_bytes)
         except TimeoutError:
-            await respond_error(send, 408, f"request body not received within "
-                                f"{settings.body_timeout_s:g}s",
-                                headers=[*rid, (b"connection", b"close")], anthropic=anthropic)
+            await x.error(408, f"request body not received within "
+                          f"{settings.body_timeout_s:g}s",
+                          headers=[*rid, (b"connection", b"close")])
             return False
         except BodyTooLarge:
-            await respond_error(send, 413, f"request body larger than "
-                                f"{settings.max_body_bytes} bytes", headers=rid,
-                                anthropic=anthropic)
+            await x.error(413, f"request body larger than "
+                          f"{settings.max_body_bytes} bytes", headers=rid)
             return False
         except ConnectionResetError:
             return False
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            await respond_error(send, 400, f"request body is not valid JSON: {exc}", headers=rid,
-                                anthropic=anthropic)
+            await x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
             return False
         problem = check_fields(x.endpoint, body)
         if problem is not None:
-            await respond_error(send, 400, problem[0], param=problem[1], headers=rid,
-                                anthropic=anthropic)
+            await x.error(400, problem[0], param=problem[1], headers=rid)
             return False
         x.body, x.model = body, body["model"]
         return True
@@ -207,12 +203,10 @@ class PublicApp:
                 retry = []
                 if rej.status in (429, 503):
                     retry = [(b"retry-after", str(int(rej.retry_after_s or 5)).encode())]
-                await respond_error(x.send, rej.status, rej.message, param=rej.param,
-                                    type_=rej.type, headers=[*rid, *retry],
-                                    anthropic=x.anthropic)
+                await x.error(rej.status, rej.message, param=rej.param,
+                              type_=rej.type, headers=[*rid, *retry])
             else:
-                await respond_error(x.send, 503, "no backend available", headers=rid,
-                                    anthropic=x.anthropic)
+                await x.error(503, "no backend available", headers=rid)
             record.m.t_end = time.perf_counter()
             gw.metrics.observe_request(record.route or "none", "none", record.client,
                                        record.outcome, record.m)

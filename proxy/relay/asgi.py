@@ -23,10 +23,8 @@ async def respond(send: Send, status: int, body: bytes,
 
 async def respond_error(send: Send, status: int, message: str, *, param: str | None = None,
                         type_: str | None = None,
-                        headers: list[tuple[bytes, bytes]] | None = None,
-                        anthropic: bool = False) -> None:
-    await respond(send, status, error_body(status, message, param=param, type_=type_,
-                                           anthropic=anthropic), headers)
+                        headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    await respond(send, status, error_body(status, message, param=param, type_=type_), headers)
 
 
 async def lifespan(receive: Receive, send: Send) -> None:

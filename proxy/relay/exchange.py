@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from proxy.backends.endpoints import prefix_affinity
+from proxy.relay.asgi import respond
 from proxy.relay.continuation import ContinuableFilter, can_continue, continuation_body
+from proxy.relay.errors import error_body
 from proxy.relay.forward import Lease, open_engine
 from proxy.relay.upstream import UpstreamError, UpstreamResponse
 
@@ -81,6 +83,12 @@ class Exchange(Generic[R]):
         self.first = b""  # its first body bytes, read before the response start
         self.rename: tuple[bytes, bytes] | None = None  # served model name -> client's
         self.continuable = False  # a broken stream may be continued (`resume`)
+
+    async def error(self, status: int, message: str, *, param: str | None = None,
+                    type_: str | None = None, headers: Headers | None = None) -> None:
+        """Answer with the gateway's own error, in the shape of the request's API."""
+        await respond(self.send, status, error_body(status, message, param=param, type_=type_,
+                                                    anthropic=self.anthropic), headers)
 
     async def resume(self) -> tuple[R, bytes] | None:
         """Continue a broken chat stream on another variant of the same weights; the relays

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
 from proxy.backends.endpoints import prefix_affinity
-from proxy.relay.asgi import respond_error
 from proxy.relay.continuation import ContinuableFilter
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS
 from proxy.relay.measure import StreamFilter
@@ -79,9 +78,8 @@ async def _connect(x: Exchange[R]) -> bool:
                     policy.document.admission.queue_timeout_s))
             except AdmissionTimeout as exc:
                 record.outcome, record.status = "rejected", 503
-                await respond_error(x.send, 503, f"backend busy: {exc}",
-                                    headers=[*x.extra, (b"retry-after", b"2")],
-                                    anthropic=x.anthropic)
+                await x.error(503, f"backend busy: {exc}",
+                              headers=[*x.extra, (b"retry-after", b"2")])
                 return False
             except asyncio.CancelledError:
                 if not watch.gone:
@@ -122,9 +120,9 @@ async def _connect(x: Exchange[R]) -> bool:
         if last_error is not None and last_error.status == 503:
             status = 503
         record.outcome, record.status = "upstream_error", status
-        await respond_error(x.send, status, f"no backend could serve the request: "
-                            f"backend {record.backend!r}: {last_error}",
-                            headers=[*x.extra, (b"retry-after", b"5")], anthropic=x.anthropic)
+        await x.error(status, f"no backend could serve the request: "
+                      f"backend {record.backend!r}: {last_error}",
+                      headers=[*x.extra, (b"retry-after", b"5")])
         return False
     return True
 

@@ -191,6 +191,33 @@ _UNAUTHORIZED = {
     "content": {_JSON: {"schema": ref("Error")}},
 }
 
+_ANTHROPIC_ERROR: Schema = {
+    "type": "object",
+    "description": "Anthropic's error shape, the gateway's own errors on /v1/messages: `type` is "
+                   "`authentication_error`, `invalid_request_error`, `not_found_error`, "
+                   "`rate_limit_error`, `overloaded_error`, `api_error`, ...",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"type": "string", "enum": ["error"]},
+        "error": {"type": "object", "required": ["type", "message"], "properties": {
+            "type": {"type": "string"}, "message": {"type": "string"}},
+            "additionalProperties": True},
+    },
+    "additionalProperties": True,
+}
+
+
+def _with_anthropic_errors(path_item: Schema) -> Schema:
+    """On the Messages route the gateway answers in Anthropic's shape, while the engine's own
+    validation errors (relayed) keep vLLM's OpenAI shape: either may come."""
+    responses = path_item["post"]["responses"]
+    for status, answer in list(responses.items()):
+        if status.startswith(("4", "5")):
+            either = {"anyOf": [ref("AnthropicError"), ref("Error")]}
+            responses[status] = {**answer, "content": {_JSON: {"schema": either}}}
+    return path_item
+
+
 _GENERATION_ERRORS: dict[str, Schema] = {
     "400": _error("The body is not JSON, not an object, has no string `model`, the model does "
                   "not serve this endpoint, a pinned variant does not exist, or the backend "
@@ -351,6 +378,8 @@ def build_spec(routes: Mapping[str, Endpoint]) -> dict[str, Any]:
         paths[path] = _generation(op.operation_id, op.summary, op.request, op.response,
                                   streams=op.stream_note is not None,
                                   stream_note=op.stream_note or "")
+        if endpoint == "messages":
+            paths[path] = _with_anthropic_errors(paths[path])
         requests[op.request] = {**request_schema(endpoint), "example": op.example}
     return {
         "openapi": "3.0.3",
@@ -373,6 +402,7 @@ def build_spec(routes: Mapping[str, Endpoint]) -> dict[str, Any]:
             },
             "schemas": {
                 "Error": _ERROR,
+                "AnthropicError": _ANTHROPIC_ERROR,
                 "ChatMessage": _MESSAGE,
                 **requests,
                 "ChatCompletion": _CHAT_COMPLETION,
