@@ -14,7 +14,14 @@ from typing import Any
 import orjson
 
 from proxy.relay import sse
-from proxy.vllm_wire import DATA_OBJECT, ERROR_FRAME_PREFIX, METRICS, SPEC_DECODING, USAGE_KEY
+from proxy.vllm_wire import (
+    COMMENT,
+    DATA_OBJECT,
+    ERROR_FRAME_PREFIX,
+    METRICS,
+    SPEC_DECODING,
+    USAGE_KEY,
+)
 
 _USAGE_OFFSET = len(USAGE_KEY) - 1  # where the usage object's `{` starts in the span
 _FINISH = b'"finish_reason":"'
@@ -155,6 +162,8 @@ class StreamFilter:
     def frame(self, frame: bytes, now: float) -> bytes:
         if self.rename is not None:
             frame = frame.replace(self.rename[0], self.rename[1])
+        if frame.startswith(COMMENT):
+            return frame  # vLLM's `: keep-alive`: no event, so a held frame stays held
         if not frame.startswith(DATA_OBJECT):
             return self.release() + frame  # [DONE], or anything we do not interpret
         if frame.startswith(ERROR_FRAME_PREFIX):
