@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--embed-dim", type=int, default=None, help="embedding dimension (embed profile)"
     )
+    p.add_argument(
+        "--sse-keep-alive-interval", type=float, default=None, metavar="S",
+        help="a `: keep-alive` comment after S seconds without an event (vLLM 0.29+)",
+    )
     p.add_argument("--list-profiles", action="store_true")
     return p
 
@@ -112,6 +116,9 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.sse_keep_alive_interval is not None and args.sse_keep_alive_interval <= 0:
+        print("specrouter sim: --sse-keep-alive-interval must be > 0", file=sys.stderr)
+        return 2
     if args.time_scale <= 0:
         print("specrouter sim: --time-scale must be > 0", file=sys.stderr)
         return 2
@@ -127,6 +134,7 @@ def main(argv: list[str]) -> int:
         faults=args.faults,
         api_key=args.api_key,
         embed_dim=args.embed_dim,
+        sse_keep_alive_s=args.sse_keep_alive_interval,
     )
     app, sim = create_app(config)
 

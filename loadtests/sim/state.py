@@ -43,6 +43,7 @@ class SimConfig:
     faults: bool = False
     api_key: str | None = None
     embed_dim: int | None = None
+    sse_keep_alive_s: float | None = None  # vLLM 0.29's --sse-keep-alive-interval
 
 
 @dataclass(slots=True)
@@ -325,4 +326,5 @@ class Sim:
             on_disconnect=lambda: self.client_gone(req),
             on_drop=lambda: self.dropped(req),
             drop_after=self.drop_after,
+            keep_alive=self.config.sse_keep_alive_s,
         )
