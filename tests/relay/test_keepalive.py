@@ -171,13 +171,13 @@ def test_pings_during_a_silent_prefill_then_the_engines_bytes(gw, sims) -> None:
 
 def test_the_openai_sdk_reads_a_pinged_stream(gw, sims) -> None:
     sims["a"].fault("hang", seconds=SILENCE / SCALE)
-    client = gw.openai()
     text, finish = "", None
-    for chunk in client.chat.completions.create(model=SERVED, messages=MESSAGES, stream=True,
-                                                max_tokens=16):
-        if chunk.choices:
-            text += chunk.choices[0].delta.content or ""
-            finish = chunk.choices[0].finish_reason or finish
+    with gw.openai() as client:  # closed: an open TLS socket would warn in a later test
+        for chunk in client.chat.completions.create(model=SERVED, messages=MESSAGES,
+                                                    stream=True, max_tokens=16):
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                finish = chunk.choices[0].finish_reason or finish
     assert text and finish in ("stop", "length")
 
 
