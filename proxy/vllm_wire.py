@@ -28,6 +28,9 @@ DONE = DATA + DONE_PAYLOAD + FRAME_END
 CRLF_DONE = DATA + DONE_PAYLOAD + b"\r\n\r\n"  # the same end from a CRLF-framing upstream
 DATA_OBJECT = DATA + b"{"  # a frame carrying a JSON object (not `[DONE]`)
 ERROR_FRAME_PREFIX = DATA + b'{"error"'  # a mid-stream error event, either spacing
+COMMENT = b":"  # a comment frame starts with it; no event, clients skip it
+# From 0.29 with `--sse-keep-alive-interval S`: this comment after S seconds without an event.
+KEEP_ALIVE_COMMENT = COMMENT + b" keep-alive" + FRAME_END
 
 
 def sse(obj: Json) -> bytes:

@@ -2,7 +2,8 @@
 
 Streams are written by `SSEResponse`, a small ASGI response that watches for `http.disconnect`
 (a client that goes away aborts its sequences, as vLLM does) and can drop the connection without
-a proper end (the `die_mid_stream` fault).
+a proper end (the `die_mid_stream` fault). With `keep_alive` (`--sse-keep-alive-interval`, as
+vLLM 0.29+) a stream silent for that long gets a `: keep-alive` comment frame.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.vllm_wire import Json
+from proxy.vllm_wire import KEEP_ALIVE_COMMENT, Json
 
 TRANSPORT_KEY = "specrouter.transport"
 
@@ -64,8 +65,11 @@ class SSEResponse(Response):
         on_disconnect: Callable[[], None],
         on_drop: Callable[[], None],
         drop_after: Callable[[], int | None],
+        keep_alive: float | None = None,
     ) -> None:
         self.frames = frames
+        self.keep_alive = keep_alive
+        self._next: asyncio.Future[list[bytes]] | None = None  # the frames awaited, keep_alive
         self.on_disconnect = on_disconnect
         self.on_drop = on_drop
         self.drop_after = drop_after
@@ -90,7 +94,7 @@ class SSEResponse(Response):
         watcher = asyncio.get_running_loop().create_task(watch())
         sent = 0
         try:
-            async for frames in self.frames:
+            while (frames := await self._take()) is not None:
                 limit = self.drop_after()
                 if limit is not None and sent + len(frames) > limit:
                     # The engine "dies" mid-stream: what was sent stays sent, then the socket goes.
@@ -113,6 +117,24 @@ class SSEResponse(Response):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
+            if self._next is not None:  # the generator must not be running when it is closed
+                self._next.cancel()
+                await asyncio.wait({self._next})
             aclose = getattr(self.frames, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def _take(self) -> list[bytes] | None:
+        """The next frames, or a keep-alive comment when they take `keep_alive` seconds."""
+        try:
+            if self.keep_alive is None:
+                return await anext(self.frames)
+            if self._next is None:
+                self._next = asyncio.ensure_future(anext(self.frames))
+            done, _ = await asyncio.wait({self._next}, timeout=self.keep_alive)
+            if not done:
+                return [KEEP_ALIVE_COMMENT]
+            task, self._next = self._next, None
+            return task.result()
+        except StopAsyncIteration:
+            return None

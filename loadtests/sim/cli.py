@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='serve tool_choice "auto" (needs --tool-call-parser)')
     p.add_argument("--tool-call-parser", choices=("qwen3_coder", "hermes"), default=None)
     p.add_argument("--reasoning-parser", choices=("qwen3",), default=None)
+    p.add_argument(
+        "--sse-keep-alive-interval", type=float, default=None, metavar="S",
+        help="a `: keep-alive` comment after S seconds without an event (vLLM 0.29+)",
+    )
     p.add_argument("--list-profiles", action="store_true")
     return p
 
@@ -116,6 +120,9 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.sse_keep_alive_interval is not None and args.sse_keep_alive_interval <= 0:
+        print("specrouter sim: --sse-keep-alive-interval must be > 0", file=sys.stderr)
+        return 2
     if args.time_scale <= 0:
         print("specrouter sim: --time-scale must be > 0", file=sys.stderr)
         return 2
@@ -134,6 +141,7 @@ def main(argv: list[str]) -> int:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        sse_keep_alive_s=args.sse_keep_alive_interval,
     )
     app, sim = create_app(config)
 

@@ -7,7 +7,8 @@ optional `count` of failed requests is used up. Setting a mode again replaces it
 * die_mid_stream {after_chunks=3}: the engine "crashes". Every stream, open or new, loses its
   connection after `after_chunks` SSE frames with no terminating chunk (as when the vLLM process
   dies); non-streaming requests lose the connection before any response; /health answers 503.
-* hang: the engine stops stepping. Open and new streams stay open and silent.
+* hang {seconds}: the engine stops stepping. Open and new streams stay open and silent (after
+  their response headers, as in a long prefill); with `seconds`, for that long.
 * http_500 / http_503 {count}: new requests get that status in vLLM's error shape.
 * health_fail: /health answers 503; requests are still served.
 * cold_start {seconds=5}: /health and every /v1 request answer 503 until the time has passed.

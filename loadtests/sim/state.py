@@ -49,6 +49,7 @@ class SimConfig:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    sse_keep_alive_s: float | None = None  # vLLM 0.29's --sse-keep-alive-interval
 
 
 @dataclass(slots=True)
@@ -341,4 +342,5 @@ class Sim:
             on_disconnect=lambda: self.client_gone(req),
             on_drop=lambda: self.dropped(req),
             drop_after=self.drop_after,
+            keep_alive=self.config.sse_keep_alive_s,
         )

@@ -37,6 +37,10 @@ class RouteSpec(StrictModel):
     # Mid-stream continuation: when an engine dies after part of a chat answer was streamed,
     # another variant serving the same weights finishes it in the same stream.
     continuation: bool = False
+    # Keepalive during a silent prefill: after this many seconds without an engine byte, the
+    # response headers go out, then a ping every keepalive_s until the engine's first byte
+    # (streams only). Absent: off, the headers wait for the engine.
+    keepalive_s: Annotated[float, Field(gt=0)] | None = None
     # What an engine does with an unset temperature (the checkpoint's generation config), for
     # sampling rules. The facts: 1.0 for the GB10's coding model.
     model_default_temperature: Annotated[float, Field(ge=0)] = 1.0

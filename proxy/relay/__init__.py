@@ -4,6 +4,8 @@
 - exchange.py: `Exchange`, the one object that carries the request along the path.
 - forward.py: attempts, admission, the engine lease, retries before the first byte, the
   response start.
+- keepalive.py: the response headers and pings while no engine byte came (a route's
+  `keepalive_s`).
 - push.py | pull.py: the body relayed from the engine's read callback | by an async pull loop.
 - ends.py: how a relayed event stream ends (its end event, the last bytes, the outcome).
 - watch.py: `DisconnectWatch`, the client's leaving turned into an upstream abort.

@@ -7,7 +7,7 @@ from proxy.relay import sse
 from proxy.relay.asgi import Send
 from proxy.relay.errors import sse_error_event
 from proxy.relay.measure import Measurement, StreamFilter
-from proxy.vllm_wire import CRLF_DONE, DONE
+from proxy.vllm_wire import COMMENT, CRLF_DONE, DONE
 
 # How a complete stream ends: vLLM's `[DONE]`, or on /v1/responses a terminal event; on
 # /v1/messages `message_stop`, or vLLM's `error` event (it sends nothing after one).
@@ -19,8 +19,11 @@ MESSAGES_ENDS = (b"event: message_stop", b"event: error")
 
 def filter_read(splitter: sse.FrameSplitter, filt: StreamFilter, data: bytes, now: float
                 ) -> bytes:
-    """One upstream read: its complete frames, through the filter; what the client gets."""
+    """One upstream read: its complete frames, through the filter; what the client gets. The
+    first frame that is not a comment (vLLM's `: keep-alive`) is the stream's first byte."""
     frames = splitter.feed(data)
+    if filt.m.t_first_byte is None and any(not f.startswith(COMMENT) for f in frames):
+        filt.m.t_first_byte = now
     if len(frames) == 1:
         return filt.frame(frames[0], now)
     return b"".join([filt.frame(f, now) for f in frames])
@@ -64,3 +67,11 @@ async def end_stream(send: Send, filt: StreamFilter, outcome: str, error: bytes)
     await send({"type": "http.response.body", "body": filt.release() + error,
                 "more_body": False})
     return outcome
+
+
+async def end_with_error(send: Send, endpoint: str, status: int, message: str) -> None:
+    """A stream whose headers went out (keepalive pings) and that no engine could serve: the
+    engine-style error event (with `[DONE]` on chat and completions) ends it."""
+    error = sse_error_event(status, message, responses=endpoint == "responses",
+                            messages=endpoint == "messages")
+    await send({"type": "http.response.body", "body": error, "more_body": False})

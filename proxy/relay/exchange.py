@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from policies.types import Decision, Endpoint
     from proxy.gateway import Gateway, RequestRecord
     from proxy.relay.asgi import Send
+    from proxy.relay.keepalive import Pinger
     from proxy.relay.measure import StreamFilter
     from proxy.relay.push import PushChannel
     from proxy.relay.watch import DisconnectWatch
@@ -57,7 +58,8 @@ class Exchange(Generic[R]):
     __slots__ = ("gw", "send", "_send", "t0", "policy", "headers", "request_id", "rid", "endpoint",
                  "path", "anthropic",
                  "client", "body", "model", "record", "decision", "extra", "watch", "channel",
-                 "relay", "lease", "resp", "first", "filt", "ends", "rename", "continuable")
+                 "relay", "lease", "resp", "first", "filt", "ends", "rename", "continuable",
+                 "pinger")
 
     # once authenticated and decided (app.py)
     client: ClientSpec
@@ -69,6 +71,7 @@ class Exchange(Generic[R]):
     watch: DisconnectWatch
     channel: PushChannel | None  # the client's connection, when the body is pushed to it
     relay: Relay[R]
+    pinger: Pinger | None  # keepalive pings while no engine byte came (forward.py)
     # once an engine answered (forward.py)
     filt: StreamFilter
     ends: tuple[bytes, ...]
@@ -144,6 +147,8 @@ class Exchange(Generic[R]):
             except UpstreamError as exc:
                 gw.metrics.upstream_errors.labels(name, exc.kind).inc()
                 new_lease.release(gw)
+                if exc.accepted:
+                    return None  # that engine has the continuation: not sent again
                 continue
             if self.resp is not None:
                 self.resp.close()

@@ -8,13 +8,16 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from policies.capabilities import capabilities
 from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
 from proxy.backends.endpoints import prefix_affinity
 from proxy.relay.continuation import ContinuableFilter
-from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS
+from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_with_error
 from proxy.relay.events import reader_for
+from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
 from proxy.relay.measure import StreamFilter
 from proxy.relay.rewrite import plan_usage, upstream_body
 from proxy.relay.upstream import RESPONSE_DROP, UpstreamError
@@ -41,10 +44,13 @@ async def forward(x: Exchange[R]) -> None:
     for the request, however it ended."""
     gw, record = x.gw, x.record
     gw.in_flight[id(record)] = record
+    x.pinger = _pinger(x)
     try:
         if await _connect(x):
             await _relay(x)
     finally:
+        if x.pinger is not None:
+            x.pinger.cancel()
         if x.resp is not None:
             x.resp.finish(record.outcome == "ok")
         if x.lease is not None:
@@ -79,8 +85,7 @@ async def _connect(x: Exchange[R]) -> bool:
                     policy.document.admission.queue_timeout_s))
             except AdmissionTimeout as exc:
                 record.outcome, record.status = "rejected", 503
-                await x.error(503, f"backend busy: {exc}",
-                              headers=[*x.extra, (b"retry-after", b"2")])
+                await _refuse(x, 503, f"backend busy: {exc}", b"2")
                 return False
             except asyncio.CancelledError:
                 if not watch.gone:
@@ -106,6 +111,8 @@ async def _connect(x: Exchange[R]) -> bool:
                 gw.live.failure(backend_name)
             lease.release(gw)
             x.lease = None
+            if exc.accepted:
+                break  # the engine has the request: sending it again would double the load
             if exc.kind == "connect" and len(urls) > 1:
                 gw.endpoints.state(base).up = False  # until a health check passes
                 if any(gw.endpoints.state(u).up for u in urls):
@@ -121,11 +128,28 @@ async def _connect(x: Exchange[R]) -> bool:
         if last_error is not None and last_error.status == 503:
             status = 503
         record.outcome, record.status = "upstream_error", status
-        await x.error(status, f"no backend could serve the request: "
-                      f"backend {record.backend!r}: {last_error}",
-                      headers=[*x.extra, (b"retry-after", b"5")])
+        await _refuse(x, status, f"no backend could serve the request: "
+                      f"backend {record.backend!r}: {last_error}", b"5")
         return False
     return True
+
+
+def _pinger(x: Exchange[R]) -> Pinger | None:
+    """Pings while no engine byte came, when the route asks for them (streams only)."""
+    every = x.policy.routes[x.record.route].spec.keepalive_s
+    if every is None or x.body.get("stream") is not True or x.endpoint == "embeddings":
+        return None
+    return Pinger(x.send, every, x.t0, PINGS.get(x.endpoint, COMMENT_PING),
+                  lambda: [*SSE_HEADERS, *_our_headers(x)])
+
+
+async def _refuse(x: Exchange[R], status: int, message: str, retry_after: bytes) -> None:
+    """No engine answered: an error response, or the error event once pings went out."""
+    if x.pinger is not None and await x.pinger.stop():
+        x.record.status = 200  # what the client got
+        await end_with_error(x.send, x.endpoint, status, message)
+        return
+    await x.error(status, message, headers=[*x.extra, (b"retry-after", retry_after)])
 
 
 async def open_engine(x: Exchange[R], body: dict[str, Any], backend: BackendSpec, base: str,
@@ -168,13 +192,17 @@ async def _relay(x: Exchange[R]) -> None:
         present = {k for k, _ in out_headers}
         out_headers += [(k, v) for k, v in ((b"cache-control", b"no-cache"),
                                             (b"x-accel-buffering", b"no")) if k not in present]
-    record.status = resp.status
-    chosen = record.backend.encode()
-    reason = record.reason + (f"+retry{record.retries}" if record.retries else "")
-    extra = [*x.extra, (b"x-specrouter-backend", chosen), (b"x-specrouter-variant", chosen),
-             (b"x-specrouter-reason", reason.encode())]
-    await x.send({"type": "http.response.start", "status": resp.status,
-                  "headers": out_headers + extra})
+    if x.pinger is not None and await x.pinger.stop():
+        record.status = 200  # sent with the pings; the engine's own headers stay here
+        if not is_sse:  # an error answer: its message, as the engine-style error event
+            record.outcome = "upstream_error"
+            await end_with_error(x.send, endpoint, resp.status,
+                                 _engine_message(x.first, resp.status))
+            return
+    else:
+        record.status = resp.status
+        await x.send({"type": "http.response.start", "status": resp.status,
+                      "headers": out_headers + _our_headers(x)})
     if is_sse:
         usage = plan_usage(x.body, endpoint, backend.kind)
         x.continuable = endpoint == "chat" and x.policy.routes[record.route].spec.continuation
@@ -193,8 +221,27 @@ async def _relay(x: Exchange[R]) -> None:
         gw.live.failure(record.backend)
 
 
-# What reads an API's event stream (its measurement), and how the stream ends, by API kind.
+# How an API's event stream ends, by API kind.
 _ENDS: dict[Endpoint, tuple[bytes, ...]] = {"responses": RESPONSES_ENDS, "messages": MESSAGES_ENDS}
+
+
+def _our_headers(x: Exchange[R]) -> list[tuple[bytes, bytes]]:
+    """The gateway's response headers: request id, defaults, the backend chosen and why."""
+    record = x.record
+    chosen = record.backend.encode()
+    reason = record.reason + (f"+retry{record.retries}" if record.retries else "")
+    return [*x.extra, (b"x-specrouter-backend", chosen), (b"x-specrouter-variant", chosen),
+            (b"x-specrouter-reason", reason.encode())]
+
+
+def _engine_message(first: bytes, status: int) -> str:
+    """The message of an engine's error body (its first bytes), or its status."""
+    try:
+        obj = orjson.loads(first)
+        message = obj["error"]["message"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return f"backend answered {status}"
+    return str(message)
 
 
 class Lease:

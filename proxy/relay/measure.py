@@ -24,7 +24,14 @@ import orjson
 
 from policies.capabilities import TIMINGS_KEY
 from proxy.relay import llamacpp, sse
-from proxy.vllm_wire import DATA_OBJECT, ERROR_FRAME_PREFIX, METRICS, SPEC_DECODING, USAGE_KEY
+from proxy.vllm_wire import (
+    COMMENT,
+    DATA_OBJECT,
+    ERROR_FRAME_PREFIX,
+    METRICS,
+    SPEC_DECODING,
+    USAGE_KEY,
+)
 
 if TYPE_CHECKING:
     from proxy.relay.events import EventReader
@@ -267,6 +274,8 @@ class StreamFilter:
     def frame(self, frame: bytes, now: float) -> bytes:
         if self.rename is not None:
             frame = frame.replace(self.rename[0], self.rename[1])
+        if frame.startswith(COMMENT):
+            return frame  # vLLM's `: keep-alive`: no event, so a held frame stays held
         if not frame.startswith(DATA_OBJECT):
             if self.events is not None:
                 self.events.read(frame, now)

@@ -80,8 +80,6 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
                     now = time.perf_counter()
                     out = filter_read(splitter, filt, data, now)
                     if out:
-                        if m.t_first_byte is None:
-                            m.t_first_byte = now
                         saw_done = at_end(out, ends)
                         await send({"type": "http.response.body", "body": out,
                                     "more_body": True})

@@ -94,6 +94,7 @@ async def _open_stream(x: Exchange[EngineStream], url: str, payload: bytes,
                        ) -> tuple[EngineStream, bytes]:
     gw = x.gw
     settings = gw.settings
+    stream: EngineStream | None = None
     try:
         async with asyncio.timeout(settings.first_byte_timeout_s):
             stream = await open_engine_stream(gw.engines, url, payload, headers,
@@ -108,8 +109,9 @@ async def _open_stream(x: Exchange[EngineStream], url: str, payload: bytes,
                 stream.close()
                 raise
     except TimeoutError as exc:
-        raise UpstreamError("timeout", f"no first byte in "
-                            f"{settings.first_byte_timeout_s:g}s") from exc
+        # After the engine's headers the request is the engine's: it is not sent again.
+        raise UpstreamError("timeout", f"no first byte in {settings.first_byte_timeout_s:g}s",
+                            accepted=stream is not None) from exc
 
 
 async def relay_sse_push(x: Exchange[EngineStream]) -> str:
@@ -133,8 +135,6 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
             out = filter_read(splitter, filt, data, t)
             if not out:
                 return
-            if m.t_first_byte is None:
-                m.t_first_byte = t
             ended[0] = at_end(out, ends)
             if channel.write(out) and not draining:
                 # The client reads slower than the engine writes: stop reading the engine

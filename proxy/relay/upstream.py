@@ -25,12 +25,15 @@ RESPONSE_DROP = frozenset({
 
 
 class UpstreamError(Exception):
-    """A backend failed before answering: `kind` is connect, timeout or status."""
+    """A backend failed before answering: `kind` is connect, timeout or status. `accepted`: it
+    timed out after its response headers, so the engine has the request (not sent again)."""
 
-    def __init__(self, kind: str, message: str, status: int | None = None) -> None:
+    def __init__(self, kind: str, message: str, status: int | None = None, *,
+                 accepted: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
+        self.accepted = accepted
 
 
 def describe(exc: BaseException) -> str:
@@ -89,7 +92,8 @@ class PulledResponse:
             async with asyncio.timeout(timeout):
                 data = await self.content.readany()
         except TimeoutError as exc:
-            raise UpstreamError("timeout", f"no first byte in {timeout:g}s") from exc
+            raise UpstreamError("timeout", f"no first byte in {timeout:g}s",
+                                accepted=True) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError("connect", describe(exc)) from exc
         if not data and self.status == 200 and self._resp.content_length != 0:
