@@ -217,10 +217,10 @@ def test_tokens_per_step_match_the_engines_counters(gw: GatewayServer, spec: Lla
 
 def test_ttft_and_itl_against_the_clients_clock(gw: GatewayServer) -> None:
     """The gateway's TTFT never exceeds the client's and is within 2 ms of it, its median ITL
-    within 2 ms of the client's. Best of three requests: on a shared 2-core machine one request
+    within 2 ms of the client's. Best of five requests: on a shared 2-core machine one request
     can lose milliseconds to a neighbour's burst, which is not the gateway's error."""
     ttft_gaps, itl_gaps = [], []
-    for i in range(3):
+    for i in range(5):
         client_ttft, client_itl, row = _timed_stream(gw, f"clock-{i}")
         assert row["ttft_s"] <= client_ttft
         ttft_gaps.append(client_ttft - row["ttft_s"])
