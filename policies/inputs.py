@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from policies.classify import signals_from_body
 from policies.engine import canary_bucket
@@ -28,15 +28,20 @@ def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client
     return RequestView(
         endpoint=endpoint, model=model, client=client, stream=body.get("stream") is True,
         fields_set=frozenset(body),
-        temperature=float(temperature) if isinstance(temperature, int | float) else None,
-        min_p=float(min_p) if isinstance(min_p, int | float) else None,
+        temperature=float(temperature) if _is_number(temperature) else None,
+        min_p=float(min_p) if _is_number(min_p) else None,
         has_logit_bias=bool(body.get("logit_bias")),
-        n=n if isinstance(n, int) else 1,
+        n=n if type(n) is int else 1,
         signals=signals_from_body(body) if endpoint != "embeddings" else _NO_SIGNALS,
         pinned_variant=pinned.decode("latin-1") if pinned else None,
         canary_bucket=canary_bucket(_sticky_key(client, body, headers)), now=now,
-        numeric_fields={k: v for k, v in body.items()
-                        if isinstance(v, int | float) and not isinstance(v, bool)})
+        numeric_fields={k: v for k, v in body.items() if _is_number(v)})
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
+    # JSON numbers only: `true` is an int to Python, and a string is never read as a number
+    # (proxy/relay/fields.py refuses both before a decision).
+    return type(value) in (int, float)
 
 
 def _sticky_key(client: str, body: Mapping[str, Any], headers: Mapping[bytes, bytes]) -> str:
