@@ -94,7 +94,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # nor connection_lost, so the count forgets it once the handshake deadline is past.
         self.cap.enter()
         self._counted = True
-        self._uncount = self.loop.call_later(self.handshake_timeout_s + 1.0, self._leave)
+        self._uncount = self.loop.call_later(self.handshake_timeout_s + 0.5, self._leave)
 
     def _leave(self) -> None:
         if self._counted:
