@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import socket
 import ssl
 from collections.abc import Callable, Generator
@@ -245,12 +246,27 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+NOFILE = 65536  # LimitNOFILE / ulimits in the shipped systemd and compose files
+
+
+def raise_nofile(want: int = NOFILE) -> int:
+    """Raise the soft descriptor limit to `want` (within the hard limit), for environments
+    that set none (Kubernetes); returns the limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft
+
+
 def make_server(app: Any, *, ssl_context: ssl.SSLContext | None = None,
                 graceful_s: int | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                 max_connections: int = MAX_CONNECTIONS, keep_alive_s: float = KEEP_ALIVE_S,
                 keep_alive_unauthenticated_s: float | None = None,
                 **config: Any) -> QuietSignalsServer:
+    raise_nofile()
     protocol = type("HttpProtocol", (GuardedHttpToolsProtocol,), {
         "header_timeout_s": header_timeout_s, "handshake_timeout_s": handshake_timeout_s,
         "keep_alive_unauthenticated_s": keep_alive_unauthenticated_s,
