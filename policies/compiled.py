@@ -162,10 +162,35 @@ def _compile_route(name: str, spec: RouteSpec, doc: PolicyDocument) -> CompiledR
         refused_sampling=MappingProxyType({
             v: frozenset(capabilities(doc.backends[v].kind).refused_with_speculation)
             for v in variants if doc.backends[v].is_speculative}),
-        clamps=tuple((field, c.min, c.max) for field, c in spec.clamps.items()),
+        clamps=_clamps(spec, doc, variants),
         defaults=MappingProxyType(_merged_defaults(spec, doc.clients)),
         allowed=MappingProxyType(allowed),
     )
+
+
+# The output-token limit has a name per API (chat's old and new, responses'): a clamp on one
+# applies to all, or a client would pick the name the route does not clamp. The decision speaks
+# the canonical `max_tokens` (policies/inputs.py folds each API's spelling into it and
+# `for_body` spells the result as the request did: policies/types.py FIELD_NAMES).
+OUTPUT_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
+def _clamps(spec: RouteSpec, doc: PolicyDocument, variants: tuple[str, ...]
+            ) -> tuple[tuple[str, float | None, float | None], ...]:
+    """The route's clamps, the output-token one under every name and capped at the route's
+    maximum: the tightest clamp given, else the variants' context length when each is known."""
+    clamps = {name: (c.min, c.max) for name, c in spec.clamps.items()}
+    given = [clamps[name] for name in OUTPUT_TOKEN_FIELDS if name in clamps]
+    low = max((lo for lo, _ in given if lo is not None), default=None)
+    high = min((hi for _, hi in given if hi is not None), default=None)
+    lengths = [doc.backends[v].engine.max_model_len for v in variants]
+    if high is None and spec.task == "generate" and lengths and None not in lengths:
+        high = float(min(n for n in lengths if n is not None))
+    for name in OUTPUT_TOKEN_FIELDS:
+        clamps.pop(name, None)
+    if low is not None or high is not None:
+        clamps["max_tokens"] = (low, high)
+    return tuple((name, lo, hi) for name, (lo, hi) in clamps.items())
 
 
 def _merged_defaults(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from policies.classify import signals_from_body
 from policies.engine import canary_bucket
@@ -29,8 +29,7 @@ def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client
     min_p = body.get("min_p")
     n = body.get("n")
     pinned = headers.get(b"x-specrouter-variant")
-    numeric = {k: v for k, v in body.items()
-               if isinstance(v, int | float) and not isinstance(v, bool)}
+    numeric = {k: v for k, v in body.items() if _is_number(v)}
     fields_set = set(body)
     for name, spellings in FIELD_NAMES.get(endpoint, {}).items():
         numeric.pop(name, None)
@@ -39,15 +38,15 @@ def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client
         if present is not None:
             fields_set.add(name)
             value = body[present]
-            if isinstance(value, int | float) and not isinstance(value, bool):
+            if _is_number(value):
                 numeric[name] = value
     return RequestView(
         endpoint=endpoint, model=model, client=client, stream=body.get("stream") is True,
         fields_set=frozenset(fields_set),
-        temperature=float(temperature) if isinstance(temperature, int | float) else None,
-        min_p=float(min_p) if isinstance(min_p, int | float) else None,
+        temperature=float(temperature) if _is_number(temperature) else None,
+        min_p=float(min_p) if _is_number(min_p) else None,
         has_logit_bias=bool(body.get("logit_bias")),
-        n=n if isinstance(n, int) else 1,
+        n=n if type(n) is int else 1,
         signals=signals_from_body(body) if endpoint != "embeddings" else _NO_SIGNALS,
         pinned_variant=pinned.decode("latin-1") if pinned else None,
         canary_bucket=canary_bucket(_sticky_key(client, body, headers)), now=now,
@@ -80,6 +79,12 @@ def for_body(decision: Decision, endpoint: Endpoint, body: Mapping[str, Any]) ->
     return replace(decision, inject=inject,
                    defaults_applied=tuple(spelled[k] for k in decision.defaults_applied),
                    clamped=tuple(spelled.get(k, k) for k in decision.clamped))
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
+    # JSON numbers only: `true` is an int to Python, and a string is never read as a number
+    # (proxy/relay/fields.py refuses both before a decision).
+    return type(value) in (int, float)
 
 
 def _sticky_key(client: str, body: Mapping[str, Any], headers: Mapping[bytes, bytes]) -> str:

@@ -152,7 +152,10 @@ class GatewayProcess:
         # uvicorn's own deadline comes after ours, so streams end with an error event, not a cut.
         public = make_server(PublicApp(self.gw), ssl_context=self.ssl,
                              graceful_s=int(drain_s) + 5,
-                             header_timeout_s=self.settings.header_timeout_s)
+                             header_timeout_s=s.header_timeout_s,
+                             handshake_timeout_s=s.tls_handshake_timeout_s,
+                             max_connections=s.max_connections, keep_alive_s=s.keep_alive_s,
+                             keep_alive_unauthenticated_s=s.keep_alive_unauthenticated_s)
         routes = [*policy_routes(self.gw, self.store),
                   *dashboard_routes(self.gw, self.monitor, self.store)]
         admin = make_server(create_admin_app(self.gw, routes), graceful_s=5,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import resource
 import socket
 import ssl
 from collections.abc import Callable, Generator
@@ -20,25 +22,97 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from proxy.relay.errors import error_body
 from proxy.relay.push import PushChannel
 
+log = logging.getLogger("specrouter.servers")
+
 # Slow-header clients (slowloris) hold a connection open forever in plain uvicorn: a request's
 # headers must arrive within this long of its first byte (or of the connection).
 HEADER_TIMEOUT_S = 10.0
 # Header block limit: beyond it the connection gets 431 and is closed.
 MAX_HEADER_BYTES = 64 * 1024
+# asyncio holds a connection that never starts TLS for 60 s; these are the settings' defaults.
+HANDSHAKE_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 4096
+KEEP_ALIVE_S = 75.0
+# Headers that name who is asking or which answer: two copies would be read differently by
+# different readers (first-wins here, last-wins there), so two are refused.
+_SINGLE_HEADERS = frozenset({b"authorization", b"x-api-key", b"x-request-id",
+                             b"x-specrouter-variant", b"transfer-encoding", b"content-length"})
+
+
+class ConnectionCap:
+    """Open connections of one listener, counted from the accept (before any TLS handshake)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.open, self.logged = limit, 0, False
+
+    def enter(self) -> None:
+        self.open += 1
+
+    def leave(self) -> None:
+        self.open -= 1
+        if self.open < self.limit:
+            self.logged = False
+
+    def full(self) -> bool:
+        if self.open <= self.limit:
+            return False
+        if not self.logged:  # once each time the limit is reached
+            self.logged = True
+            log.warning("connection limit reached: %d open (max_connections %d); refusing new "
+                        "connections", self.open, self.limit)
+        return True
+
+
+class _Refused(Exception):
+    """Raised from a parser callback: the request is answered below ASGI (`_refusal`)."""
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline for the request head and a size limit."""
+    """uvicorn's httptools protocol with a deadline for the request head, a size limit, a
+    connection cap, and no ambiguous requests: trailers never become headers, and a duplicate
+    identity header, an `Upgrade`, a transfer coding other than `chunked` or an encoded slash
+    in the path is refused before the app sees the request."""
 
     header_timeout_s = HEADER_TIMEOUT_S
+    handshake_timeout_s = HANDSHAKE_TIMEOUT_S
+    keep_alive_unauthenticated_s: float | None = None  # None: uvicorn's keep-alive
+    cap = ConnectionCap(MAX_CONNECTIONS)
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
+    _in_head = False  # between a message's start and its headers' end: headers are headers
+    _refusal: tuple[int, str, str] | None = None
     # The request in progress learns of the client leaving here, without a task of its own
     # waiting on `receive()` (proxy/relay/watch.py's DisconnectWatch, through the PushChannel).
     on_lost: Callable[[], None] | None = None
 
+    def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._keep_alive_s = self.timeout_keep_alive
+        if self.keep_alive_unauthenticated_s is not None:
+            self.timeout_keep_alive = self.keep_alive_unauthenticated_s  # type: ignore[assignment]
+        # Made at the accept: a TLS handshake that never completes never calls connection_made
+        # nor connection_lost, so the count forgets it once the handshake deadline is past.
+        self.cap.enter()
+        self._counted = True
+        self._uncount = self.loop.call_later(self.handshake_timeout_s + 0.5, self._leave)
+
+    def _leave(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.cap.leave()
+
+    def authenticated(self) -> None:
+        """The app says a request on this connection carried valid credentials: it may idle
+        as long as any other."""
+        self.timeout_keep_alive = self._keep_alive_s
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._uncount.cancel()
         super().connection_made(transport)
+        if self.cap.full():
+            self._refuse(503, "Service Unavailable", "too many connections; retry")
+            return
         self._arm()
 
     def _arm(self) -> None:
@@ -66,7 +140,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                              % (status, phrase.encode(), len(body), body))
         self.transport.close()
 
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to a parser error; a callback of ours that refused says why instead.
+        refusal, self._refusal = self._refusal, None
+        if refusal is None:
+            super().send_400_response(msg)
+        else:
+            self._refuse(*refusal)
+
     def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return  # refused: nothing more is parsed
         if self._head_timer is not None:
             end = data.find(b"\r\n\r\n")
             self._head_bytes += len(data) if end < 0 else end
@@ -79,17 +163,48 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._in_head = True
         self._arm()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # httptools reports a chunked body's trailers here too: uvicorn would add them to the
+        # request's headers (Authorization included) after the app had read them.
+        if self._in_head:
+            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._in_head = False
+        problem = self._ambiguity()
+        if problem is not None:
+            self._refusal = problem
+            raise _Refused(problem[2])
         # The push relay's channel to this connection (proxy/relay/push.py), as an ASGI extension.
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
         extensions["specrouter.push"] = PushChannel(self)
+        extensions["specrouter.authenticated"] = self.authenticated
         super().on_headers_complete()
+
+    def _ambiguity(self) -> tuple[int, str, str] | None:
+        """Why the request cannot be read one way only, or None."""
+        seen: set[bytes] = set()
+        for name, value in self.headers:
+            if name in _SINGLE_HEADERS:
+                if name in seen:
+                    return 400, "Bad Request", f"more than one {name.decode()} header"
+                seen.add(name)
+            if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
+                return 400, "Bad Request", "the only transfer coding accepted is `chunked`"
+            if name == b"upgrade":
+                return 400, "Bad Request", "protocol upgrades are not supported"
+        path = self.url.split(b"?", 1)[0].lower()
+        if b"%2f" in path or b"%5c" in path:
+            return 404, "Not Found", "no route for a path with an encoded slash"
+        return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._leave()
         super().connection_lost(exc)
         callback, self.on_lost = self.on_lost, None
         if callback is not None:
@@ -97,9 +212,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
 
 class QuietSignalsServer(uvicorn.Server):
+    handshake_timeout_s = HANDSHAKE_TIMEOUT_S
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup for pre-bound sockets, with a TLS handshake deadline (uvicorn
+        passes none, so asyncio's 60 s applies). Lifespan is off: nothing else to start."""
+        assert sockets is not None, "make_server's servers serve pre-bound sockets"
+        config, loop = self.config, asyncio.get_running_loop()
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state={}, _loop=_loop)
+
+        handshake = self.handshake_timeout_s if config.ssl is not None else None
+        self.servers = [await loop.create_server(create_protocol, sock=sock, ssl=config.ssl,
+                                                 backlog=config.backlog,
+                                                 ssl_handshake_timeout=handshake)
+                        for sock in sockets]
+        self.started = True
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -112,20 +246,42 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+NOFILE = 65536  # LimitNOFILE / ulimits in the shipped systemd and compose files
+
+
+def raise_nofile(want: int = NOFILE) -> int:
+    """Raise the soft descriptor limit to `want` (within the hard limit), for environments
+    that set none (Kubernetes); returns the limit in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = target
+    return soft
+
+
 def make_server(app: Any, *, ssl_context: ssl.SSLContext | None = None,
                 graceful_s: int | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
+                handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                max_connections: int = MAX_CONNECTIONS, keep_alive_s: float = KEEP_ALIVE_S,
+                keep_alive_unauthenticated_s: float | None = None,
                 **config: Any) -> QuietSignalsServer:
-    protocol = type("HttpProtocol", (GuardedHttpToolsProtocol,),
-                    {"header_timeout_s": header_timeout_s})
+    raise_nofile()
+    protocol = type("HttpProtocol", (GuardedHttpToolsProtocol,), {
+        "header_timeout_s": header_timeout_s, "handshake_timeout_s": handshake_timeout_s,
+        "keep_alive_unauthenticated_s": keep_alive_unauthenticated_s,
+        "cap": ConnectionCap(max_connections)})
     cfg = uvicorn.Config(app, http=protocol, loop="none", lifespan="off", proxy_headers=False,
                          access_log=False, log_level="warning", server_header=False,
                          date_header=False, timeout_graceful_shutdown=graceful_s,
-                         timeout_keep_alive=75, **config)
+                         timeout_keep_alive=keep_alive_s, **config)  # type: ignore[arg-type]
     cfg.load()
     if ssl_context is not None:
         # Our own context, so SIGHUP can load a renewed certificate into it in place.
         cfg.ssl = ssl_context
-    return QuietSignalsServer(cfg)
+    server = QuietSignalsServer(cfg)
+    server.handshake_timeout_s = handshake_timeout_s
+    return server
 
 
 def url_of(sock: socket.socket, scheme: str) -> str:

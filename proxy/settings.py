@@ -58,6 +58,20 @@ class Settings(BaseSettings):
     relay: Literal["push", "pull"] = "push"
     drain_timeout_s: float = 20.0  # SIGTERM: how long streams in flight may still run
 
+    # Connections (proxy/servers.py). Clients that never start TLS, or idle after a request
+    # without credentials, would otherwise hold descriptors for a minute each.
+    tls_handshake_timeout_s: float = 10.0
+    max_connections: int = Field(4096, ge=1, description="per listener; logged when reached")
+    keep_alive_s: float = 75.0  # idle keep-alive after an authenticated request
+    keep_alive_unauthenticated_s: float = 5.0  # ... after requests without valid credentials
+    # Client input (proxy/relay/fields.py): counts that multiply the work asked for are refused
+    # above these (400 naming the field), never clamped.
+    max_n: int = Field(8, ge=1, description="`n` and `best_of` above this get 400")
+    max_top_logprobs: int = Field(20, ge=0, description="chat `top_logprobs` above this get 400")
+    max_logprobs: int = Field(5, ge=0, description="completions `logprobs` above this get 400")
+    max_messages: int = Field(4096, ge=1, description="chat messages / responses input items")
+    max_json_depth: int = Field(128, ge=2, le=250, description="request JSON nesting depth")
+
     @field_validator("admin_token", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:

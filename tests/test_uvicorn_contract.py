@@ -10,6 +10,7 @@ from importlib.metadata import version
 from typing import Any
 
 import pytest
+import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -23,7 +24,22 @@ OVERRIDDEN = {
     "on_message_begin": ["self"],
     "on_headers_complete": ["self"],
     "connection_lost": ["self", "exc"],
+    "__init__": ["self", "config", "server_state", "app_state", "_loop"],
+    "on_header": ["self", "name", "value"],
+    "send_400_response": ["self", "msg"],
 }
+
+
+def test_startup_still_makes_servers_as_ours_does() -> None:
+    """QuietSignalsServer.startup replaces uvicorn's to pass a TLS handshake deadline: uvicorn's
+    must still build the protocol from the config and call create_server on the sockets."""
+    source = inspect.getsource(uvicorn.Server.startup)
+    for piece in ("config.http_protocol_class", "server_state=self.server_state",
+                  "loop.create_server(create_protocol, sock=sock, ssl=config.ssl",
+                  "self.started = True"):
+        assert piece in source, f"uvicorn.Server.startup no longer has {piece!r}"
+    assert "on_header" in inspect.getsource(HttpToolsProtocol.on_header)
+    assert "self.headers.append" in inspect.getsource(HttpToolsProtocol.on_header)
 
 
 def test_uvicorn_is_the_pinned_minor() -> None:

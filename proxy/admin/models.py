@@ -80,7 +80,8 @@ class HistoryOut(BaseModel):
 
 
 class RollbackIn(BaseModel):
-    version: int = Field(description="A number from the history.")
+    # Strict: `true`, `1.9` or a 300-digit number is no version (pydantic would coerce).
+    version: int = Field(strict=True, ge=1, le=2**31, description="A number from the history.")
 
 
 class BackendStatus(BaseModel):

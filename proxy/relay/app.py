@@ -20,7 +20,7 @@ from proxy.gateway import Gateway, RequestRecord
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.errors import error_body
 from proxy.relay.exchange import Exchange
-from proxy.relay.fields import check_fields
+from proxy.relay.fields import Limits, check_fields
 from proxy.relay.forward import ENDPOINTS, forward
 from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import PULL
@@ -56,6 +56,7 @@ class PublicApp:
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.throttle = AuthThrottle(gw.settings.auth_failures_per_minute, listener="public")
+        self.limits = Limits.of(gw.settings)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -93,6 +94,8 @@ class PublicApp:
         client = _client_for(policy, headers)
         if client is None and (b"authorization" in headers or b"x-api-key" in headers):
             self.throttle.failed(source_of(scope))
+        elif client is not None:  # the connection may idle as long as any (proxy/servers.py)
+            scope.get("extensions", {}).get("specrouter.authenticated", _nothing)()
         return client
 
     async def _throttled(self, scope: dict[str, Any], send: Send,
@@ -196,7 +199,7 @@ class PublicApp:
         except orjson.JSONDecodeError as exc:
             await x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
             return False
-        problem = check_fields(x.endpoint, body)
+        problem = check_fields(x.endpoint, body, self.limits)
         if problem is not None:
             await x.error(400, problem[0], param=problem[1], headers=rid)
             return False
@@ -244,6 +247,10 @@ class PublicApp:
             extra.append((b"x-specrouter-defaults", applied.encode()))
         x.record, x.decision, x.extra = record, decision, extra
         return True
+
+
+def _nothing() -> None:
+    pass
 
 
 def _fmt(value: Any) -> str:

@@ -22,6 +22,7 @@ from proxy.relay.continuation import (
     continuation_refused,
 )
 from proxy.relay.errors import error_body
+from proxy.relay.fields import client_request_id
 from proxy.relay.forward import Lease, open_engine
 from proxy.relay.measure import Measurement
 from proxy.relay.upstream import UpstreamError, UpstreamResponse
@@ -86,8 +87,8 @@ class Exchange(Generic[R]):
         self.t0 = time.perf_counter()
         self.policy: CompiledPolicy = gw.policy.current  # whatever is applied meanwhile
         self.headers: dict[bytes, bytes] = dict(scope["headers"])
-        self.request_id = (self.headers.get(b"x-request-id")
-                           or uuid.uuid4().hex.encode()).decode("latin-1")
+        self.request_id = client_request_id(self.headers.get(b"x-request-id")) \
+            or uuid.uuid4().hex
         self.rid: Headers = [(b"x-request-id", self.request_id.encode("latin-1"))]
         self.lease: Lease | None = None  # the engine slot held now
         self.resp: R | None = None  # the engine's answer being relayed now

@@ -1,17 +1,25 @@
 """The public endpoints' request fields: one description read by the OpenAPI document
 (proxy/relay/openapi.py) and by the gateway's own input checks (`check_fields`).
 
-The gateway itself checks only the fields marked `checked` (`model`, and on Messages the
-temperature's 0-1 range, which vLLM does not enforce there); every other field
-is the backend's (vLLM's) to validate, and is described here with the bounds the backend
-enforces, so clients and fuzzers see them. Fields not listed pass through untouched.
+Every described field is typed as the OpenAI API types it and the gateway refuses a wrong type
+itself (400 naming the field, no coercion: a string `max_tokens` would slip past the route's
+clamps, a string `stream` would be read as not streaming while the engine streams). Counts that
+multiply the work asked for (`n`, `best_of`, logprobs, messages) have limits (`Limits`, from the
+settings), and the whole body a depth and integer range that survive re-serialisation. Value
+ranges other than those (and the Messages temperature's 0-1, which vLLM does not enforce
+there) stay the backend's (vLLM's) to judge; they are described so clients and
+fuzzers see them. Fields not listed pass through untouched.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+import orjson
 
 from policies.types import Endpoint
 
@@ -24,7 +32,7 @@ class Field:
     type: str | None  # the JSON type; None when `extra` says it (a oneOf)
     required: bool = False
     nullable: bool = False
-    checked: bool = False  # the gateway refuses a bad value itself (400), before any backend
+    checked: bool = False  # an empty or out-of-range value is refused (400) by the gateway
     minimum: float | None = None
     exclusive_minimum: bool = False
     maximum: float | None = None
@@ -33,13 +41,17 @@ class Field:
     default: Any = None
     description: str | None = None
     extra: Schema = field(default_factory=dict)  # items, properties, oneOf, ...
+    # The `Limits` attribute bounding it: an integer's maximum, an array's number of items.
+    limit: str | None = None
 
     def schema(self) -> Schema:
-        """The field as an OpenAPI 3.0 schema."""
+        """The field as an OpenAPI 3.0 schema (limits at their defaults)."""
         out: Schema = {} if self.type is None else {"type": self.type}
+        most = None if self.limit is None else getattr(DEFAULT_LIMITS, self.limit)
         for key, value in (("minLength", self.min_length), ("minimum", self.minimum),
                            ("exclusiveMinimum", self.exclusive_minimum or None),
-                           ("maximum", self.maximum),
+                           ("maximum", most if self.type == "integer" else self.maximum),
+                           ("maxItems", most if self.type != "integer" else None),
                            ("enum", None if self.enum is None else list(self.enum)),
                            ("default", self.default), ("description", self.description)):
             if value is not None:
@@ -48,6 +60,24 @@ class Field:
         if self.nullable:
             out["nullable"] = True
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The gateway's own bounds on client input; each a setting of the same name."""
+
+    max_n: int = 8  # n, best_of: each choice is a whole generation
+    max_top_logprobs: int = 20  # chat, responses (OpenAI's own maximum)
+    max_logprobs: int = 5  # completions (OpenAI's own maximum)
+    max_messages: int = 4096  # chat messages, responses input items
+    max_json_depth: int = 128  # orjson cannot re-serialise beyond 254
+
+    @classmethod
+    def of(cls, settings: Any) -> Limits:
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+
+
+DEFAULT_LIMITS = Limits()
 
 
 def ref(name: str) -> Schema:
@@ -76,9 +106,13 @@ TEMPERATURE = Field("temperature", "number", nullable=True, minimum=0,
 TOP_P = Field("top_p", "number", nullable=True, minimum=0, exclusive_minimum=True, maximum=1)
 SEED = Field("seed", "integer", nullable=True)
 
+TOP_LOGPROBS = Field("top_logprobs", "integer", nullable=True, minimum=0,
+                     limit="max_top_logprobs")
+
 SAMPLING: tuple[Field, ...] = (
     Field("max_tokens", "integer", nullable=True, minimum=1),
-    Field("n", "integer", nullable=True, minimum=1, default=1),
+    Field("n", "integer", nullable=True, minimum=1, default=1, limit="max_n"),
+    Field("best_of", "integer", nullable=True, minimum=1, limit="max_n"),
     TEMPERATURE,
     TOP_P,
     Field("top_k", "integer", nullable=True),
@@ -93,9 +127,11 @@ SAMPLING: tuple[Field, ...] = (
 FIELDS: dict[Endpoint, tuple[Field, ...]] = {
     "chat": (
         MODEL,
-        Field("messages", "array", required=True, extra={"items": ref("ChatMessage")}),
+        Field("messages", "array", required=True, extra={"items": ref("ChatMessage")},
+              limit="max_messages"),
         STREAM, STREAM_OPTIONS,
         Field("max_completion_tokens", "integer", nullable=True, minimum=1),
+        Field("logprobs", "boolean", nullable=True), TOP_LOGPROBS,
         Field("tools", "array", nullable=True, extra={"items": _OPEN_OBJECTS["items"]}),
         *SAMPLING,
     ),
@@ -108,6 +144,7 @@ FIELDS: dict[Endpoint, tuple[Field, ...]] = {
             {"type": "array", "items": _TOKEN_IDS, "minItems": 1}]}),
         STREAM, STREAM_OPTIONS,
         Field("echo", "boolean"),
+        Field("logprobs", "integer", nullable=True, minimum=0, limit="max_logprobs"),
         *SAMPLING,
     ),
     "embeddings": (
@@ -121,19 +158,24 @@ FIELDS: dict[Endpoint, tuple[Field, ...]] = {
     ),
     "responses": (
         MODEL,
-        Field("input", None, required=True, extra={"oneOf": [{"type": "string"}, _OPEN_OBJECTS]}),
+        Field("input", None, required=True, extra={"oneOf": [{"type": "string"}, _OPEN_OBJECTS]},
+              limit="max_messages"),
         Field("instructions", "string", nullable=True),
         Field("max_output_tokens", "integer", nullable=True, minimum=1),
-        STREAM, TEMPERATURE, TOP_P, SEED,
+        STREAM, TEMPERATURE, TOP_P, SEED, TOP_LOGPROBS,
     ),
     "messages": (
         MODEL,
-        Field("messages", "array", required=True, extra={"items": _OPEN_OBJECTS["items"]}),
-        Field("max_tokens", "integer", required=True, minimum=1),
+        Field("messages", "array", required=True, extra={"items": _OPEN_OBJECTS["items"]},
+              limit="max_messages"),
+        # Required by /v1/messages, not by /v1/messages/count_tokens (one field list serves both):
+        # vLLM answers a missing one itself, with its own bytes (the golden anth_err_400 files).
+        Field("max_tokens", "integer", nullable=True, minimum=1),
         Field("system", None, nullable=True, extra={"oneOf": [{"type": "string"}, _OPEN_OBJECTS]}),
         Field("stream", "boolean", nullable=True, default=False,
               description="Answer with Anthropic's server-sent events (`event:` lines)."),
         Field("stop_sequences", "array", nullable=True, extra={"items": {"type": "string"}}),
+        # Anthropic's range, which vLLM does not enforce on this route: the gateway does.
         Field("temperature", "number", nullable=True, checked=True, minimum=0, maximum=1,
               description=TEMPERATURE.description),
         TOP_P,
@@ -154,41 +196,145 @@ def request_schema(endpoint: Endpoint) -> Schema:
 
 # -- the gateway's own checks ----------------------------------------------------------------------
 
-_PY_TYPES: dict[str, type | tuple[type, ...]] = {
-    "string": str, "boolean": bool, "object": dict, "array": list, "number": (int, float)}
+# JSON types as orjson returns them: exact types, so `true` is no integer and `1.0` no integer.
+_PY_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "boolean": (bool,), "object": (dict,), "array": (list,),
+    "integer": (int,), "number": (int, float)}
+_ARTICLE = {"integer": "an integer", "array": "an array", "object": "an object"}
 _NOT_AN_OBJECT = ("request body must be a JSON object", None)
-# name, Python type, required, non-empty, (minimum, maximum), message
-Check = tuple[str, type | tuple[type, ...], bool, bool, tuple[float, float] | None, str]
+_CONTAINERS = (dict, list)
+_NEEDS_A_LOOK = frozenset({dict, list, float})
+# orjson reads an integer beyond 64 bits as a float, which it then writes back as another
+# number (1e+20): such a number without a fraction is refused, whatever its spelling.
+_INT64 = float(2**63)
+_ORJSON_DEPTH = 254  # the deepest value orjson writes (its recursion limit is 255)
+Problem = tuple[str, str | None]  # message, param: the 400's
 
 
-def _check(f: Field) -> Check:
-    assert f.type is not None, f"checked field {f.name} needs a JSON type"
-    message = f"`{f.name}` {'is required and ' if f.required else ''}must be a {f.type}"
+@dataclass(frozen=True, slots=True)
+class _Check:
+    kinds: tuple[type, ...]
+    message: str  # a wrong type's
+    non_empty: bool
+    most: int | None  # an integer's maximum, an array's items
+    too_many: str
+    # A `checked` field's value range, which the gateway enforces itself (Messages temperature).
+    bounds: tuple[float, float] | None = None
+
+    def problem(self, value: Any) -> str | None:
+        kind = type(value)
+        if kind not in self.kinds or (self.non_empty and not value):
+            return self.message
+        if self.most is not None:
+            size = len(value) if kind is list else value if kind is int else 0
+            if size > self.most:
+                return self.too_many
+        if self.bounds is not None and not self.bounds[0] <= value <= self.bounds[1]:
+            return f"{self.message} from {self.bounds[0]:g} to {self.bounds[1]:g}"
+        return None
+
+
+def _check(f: Field, limits: Limits) -> _Check:
+    names = [f.type] if f.type is not None else \
+        list(dict.fromkeys(o["type"] for o in f.extra.get("oneOf", ())))
+    assert names, f"field {f.name} needs a JSON type"
+    kinds = tuple(k for n in names for k in _PY_TYPES[n])
+    said = " or ".join(_ARTICLE.get(n, f"a {n}") for n in names)
+    message = f"`{f.name}` {'is required and ' if f.required else ''}must be {said}"
+    most = None if f.limit is None else int(getattr(limits, f.limit))
+    unit = "" if f.type == "integer" else " items"
     bounds = None
-    if f.minimum is not None or f.maximum is not None:
+    if f.checked and (f.minimum is not None or f.maximum is not None):
         bounds = (-math.inf if f.minimum is None else f.minimum,
                   math.inf if f.maximum is None else f.maximum)
-        message += f" from {f.minimum:g} to {f.maximum:g}" if bounds[1] < math.inf else ""
-    return f.name, _PY_TYPES[f.type], f.required, bool(f.min_length), bounds, message
+    return _Check(kinds, message, bool(f.min_length), most,
+                  f"`{f.name}` must be at most {most}{unit} (`{f.limit}`)", bounds)
 
 
-_CHECKS: dict[Endpoint, tuple[Check, ...]] = {
-    endpoint: tuple(_check(f) for f in fields if f.checked) for endpoint, fields in FIELDS.items()}
+@functools.lru_cache(maxsize=8)
+def _compiled(limits: Limits) -> dict[Endpoint, tuple[dict[str, _Check], tuple[str, ...]]]:
+    return {endpoint: ({f.name: _check(f, limits) for f in fs},
+                       tuple(f.name for f in fs if f.required))
+            for endpoint, fs in FIELDS.items()}
 
 
-def check_fields(endpoint: Endpoint, body: Any) -> tuple[str, str | None] | None:
+def check_fields(endpoint: Endpoint, body: Any, limits: Limits = DEFAULT_LIMITS) -> Problem | None:
     """None when the body passes the gateway's own checks, else (message, param) for its 400.
-    A handful of dict lookups: the fields are compiled to `_CHECKS` at import."""
+    A dict lookup per top-level key, and a walk of the containers only."""
     if not isinstance(body, dict):
         return _NOT_AN_OBJECT
-    for name, kind, required, non_empty, bounds, message in _CHECKS[endpoint]:
+    checks, required = _compiled(limits)[endpoint]
+    for name in required:  # in the order described: `model` first
         value = body.get(name)
-        if value is None and not required:
-            continue
-        if not isinstance(value, kind) or isinstance(value, bool) is not (kind is bool) or \
-                (non_empty and not value):
-            return message, name
-        if bounds is not None and isinstance(value, int | float) and \
-                not bounds[0] <= value <= bounds[1]:
-            return message, name
+        problem = checks[name].message if value is None else checks[name].problem(value)
+        if problem is not None:
+            return problem, name
+    for name, value in body.items():
+        check = checks.get(name)
+        if check is not None and value is not None:  # null is absent, the backend's to judge
+            problem = check.problem(value)
+            if problem is not None:
+                return problem, name
+    return _shape(body, limits.max_json_depth)
+
+
+def _shape(body: dict[str, Any], max_depth: int) -> Problem | None:
+    """The body's nesting within `max_depth` and its integers within 64 bits.
+
+    orjson does the walk, in C: it refuses to write a value nested beyond `_ORJSON_DEPTH`, so
+    the body wrapped in `_ORJSON_DEPTH - max_depth` lists fails exactly when it is too deep; and
+    it writes every float of 2**63 or more with an exponent (`e+`). Only a body that fails or
+    has an `e+` somewhere (a string may) is walked in Python, to name the field."""
+    wrapped: Any = body
+    for _ in range(_ORJSON_DEPTH - max_depth):
+        wrapped = [wrapped]
+    try:
+        if not _has_exponent(orjson.dumps(wrapped)):
+            return None
+    except orjson.JSONEncodeError:
+        pass
+    return _walk(body, max_depth)
+
+
+def _has_exponent(out: bytes) -> bool:
+    # memchr for the rare `+`, not a search for `e+` (several times slower on text).
+    i = out.find(b"+")
+    while i > 0:
+        if out[i - 1] == 0x65:  # e
+            return True
+        i = out.find(b"+", i + 1)
+    return False
+
+
+def _walk(body: dict[str, Any], max_depth: int) -> Problem | None:
+    """`_shape`'s walk in Python: the problem names the top-level field it is in. Containers
+    of plain scalars are skipped in C."""
+    for name, top in body.items():
+        stack: list[tuple[Any, int]] = [([top], 1)]  # the body is depth 1
+        while stack:
+            node, depth = stack.pop()
+            items = node.values() if type(node) is dict else node
+            if _NEEDS_A_LOOK.isdisjoint(map(type, items)):
+                continue
+            for value in items:
+                kind = type(value)
+                if kind in _CONTAINERS:
+                    if depth >= max_depth:
+                        return f"`{name}` is nested deeper than {max_depth} levels", name
+                    stack.append((value, depth + 1))
+                elif kind is float and abs(value) >= _INT64 and value.is_integer():
+                    return f"`{name}` has an integer beyond 64 bits", name
     return None
+
+
+# -- request headers --------------------------------------------------------------------------------
+
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+def client_request_id(value: bytes | None) -> str | None:
+    """The client's `X-Request-Id` when it is one the engines and the request log may carry
+    (at most 128 characters of [A-Za-z0-9._:-]); None: the gateway makes its own."""
+    if value is None or _REQUEST_ID.fullmatch(value) is None:
+        return None
+    return value.decode("ascii")

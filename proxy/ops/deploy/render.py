@@ -187,6 +187,8 @@ def render_compose(doc: PolicyDocument, *, policy: Path, out_dir: Path) -> str:
         f"      context: {_rel(REPO_ROOT, out_dir)}",
         "      dockerfile: deploy/Dockerfile",
         "    image: specrouter:local",
+        "    # Room above max_connections (4,096 per listener) and the engine connections.",
+        "    ulimits: {nofile: 65536}",
         "    command:",
         *[f"      - {_q(a)}" for a in gateway_cmd],
         "    environment:",
