@@ -7,6 +7,7 @@ from typing import Any
 
 from policies.classify import signals_from_body
 from policies.engine import canary_bucket
+from policies.sessions import session_of
 from policies.types import (
     BackendState,
     ContentSignals,
@@ -14,17 +15,24 @@ from policies.types import (
     GuardState,
     LiveState,
     RequestView,
+    SessionView,
 )
 
 _NO_SIGNALS = ContentSignals()
 
 
 def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client: str,
-                 headers: Mapping[bytes, bytes], now: float) -> RequestView:
+                 headers: Mapping[bytes, bytes], now: float,
+                 session: SessionView | None = None) -> RequestView:
+    """`session`: the session table's view of the request's session (policies/sessions.py);
+    without one the session is identified here, as new."""
     temperature = body.get("temperature")
     min_p = body.get("min_p")
     n = body.get("n")
     pinned = headers.get(b"x-specrouter-variant")
+    if session is None and endpoint != "embeddings":
+        sid = session_of(client, body, headers)
+        session = None if sid is None else SessionView(sid.key, sid.subagent)
     return RequestView(
         endpoint=endpoint, model=model, client=client, stream=body.get("stream") is True,
         fields_set=frozenset(body),
@@ -34,22 +42,12 @@ def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client
         n=n if isinstance(n, int) else 1,
         signals=signals_from_body(body) if endpoint != "embeddings" else _NO_SIGNALS,
         pinned_variant=pinned.decode("latin-1") if pinned else None,
-        canary_bucket=canary_bucket(_sticky_key(client, body, headers)), now=now,
+        # Canary stickiness per session (a client serving many users or running many agents
+        # spreads them over both arms, each keeps its arm), per client without one.
+        canary_bucket=canary_bucket(client if session is None else session.key), now=now,
         numeric_fields={k: v for k, v in body.items()
-                        if isinstance(v, int | float) and not isinstance(v, bool)})
-
-
-def _sticky_key(client: str, body: Mapping[str, Any], headers: Mapping[bytes, bytes]) -> str:
-    """Canary stickiness: per client, and per end user or session when the client says which
-    (OpenAI's `user` field, vLLM's `X-Session-ID` header), so one agent serving many users
-    spreads them over both arms while each user keeps the same one."""
-    user = body.get("user")
-    session = headers.get(b"x-session-id")
-    if isinstance(user, str) and user:
-        return f"{client}/{user}"
-    if session:
-        return f"{client}/{session.decode('latin-1')}"
-    return client
+                        if isinstance(v, int | float) and not isinstance(v, bool)},
+        session=session)
 
 
 def live_state_from_json(data: Mapping[str, Any]) -> LiveState:
