@@ -38,7 +38,7 @@ from policies.compiled import CompiledPolicy, CompiledRoute
 from policies.explain import verdicts_for
 from policies.predicates import SELECT, is_available, is_tripped
 from policies.spec.rules import Rule
-from policies.stickiness import move_cost
+from policies.stickiness import MoveCost, move_cost
 from policies.types import Decision, LiveState, Rejection, RequestView, RuleVerdict, SessionView
 
 # vLLM's own words (vllm/v1/engine/processor.py) so a client sees what the engine would have said.
@@ -105,10 +105,10 @@ def decide(
                 break
 
     # The session's engine, unless it cannot serve or a move pays (policies/stickiness.py).
-    session_verdict: RuleVerdict | None = None
+    session_why: MoveCost | str | None = None
     if pinned is None and view.session is not None and policy.sessions.sticky:
-        choice, reason, session_verdict = _stick(view.session, choice, reason, route, state,
-                                                 policy, allowed, sampling)
+        choice, reason, session_why = _stick(view.session, choice, reason, route, state, policy,
+                                             allowed, sampling)
 
     # Constraints, then the retry order.
     blocked = _blocked_by(choice, route, state, allowed, sampling, guarded=pinned is None)
@@ -134,8 +134,9 @@ def decide(
         verdicts = verdicts_for(
             view, state, route, content_class, temperature, blocked, choice, applied, clamped
         )
-        if session_verdict is not None:
-            verdicts = (*verdicts[:-1], session_verdict, verdicts[-1])
+        if session_why is not None and view.session is not None:
+            verdict = _session_verdict(session_why, view.session, reason)
+            verdicts = (*verdicts[:-1], verdict, verdicts[-1])
     return Decision(
         route=route.name,
         backend=choice,
@@ -205,23 +206,35 @@ def _stick(
     policy: CompiledPolicy,
     allowed: tuple[str, ...],
     sampling: frozenset[str],
-) -> tuple[str, str, RuleVerdict]:
-    """(choice, reason, verdict): the held engine when it can serve and a move does not pay;
-    the rules' choice for a new session, or when the held engine cannot serve (then the
-    reason is the constraint that moved the session: health, the guard)."""
+) -> tuple[str, str, MoveCost | str]:
+    """(choice, reason, why): the held engine when it can serve and a move does not pay; the
+    rules' choice for a new session, or when the held engine cannot serve (then the reason is
+    the constraint that moved the session: health, the guard). `why` becomes the explain
+    verdict, formatted only when asked for (`_session_verdict`)."""
     held = session.engine
     if held is None or held not in route.variants:
-        return choice, reason, RuleVerdict("session", "new", f"placed by {reason}")
+        return choice, reason, "new"
     held_blocked = _blocked_by(held, route, state, allowed, sampling, guarded=True)
     if held_blocked is not None:
-        return choice, held_blocked, RuleVerdict("session", "moved", f"{held}: {held_blocked}")
+        return choice, held_blocked, f"moved: {held} {held_blocked}"
     if choice == held:  # the rules agree: their reason stands, `session` counts overrides
-        return held, reason, RuleVerdict("session", "stay", f"{held} holds the prefix")
+        return held, reason, "stay"
     move = move_cost(session, held, policy.backend(held), choice, policy.backend(choice),
                      policy.sessions.default_turns)
     if move.pays:
-        return choice, "session-move", RuleVerdict("session", "move", move.explain())
-    return held, "session", RuleVerdict("session", "stay", move.explain())
+        return choice, "session-move", move
+    return held, "session", move
+
+
+def _session_verdict(why: MoveCost | str, session: SessionView, reason: str) -> RuleVerdict:
+    if isinstance(why, MoveCost):
+        return RuleVerdict("session", "move" if why.pays else "stay", why.explain())
+    if why == "new":
+        return RuleVerdict("session", "new", f"placed by {reason}")
+    if why == "stay":
+        return RuleVerdict("session", "stay", f"{session.engine} holds the prefix")
+    verdict, _, detail = why.partition(": ")
+    return RuleVerdict("session", verdict, detail)
 
 
 # Constraints -----------------------------------------------------------------------------------
