@@ -27,13 +27,13 @@ from typing import Any, Final, Literal
 
 Source = Literal["header", "user", "fingerprint"]
 
-# (session header, parent header): the first header present names the session.
+# The first header present names the session, and the agent that sent it.
 SESSION_HEADERS: Final = (
-    b"x-claude-code-session-id",
-    b"thread-id",
-    b"session_id",
-    b"session-id",
-    b"x-session-id",
+    (b"x-claude-code-session-id", "claude-code"),
+    (b"thread-id", "codex"),
+    (b"session_id", "codex"),
+    (b"session-id", "codex"),
+    (b"x-session-id", "opencode"),
 )
 AGENT_HEADER: Final = b"x-claude-code-agent-id"  # one session, several agents: each its prefix
 PARENT_HEADERS: Final = (
@@ -56,6 +56,9 @@ class SessionId:
     # False for a fingerprint without earlier turns: two conversations may well open with the
     # same prompt, so only a request carrying history continues a fingerprinted session.
     continues: bool = True
+    # Which agent program (claude-code, codex, opencode) by its header, else the source (user,
+    # fingerprint): `specrouter report --by agent`, the dashboard's per-agent rows.
+    kind: str = ""
 
 
 def session_of(client: str, body: Mapping[str, Any],
@@ -63,10 +66,10 @@ def session_of(client: str, body: Mapping[str, Any],
     """The request's session, or None when nothing identifies one (an embedding, a bare prompt)."""
     subagent = any(h in headers for h in PARENT_HEADERS)
     agent_raw = headers.get(AGENT_HEADER, b"")[:MAX_ID_BYTES]
-    for name in SESSION_HEADERS:
+    for name, kind in SESSION_HEADERS:
         value = headers.get(name)
         if value:
-            return _make(client, "header", value[:MAX_ID_BYTES], agent_raw, subagent)
+            return _make(client, "header", value[:MAX_ID_BYTES], agent_raw, subagent, kind=kind)
     user = body.get("user")
     if isinstance(user, str) and user:
         return _make(client, "user", user.encode()[:MAX_ID_BYTES], agent_raw, subagent)
@@ -77,13 +80,13 @@ def session_of(client: str, body: Mapping[str, Any],
 
 
 def _make(client: str, source: Source, ident: bytes, agent: bytes, subagent: bool,
-          continues: bool = True) -> SessionId:
+          continues: bool = True, kind: str = "") -> SessionId:
     h = hashlib.blake2b(digest_size=16)
     for part in (client.encode(), source.encode(), ident, agent):
         h.update(len(part).to_bytes(4, "big"))  # length-prefixed: no two tuples hash alike
         h.update(part)
     short = hashlib.blake2b(agent, digest_size=4).hexdigest() if agent else ""
-    return SessionId("s-" + h.hexdigest(), source, short, subagent, continues)
+    return SessionId("s-" + h.hexdigest(), source, short, subagent, continues, kind or source)
 
 
 def fingerprint(body: Mapping[str, Any]) -> tuple[bytes, bool] | None:

@@ -53,7 +53,7 @@ class RequestRecord:
     concurrency: int = 0  # requests open on the serving backend when this one started, itself too
     policy_version: str = ""
     session: str = ""  # the session key (policies/sessions.py), a hash: never the raw id
-    agent: str = ""  # a short hash of the agent within the session, "" for the main agent
+    agent: str = ""  # the agent program (claude-code, codex, ...), "/subagent" for a subagent
     subagent: bool = False
     started_wall: float = field(default_factory=time.time)
     m: Measurement = field(default_factory=lambda: Measurement(time.perf_counter()))

@@ -217,7 +217,8 @@ class PublicApp:
         if sid is not None:
             table.configure(policy.sessions.table_size, policy.sessions.idle_s)
             session = table.view(sid, x.t0)
-            record.session, record.agent, record.subagent = sid.key, sid.agent, sid.subagent
+            record.session, record.subagent = sid.key, sid.subagent
+            record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
         view = request_view(body, x.endpoint, x.model, x.client.name, x.headers, x.t0, session)
         decision = decide(view, gw.live.snapshot(), policy)
         if sid is not None and decision.backend is not None:
