@@ -1,8 +1,8 @@
 """The session table: session key -> the engine holding its prefix, last seen, tokens held.
 
 Local and bounded (the policy's `sessions.table_size`, least recently seen dropped first), owned
-by the event loop: a lookup is one dict get. With `--redis-url` replicas share it through
-proxy/backends/session_share.py, off the request path.
+by the event loop: a lookup is one dict get. Per replica: `merge` takes a newer row from
+another replica, for a sharing task that is not written yet (`--redis-url` does not share it).
 
 A request reads its session's row when it is decided (`view`), places a new or moved session
 on its engine then (`placed`, so a second request of the session arriving meanwhile follows it),
