@@ -2,7 +2,7 @@
 
     specrouter policy check FILE... [--strict]
     specrouter policy explain FILE --request JSON [--state JSON] [--client NAME]
-                              [--endpoint chat] [--pin VARIANT] [--now S] [--json]
+                              [--endpoint chat] [--pin VARIANT] [--now S] [--session JSON] [--json]
     specrouter policy diff A B
 
 JSON arguments are inline JSON, `@path` to read a file, or `-` for standard input. Exit status:
@@ -25,7 +25,7 @@ from policies.lint import policy_warnings
 from policies.loading import load_policy
 from policies.spec.base import PolicyError
 from policies.spec.document import PolicyDocument
-from policies.types import Decision, LiveState
+from policies.types import Decision, LiveState, SessionView
 
 ENDPOINTS = ("chat", "completions", "embeddings", "responses", "messages")
 
@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--endpoint", choices=ENDPOINTS, default="chat")
     explain.add_argument("--pin", metavar="VARIANT", help="as the X-Specrouter-Variant header")
     explain.add_argument("--now", type=float, default=0.0, help="monotonic seconds")
+    explain.add_argument("--session", help="the session table's row: {engine, prefix_tokens, "
+                         "turns, out_tokens_per_turn, mean_turns, subagent}")
     explain.add_argument("--json", action="store_true", help="print the decision as JSON")
     explain.set_defaults(run=_explain)
 
@@ -114,6 +116,12 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     client = args.client or (clients[0].name if clients else "anonymous")
     headers = {b"x-specrouter-variant": args.pin.encode()} if args.pin else {}
     view = request_view(body, args.endpoint, str(body.get("model", "")), client, headers, args.now)
+    if args.session is not None:
+        key = view.session.key if view.session is not None else "s-explain"
+        try:
+            view = replace(view, session=SessionView(key, **_json_arg(args.session, "--session")))
+        except TypeError as exc:
+            raise _UsageError(f"--session: {exc}") from None
     if not view.numeric_fields:
         numbers = {
             k: v for k, v in body.items() if isinstance(v, int | float) and not isinstance(v, bool)

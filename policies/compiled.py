@@ -27,6 +27,7 @@ from policies.spec.document import PolicyDocument
 from policies.spec.references import check_references
 from policies.spec.routes import RouteSpec
 from policies.spec.rules import SELECTOR_KINDS, GuardRule, HealthRule, Rule
+from policies.spec.sessions import SessionsSpec
 
 DefaultItems = tuple[tuple[str, Any], ...]
 
@@ -80,11 +81,11 @@ class CompiledPolicy:
       api_key, speculative, max_concurrency, priority_scheduling); KeyError if unknown.
     - `client_by_key_hash(hex)`: the client whose key hashes to `hex` (lowercase sha256), else None.
       A dict lookup on the hash is safe: timing reveals nothing about the key itself.
-    - `client(name)`, `routes`, `backends`, `guards`, `document`, `version`.
+    - `client(name)`, `routes`, `backends`, `guards`, `sessions`, `document`, `version`.
     """
 
     __slots__ = ("document", "version", "routes", "backends", "guards", "_by_model", "_by_key",
-                 "_by_name", "_model_names")
+                 "_by_name", "_model_names", "sessions")
 
     def __init__(self, doc: PolicyDocument) -> None:
         errors = check_references(doc)
@@ -95,6 +96,7 @@ class CompiledPolicy:
         canonical = orjson.dumps(doc.to_data(), option=orjson.OPT_SORT_KEYS)
         self.version: str = hashlib.sha256(canonical).hexdigest()[:16]
         self.backends: Mapping[str, BackendSpec] = MappingProxyType(dict(doc.backends))
+        self.sessions: SessionsSpec = doc.sessions
         routes = {name: _compile_route(name, spec, doc) for name, spec in doc.routes.items()}
         self.routes: Mapping[str, CompiledRoute] = MappingProxyType(routes)
         self.guards: tuple[GuardBinding, ...] = tuple(

@@ -14,6 +14,9 @@ How a decision is made, in order:
 4. The choice: a pinned variant (X-Specrouter-Variant, clients with `may_pin` only), else the
    first selector rule (load, content, sampling, canary, client) that matches, in document
    order, else the route's first variant (reason `default`).
+4b. The session (`view.session`, policies/sessions.py): a continuing session stays on the engine
+   holding its prefix (reason `session` when the rules chose another) unless that engine cannot serve (the constraint's
+   name) or moving to the rules' choice pays (`session-move`, policies/stickiness.py).
 5. Constraints on the choice, whichever rule made it: a variant the client may not use
    (`allowed-variants`), an unavailable backend (the health rule's name, `health` by default),
    a speculative backend whose engine kind refuses the request's sampling fields
@@ -35,7 +38,8 @@ from policies.compiled import CompiledPolicy, CompiledRoute
 from policies.explain import verdicts_for
 from policies.predicates import SELECT, is_available, is_tripped
 from policies.spec.rules import Rule
-from policies.types import Decision, LiveState, Rejection, RequestView, RuleVerdict
+from policies.stickiness import MoveCost, move_cost
+from policies.types import Decision, LiveState, Rejection, RequestView, RuleVerdict, SessionView
 
 # vLLM's own words (vllm/v1/engine/processor.py) so a client sees what the engine would have said.
 UNSUPPORTED_WITH_SPECULATION: Final = (
@@ -100,6 +104,12 @@ def decide(
                 choice, reason, decided_by = picked, rule.name, rule
                 break
 
+    # The session's engine, unless it cannot serve or a move pays (policies/stickiness.py).
+    session_why: MoveCost | str | None = None
+    if pinned is None and view.session is not None and policy.sessions.sticky:
+        choice, reason, session_why = _stick(view.session, choice, reason, route, state, policy,
+                                             allowed, sampling)
+
     # Constraints, then the retry order.
     blocked = _blocked_by(choice, route, state, allowed, sampling, guarded=pinned is None)
     usable = _usable(route, state, allowed, sampling, first=_guard_fallback(route, blocked))
@@ -113,13 +123,20 @@ def decide(
     fallbacks = tuple(v for v in usable if v != choice)
 
     priority = None
-    if client is not None and policy.backend(choice).priority_scheduling:
-        priority = client.priority
+    if policy.backend(choice).priority_scheduling:
+        subagent = view.session is not None and view.session.subagent
+        if subagent and policy.sessions.subagent_priority is not None:
+            priority = policy.sessions.subagent_priority
+        elif client is not None:
+            priority = client.priority
     verdicts: tuple[RuleVerdict, ...] = ()
     if explain:
         verdicts = verdicts_for(
             view, state, route, content_class, temperature, blocked, choice, applied, clamped
         )
+        if session_why is not None and view.session is not None:
+            verdict = _session_verdict(session_why, view.session, reason)
+            verdicts = (*verdicts[:-1], verdict, verdicts[-1])
     return Decision(
         route=route.name,
         backend=choice,
@@ -175,6 +192,49 @@ def _effective_temperature(
     if injected is not None:
         return float(injected)
     return route.spec.model_default_temperature
+
+
+# Sessions --------------------------------------------------------------------------------------
+
+
+def _stick(
+    session: SessionView,
+    choice: str,
+    reason: str,
+    route: CompiledRoute,
+    state: LiveState,
+    policy: CompiledPolicy,
+    allowed: tuple[str, ...],
+    sampling: frozenset[str],
+) -> tuple[str, str, MoveCost | str]:
+    """(choice, reason, why): the held engine when it can serve and a move does not pay; the
+    rules' choice for a new session, or when the held engine cannot serve (then the reason is
+    the constraint that moved the session: health, the guard). `why` becomes the explain
+    verdict, formatted only when asked for (`_session_verdict`)."""
+    held = session.engine
+    if held is None or held not in route.variants:
+        return choice, reason, "new"
+    held_blocked = _blocked_by(held, route, state, allowed, sampling, guarded=True)
+    if held_blocked is not None:
+        return choice, held_blocked, f"moved: {held} {held_blocked}"
+    if choice == held:  # the rules agree: their reason stands, `session` counts overrides
+        return held, reason, "stay"
+    move = move_cost(session, held, policy.backend(held), choice, policy.backend(choice),
+                     policy.sessions.default_turns)
+    if move.pays:
+        return choice, "session-move", move
+    return held, "session", move
+
+
+def _session_verdict(why: MoveCost | str, session: SessionView, reason: str) -> RuleVerdict:
+    if isinstance(why, MoveCost):
+        return RuleVerdict("session", "move" if why.pays else "stay", why.explain())
+    if why == "new":
+        return RuleVerdict("session", "new", f"placed by {reason}")
+    if why == "stay":
+        return RuleVerdict("session", "stay", f"{session.engine} holds the prefix")
+    verdict, _, detail = why.partition(": ")
+    return RuleVerdict("session", verdict, detail)
 
 
 # Constraints -----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Any, TypeGuard
 
 from policies.classify import signals_from_body
 from policies.engine import canary_bucket
+from policies.sessions import session_of
 from policies.types import (
     FIELD_BOUNDS,
     FIELD_NAMES,
@@ -18,17 +19,24 @@ from policies.types import (
     GuardState,
     LiveState,
     RequestView,
+    SessionView,
 )
 
 _NO_SIGNALS = ContentSignals()
 
 
 def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client: str,
-                 headers: Mapping[bytes, bytes], now: float) -> RequestView:
+                 headers: Mapping[bytes, bytes], now: float,
+                 session: SessionView | None = None) -> RequestView:
+    """`session`: the session table's view of the request's session (policies/sessions.py);
+    without one the session is identified here, as new."""
     temperature = body.get("temperature")
     min_p = body.get("min_p")
     n = body.get("n")
     pinned = headers.get(b"x-specrouter-variant")
+    if session is None and endpoint != "embeddings":
+        sid = session_of(client, body, headers)
+        session = None if sid is None else SessionView(sid.key, sid.subagent)
     numeric = {k: v for k, v in body.items() if _is_number(v)}
     fields_set = set(body)
     for name, spellings in FIELD_NAMES.get(endpoint, {}).items():
@@ -49,8 +57,11 @@ def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client
         n=n if type(n) is int else 1,
         signals=signals_from_body(body) if endpoint != "embeddings" else _NO_SIGNALS,
         pinned_variant=pinned.decode("latin-1") if pinned else None,
-        canary_bucket=canary_bucket(_sticky_key(client, body, headers)), now=now,
-        numeric_fields=numeric)
+        # Canary stickiness per session (a client serving many users or running many agents
+        # spreads them over both arms, each keeps its arm), per client without one.
+        canary_bucket=canary_bucket(client if session is None else session.key), now=now,
+        numeric_fields=numeric,
+        session=session)
 
 
 def _first_present(body: Mapping[str, Any], spellings: tuple[str, ...]) -> str | None:
@@ -86,18 +97,6 @@ def _is_number(value: Any) -> TypeGuard[float]:
     # (proxy/relay/fields.py refuses both before a decision).
     return type(value) in (int, float)
 
-
-def _sticky_key(client: str, body: Mapping[str, Any], headers: Mapping[bytes, bytes]) -> str:
-    """Canary stickiness: per client, and per end user or session when the client says which
-    (OpenAI's `user` field, vLLM's `X-Session-ID` header), so one agent serving many users
-    spreads them over both arms while each user keeps the same one."""
-    user = body.get("user")
-    session = headers.get(b"x-session-id")
-    if isinstance(user, str) and user:
-        return f"{client}/{user}"
-    if session:
-        return f"{client}/{session.decode('latin-1')}"
-    return client
 
 
 def live_state_from_json(data: Mapping[str, Any]) -> LiveState:

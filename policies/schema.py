@@ -37,6 +37,7 @@ from policies.spec.rules import (
     Rule,
     SamplingRule,
 )
+from policies.spec.sessions import SessionsSpec
 
 __all__ = [
     "BUILTIN_REASONS",
@@ -71,6 +72,7 @@ __all__ = [
     "RouteSpec",
     "Rule",
     "SamplingRule",
+    "SessionsSpec",
     "SpeculativeSpec",
     "Task",
     "ValidationContext",

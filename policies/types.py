@@ -36,6 +36,19 @@ class ContentSignals:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionView:
+    """The request's session (policies/sessions.py) and what the session table knows of it."""
+
+    key: str
+    subagent: bool = False
+    engine: str | None = None  # the engine holding its prefix; None: a new session
+    prefix_tokens: int = 0  # tokens of its conversation that engine holds (prompt + output)
+    turns: int = 0  # requests it has made
+    out_tokens_per_turn: float = 0.0
+    mean_turns: float | None = None  # turns per session over the table; None: too few seen
+
+
+@dataclass(frozen=True, slots=True)
 class RequestView:
     endpoint: Endpoint
     model: str
@@ -52,6 +65,7 @@ class RequestView:
     now: float = 0.0  # monotonic seconds, from the caller's clock
     # Numeric top-level fields the client sent (max_tokens, top_p, ...), for the route's clamps.
     numeric_fields: Mapping[str, float] = field(default_factory=dict)
+    session: SessionView | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from proxy.backends.admission import Admission
 from proxy.backends.endpoints import Endpoints
 from proxy.backends.live import LiveTracker
+from proxy.backends.session_table import SessionTable
 from proxy.observe.metrics import GatewayMetrics
 from proxy.operator import Operator
 from proxy.relay.engine_conn import EnginePool
@@ -51,6 +52,9 @@ class RequestRecord:
     continued: bool = False  # finished by another variant after its engine died mid-stream
     concurrency: int = 0  # requests open on the serving backend when this one started, itself too
     policy_version: str = ""
+    session: str = ""  # the session key (policies/sessions.py), a hash: never the raw id
+    agent: str = ""  # the agent program (claude-code, codex, ...), "/subagent" for a subagent
+    subagent: bool = False
     started_wall: float = field(default_factory=time.time)
     m: Measurement = field(default_factory=lambda: Measurement(time.perf_counter()))
 
@@ -76,6 +80,7 @@ class Gateway:
         self.policy = PolicyHolder(policy, self.operator.context)
         self.metrics = GatewayMetrics()
         self.live = LiveTracker()
+        self.sessions = SessionTable(policy.sessions.table_size, policy.sessions.idle_s)
         self.admission = Admission()
         self.endpoints = Endpoints()
         self.limits: Limits = (RedisLimits(settings.redis_url) if settings.redis_url
@@ -87,11 +92,22 @@ class Gateway:
         self.watches: dict[int, DisconnectWatch] = {}  # same keys: to end streams at shutdown
         self.draining = False
         self.recent: deque[RequestRecord] = deque(maxlen=200)
-        self.sinks: list[Sink] = [self.recent.append]
+        self.sinks: list[Sink] = [self.recent.append, self._session_turn]
 
     def finished(self, record: RequestRecord) -> None:
         for sink in self.sinks:
             sink(record)
+
+    def _session_turn(self, record: RequestRecord) -> None:
+        if not record.session or record.outcome != "ok":
+            return
+        m = record.m
+        decode = (m.t_last_token - m.t_first_token
+                  if m.t_last_token is not None and m.t_first_token is not None else 0.0)
+        self.sessions.finished(record.session, record.backend, time.perf_counter(),
+                               prompt_tokens=m.prompt_tokens,
+                               completion_tokens=m.completion_tokens,
+                               cached_tokens=m.cached_tokens, decode_s=decode)
 
     async def aclose(self) -> None:
         self.engines.close()

@@ -2,9 +2,11 @@
 
 Times `policies.engine.decide` call by call (perf_counter_ns, the timer's own cost subtracted)
 with a 20-rule policy, in the worst order for it: 18 selectors that do not match before the one
-that does, plus a health rule and an acceptance guard. Also the shipped GB10 policy. Prints the
+that does, plus a health rule and an acceptance guard. Also the shipped GB10 policy, and the
+session path (issue 18): the session table's lookup with 10,000 sessions plus the decision, whose
+load rule says "move" and whose stickiness works out that the move does not pay. Prints the
 median and p99 per scenario, each round's median, and the run counts. Target: under 20 us at the
-median (issue 4). A benchmark, not a test: the figures depend on the machine.
+median (issues 4 and 18). A benchmark, not a test: the figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ import gc
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from policies.compiled import CompiledPolicy
 from policies.engine import decide
 from policies.schema import load_policy, validate_policy
+from policies.sessions import SessionId
 from policies.types import BackendState, ContentSignals, GuardState, LiveState, RequestView
+from proxy.backends.session_table import SessionTable
 
 TARGET_US = 20.0
 
@@ -42,10 +47,12 @@ def twenty_rule_policy() -> CompiledPolicy:
     assert len(rules) == 20
     backends: dict[str, Any] = {
         "deep": {"url": "http://127.0.0.1:1", "served_model_name": "m",
+                 "decode_tokens_per_s": 60.0,
                  "speculative": {"method": "dflash", "num_speculative_tokens": 7,
                                  "draft_sample_method": "probabilistic",
                                  "rejection_sample_method": "block"}},
         "mtp": {"url": "http://127.0.0.1:2", "served_model_name": "m",
+                "decode_tokens_per_s": 45.0,
                 "speculative": {"method": "mtp", "num_speculative_tokens": 3}},
         "plain": {"url": "http://127.0.0.1:3", "served_model_name": "m"},
     }
@@ -78,6 +85,28 @@ def _state(deep: str, mtp: str) -> LiveState:
     )
 
 
+SESSIONS = 10_000
+
+
+class SessionCase:
+    """What the gateway does per request of a known session: the table's row, the view with
+    it, the decision. Called like `decide` so `measure` times it the same way."""
+
+    def __init__(self, base: RequestView) -> None:
+        self.table = SessionTable(size=SESSIONS)
+        for n in range(SESSIONS):
+            sid = SessionId(f"s-{n:032x}", "header", "", False)
+            self.table.placed(sid, "agent", "mtp", float(n))
+            self.table.finished(sid.key, "mtp", float(n), prompt_tokens=100_000,
+                                completion_tokens=800, cached_tokens=99_000, decode_s=10.0)
+        self.sid = SessionId(f"s-{SESSIONS // 2:032x}", "header", "", False)
+        self.base = base
+
+    def __call__(self, view: RequestView, state: LiveState, policy: CompiledPolicy) -> Any:
+        session = self.table.view(self.sid, view.now)
+        return decide(replace(view, session=session), state, policy)
+
+
 def _timer_cost_ns(samples: int = 100_000) -> float:
     clock = time.perf_counter_ns
     deltas = []
@@ -88,12 +117,12 @@ def _timer_cost_ns(samples: int = 100_000) -> float:
 
 
 def measure(view: RequestView, state: LiveState, policy: CompiledPolicy, calls: int,
-            rounds: int) -> tuple[list[float], list[float]]:
+            rounds: int, call: Any = decide) -> tuple[list[float], list[float]]:
     """Per-call times in microseconds (all rounds), and each round's median."""
     clock = time.perf_counter_ns
     overhead = _timer_cost_ns()
     for _ in range(2_000):  # warm caches and the interpreter's specialisations
-        decide(view, state, policy)
+        call(view, state, policy)
     every: list[float] = []
     medians: list[float] = []
     gc.disable()  # a collection inside one call is the collector's cost, not the decision's
@@ -102,7 +131,7 @@ def measure(view: RequestView, state: LiveState, policy: CompiledPolicy, calls: 
             times = []
             for _ in range(calls):
                 t0 = clock()
-                decide(view, state, policy)
+                call(view, state, policy)
                 times.append((clock() - t0 - overhead) / 1000.0)
             medians.append(statistics.median(times))
             every += times
@@ -120,25 +149,28 @@ def main(argv: list[str] | None = None) -> int:
 
     gb10 = CompiledPolicy(load_policy(Path(__file__).resolve().parents[2]
                                       / "policies" / "gb10.yaml"))
-    scenarios = [
-        ("20 rules, the 20th decides", _view("coder", "agent"), _state("deep", "mtp"),
-         twenty_rule_policy()),
+    twenty = twenty_rule_policy()
+    agent = _view("coder", "agent")
+    scenarios: list[tuple[str, RequestView, LiveState, CompiledPolicy, Any]] = [
+        ("20 rules, the 20th decides", agent, _state("deep", "mtp"), twenty, decide),
         ("gb10.yaml (3 rules)", _view("qwen3.8-27b", "coding-agent"),
-         _state("coder-dflash7", "coder-mtp3"), gb10),
+         _state("coder-dflash7", "coder-mtp3"), gb10, decide),
+        (f"20 rules + session of {SESSIONS}", agent, _state("deep", "mtp"), twenty,
+         SessionCase(agent)),
     ]
     print(f"python {sys.version.split()[0]}, {args.rounds} rounds x {args.calls} calls")
-    print(f"{'scenario':<30} {'median us':>10} {'p99 us':>8}  round medians (us)")
+    print(f"{'scenario':<34} {'median us':>10} {'p99 us':>8}  round medians (us)")
     worst_median = 0.0
-    for name, view, state, policy in scenarios:
-        decision = decide(view, state, policy)
+    for name, view, state, policy, call in scenarios:
+        decision = call(view, state, policy)
         assert decision.backend is not None, decision
-        every, medians = measure(view, state, policy, args.calls, args.rounds)
+        every, medians = measure(view, state, policy, args.calls, args.rounds, call)
         every.sort()
         median = statistics.median(every)
         p99 = every[int(len(every) * 0.99)]
         worst_median = max(worst_median, median)
         spread = ", ".join(f"{m:.2f}" for m in medians)
-        print(f"{name:<30} {median:>10.2f} {p99:>8.2f}  {spread}   -> {decision.backend} "
+        print(f"{name:<34} {median:>10.2f} {p99:>8.2f}  {spread}   -> {decision.backend} "
               f"({decision.reason})")
     verdict = "under" if worst_median < TARGET_US else "OVER"
     print(f"target: median under {TARGET_US:g} us -> {verdict}")

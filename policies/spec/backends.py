@@ -89,6 +89,10 @@ class BackendSpec(StrictModel):
     # the gateway starts or a repair, a failing backend is "starting", not "down".
     startup_s: Annotated[float, Field(ge=0)] = 420.0
     repair: RepairSpec | None = None
+    # For a session's move between engines (policies/stickiness.py): prefill rate (the GB10
+    # prefills ~2,000 tokens/s) and one sequence's decode rate; unset decode: no move pays.
+    prefill_tokens_per_s: Annotated[float, Field(gt=0)] = 2000.0
+    decode_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
     engine: EngineSpec = EngineSpec()  # launch settings for `specrouter deploy`
 
     @model_validator(mode="before")

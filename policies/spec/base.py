@@ -27,6 +27,8 @@ BUILTIN_REASONS = frozenset(
         "no-backend",
         "unknown-model",
         "wrong-task",
+        "session",
+        "session-move",
     }
 )
 # Body fields a default may not set: they identify the request, they do not tune it.

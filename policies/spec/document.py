@@ -1,4 +1,5 @@
-"""The whole policy document, and its document-wide settings (admission, guard, health)."""
+"""The whole policy document, and its document-wide settings (admission, guard, health,
+sessions)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from policies.spec.base import NAME, StrictModel
 from policies.spec.clients import ClientSpec
 from policies.spec.deployment import DeploymentSpec
 from policies.spec.routes import RouteSpec
+from policies.spec.sessions import SessionsSpec
 
 
 class AdmissionSpec(StrictModel):
@@ -40,6 +42,7 @@ class PolicyDocument(StrictModel):
     guard: GuardDefaults = GuardDefaults()
     health: HealthSpec = HealthSpec()
     deployment: DeploymentSpec = DeploymentSpec()
+    sessions: SessionsSpec = SessionsSpec()
 
     def to_data(self) -> dict[str, Any]:
         """The document as plain data, keyed as in YAML (for diff, history and the admin API)."""

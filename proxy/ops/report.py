@@ -143,7 +143,14 @@ GROUP_KEYS: dict[str, Callable[[Row], str]] = {
     "content_class": lambda r: r["content_class"] or "(none)",
     "policy_version": lambda r: r["policy_version"] or "(none)",
     "finish_reason": lambda r: r["finish_reason"] or "(none)",
+    "session": lambda r: _column(r, "session"),
+    "agent": lambda r: _column(r, "agent"),
 }
+
+
+def _column(row: Row, name: str) -> str:
+    # a log written before the column existed has none: its rows form one group
+    return row.get(name) or "(none)"
 
 
 def group_rows(rows: Iterable[Row], keys: Sequence[str]) -> list[tuple[tuple[str, ...], list[Row]]]:

@@ -14,6 +14,7 @@ import orjson
 
 from policies.engine import decide
 from policies.inputs import for_body, request_view
+from policies.sessions import session_of
 from policies.types import Endpoint
 from proxy import auth
 from proxy.gateway import Gateway, RequestRecord
@@ -212,8 +213,18 @@ class PublicApp:
         record = RequestRecord(request_id=x.request_id, client=x.client.name,
                                endpoint=x.endpoint, stream=body.get("stream") is True)
         record.m.t_start = x.t0
-        view = request_view(body, x.endpoint, x.model, x.client.name, x.headers, x.t0)
+        sid = session_of(x.client.name, body, x.headers) if x.endpoint != "embeddings" else None
+        table = gw.sessions
+        session = None
+        if sid is not None:
+            table.configure(policy.sessions.table_size, policy.sessions.idle_s)
+            session = table.view(sid, x.t0)
+            record.session, record.subagent = sid.key, sid.subagent
+            record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
+        view = request_view(body, x.endpoint, x.model, x.client.name, x.headers, x.t0, session)
         decision = for_body(decide(view, gw.live.snapshot(), policy), x.endpoint, body)
+        if sid is not None and decision.backend is not None:
+            table.placed(sid, x.client.name, decision.backend, x.t0)
         record.route, record.reason = decision.route, decision.reason
         record.policy_version = policy.version
         record.content_class, record.canary = decision.content_class, decision.canary

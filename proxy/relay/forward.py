@@ -162,7 +162,8 @@ async def open_engine(x: Exchange[R], body: dict[str, Any], backend: BackendSpec
     if decision.priority is not None and backend.priority_scheduling:
         inject.setdefault("priority", decision.priority)
     payload = upstream_body(body, inject, backend.served_model_name, usage)
-    up_headers = _upstream_headers(x.headers, x.request_id, x.gw.operator.secret(backend.api_key))
+    up_headers = _upstream_headers(x.headers, x.request_id, x.gw.operator.secret(backend.api_key),
+                                   x.record.session)
     if x.resp is None:  # not a continuation: this attempt is the one the timings describe
         m = x.record.m
         m.t_engine, m.t_headers = time.perf_counter(), None
@@ -270,13 +271,15 @@ class Lease:
 
 
 def _upstream_headers(headers: dict[bytes, bytes], request_id: str,
-                      key: str | None) -> dict[str, str]:
+                      key: str | None, session: str) -> dict[str, str]:
     out = {"content-type": "application/json", "accept-encoding": "identity",
            "x-request-id": request_id}
     for name in _FORWARD_HEADERS:
         value = headers.get(name)
         if value is not None:
             out[name.decode()] = value.decode("latin-1")
+    if session:  # the gateway's notion (policies/sessions.py), scoped and bounded, not the raw id
+        out["x-session-id"] = session
     if key:
         out["authorization"] = f"Bearer {key}"
     return out

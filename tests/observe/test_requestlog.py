@@ -409,3 +409,15 @@ def test_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
                                   "--batch", "50", "--batches", "2", "--idle", "0.05"]) == 0
     out = capsys.readouterr().out
     assert "sink(), 2 rounds x 300 calls" in out and "records/s" in out
+
+
+def test_session_and_agent_logged_as_hash_and_label() -> None:
+    record = make_record(3)
+    record.session, record.agent = "s-" + "ab" * 16, "claude-code/subagent"
+    log = RequestLog(Path("unused"))
+    log.sink(record)
+    row = dict(zip(COLUMNS, row_of(log._buffer[0]), strict=True))
+    assert (row["session"], row["agent"]) == ("s-" + "ab" * 16, "claude-code/subagent")
+    log.sink(make_record(4))  # no session: NULL, not ''
+    row = dict(zip(COLUMNS, row_of(log._buffer[1]), strict=True))
+    assert (row["session"], row["agent"]) == (None, None)

@@ -244,3 +244,14 @@ def test_plot_without_matplotlib(db: Path, tmp_path: Path, monkeypatch: pytest.M
     assert report.main(["--db", str(db), "--plot", str(tmp_path / "x.png")]) == 2
     captured = capsys.readouterr()
     assert "TTFT" in captured.out and "needs matplotlib" in captured.err
+
+
+def test_group_rows_by_session_and_agent_old_logs_included() -> None:
+    rows = [{**_row("a"), "session": "s-1", "agent": "codex"},
+            {**_row("a"), "session": "s-1", "agent": "codex"},
+            {**_row("b"), "session": "s-2", "agent": "claude-code/subagent"},
+            _row("b")]  # a row from a log written before sessions were logged
+    assert [(k, len(g)) for k, g in group_rows(rows, ["session"])] == [
+        (("s-1",), 2), (("(none)",), 1), (("s-2",), 1)]
+    assert [k for k, _ in group_rows(rows, ["agent"])] == [
+        ("codex",), ("(none)",), ("claude-code/subagent",)]

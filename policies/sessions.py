@@ -1,0 +1,154 @@
+"""One notion of session: which conversation a request continues, from the request alone. Pure.
+
+In order of trust:
+1. The agent's own headers: Claude Code's `x-claude-code-session-id` (+ `x-claude-code-agent-id`
+   for a subagent, `x-claude-code-parent-agent-id` naming its parent), Codex's `thread-id`,
+   `session_id` / `session-id` (+ `x-codex-parent-thread-id`, `x-openai-subagent`), OpenCode's
+   `x-session-id` (+ `x-parent-session-id`).
+2. OpenAI's `user` field.
+3. A fingerprint of the conversation's stable prefix: the system prompt (chat `system` /
+   `developer` messages, Messages' `system`, Responses' `instructions`) and the first user turn.
+   Lines that change on every request are skipped: Claude Code's attribution block
+   `x-anthropic-billing-header: cc_version=...; cc_entrypoint=...; cch=<hash>;` (system[0] of its
+   Messages requests) is left out of the hash, so its turns share one fingerprint.
+
+The key is a hash of (client, source, id, agent): one client cannot name another's session, and
+whatever a client sends, the key is 34 characters of [a-z0-9-]. It is what the canary hashes,
+what goes upstream as `x-session-id` and what the session table and the request log hold; the
+raw id never leaves this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+Source = Literal["header", "user", "fingerprint"]
+
+# The first header present names the session, and the agent that sent it.
+SESSION_HEADERS: Final = (
+    (b"x-claude-code-session-id", "claude-code"),
+    (b"thread-id", "codex"),
+    (b"session_id", "codex"),
+    (b"session-id", "codex"),
+    (b"x-session-id", "opencode"),
+)
+AGENT_HEADER: Final = b"x-claude-code-agent-id"  # one session, several agents: each its prefix
+PARENT_HEADERS: Final = (
+    b"x-claude-code-parent-agent-id",
+    b"x-codex-parent-thread-id",
+    b"x-parent-session-id",
+    b"x-openai-subagent",
+)
+MAX_ID_BYTES: Final = 256  # a longer id is cut: a key is a hash, the bound is on work done
+BILLING_PREFIX: Final = "x-anthropic-billing-header:"
+FINGERPRINT_CHARS: Final = 65_536  # at most this much of the prefix is hashed (~20 us)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionId:
+    key: str  # "s-" + 32 hex: scoped by client, safe as a header value and a log field
+    source: Source
+    agent: str  # a short hash of the agent within the session ("" for the main agent)
+    subagent: bool  # a parent header was sent: a subagent's request
+    # False for a fingerprint without earlier turns: two conversations may well open with the
+    # same prompt, so only a request carrying history continues a fingerprinted session.
+    continues: bool = True
+    # Which agent program (claude-code, codex, opencode) by its header, else the source (user,
+    # fingerprint): `specrouter report --by agent`, the dashboard's per-agent rows.
+    kind: str = ""
+
+
+def session_of(client: str, body: Mapping[str, Any],
+               headers: Mapping[bytes, bytes]) -> SessionId | None:
+    """The request's session, or None when nothing identifies one (an embedding, a bare prompt)."""
+    subagent = any(h in headers for h in PARENT_HEADERS)
+    agent_raw = headers.get(AGENT_HEADER, b"")[:MAX_ID_BYTES]
+    for name, kind in SESSION_HEADERS:
+        value = headers.get(name)
+        if value:
+            return _make(client, "header", value[:MAX_ID_BYTES], agent_raw, subagent, kind=kind)
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        return _make(client, "user", user.encode()[:MAX_ID_BYTES], agent_raw, subagent)
+    found = fingerprint(body)
+    if found is None:
+        return None
+    return _make(client, "fingerprint", found[0], agent_raw, subagent, found[1])
+
+
+def _make(client: str, source: Source, ident: bytes, agent: bytes, subagent: bool,
+          continues: bool = True, kind: str = "") -> SessionId:
+    h = hashlib.blake2b(digest_size=16)
+    for part in (client.encode(), source.encode(), ident, agent):
+        h.update(len(part).to_bytes(4, "big"))  # length-prefixed: no two tuples hash alike
+        h.update(part)
+    short = hashlib.blake2b(agent, digest_size=4).hexdigest() if agent else ""
+    return SessionId("s-" + h.hexdigest(), source, short, subagent, continues, kind or source)
+
+
+def fingerprint(body: Mapping[str, Any]) -> tuple[bytes, bool] | None:
+    """(digest of the system prompt and the first user turn, whether earlier turns are in the
+    request), or None without a user turn."""
+    system: list[str] = []
+    first_user: str | None = None
+    history = False
+    messages = body.get("messages")
+    if isinstance(messages, list):  # chat and Messages
+        system += _texts(body.get("system"))
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                continue
+            role = m.get("role")
+            if role in ("system", "developer"):
+                system += _texts(m.get("content"))
+            elif role == "user":
+                first_user = "\n".join(_texts(m.get("content")))
+                history = len(messages) > i + 1
+                break
+    else:  # Responses
+        system += _texts(body.get("instructions"))
+        first_user, history = _first_user_input(body.get("input"))
+    if not first_user:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    budget = FINGERPRINT_CHARS
+    for text in (*system, "\x00", first_user):
+        if budget <= 0:
+            break
+        piece = text[:budget]
+        budget -= len(piece)
+        h.update(piece.encode("utf-8", "surrogatepass"))
+    return h.digest(), history
+
+
+def _first_user_input(value: Any) -> tuple[str | None, bool]:
+    if isinstance(value, str):
+        return value, False
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if isinstance(item, dict) and item.get("role") == "user":
+                return "\n".join(_texts(item.get("content"))), len(value) > i + 1
+    return None, False
+
+
+def _texts(content: Any) -> list[str]:
+    """The text of a message content (a string or a list of parts), billing lines dropped."""
+    if isinstance(content, str):
+        return [_strip_billing(content)]
+    if isinstance(content, list):
+        return [_strip_billing(p["text"]) for p in content
+                if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return []
+
+
+def _strip_billing(text: str) -> str:
+    if BILLING_PREFIX not in text:  # the common case: one scan, no copy
+        return text
+    return "\n".join(_kept(text.split("\n")))
+
+
+def _kept(lines: Iterable[str]) -> Iterable[str]:
+    return (line for line in lines if not line.lstrip().startswith(BILLING_PREFIX))

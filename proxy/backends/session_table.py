@@ -1,0 +1,122 @@
+"""The session table: session key -> the engine holding its prefix, last seen, tokens held.
+
+Local and bounded (the policy's `sessions.table_size`, least recently seen dropped first), owned
+by the event loop: a lookup is one dict get. Per replica: `merge` takes a newer row from
+another replica, for a sharing task that is not written yet (`--redis-url` does not share it).
+
+A request reads its session's row when it is decided (`view`), places a new or moved session
+on its engine then (`placed`, so a second request of the session arriving meanwhile follows it),
+and adds what its turn cost when it ends (`finished`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from policies.sessions import SessionId
+from policies.types import SessionView
+
+MIN_SESSIONS_FOR_MEAN = 20  # fewer sessions seen: the policy's default_turns
+
+
+@dataclass(slots=True)
+class SessionEntry:
+    engine: str
+    last_seen: float  # monotonic
+    client: str = ""
+    agent: str = ""
+    source: str = ""
+    subagent: bool = False
+    prefix_tokens: int = 0
+    turns: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cached_tokens: int = 0
+    decode_s: float = 0.0
+    moves: int = 0
+
+
+class SessionTable:
+    def __init__(self, size: int = 10_000, idle_s: float = 1800.0) -> None:
+        self.size, self.idle_s = size, idle_s
+        self._rows: OrderedDict[str, SessionEntry] = OrderedDict()
+        self._turns = 0  # over the rows: the mean turns per session is _turns / len
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, key: str) -> SessionEntry | None:
+        return self._rows.get(key)
+
+    def configure(self, size: int, idle_s: float) -> None:
+        """The policy's bounds (`sessions.table_size`, `idle_s`), checked per request: a policy
+        applied meanwhile takes effect on the next one."""
+        self.size, self.idle_s = size, idle_s
+
+    def view(self, sid: SessionId, now: float) -> SessionView:
+        row = self._rows.get(sid.key)
+        if row is None or not sid.continues or now - row.last_seen > self.idle_s:
+            return SessionView(sid.key, sid.subagent, mean_turns=self.mean_turns())
+        turns = row.turns
+        return SessionView(sid.key, sid.subagent, row.engine, row.prefix_tokens, turns,
+                           row.tokens_out / turns if turns else 0.0, self.mean_turns())
+
+    def mean_turns(self) -> float | None:
+        n = len(self._rows)
+        return self._turns / n if n >= MIN_SESSIONS_FOR_MEAN else None
+
+    def placed(self, sid: SessionId, client: str, engine: str, now: float) -> None:
+        row = self._rows.get(sid.key)
+        if row is None:
+            row = self._rows[sid.key] = SessionEntry(engine, now, client, sid.agent, sid.source,
+                                                     sid.subagent)
+            self._evict()
+        elif row.engine != engine:
+            row.engine, row.prefix_tokens = engine, 0  # the new engine holds none of it
+            row.moves += 1
+        row.last_seen = now
+        self._rows.move_to_end(sid.key)
+
+    def finished(self, key: str, engine: str, now: float, *, prompt_tokens: int | None,
+                 completion_tokens: int, cached_tokens: int | None, decode_s: float) -> None:
+        """One turn ended on `engine` (a retry may have served it elsewhere than placed)."""
+        row = self._rows.get(key)
+        if row is None:
+            return
+        if engine and row.engine != engine:
+            row.engine = engine
+            row.moves += 1
+        row.turns += 1
+        self._turns += 1
+        row.tokens_in += prompt_tokens or 0
+        row.tokens_out += completion_tokens
+        row.cached_tokens += cached_tokens or 0
+        row.decode_s += decode_s
+        if prompt_tokens:  # what the engine's prefix cache now holds of this conversation
+            row.prefix_tokens = prompt_tokens + completion_tokens
+        row.last_seen = now
+
+    def merge(self, key: str, engine: str, seen: float, prefix_tokens: int) -> None:
+        """A row from another replica: taken when it is newer than ours."""
+        row = self._rows.get(key)
+        if row is not None and row.last_seen >= seen:
+            return
+        if row is None:
+            row = self._rows[key] = SessionEntry(engine, seen)
+            self._evict()
+        row.engine, row.last_seen, row.prefix_tokens = engine, seen, prefix_tokens
+        self._rows.move_to_end(key)
+
+    def recent(self, limit: int) -> Iterator[tuple[str, SessionEntry]]:
+        """The most recently seen rows first."""
+        for i, key in enumerate(reversed(self._rows)):
+            if i >= limit:
+                return
+            yield key, self._rows[key]
+
+    def _evict(self) -> None:
+        while len(self._rows) > self.size:
+            _, dropped = self._rows.popitem(last=False)
+            self._turns -= dropped.turns
