@@ -1,4 +1,5 @@
-"""The simulator against vLLM 0.28.0's own bytes (shared/reference/vllm-golden/0.28.0).
+"""The simulator in each version mode against that vLLM's own bytes
+(shared/reference/vllm-golden/0.28.0 and 0.33.0).
 
 Every fixture's request is sent to an in-process simulator whose engine plays back the
 fixture's engine outputs (`loadtests.sim.playback.Playback`: same prompt token ids, same output
@@ -22,20 +23,20 @@ import pytest
 from loadtests.sim.engine import Delta
 from loadtests.sim.playback import Playback
 from loadtests.sim.profiles import BUILTIN_PROFILES
+from loadtests.sim.sequences import SpecStats
 from loadtests.sim.server import create_app
 from loadtests.sim.state import SimConfig
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "reference" / "vllm-golden"
-VERSION_DIR = GOLDEN / "0.28.0"
+VERSIONS = ("0.28.0", "0.33.0")
 
-if not VERSION_DIR.is_dir():
-    pytest.skip(f"vLLM golden fixtures not found at {VERSION_DIR}", allow_module_level=True)
+if not all((GOLDEN / v).is_dir() for v in VERSIONS):
+    pytest.skip(f"vLLM golden fixtures not found at {GOLDEN}", allow_module_level=True)
 
 _NOT_YET = "the simulator does not emit it yet (a later issue adds it)"
-_PTD = "--enable-prompt-tokens-details: the simulator never writes usage.prompt_tokens_details"
 
 # fixture -> (frames that differ, why). Frames: SSE events, or 1 for a JSON body.
-EXPECTED: dict[str, tuple[int, str]] = {
+EXPECTED_028: dict[str, tuple[int, str]] = {
     **{
         name: (n, f"Anthropic /v1/messages: {_NOT_YET} (404)")
         for name, n in {
@@ -61,17 +62,6 @@ EXPECTED: dict[str, tuple[int, str]] = {
             "anth_stream_tools_qwen3_coder_noreasoning": 12,
         }.items()
     },
-    "chat_full_prompt_tokens_details": (1, _PTD),
-    "chat_stream_prompt_tokens_details": (1, _PTD),
-    "cmpl_stream_prompt_tokens_details": (1, _PTD),
-    "chat_stream_continuous": (
-        6, "continuous usage: vLLM adds `completion_tokens_details: null` to every per-chunk "
-        "usage (role, content and finish chunks); the simulator writes the three counts only"),
-    "chat_stream_error_midstream": (
-        3, "engine finish_reason 'error': vLLM turns it into an error event (500) then [DONE]; "
-        "the simulator streams it as a finish chunk, then usage and [DONE]"),
-    "cmpl_stream_error_midstream": (
-        1, "engine finish_reason 'error' (as chat_stream_error_midstream)"),
     "emb_float": (
         1, "0.28 answers embeddings with ORJSONResponse (float32 shortest repr, -0.08396084); the "
         "simulator writes float32 values as doubles, the no-orjson form (emb_float_no_orjson "
@@ -102,6 +92,33 @@ EXPECTED: dict[str, tuple[int, str]] = {
         "or the item (created, in_progress, item added/done, text done, completed)"),
     "responses_stream_truncated": (7, "as responses_stream"),
 }
+
+_ANTH_033 = {**{n: c for n, (c, _) in EXPECTED_028.items() if n.startswith("anth_")},
+             "anth_stream_error_midstream": 6, "anth_stream_reasoning": 14}
+_MISSING_033 = ("0.33's admission_rejections, prompt_tokens_cached_by_source and "
+                "request_num_preemptions, and the 15 of 0.28's metrics_k7_fresh; every family "
+                "the simulator exports matches")
+EXPECTED_033: dict[str, tuple[int, str]] = {
+    **{name: (n, f"Anthropic /v1/messages: {_NOT_YET} (404)") for name, n in _ANTH_033.items()},
+    **{name: (1, "qwen3 reasoning: 0.33 sends the `\\n\\n` after `</think>` as content in the "
+                 "same chunk as the last reasoning; the simulator (0.28's parser) drops it")
+       for name in ("chat_stream_reasoning", "chat_stream_reasoning_continuous")},
+    "emb_float": (1, "0.33 always encodes embeddings with orjson (float32 shortest repr); the "
+                  "simulator writes doubles"),
+    "emb_base64": EXPECTED_028["emb_base64"],
+    "err_400_cmpl_validation": EXPECTED_028["err_400_cmpl_validation"],
+    "err_400_stream_options": EXPECTED_028["err_400_stream_options"],
+    "metrics_k7_fresh": (18, f"families the simulator does not export: {_MISSING_033}"),
+    "metrics_k0": (38, "the 18 missing families of metrics_k7_fresh, plus the 20 recorded "
+                   "values (as in 0.28)"),
+    "metrics_k7": (42, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
+    "responses_full": (1, "Response object: as 0.28 (no `error` key, `logprobs: null`, `phase`), "
+                       "plus 0.33's prompt_cache_*, safety_identifier and cache_write_tokens"),
+    "responses_stream": (7, "the responses_full differences, in every event that carries them"),
+    "responses_stream_truncated": (7, "as responses_stream; 0.33 also ends with "
+                                   "response.incomplete, which the simulator does not send yet"),
+}
+EXPECTED = {"0.28.0": EXPECTED_028, "0.33.0": EXPECTED_033}
 
 
 # -- normalisation (README "Comparing a simulator's bytes with these") ---------------------------
@@ -154,12 +171,13 @@ def _prom_frames(text: str) -> list[bytes]:
 # -- driving the simulator ----------------------------------------------------------------------
 
 
-def _fixtures() -> list[str]:
-    return sorted(p.name[: -len(".input.json")] for p in VERSION_DIR.glob("*.input.json"))
+def _fixtures(version: str) -> list[str]:
+    return sorted(p.name[: -len(".input.json")] for p in (GOLDEN / version).glob("*.input.json"))
 
 
-def _body_file(name: str) -> Path:
-    (path,) = [p for p in VERSION_DIR.glob(name + ".*") if not p.name.endswith(".input.json")]
+def _body_file(version: str, name: str) -> Path:
+    (path,) = [p for p in (GOLDEN / version).glob(name + ".*")
+               if not p.name.endswith(".input.json")]
     return path
 
 
@@ -182,13 +200,19 @@ def _script(spec: dict[str, Any]) -> Playback | None:
          for o in ro["outputs"]]
         for ro in eo["request_outputs"]
     ]
+    spec = None
+    if "spec_decode" in eo:
+        spec = SpecStats(eo["spec_decode"]["num_speculative_tokens"])
+        for step in eo["spec_decode"]["verify_steps"]:
+            spec.record(step["num_accepted"])
     return Playback(list(eo["prompt_token_ids"]), steps, cached_tokens=eo.get("num_cached_tokens")
-                  or 0)
+                  or 0, spec=spec)
 
 
-def _config(spec: dict[str, Any]) -> SimConfig:
+def _config(version: str, spec: dict[str, Any]) -> SimConfig:
     server = spec["server"]
     flags = " ".join(server.get("flags", []))
+    summary = "--per-request-spec-decode-metrics" in flags
     if server["served_model_name"].endswith("embed"):
         profile = BUILTIN_PROFILES["embed"]
     elif "num_speculative_tokens" in flags:
@@ -199,11 +223,13 @@ def _config(spec: dict[str, Any]) -> SimConfig:
                      time_scale=0.0,
                      enable_auto_tool_choice=bool(server.get("enable_auto_tool_choice")),
                      tool_call_parser=server.get("tool_call_parser"),
-                     reasoning_parser=server.get("reasoning_parser"))
+                     reasoning_parser=server.get("reasoning_parser"),
+                     vllm_version=version, spec_metrics="summary" if summary else "none",
+                     enable_prompt_tokens_details="--enable-prompt-tokens-details" in flags)
 
 
-async def _simulate(name: str, spec: dict[str, Any]) -> bytes:
-    app, sim = create_app(_config(spec))
+async def _simulate(version: str, name: str, spec: dict[str, Any]) -> bytes:
+    app, sim = create_app(_config(version, spec))
     sim.playback = _script(spec)
     method, path = _route(name, spec)
     transport = httpx.ASGITransport(app=app)
@@ -227,12 +253,12 @@ def _kind(path: Path) -> str:
     return "responses_" + kind if path.name.startswith("responses_") else kind
 
 
-def compare(name: str) -> list[tuple[int, bytes | None, bytes | None]]:
+def compare(version: str, name: str) -> list[tuple[int, bytes | None, bytes | None]]:
     """(frame index, vLLM's frame, the simulator's) for every frame that differs."""
-    spec = json.loads((VERSION_DIR / f"{name}.input.json").read_text())
-    golden_file = _body_file(name)
+    spec = json.loads((GOLDEN / version / f"{name}.input.json").read_text())
+    golden_file = _body_file(version, name)
     kind = _kind(golden_file)
-    ours = normalise(asyncio.run(_simulate(name, spec)), kind)
+    ours = normalise(asyncio.run(_simulate(version, name, spec)), kind)
     theirs = normalise(golden_file.read_bytes(), kind)
     if kind == "prom":  # families by name: a missing family is one difference, not a shift
         mine, vllm = _by_family(ours), _by_family(theirs)
@@ -252,25 +278,32 @@ def _by_family(frames: list[bytes]) -> dict[bytes, bytes]:
     return {f.split(b"\n", 1)[0]: f for f in frames}
 
 
-@pytest.mark.parametrize("name", _fixtures())
-def test_fixture(name: str) -> None:
-    diffs = compare(name)
+CASES = [(v, n) for v in VERSIONS for n in _fixtures(v)]
+
+
+@pytest.mark.parametrize(("version", "name"), CASES, ids=[f"{v}-{n}" for v, n in CASES])
+def test_fixture(version: str, name: str) -> None:
+    diffs = compare(version, name)
     shown = "\n".join(f"[{i}]\n  vllm: {a!r}\n  sim:  {b!r}" for i, a, b in diffs[:3])
-    if name not in EXPECTED:
-        assert not diffs, f"{name}: {len(diffs)} frames differ from vLLM 0.28.0\n{shown}"
+    expected = EXPECTED[version]
+    if name not in expected:
+        assert not diffs, f"{name}: {len(diffs)} frames differ from vLLM {version}\n{shown}"
         return
-    count, reason = EXPECTED[name]
+    count, reason = expected[name]
     assert diffs, f"{name} now matches vLLM: drop it from EXPECTED ({reason})"
     assert len(diffs) == count, f"{name}: {len(diffs)} frames differ, {count} expected\n{shown}"
 
 
-def test_expected_names_exist() -> None:
-    assert set(EXPECTED) <= set(_fixtures())
+@pytest.mark.parametrize("version", VERSIONS)
+def test_expected_names_exist(version: str) -> None:
+    assert set(EXPECTED[version]) <= set(_fixtures(version))
 
 
 if __name__ == "__main__":  # a report of every difference, for updating EXPECTED
-    for n in _fixtures():
-        d = compare(n)
+    import sys
+
+    for n in _fixtures(sys.argv[1]):
+        d = compare(sys.argv[1], n)
         print(f"{n}: {len(d)}")
         for i, a, b in d[:2]:
             print(f"   [{i}] vllm: {(a or b'')[:400]!r}\n        sim:  {(b or b'')[:400]!r}")
