@@ -177,6 +177,7 @@ def main(argv: list[str]) -> int:
     try:
         sock.bind((args.host, args.port))
     except OSError as err:
+        sock.close()
         print(f"specrouter sim: cannot bind {args.host}:{args.port}: {err}", file=sys.stderr)
         return 2
     sock.listen(2048)

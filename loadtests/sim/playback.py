@@ -35,7 +35,7 @@ class Playback:
                                d.stop_reason))
                 if d.finish_reason is not None:
                     req.finished += 1
-            while req.pending and not req.aborted:
+            while req.due and not req.aborted:
                 await asyncio.sleep(0)
             if req.aborted:
                 return

@@ -79,6 +79,7 @@ class _GenerationRequest(_Base):
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     return_token_ids: bool | None = None
+    stream_interval: int | None = None  # per request, overrides the server's
     request_id: str | None = None
 
     @model_validator(mode="before")

@@ -330,6 +330,7 @@ class Sim:
             seed=req.seed,
             script=script,
         )
+        engine_req.stream_interval = req.stream_interval or self.config.stream_interval
         opts = req.stream_options
         include_usage = bool(req.stream and opts and opts.include_usage)
         return Prepared(
