@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -167,6 +168,9 @@ async def _frames(
                 out.append(frame)
         if out:
             yield out
+        delay = sim.frontend_delay()
+        if delay > 0:
+            await asyncio.sleep(delay)
     sim.finished(req)
     if req.aborted:
         return

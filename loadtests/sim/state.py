@@ -53,8 +53,9 @@ class SimConfig:
     vllm_version: str = dialect.DEFAULT
     enable_prompt_tokens_details: bool = False
     stream_interval: int = 1  # vLLM's --stream-interval: tokens per chunk (finish: fewer)
-    # The output-merging model (loadtests/sim/README or the module docstring of `frontend`):
-    # API-server time per chunk and per open stream, in ms; 0 turns it off.
+    # A model of output merging (Sim.frontend_delay), not a measurement: vLLM's API server is one
+    # process that writes every stream's chunks, so it costs this many ms per chunk and open
+    # stream; while it lags, engine outputs queue in the collector and merge. 0 turns it off.
     frontend_chunk_ms: float = 0.0
 
 
@@ -244,6 +245,13 @@ class Sim:
             return wire.per_request_metrics(req.sequences[0].spec, full=full)
         played = self.playback.spec if self.playback is not None else None
         return wire.per_request_metrics(played, full=full)
+
+    def frontend_delay(self) -> float:
+        """Seconds the modelled API server takes to write one chunk now (frontend_chunk_ms).
+        vLLM's real rate of merging is not measured here: whatever this model produces is
+        the model's, and is reported as such."""
+        ms = self.config.frontend_chunk_ms * len(self._live)
+        return ms / 1000.0 * self.config.time_scale
 
     def chunk_dialect(self) -> dict[str, bool]:
         """The version- and flag-dependent parts of a stream's chunks (wire._Chunks)."""

@@ -65,3 +65,13 @@ def test_stream_interval(server: int, request_field: int | None) -> None:
         SimConfig(profile=BUILTIN_PROFILES["nospec"], served_model_name="m", time_scale=0.001),
         {**body, "stream_interval": None}))
     assert plain == [1] * 30  # one token a step without speculation, one chunk a step
+
+
+def test_frontend_model_merges_outputs() -> None:
+    """The merging model: a lagging API server takes several steps' output in one chunk."""
+    config = SimConfig(profile=BUILTIN_PROFILES["nospec"], served_model_name="m",
+                       time_scale=0.001, frontend_chunk_ms=200.0)
+    body = {"model": "m", "prompt": "def f(", "max_tokens": 30, "stream": True,
+            "return_token_ids": True, "ignore_eos": True}
+    tokens = asyncio.run(_chunk_tokens(config, body))
+    assert sum(tokens) == 30 and max(tokens) > 1 and len(tokens) < 30
