@@ -35,8 +35,11 @@ class SimServer:
         max_num_seqs: int = 16,
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
+        vllm_version: str | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
+        # The per-request summary is a 0.29+ flag: asking for it picks 0.33.0 unless told.
+        self.vllm_version = vllm_version or ("0.33.0" if spec_metrics == "summary" else None)
         self.profile = profile
         self.served_model_name = served_model_name
         self.time_scale = time_scale
@@ -85,7 +88,10 @@ class SimServer:
         return self.proc.pid
 
     def _args(self, port: int) -> list[str]:
-        extra = ["--per-request-spec-decode-metrics", self.spec_metrics]
+        extra = [] if self.spec_metrics == "none" else \
+            ["--per-request-spec-decode-metrics", self.spec_metrics]
+        if self.vllm_version is not None:
+            extra += ["--vllm-version", self.vllm_version]
         if self.faults:
             extra.append("--faults")
         return cli("sim", *sim_args(self.profile, port=port, time_scale=self.time_scale,

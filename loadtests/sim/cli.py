@@ -16,6 +16,7 @@ from typing import Any
 
 import uvicorn
 
+from . import dialect
 from .asgi import SimulatedCrash
 from .profiles import ProfileError, load_profiles
 from .server import create_app
@@ -55,8 +56,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--sse-keep-alive-interval", type=float, default=None, metavar="S",
         help="a `: keep-alive` comment after S seconds without an event (vLLM 0.29+)",
     )
+    p.add_argument("--vllm-version", choices=dialect.SUPPORTED, default=dialect.DEFAULT,
+                   help="the vLLM release to imitate (bytes and flags; default the deployment's)")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="tokens per streamed chunk (vLLM's; the finish chunk may have fewer)")
+    p.add_argument("--frontend-chunk-ms", type=float, default=0.0,
+                   help="output-merging model: API-server ms per chunk and open stream (0: off)")
     p.add_argument("--list-profiles", action="store_true")
     return p
+
+
+# Options that are vLLM's own `vllm serve` flags: each must exist in the imitated release.
+_VLLM_FLAGS = ("--port", "--host", "--served-model-name", "--seed", "--max-num-seqs",
+               "--max-num-batched-tokens", "--api-key", "--enable-auto-tool-choice",
+               "--tool-call-parser", "--reasoning-parser", "--per-request-spec-decode-metrics",
+               "--enable-prompt-tokens-details", "--stream-interval")
+
+
+def _given_vllm_flags(argv: list[str]) -> list[str]:
+    given = (a.split("=", 1)[0] for a in argv if a.startswith("--"))
+    return [f for f in given if f in _VLLM_FLAGS]
 
 
 class _DropSimulatedCrashes(logging.Filter):
@@ -104,6 +124,14 @@ def _loop_name() -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    refused = dialect.refused_flags(args.vllm_version, _given_vllm_flags(argv))
+    if refused:  # vLLM's argument parser stops the server before it starts
+        print(f"specrouter sim: vLLM {args.vllm_version} has no {', '.join(refused)} "
+              "(proxy/ops/deploy/vllm_flags)", file=sys.stderr)
+        return 2
+    if args.stream_interval < 1:
+        print("specrouter sim: --stream-interval must be >= 1", file=sys.stderr)
+        return 2
     try:
         profiles = load_profiles(args.profile_file)
     except (OSError, ProfileError) as err:
@@ -142,6 +170,10 @@ def main(argv: list[str]) -> int:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         sse_keep_alive_s=args.sse_keep_alive_interval,
+        vllm_version=args.vllm_version,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        stream_interval=args.stream_interval,
+        frontend_chunk_ms=args.frontend_chunk_ms,
     )
     app, sim = create_app(config)
 
@@ -153,6 +185,7 @@ def main(argv: list[str]) -> int:
     try:
         sock.bind((args.host, args.port))
     except OSError as err:
+        sock.close()
         print(f"specrouter sim: cannot bind {args.host}:{args.port}: {err}", file=sys.stderr)
         return 2
     sock.listen(2048)

@@ -46,7 +46,7 @@ async def embeddings(sim: Sim, request: Request) -> Response:
     if gated is not None:
         return gated
     try:
-        req = protocol.parse(EmbeddingRequest, await request.body())
+        req = sim.parse(EmbeddingRequest, await request.body())
         sim.check_model(req.model)
         raw = req.input
         inputs: list[str | list[int]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -59,7 +60,7 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
 
     async def prepare() -> Prepared:
         nonlocal plan
-        req = protocol.parse(ChatRequest, await request.body())
+        req = sim.parse(ChatRequest, await request.body())
         sim.check_model(req.model)
         plan = tooluse.chat_plan(sim.config, req)
         return await sim.prepare(
@@ -78,6 +79,7 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
             prompt_tokens=p.prompt_tokens,
             prompt_token_ids=p.prompt_ids,
             return_token_ids=p.return_token_ids,
+            **sim.chunk_dialect(),
             parsers=[plan.parser() for _ in range(p.engine_req.n)] if plan.parses else None,
             tool_finish=not plan.named,
         )
@@ -113,6 +115,8 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
             prompt_token_ids=p.prompt_ids if p.return_token_ids else None,
             metrics=sim.spec_metrics(p.engine_req, full=True),
             reasoning_tokens=reasoning_tokens if plan.reasoning else None,
+            weight_versions=sim.dialect.weight_versions,
+            prompt_details=sim.prompt_details(p.engine_req, chat=True),
         )
 
     return await _generate(sim, request, prepare, stream, answer)
@@ -123,7 +127,7 @@ async def _frames(
     p: Prepared,
     role: Callable[[int], bytes] | None,
     content: Callable[..., bytes],
-    usage_chunk: Callable[[int, dict[str, Any] | None], bytes],
+    usage_chunk: Callable[[int, dict[str, Any] | None, int], bytes],
 ) -> FrameSource:
     """A chat (with `role`) or completions stream: one list of frames per engine output.
 
@@ -143,6 +147,13 @@ async def _frames(
             out.extend(role(i) for i in range(req.n))
         first = False
         for d in deltas:
+            if d.finish_reason == "error":
+                # vLLM raises GenerationError: the step's text is not sent; a 500 error event
+                # and [DONE] end the stream (no finish or usage chunk).
+                yield [*out, sim.error_event("Internal server error", "InternalServerError",
+                                             500, chat=role is not None), vllm_wire.DONE]
+                sim.finished(req)
+                return
             completion[d.index] += len(d.token_ids)
             args = [d.index, d.text, d.token_ids, completion[d.index], d.finish_reason,
                     d.stop_reason]
@@ -157,19 +168,23 @@ async def _frames(
                 out.append(frame)
         if out:
             yield out
+        delay = sim.frontend_delay()
+        if delay > 0:
+            await asyncio.sleep(delay)
     sim.finished(req)
     if req.aborted:
         return
     tail: list[bytes] = []
     if p.include_usage:
-        tail.append(usage_chunk(sum(completion), sim.spec_metrics(req, full=False)))
+        tail.append(usage_chunk(sum(completion), sim.spec_metrics(req, full=False),
+                                req.cached_tokens))
     tail.append(vllm_wire.DONE)
     yield tail
 
 
 async def completions(sim: Sim, request: Request) -> Response:
     async def prepare() -> Prepared:
-        req = protocol.parse(CompletionRequest, await request.body())
+        req = sim.parse(CompletionRequest, await request.body())
         sim.check_model(req.model)
         prompt = req.prompt
         text: str | None = None
@@ -195,6 +210,7 @@ async def completions(sim: Sim, request: Request) -> Response:
             fingerprint=sim.fingerprint,
             prompt_tokens=p.prompt_tokens,
             return_token_ids=p.return_token_ids,
+            **sim.chunk_dialect(),
         )
         return _frames(sim, p, None, chunks.content, chunks.usage_chunk)
 
@@ -214,6 +230,8 @@ async def completions(sim: Sim, request: Request) -> Response:
             completion_tokens=sum(len(r.token_ids) for r in results),
             fingerprint=sim.fingerprint,
             metrics=sim.spec_metrics(p.engine_req, full=True),
+            weight_versions=sim.dialect.weight_versions,
+            prompt_details=sim.prompt_details(p.engine_req, chat=False),
         )
 
     return await _generate(sim, request, prepare, stream, answer)

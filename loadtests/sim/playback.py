@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from .sequences import Delta, EngineRequest
+from .sequences import Delta, EngineRequest, SpecStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +19,7 @@ class Playback:
     prompt_token_ids: list[int]
     steps: list[list[Delta]]  # one engine output per entry: the new output of each sequence
     cached_tokens: int = 0
+    spec: SpecStats | None = None  # the recorded per-request speculative counters, if any
     _tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False, compare=False)
 
     def play(self, req: EngineRequest) -> None:
@@ -34,7 +35,7 @@ class Playback:
                                d.stop_reason))
                 if d.finish_reason is not None:
                     req.finished += 1
-            while req.pending and not req.aborted:
+            while req.due and not req.aborted:
                 await asyncio.sleep(0)
             if req.aborted:
                 return

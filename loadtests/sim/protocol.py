@@ -39,11 +39,12 @@ def bad_request(message: str, param: str | None = None) -> RequestError:
     return RequestError(400, vllm_wire.error_body(message, "BadRequestError", 400, param))
 
 
-def not_found_model(model: str) -> RequestError:
-    return RequestError(
-        404,
-        vllm_wire.error_body(f"The model `{model}` does not exist.", "NotFoundError", 404, "model"),
-    )
+def not_found_model(model: str, aliases: str | None = None) -> RequestError:
+    """vLLM 0.33 lists the served names (`aliases`); 0.28 does not."""
+    message = f"The model `{model}` does not exist."
+    if aliases is not None:
+        message += f" Valid aliases: {aliases}."
+    return RequestError(404, vllm_wire.error_body(message, "NotFoundError", 404, "model"))
 
 
 class _Base(BaseModel):
@@ -78,6 +79,7 @@ class _GenerationRequest(_Base):
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     return_token_ids: bool | None = None
+    stream_interval: int | None = None  # per request, overrides the server's
     request_id: str | None = None
 
     @model_validator(mode="before")
@@ -165,7 +167,7 @@ def _clean_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) if parts else ".".join(str(p) for p in loc)
 
 
-def _validation_error(errors: list[dict[str, Any]]) -> RequestError:
+def _validation_error(errors: list[dict[str, Any]], dotted: bool = False) -> RequestError:
     param: str | None = None
     for err in errors:
         ctx_error = err.get("ctx", {}).get("error")
@@ -174,14 +176,18 @@ def _validation_error(errors: list[dict[str, Any]]) -> RequestError:
             break
     if param is None and errors and errors[0].get("loc"):
         param = _clean_loc(tuple(errors[0]["loc"]))
+    if dotted:  # vLLM 0.33 writes each error's `loc` as the dotted string
+        errors = [{**e, "loc": ".".join(str(p) for p in e["loc"])} if "loc" in e else e
+                  for e in errors]
     count = len(errors)
     message = f"{count} validation {'error' if count == 1 else 'errors'}:\n"
     message += "".join(f"  {err}\n" for err in errors)
     return RequestError(400, vllm_wire.error_body(message.rstrip(), "Bad Request", 400, param))
 
 
-def parse(model: type[M], body: bytes) -> M:
-    """Decode and validate a JSON body, raising RequestError with vLLM's 400 on failure."""
+def parse(model: type[M], body: bytes, *, dotted_loc: bool = False) -> M:
+    """Decode and validate a JSON body, raising RequestError with vLLM's 400 on failure
+    (`dotted_loc`: 0.33's form of `loc`)."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -194,7 +200,7 @@ def parse(model: type[M], body: bytes) -> M:
                     "input": {},
                     "ctx": {"error": exc.msg},
                 }
-            ]
+            ], dotted_loc,
         ) from None
     if not isinstance(data, dict):
         raise _validation_error(
@@ -205,7 +211,7 @@ def parse(model: type[M], body: bytes) -> M:
                     "msg": "Input should be a valid dictionary or object to extract fields from",
                     "input": data,
                 }
-            ]
+            ], dotted_loc,
         )
     try:
         return model.model_validate(data)
@@ -215,7 +221,7 @@ def parse(model: type[M], body: bytes) -> M:
             e = dict(err)
             e["loc"] = ("body", *err["loc"])
             errors.append(e)
-        raise _validation_error(errors) from None
+        raise _validation_error(errors, dotted_loc) from None
 
 
 # -- prompts -------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import protocol, toolparse, tooluse, wire
+from . import protocol, toolparse, tooluse
 from .asgi import DropResponse, FrameSource, json_response
 from .engine import EngineRequest, SamplingSpec
 from .protocol import (
@@ -16,6 +16,7 @@ from .protocol import (
     ResponsesRequest,
 )
 from .responses_tools import ResponsesItems
+from .responses_wire import ResponsesEvents
 from .state import Sim
 
 
@@ -25,7 +26,7 @@ async def responses(sim: Sim, request: Request) -> Response:
     if gated is not None:
         return gated
     try:
-        req = protocol.parse(ResponsesRequest, await request.body())
+        req = sim.parse(ResponsesRequest, await request.body())
         sim.check_model(req.model)
         messages = protocol.render_responses_input(req)
         plan = tooluse.responses_plan(sim.config, req, messages)
@@ -51,7 +52,7 @@ async def responses(sim: Sim, request: Request) -> Response:
         seed=req.seed,
         script=plan.script,
     )
-    events = wire.ResponsesEvents(
+    events = ResponsesEvents(
         response_id=f"resp_{rid}",
         item_id=f"msg_{secrets.token_hex(8)}",
         created=int(time.time()),
@@ -94,7 +95,7 @@ async def responses(sim: Sim, request: Request) -> Response:
 
 
 async def _parsed_frames(
-    sim: Sim, req: EngineRequest, ev: wire.ResponsesEvents, plan: tooluse.Plan,
+    sim: Sim, req: EngineRequest, ev: ResponsesEvents, plan: tooluse.Plan,
     items: ResponsesItems,
 ) -> FrameSource:
     """A stream whose output goes through the reasoning/tool parsers (responses_tools.py)."""
@@ -126,7 +127,7 @@ async def _parsed_frames(
     yield [*tail, ev.event("response.completed", {"response": response})]
 
 
-async def _responses_frames(sim: Sim, req: EngineRequest, ev: wire.ResponsesEvents) -> FrameSource:
+async def _responses_frames(sim: Sim, req: EngineRequest, ev: ResponsesEvents) -> FrameSource:
     in_progress = ev.response("in_progress", [], None)
     yield [
         ev.event("response.created", {"response": in_progress}),

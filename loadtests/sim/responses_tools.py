@@ -19,7 +19,7 @@ import json
 import secrets
 from typing import Any
 
-from .wire import ResponsesEvents
+from .responses_wire import ResponsesEvents
 
 Json = dict[str, Any]
 

@@ -161,6 +161,11 @@ class EngineRequest:
         self.finished = 0
         self._pending: dict[int, Delta] = {}
         self._event = asyncio.Event()
+        # vLLM's stream_interval (server --stream-interval or the request's field): after the
+        # first output, the consumer gets output once a sequence has this many new tokens, or
+        # at its finish.
+        self.stream_interval = 1
+        self._sent = False
 
     @property
     def done(self) -> bool:
@@ -176,7 +181,8 @@ class EngineRequest:
             prev.token_ids.extend(delta.token_ids)
             prev.finish_reason = delta.finish_reason
             prev.stop_reason = delta.stop_reason
-        self._event.set()
+        if self.due:
+            self._event.set()
 
     def wake(self) -> None:
         self._event.set()
@@ -186,10 +192,20 @@ class EngineRequest:
         """Output is waiting for the consumer."""
         return bool(self._pending)
 
+    @property
+    def due(self) -> bool:
+        """Waiting output is to be sent now (stream_interval reached, first output, finish)."""
+        if not self._pending:
+            return False
+        if self.stream_interval <= 1 or not self._sent:
+            return True
+        return any(d.finish_reason is not None or len(d.token_ids) >= self.stream_interval
+                   for d in self._pending.values())
+
     async def take(self) -> list[Delta]:
         """Wait for output. An empty list means the request is over (finished or aborted)."""
-        while not self._pending:
-            if self.done:
+        while not self.due:
+            if self.done and not self._pending or self.aborted:
                 return []
             self._event.clear()
             await self._event.wait()
@@ -197,4 +213,5 @@ class EngineRequest:
             return []
         out = list(self._pending.values())
         self._pending = {}
+        self._sent = True
         return out

@@ -50,7 +50,7 @@ async def version(sim: Sim, request: Request) -> Response:
     c = sim.config
     return json_response(
         {
-            "version": wire.VLLM_VERSION,
+            "version": c.vllm_version,
             "specrouter_sim": {
                 "profile": sim.profile.name,
                 "time_scale": c.time_scale,

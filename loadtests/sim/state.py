@@ -15,9 +15,10 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from proxy import vllm_wire
+from proxy.ops.deploy.versions import PER_REQUEST_SPEC_FLAG
 from proxy.vllm_wire import Json
 
-from . import protocol, wire
+from . import dialect, protocol, wire
 from .asgi import FrameSource, SSEResponse, json_response
 from .engine import Engine, EngineCore, EngineRequest, SamplingSpec
 from .faults import Faults
@@ -50,6 +51,13 @@ class SimConfig:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     sse_keep_alive_s: float | None = None  # vLLM 0.29's --sse-keep-alive-interval
+    vllm_version: str = dialect.DEFAULT
+    enable_prompt_tokens_details: bool = False
+    stream_interval: int = 1  # vLLM's --stream-interval: tokens per chunk (finish: fewer)
+    # A model of output merging (Sim.frontend_delay), not a measurement: vLLM's API server is one
+    # process that writes every stream's chunks, so it costs this many ms per chunk and open
+    # stream; while it lags, engine outputs queue in the collector and merge. 0 turns it off.
+    frontend_chunk_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -109,7 +117,8 @@ class Sim:
         self.perm_id = f"modelperm-{secrets.token_hex(8)}"
         spec = orjson.dumps(profile.speculative_config, option=orjson.OPT_SORT_KEYS)
         digest = hashlib.blake2b(profile.name.encode() + spec, digest_size=4).hexdigest()
-        self.fingerprint = f"vllm-{wire.VLLM_VERSION}-{digest}"
+        self.dialect = dialect.dialect(config.vllm_version)
+        self.fingerprint = f"vllm-{config.vllm_version}-{digest}"
         self._live: set[EngineRequest] = set()
         self.playback: Playback | None = None  # recorded engine outputs (golden tests only)
 
@@ -146,7 +155,11 @@ class Sim:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model:
-            raise protocol.not_found_model(model)
+            raise protocol.not_found_model(
+                model, self.model if self.dialect.model_aliases else None)
+
+    def parse(self, model: type[protocol.M], body: bytes) -> protocol.M:
+        return protocol.parse(model, body, dotted_loc=self.dialect.dotted_loc)
 
     def request_id(self, request: Request, body_id: str | None, prefix: str) -> str:
         rid = request.headers.get("x-request-id") or body_id or secrets.token_hex(8)
@@ -225,9 +238,32 @@ class Sim:
         self._live.discard(req)
 
     def spec_metrics(self, req: EngineRequest, *, full: bool) -> Json | None:
-        if self.config.spec_metrics == "none" or req.n != 1 or not req.sequences:
+        """The per-request summary: a 0.29+ flag, so never in 0.28 mode."""
+        if self.config.spec_metrics == "none" or req.n != 1 or \
+                not self.dialect.has_flag(PER_REQUEST_SPEC_FLAG):
             return None
-        return wire.per_request_metrics(req.sequences[0].spec, full=full)
+        if req.sequences:
+            return wire.per_request_metrics(req.sequences[0].spec, full=full)
+        played = self.playback.spec if self.playback is not None else None
+        return wire.per_request_metrics(played, full=full)
+
+    def frontend_delay(self) -> float:
+        """Seconds the modelled API server takes to write one chunk now (frontend_chunk_ms).
+        vLLM's real rate of merging is not measured here: whatever this model produces is
+        the model's, and is reported as such."""
+        ms = self.config.frontend_chunk_ms * len(self._live)
+        return ms / 1000.0 * self.config.time_scale
+
+    def chunk_dialect(self) -> dict[str, bool]:
+        """The version- and flag-dependent parts of a stream's chunks (wire._Chunks)."""
+        d = self.dialect
+        return {"kv_null": d.kv_transfer_null, "weight_versions": d.weight_versions,
+                "prompt_details": self.config.enable_prompt_tokens_details}
+
+    def prompt_details(self, req: EngineRequest, *, chat: bool) -> Json | None:
+        if not self.config.enable_prompt_tokens_details:
+            return None
+        return wire.prompt_details(req.cached_tokens, chat=chat, full=True)
 
     async def collect(self, req: EngineRequest, receive: Receive) -> list[Result] | None:
         """Wait for a non-streaming request to finish; None if the client went away."""
@@ -303,6 +339,7 @@ class Sim:
             seed=req.seed,
             script=script,
         )
+        engine_req.stream_interval = req.stream_interval or self.config.stream_interval
         opts = req.stream_options
         include_usage = bool(req.stream and opts and opts.include_usage)
         return Prepared(
@@ -326,15 +363,22 @@ class Sim:
                 vllm_wire.error_body(protocol.SPEC_UNSUPPORTED, "BadRequestError", 400), 400
             )
 
+        chat = p.request_id.startswith("chatcmpl-")  # prepare() named it by endpoint
+
         async def frames() -> FrameSource:
             yield [
-                vllm_wire.error_event(protocol.SPEC_UNSUPPORTED, "BadRequestError", 400),
+                self.error_event(protocol.SPEC_UNSUPPORTED, "BadRequestError", 400, chat=chat),
                 vllm_wire.DONE,
             ]
 
         return SSEResponse(
             frames(), on_disconnect=lambda: None, on_drop=lambda: None, drop_after=self.drop_after
         )
+
+    def error_event(self, message: str, err_type: str, code: int, *, chat: bool) -> bytes:
+        """0.33 chat writes the event compact; completions, and 0.28 chat, spaced."""
+        spaced = not (chat and self.dialect.compact_chat_error)
+        return vllm_wire.error_event(message, err_type, code, spaced=spaced)
 
     def stream_response(self, req: EngineRequest, frames: FrameSource) -> SSEResponse:
         return SSEResponse(

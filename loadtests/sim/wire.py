@@ -11,32 +11,45 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from proxy.vllm_wire import Json, sse, sse_event, usage
+from proxy.vllm_wire import Json, sse, usage
 
 from .sequences import SpecStats
 
 if TYPE_CHECKING:
     from .toolparse import ChatParser
 
-VLLM_VERSION = "0.28.0"
-
-
 # -- usage and per-request metrics ---------------------------------------------------------------
 
 
-def full_usage(prompt_tokens: int, completion_tokens: int, reasoning: int | None = None) -> Json:
+def full_usage(prompt_tokens: int, completion_tokens: int, reasoning: int | None = None,
+               prompt_details: Json | None = None) -> Json:
     """UsageInfo as `model_dump()` writes it (non-streaming bodies)."""
     out = usage(prompt_tokens, completion_tokens)
-    out["prompt_tokens_details"] = None
+    out["prompt_tokens_details"] = prompt_details
     out["completion_tokens_details"] = None if reasoning is None else {"reasoning_tokens": reasoning}
     return out
 
 
-def chunk_usage(prompt_tokens: int, completion_tokens: int, reasoning: int | None) -> Json:
-    """A chunk's usage; `completion_tokens_details` only when a reasoning parser runs."""
+def chunk_usage(prompt_tokens: int, completion_tokens: int, reasoning: int | None,
+                *, details_null: bool = False) -> Json:
+    """A chunk's usage; `completion_tokens_details` when a reasoning parser runs, and as an
+    explicit null on chat's per-chunk (continuous) usage, as vLLM writes it in both versions."""
     out = usage(prompt_tokens, completion_tokens)
     if reasoning is not None:
         out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    elif details_null:
+        out["completion_tokens_details"] = None
+    return out
+
+
+def prompt_details(cached: int, *, chat: bool, full: bool) -> Json:
+    """`usage.prompt_tokens_details` with --enable-prompt-tokens-details (PromptTokenUsageInfo:
+    chat sets `created_cache_tokens`; `model_dump()` adds the unset `multimodal_tokens`)."""
+    out: Json = {"cached_tokens": cached}
+    if chat:
+        out["created_cache_tokens"] = 0
+    if full:
+        out["multimodal_tokens"] = None
     return out
 
 
@@ -92,7 +105,15 @@ class _Chunks:
         fingerprint: str,
         prompt_tokens: int,
         return_token_ids: bool,
+        kv_null: bool = False,
+        weight_versions: bool = False,
+        prompt_details: bool = False,
     ) -> None:
+        # vLLM 0.33 (dialect.py): `"kv_transfer_params":null` ends every non-role chunk,
+        # `"weight_versions":null` on finish choices (every completions choice).
+        self.kv_null = kv_null
+        self.weight_versions = weight_versions
+        self.prompt_details = prompt_details
         self.head = {
             "id": request_id,
             "object": self.object_kind,
@@ -109,12 +130,20 @@ class _Chunks:
         """Reasoning tokens of one choice (None: all), or None without a reasoning parser."""
         return None
 
-    def usage_chunk(self, completion_tokens: int, metrics: Json | None) -> bytes:
+    def end(self, obj: Json) -> bytes:
+        if self.kv_null:
+            obj["kv_transfer_params"] = None
+        return sse(obj)
+
+    def usage_chunk(self, completion_tokens: int, metrics: Json | None, cached: int) -> bytes:
+        final = chunk_usage(self.prompt_tokens, completion_tokens, self.reasoning_tokens(None))
+        if self.prompt_details:
+            final["prompt_tokens_details"] = prompt_details(
+                cached, chat=self.object_kind != "text_completion", full=False)
         obj: Json = {
             **self.head,
             "choices": [],
-            "usage": chunk_usage(self.prompt_tokens, completion_tokens,
-                                 self.reasoning_tokens(None)),
+            "usage": final,
             "system_fingerprint": self.fingerprint,
         }
         if metrics is not None:
@@ -155,7 +184,8 @@ class ChatChunks(_Chunks):
         }
         obj: Json = {**self.head, "choices": [choice]}
         if self.continuous:
-            obj["usage"] = chunk_usage(self.prompt_tokens, 0, self.reasoning_tokens(0) and 0)
+            obj["usage"] = chunk_usage(self.prompt_tokens, 0, self.reasoning_tokens(0) and 0,
+                                       details_null=True)
         obj["prompt_token_ids"] = self.prompt_token_ids if self.return_token_ids else None
         obj["prompt_text"] = None
         return sse(obj)
@@ -187,13 +217,15 @@ class ChatChunks(_Chunks):
         if finish_reason is not None:
             choice["stop_reason"] = stop_reason
         choice["token_ids"] = token_ids if self.return_token_ids else None
+        if finish_reason is not None and self.weight_versions:
+            choice["weight_versions"] = None
         obj: Json = {**self.head, "choices": [choice]}
         if self.continuous:
             obj["usage"] = chunk_usage(self.prompt_tokens, completion_tokens,
-                                       self.reasoning_tokens(index))
+                                       self.reasoning_tokens(index), details_null=True)
         if finish_reason is not None and not self.include_usage:
             obj["system_fingerprint"] = self.fingerprint
-        return sse(obj)
+        return self.end(obj)
 
 
 def chat_message(content: str | None, reasoning: str | None, tool_calls: list[Json]) -> Json:
@@ -224,6 +256,8 @@ def chat_response(
     prompt_token_ids: list[int] | None,
     metrics: Json | None,
     reasoning_tokens: int | None = None,
+    weight_versions: bool = False,
+    prompt_details: Json | None = None,
 ) -> Json:
     """ChatCompletionResponse.model_dump(): every field, nulls included."""
     return {
@@ -240,12 +274,13 @@ def chat_response(
                 "stop_reason": stop,
                 "token_ids": ids,
                 "routed_experts": None,
+                **({"weight_versions": None} if weight_versions else {}),
             }
             for i, (message, finish, stop, ids) in enumerate(choices)
         ],
         "service_tier": None,
         "system_fingerprint": fingerprint,
-        "usage": full_usage(prompt_tokens, completion_tokens, reasoning_tokens),
+        "usage": full_usage(prompt_tokens, completion_tokens, reasoning_tokens, prompt_details),
         "prompt_logprobs": None,
         "prompt_token_ids": prompt_token_ids,
         "prompt_text": None,
@@ -282,6 +317,8 @@ class CompletionChunks(_Chunks):
             "prompt_token_ids": prompt_token_ids,
             "token_ids": token_ids if self.return_token_ids else None,
         }
+        if self.weight_versions:
+            choice["weight_versions"] = None
         obj: Json = {**self.head, "choices": [choice]}
         if finish_reason is not None and not self.include_usage:
             obj["system_fingerprint"] = self.fingerprint
@@ -292,7 +329,8 @@ class CompletionChunks(_Chunks):
             obj["usage"] = usage(self.prompt_tokens, completion_tokens)
             if fp is not None:
                 obj["system_fingerprint"] = fp
-        return sse(obj)
+        return self.end(obj)
+
 
 def completion_response(
     *,
@@ -304,6 +342,8 @@ def completion_response(
     completion_tokens: int,
     fingerprint: str,
     metrics: Json | None,
+    weight_versions: bool = False,
+    prompt_details: Json | None = None,
 ) -> Json:
     """CompletionResponse.model_dump()."""
     return {
@@ -322,12 +362,13 @@ def completion_response(
                 "prompt_logprobs": None,
                 "prompt_token_ids": prompt_ids,
                 "routed_experts": None,
+                **({"weight_versions": None} if weight_versions else {}),
             }
             for i, (text, finish, stop, ids, prompt_ids) in enumerate(choices)
         ],
         "service_tier": None,
         "system_fingerprint": fingerprint,
-        "usage": full_usage(prompt_tokens, completion_tokens),
+        "usage": full_usage(prompt_tokens, completion_tokens, prompt_details=prompt_details),
         "kv_transfer_params": None,
         "ec_transfer_params": None,
         "metrics": metrics,
@@ -387,112 +428,3 @@ def model_list(*, model: str, root: str, max_model_len: int, created: int, perm_
             }
         ],
     }
-
-
-# -- responses API -------------------------------------------------------------------------------
-
-
-class ResponsesEvents:
-    """`/v1/responses` objects and stream events (openai-python event types, sequence numbers)."""
-
-    def __init__(
-        self,
-        *,
-        response_id: str,
-        item_id: str,
-        created: int,
-        model: str,
-        temperature: float,
-        max_output_tokens: int | None,
-        instructions: str | None,
-        tools: list[Json] | None = None, tool_choice: str | Json | None = None,
-        reasoning: Json | None = None,
-    ) -> None:
-        self.echo = {"tools": tools or [], "tool_choice": tool_choice or "auto",
-                     "reasoning": reasoning}
-        self.response_id = response_id
-        self.item_id = item_id
-        self.created = created
-        self.model = model
-        self.temperature = temperature
-        self.max_output_tokens = max_output_tokens
-        self.instructions = instructions
-        self.seq = 0
-
-    def response(
-        self,
-        status: str,
-        output: list[Json],
-        usage_obj: Json | None,
-        incomplete: bool = False,
-    ) -> Json:
-        return {
-            "id": self.response_id,
-            "created_at": self.created,
-            "error": None,
-            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "instructions": self.instructions,
-            "metadata": None,
-            "model": self.model,
-            "object": "response",
-            "output": output,
-            "parallel_tool_calls": True,
-            "temperature": self.temperature,
-            "tool_choice": self.echo["tool_choice"],
-            "tools": self.echo["tools"],
-            "top_p": 1.0,
-            "background": False,
-            "max_output_tokens": self.max_output_tokens,
-            "max_tool_calls": None,
-            "previous_response_id": None,
-            "prompt": None,
-            "reasoning": self.echo["reasoning"],
-            "service_tier": "auto",
-            "status": status,
-            "text": None,
-            "top_logprobs": None,
-            "truncation": "disabled",
-            "usage": usage_obj,
-            "user": None,
-        }
-
-    def message(self, text: str | None, status: str) -> Json:
-        content = [] if text is None else [self.part(text)]
-        return {
-            "id": self.item_id,
-            "content": content,
-            "role": "assistant",
-            "status": status,
-            "type": "message",
-        }
-
-    @staticmethod
-    def part(text: str) -> Json:
-        return {"annotations": [], "text": text, "type": "output_text", "logprobs": []}
-
-    @staticmethod
-    def usage(prompt_tokens: int, output_tokens: int, cached: int, reasoning: int = 0) -> Json:
-        return {
-            "input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": reasoning},
-            "total_tokens": prompt_tokens + output_tokens,
-        }
-
-    def event(self, event_type: str, fields: Json) -> bytes:
-        obj = {**fields, "sequence_number": self.seq, "type": event_type}
-        self.seq += 1
-        return sse_event(event_type, obj)
-
-    def text_delta(self, delta: str) -> bytes:
-        return self.event(
-            "response.output_text.delta",
-            {
-                "content_index": 0,
-                "delta": delta,
-                "item_id": self.item_id,
-                "logprobs": [],
-                "output_index": 0,
-            },
-        )

@@ -82,7 +82,9 @@ def simulated_backends(policy_file: Path, time_scale: float) -> Iterator[list[st
                        "--served-model-name", backend.served_model_name,
                        "--time-scale", str(time_scale), "--faults"]
                 if backend.kind == "vllm" and backend.speculative is not None:
-                    cmd += ["--per-request-spec-decode-metrics", "summary"]
+                    # the summary is a 0.29+ flag (the sim refuses it in its 0.28 mode)
+                    cmd += ["--vllm-version", "0.33.0", "--per-request-spec-decode-metrics",
+                            "summary"]
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE))
                 lines.append(f"  {name:<16} {profile:<20} {url}")
         for proc in procs:

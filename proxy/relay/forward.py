@@ -18,7 +18,7 @@ from proxy.relay.continuation import ContinuableFilter
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_with_error
 from proxy.relay.events import reader_for
 from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
-from proxy.relay.measure import StreamFilter
+from proxy.relay.measure import StreamFilter, withhold_estimate
 from proxy.relay.rewrite import plan_usage, upstream_body
 from proxy.relay.upstream import RESPONSE_DROP, UpstreamError
 
@@ -209,6 +209,8 @@ async def _relay(x: Exchange[R]) -> None:
         x.continuable = endpoint == "chat" and x.policy.routes[record.route].spec.continuation
         cls = ContinuableFilter if x.continuable else StreamFilter
         record.m.stream = True
+        spec = backend.speculative
+        withhold_estimate(record.m, x.body, spec.num_speculative_tokens if spec else None)
         x.filt = cls(record.m, strip_usage=usage.strip_usage,
                      drop_usage_chunk=usage.drop_usage_chunk, rename=x.rename,
                      engine_timings="timings" in capabilities(backend.kind).per_request,

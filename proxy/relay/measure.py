@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 _USAGE_OFFSET = len(USAGE_KEY) - 1  # where the usage object's `{` starts in the span
 _FINISH = b'"finish_reason":"'
 _EMPTY_CHOICES = b'"choices":[]'
+# vLLM 0.33 ends every non-role chunk with it, after `system_fingerprint`.
+_KV_NULL = b',"kv_transfer_params":null}'
 
 # Where a request's tokens per step (and acceptance) come from: "engine", vLLM's per-request
 # `metrics.speculative_decoding` (or another engine's own per-request report); "chunks", the
@@ -70,6 +72,11 @@ class Measurement:
     step_gaps: array[float] = field(default_factory=lambda: array("d"))
     step_tokens: array[int] = field(default_factory=lambda: array("I"))
     spec: dict[str, Any] | None = None  # vLLM's metrics.speculative_decoding, when reported
+    # Most tokens one engine step can give (num_speculative_tokens + 1), when the policy says.
+    max_step_tokens: int | None = None
+    # Why a chunk count cannot be tokens per step ("stream_interval", "merged"): the gateway's
+    # estimate is then withheld, and only the engine's own figure is reported.
+    estimate_void: str | None = None
     finish_reason: str | None = None
     error: str | None = None  # an upstream error event's message
 
@@ -87,6 +94,8 @@ class Measurement:
     def tps_source(self) -> TpsSource | None:
         if self._engine_counts() is not None or self._engine_mean() is not None:
             return "engine"
+        if self.estimate_void is not None:
+            return None
         if self.step_tokens:
             return "chunks"
         if self.delta_events > 1 and self.completion_tokens > 1:
@@ -108,7 +117,7 @@ class Measurement:
     def accepted_and_steps(self) -> tuple[int, int] | None:
         """(accepted draft tokens, target steps), to aggregate acceptance over many requests."""
         engine = self._engine_counts()
-        if engine is not None:
+        if engine is not None or self.estimate_void is not None:
             return engine
         if self.step_tokens:
             return sum(self.step_tokens) - len(self.step_tokens), len(self.step_tokens)
@@ -179,6 +188,11 @@ class Measurement:
         if delta <= 0:
             return
         self.completion_tokens = total
+        # More tokens in one chunk than a step gives (the prefill step gives one): outputs of
+        # several steps were merged, so chunks are not steps.
+        limit = self.max_step_tokens
+        if limit is not None and delta > (1 if self.t_last_token is None else limit):
+            self.estimate_void = "merged"
         if self.t_last_token is None:
             self.t_first_token = now  # the prefill step's token: not a decode step
         else:
@@ -344,7 +358,7 @@ class StreamFilter:
         if fp is not None and held:
             # The held frame finished the only choice (n == 1): its object closes at its last
             # `}`, whatever line ending the stream uses.
-            held = sse.insert_before_close(held, frame[fp[0] : fp[1]])
+            held = _put_fingerprint(held, frame[fp[0] : fp[1]])
         return held
 
     def _record_finish(self, frame: bytes) -> None:
@@ -357,6 +371,29 @@ class StreamFilter:
             self.m.error = str(obj["error"].get("message"))
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
             self.m.error = "unparsable error event"
+
+
+def withhold_estimate(m: Measurement, body: dict[str, Any], num_spec_tokens: int | None) -> None:
+    """Before a stream is relayed: what the policy and the client's body say about chunks.
+
+    A client's `stream_interval` is passed to vLLM as sent (the client asked for that chunking;
+    the gateway does not change what vLLM sends for the client's request), so above 1 the
+    chunk estimate is withheld; the engine's per-request summary (0.29+) stays exact.
+    """
+    # A policy without the backend's speculative config does not say what a step can give.
+    m.max_step_tokens = None if num_spec_tokens is None else num_spec_tokens + 1
+    interval = body.get("stream_interval")
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval > 1:
+        m.estimate_void = "stream_interval"
+
+
+def _put_fingerprint(held: bytes, piece: bytes) -> bytes:
+    """Where vLLM writes it: last in the object, before 0.33's `kv_transfer_params`."""
+    end = held.rstrip()
+    if end.endswith(_KV_NULL):
+        cut = len(end) - len(_KV_NULL)
+        return held[:cut] + piece + held[cut:]
+    return sse.insert_before_close(held, piece)
 
 
 def _carries_token(frame: bytes) -> bool:

@@ -1,4 +1,5 @@
-"""The simulator against vLLM 0.28.0's own bytes (shared/reference/vllm-golden/0.28.0).
+"""The simulator in each version mode against that vLLM's own bytes
+(shared/reference/vllm-golden/0.28.0 and 0.33.0).
 
 Every fixture's request is sent to an in-process simulator whose engine plays back the
 fixture's engine outputs (`loadtests.sim.playback.Playback`: same prompt token ids, same output
@@ -22,24 +23,25 @@ import pytest
 from loadtests.sim.engine import Delta
 from loadtests.sim.playback import Playback
 from loadtests.sim.profiles import BUILTIN_PROFILES
+from loadtests.sim.sequences import SpecStats
 from loadtests.sim.server import create_app
 from loadtests.sim.state import SimConfig
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "reference" / "vllm-golden"
-VERSION_DIR = GOLDEN / "0.28.0"
+VERSIONS = ("0.28.0", "0.33.0")
 
-if not VERSION_DIR.is_dir():
-    pytest.skip(f"vLLM golden fixtures not found at {VERSION_DIR}", allow_module_level=True)
+if not all((GOLDEN / v).is_dir() for v in VERSIONS):
+    pytest.skip(f"vLLM golden fixtures not found at {GOLDEN}", allow_module_level=True)
 
 _NOT_YET = "the simulator does not emit it yet (a later issue adds it)"
-_PTD = "--enable-prompt-tokens-details: the simulator never writes usage.prompt_tokens_details"
 
 # fixture -> (frames that differ, why). Frames: SSE events, or 1 for a JSON body.
-EXPECTED: dict[str, tuple[int, str]] = {
+EXPECTED_028: dict[str, tuple[int, str]] = {
     "anth_count_tokens": (1, "count_tokens: the simulator's tokenizer counts the rendered prompt "
                           "differently from the fixture's synthetic prompt ids"),
-    "anth_full_prompt_tokens_details": (1, _PTD),
-    "anth_stream_prompt_tokens_details": (1, _PTD),
+    **{name: (1, "--enable-prompt-tokens-details: the simulator's Messages usage does not split "
+                 "input_tokens into cache_read/cache_creation yet")
+       for name in ("anth_full_prompt_tokens_details", "anth_stream_prompt_tokens_details")},
     "anth_stream_error_midstream": (
         3, "engine finish_reason 'error' (as chat_stream_error_midstream): vLLM's translation "
         "writes its error event and stops; the simulator closes the block and ends the message"),
@@ -53,17 +55,6 @@ EXPECTED: dict[str, tuple[int, str]] = {
             "anth_stream_tools_qwen3_coder_noreasoning": 12,
         }.items()
     },
-    "chat_full_prompt_tokens_details": (1, _PTD),
-    "chat_stream_prompt_tokens_details": (1, _PTD),
-    "cmpl_stream_prompt_tokens_details": (1, _PTD),
-    "chat_stream_continuous": (
-        6, "continuous usage: vLLM adds `completion_tokens_details: null` to every per-chunk "
-        "usage (role, content and finish chunks); the simulator writes the three counts only"),
-    "chat_stream_error_midstream": (
-        3, "engine finish_reason 'error': vLLM turns it into an error event (500) then [DONE]; "
-        "the simulator streams it as a finish chunk, then usage and [DONE]"),
-    "cmpl_stream_error_midstream": (
-        1, "engine finish_reason 'error' (as chat_stream_error_midstream)"),
     "emb_float": (
         1, "0.28 answers embeddings with ORJSONResponse (float32 shortest repr, -0.08396084); the "
         "simulator writes float32 values as doubles, the no-orjson form (emb_float_no_orjson "
@@ -94,6 +85,46 @@ EXPECTED: dict[str, tuple[int, str]] = {
         "or the item (created, in_progress, item added/done, text done, completed)"),
     "responses_stream_truncated": (7, "as responses_stream"),
 }
+
+# The simulator's Messages translation is 0.28.0's (the golden README lists 0.33's changes:
+# message_delta's stop_sequence, matched stop strings, Anthropic error type names, 404 aliases,
+# the mid-stream error, the `\n\n` after </think>).
+_ANTH_033_WHY = "Messages on 0.33: the simulator's translation is 0.28.0's"
+_ANTH_033 = {
+    "anth_count_tokens": 1, "anth_err_400_count_tokens_tools_without_auto_tool_choice": 1,
+    "anth_err_400_tools_without_auto_tool_choice": 1, "anth_err_400_validation": 1,
+    "anth_err_400_validation_max_tokens": 1, "anth_err_404_count_tokens_unknown_model": 1,
+    "anth_err_404_unknown_model": 1, "anth_full_prompt_tokens_details": 1,
+    "anth_full_stop_sequence": 1, "anth_full_tools_qwen3_coder": 1,
+    "anth_stream_error_midstream": 4, "anth_stream_max_tokens": 1, "anth_stream_plain": 1,
+    "anth_stream_prompt_tokens_details": 1, "anth_stream_reasoning": 13,
+    "anth_stream_stop_sequence": 1, "anth_stream_tools_qwen3_coder": 14,
+    "anth_stream_tools_qwen3_coder_noreasoning": 12,
+}
+_MISSING_033 = ("0.33's admission_rejections, prompt_tokens_cached_by_source and "
+                "request_num_preemptions, and the 15 of 0.28's metrics_k7_fresh; every family "
+                "the simulator exports matches")
+EXPECTED_033: dict[str, tuple[int, str]] = {
+    **{name: (n, _ANTH_033_WHY) for name, n in _ANTH_033.items()},
+    **{name: (1, "qwen3 reasoning: 0.33 sends the `\\n\\n` after `</think>` as content in the "
+                 "same chunk as the last reasoning; the simulator (0.28's parser) drops it")
+       for name in ("chat_stream_reasoning", "chat_stream_reasoning_continuous")},
+    "emb_float": (1, "0.33 always encodes embeddings with orjson (float32 shortest repr); the "
+                  "simulator writes doubles"),
+    "emb_base64": EXPECTED_028["emb_base64"],
+    "err_400_cmpl_validation": EXPECTED_028["err_400_cmpl_validation"],
+    "err_400_stream_options": EXPECTED_028["err_400_stream_options"],
+    "metrics_k7_fresh": (18, f"families the simulator does not export: {_MISSING_033}"),
+    "metrics_k0": (38, "the 18 missing families of metrics_k7_fresh, plus the 20 recorded "
+                   "values (as in 0.28)"),
+    "metrics_k7": (42, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
+    "responses_full": (1, "Response object: as 0.28 (no `error` key, `logprobs: null`, `phase`), "
+                       "plus 0.33's prompt_cache_*, safety_identifier and cache_write_tokens"),
+    "responses_stream": (7, "the responses_full differences, in every event that carries them"),
+    "responses_stream_truncated": (7, "as responses_stream; 0.33 also ends with "
+                                   "response.incomplete, which the simulator does not send yet"),
+}
+EXPECTED = {"0.28.0": EXPECTED_028, "0.33.0": EXPECTED_033}
 
 
 # -- normalisation (README "Comparing a simulator's bytes with these") ---------------------------
@@ -146,12 +177,13 @@ def _prom_frames(text: str) -> list[bytes]:
 # -- driving the simulator ----------------------------------------------------------------------
 
 
-def _fixtures() -> list[str]:
-    return sorted(p.name[: -len(".input.json")] for p in VERSION_DIR.glob("*.input.json"))
+def _fixtures(version: str) -> list[str]:
+    return sorted(p.name[: -len(".input.json")] for p in (GOLDEN / version).glob("*.input.json"))
 
 
-def _body_file(name: str) -> Path:
-    (path,) = [p for p in VERSION_DIR.glob(name + ".*") if not p.name.endswith(".input.json")]
+def _body_file(version: str, name: str) -> Path:
+    (path,) = [p for p in (GOLDEN / version).glob(name + ".*")
+               if not p.name.endswith(".input.json")]
     return path
 
 
@@ -174,13 +206,19 @@ def _script(spec: dict[str, Any]) -> Playback | None:
          for o in ro["outputs"]]
         for ro in eo["request_outputs"]
     ]
+    spec = None
+    if "spec_decode" in eo:
+        spec = SpecStats(eo["spec_decode"]["num_speculative_tokens"])
+        for step in eo["spec_decode"]["verify_steps"]:
+            spec.record(step["num_accepted"])
     return Playback(list(eo["prompt_token_ids"]), steps, cached_tokens=eo.get("num_cached_tokens")
-                  or 0)
+                  or 0, spec=spec)
 
 
-def _config(spec: dict[str, Any]) -> SimConfig:
+def _config(version: str, spec: dict[str, Any]) -> SimConfig:
     server = spec["server"]
     flags = " ".join(server.get("flags", []))
+    summary = "--per-request-spec-decode-metrics" in flags
     if server["served_model_name"].endswith("embed"):
         profile = BUILTIN_PROFILES["embed"]
     elif "num_speculative_tokens" in flags:
@@ -191,11 +229,13 @@ def _config(spec: dict[str, Any]) -> SimConfig:
                      time_scale=0.0,
                      enable_auto_tool_choice=bool(server.get("enable_auto_tool_choice")),
                      tool_call_parser=server.get("tool_call_parser"),
-                     reasoning_parser=server.get("reasoning_parser"))
+                     reasoning_parser=server.get("reasoning_parser"),
+                     vllm_version=version, spec_metrics="summary" if summary else "none",
+                     enable_prompt_tokens_details="--enable-prompt-tokens-details" in flags)
 
 
-async def _simulate(name: str, spec: dict[str, Any]) -> bytes:
-    app, sim = create_app(_config(spec))
+async def _simulate(version: str, name: str, spec: dict[str, Any]) -> bytes:
+    app, sim = create_app(_config(version, spec))
     sim.playback = _script(spec)
     method, path = _route(name, spec)
     transport = httpx.ASGITransport(app=app)
@@ -219,12 +259,12 @@ def _kind(path: Path) -> str:
     return "responses_" + kind if path.name.startswith("responses_") else kind
 
 
-def compare(name: str) -> list[tuple[int, bytes | None, bytes | None]]:
+def compare(version: str, name: str) -> list[tuple[int, bytes | None, bytes | None]]:
     """(frame index, vLLM's frame, the simulator's) for every frame that differs."""
-    spec = json.loads((VERSION_DIR / f"{name}.input.json").read_text())
-    golden_file = _body_file(name)
+    spec = json.loads((GOLDEN / version / f"{name}.input.json").read_text())
+    golden_file = _body_file(version, name)
     kind = _kind(golden_file)
-    ours = normalise(asyncio.run(_simulate(name, spec)), kind)
+    ours = normalise(asyncio.run(_simulate(version, name, spec)), kind)
     theirs = normalise(golden_file.read_bytes(), kind)
     if kind == "prom":  # families by name: a missing family is one difference, not a shift
         mine, vllm = _by_family(ours), _by_family(theirs)
@@ -244,25 +284,32 @@ def _by_family(frames: list[bytes]) -> dict[bytes, bytes]:
     return {f.split(b"\n", 1)[0]: f for f in frames}
 
 
-@pytest.mark.parametrize("name", _fixtures())
-def test_fixture(name: str) -> None:
-    diffs = compare(name)
+CASES = [(v, n) for v in VERSIONS for n in _fixtures(v)]
+
+
+@pytest.mark.parametrize(("version", "name"), CASES, ids=[f"{v}-{n}" for v, n in CASES])
+def test_fixture(version: str, name: str) -> None:
+    diffs = compare(version, name)
     shown = "\n".join(f"[{i}]\n  vllm: {a!r}\n  sim:  {b!r}" for i, a, b in diffs[:3])
-    if name not in EXPECTED:
-        assert not diffs, f"{name}: {len(diffs)} frames differ from vLLM 0.28.0\n{shown}"
+    expected = EXPECTED[version]
+    if name not in expected:
+        assert not diffs, f"{name}: {len(diffs)} frames differ from vLLM {version}\n{shown}"
         return
-    count, reason = EXPECTED[name]
+    count, reason = expected[name]
     assert diffs, f"{name} now matches vLLM: drop it from EXPECTED ({reason})"
     assert len(diffs) == count, f"{name}: {len(diffs)} frames differ, {count} expected\n{shown}"
 
 
-def test_expected_names_exist() -> None:
-    assert set(EXPECTED) <= set(_fixtures())
+@pytest.mark.parametrize("version", VERSIONS)
+def test_expected_names_exist(version: str) -> None:
+    assert set(EXPECTED[version]) <= set(_fixtures(version))
 
 
 if __name__ == "__main__":  # a report of every difference, for updating EXPECTED
-    for n in _fixtures():
-        d = compare(n)
+    import sys
+
+    for n in _fixtures(sys.argv[1]):
+        d = compare(sys.argv[1], n)
         print(f"{n}: {len(d)}")
         for i, a, b in d[:2]:
             print(f"   [{i}] vllm: {(a or b'')[:400]!r}\n        sim:  {(b or b'')[:400]!r}")

@@ -17,6 +17,14 @@ MODEL = "coder"
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[SimServer]:
+    """0.28 mode, the deployment's: no per-request summary (a 0.29+ flag)."""
+    with SimServer("dflash7-prob-block", served_model_name=MODEL) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def summary_sim() -> Iterator[SimServer]:
+    """0.33 mode with --per-request-spec-decode-metrics summary."""
     with SimServer("dflash7-prob-block", served_model_name=MODEL, spec_metrics="summary") as s:
         yield s
 
@@ -91,11 +99,11 @@ def test_first_content_chunk_is_the_prefill_token(sim: SimServer) -> None:
     assert max(tokens) > 1  # speculative steps carry several tokens
 
 
-def test_include_usage_and_spec_metrics(sim: SimServer) -> None:
+def test_include_usage_and_spec_metrics(summary_sim: SimServer) -> None:
     body = chat_body(
         stream=True, max_tokens=120, return_token_ids=True, stream_options={"include_usage": True}
     )
-    frames = stream(sim, "/v1/chat/completions", body)
+    frames = stream(summary_sim, "/v1/chat/completions", body)
     chunks = [json.loads(f) for f in frames[:-1]]
     final, usage_chunk = chunks[-2], chunks[-1]
     assert "system_fingerprint" not in final  # it moves to the usage chunk
@@ -168,12 +176,13 @@ def test_continuous_usage_on_every_chunk(sim: SimServer) -> None:
     assert running == sorted(running) and running[-1] == 40
     for c in chunks[1:-1]:
         assert keys(c)[:6] == ["id", "object", "created", "model", "choices", "usage"]
-        assert keys(c["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens"]
+        assert keys(c["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens",
+                                    "completion_tokens_details"]  # null, as vLLM writes it
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 40
 
 
-def test_non_streaming_body_has_every_field(sim: SimServer) -> None:
-    resp = httpx.post(sim.url + "/v1/chat/completions", json=chat_body(), timeout=30)
+def test_non_streaming_body_has_every_field(summary_sim: SimServer) -> None:
+    resp = httpx.post(summary_sim.url + "/v1/chat/completions", json=chat_body(), timeout=30)
     assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
     body = resp.json()
     assert keys(body) == [
@@ -202,6 +211,7 @@ def test_non_streaming_body_has_every_field(sim: SimServer) -> None:
         "stop_reason",
         "token_ids",
         "routed_experts",
+        "weight_versions",  # 0.33
     ]
     assert keys(choice["message"]) == [
         "role",
@@ -281,7 +291,7 @@ def test_stop_string_and_max_completion_tokens(sim: SimServer) -> None:
     assert resp["usage"]["completion_tokens"] == 9
 
 
-def test_completions_stream(sim: SimServer) -> None:
+def test_completions_stream(summary_sim: SimServer) -> None:
     body = {
         "model": MODEL,
         "prompt": "def merge(a, b):",
@@ -289,7 +299,7 @@ def test_completions_stream(sim: SimServer) -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    frames = stream(sim, "/v1/completions", body, {"X-Request-Id": "c1"})
+    frames = stream(summary_sim, "/v1/completions", body, {"X-Request-Id": "c1"})
     chunks = [json.loads(f) for f in frames[:-1]]
     assert frames[-1] == b"[DONE]"
     assert chunks[0]["id"] == "cmpl-c1" and chunks[0]["object"] == "text_completion"
@@ -302,6 +312,7 @@ def test_completions_stream(sim: SimServer) -> None:
             "stop_reason",
             "prompt_token_ids",
             "token_ids",
+            "weight_versions",  # 0.33: on every completions choice
         ]
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
     assert keys(chunks[-1]) == [
@@ -317,7 +328,7 @@ def test_completions_stream(sim: SimServer) -> None:
     assert chunks[-1]["usage"]["completion_tokens"] == 20
     # Default max_tokens for completions is 16.
     plain = httpx.post(
-        sim.url + "/v1/completions", json={"model": MODEL, "prompt": "x = "}, timeout=30
+        summary_sim.url + "/v1/completions", json={"model": MODEL, "prompt": "x = "}, timeout=30
     ).json()
     assert (
         plain["usage"]["completion_tokens"] == 16
@@ -333,6 +344,7 @@ def test_completions_stream(sim: SimServer) -> None:
         "prompt_logprobs",
         "prompt_token_ids",
         "routed_experts",
+        "weight_versions",
     ]
 
 

@@ -72,7 +72,7 @@ def _replay_stream(meta: dict[str, Any]) -> str:
         if frame:
             out.append(frame)
     if chunks.include_usage:
-        out.append(chunks.usage_chunk(completion, None))
+        out.append(chunks.usage_chunk(completion, None, 0))
     out.append(b"data: [DONE]\n\n")
     return b"".join(out).decode()
 

@@ -1,0 +1,56 @@
+"""Which vLLM release the simulator imitates, and what differs between the two it knows.
+
+The differences are those the golden fixtures show (shared/reference/vllm-golden/README.md,
+"Notable differences between the versions"). Which server flags a release has comes from the
+deployment's flag tables (proxy/ops/deploy/vllm_flags/<version>.txt, read from each release's own
+argument definitions): a flag the release lacks is refused at start, as vLLM's argument parser
+does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from policies.spec.deployment import DEFAULT_VLLM_VERSION
+from proxy.ops.deploy import versions
+
+SUPPORTED = ("0.28.0", "0.33.0")
+DEFAULT = DEFAULT_VLLM_VERSION  # the deployment's release
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    version: str
+    # 0.33: every non-role chunk ends with `"kv_transfer_params":null`, finish choices (every
+    # completions choice) carry `"weight_versions":null`, full bodies' choices too.
+    kv_transfer_null: bool
+    weight_versions: bool
+    # 0.28 chat writes a mid-stream error event with spaced json.dumps, 0.33 compact JSON.
+    compact_chat_error: bool
+    # 0.33: the 404 for an unknown model lists the valid aliases.
+    model_aliases: bool
+    # pydantic `loc` in a validation 400: a tuple repr in 0.28, a dotted string in 0.33.
+    dotted_loc: bool
+    # /v1/responses cut by max_output_tokens: 0.33 ends with `response.incomplete`.
+    responses_incomplete_event: bool
+
+    def has_flag(self, flag: str) -> bool:
+        return versions.has_flag(self.version, flag)
+
+
+class UnsupportedVersion(ValueError):
+    pass
+
+
+def dialect(version: str) -> Dialect:
+    if version not in SUPPORTED:
+        raise UnsupportedVersion(
+            f"the simulator imitates vLLM {' or '.join(SUPPORTED)}, not {version!r}")
+    new = version != "0.28.0"
+    return Dialect(version, kv_transfer_null=new, weight_versions=new, compact_chat_error=new,
+                   model_aliases=new, dotted_loc=new, responses_incomplete_event=new)
+
+
+def refused_flags(version: str, given: list[str]) -> list[str]:
+    """The vLLM flags among `given` (those set on the command line) this release lacks."""
+    return versions.unknown_flags(version, given)
