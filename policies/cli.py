@@ -27,7 +27,7 @@ from policies.spec.base import PolicyError
 from policies.spec.document import PolicyDocument
 from policies.types import Decision, LiveState
 
-ENDPOINTS = ("chat", "completions", "embeddings", "responses")
+ENDPOINTS = ("chat", "completions", "embeddings", "responses", "messages")
 
 
 def main(argv: list[str] | None = None) -> int:

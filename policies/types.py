@@ -10,8 +10,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Endpoint = Literal["chat", "completions", "embeddings", "responses"]
+Endpoint = Literal["chat", "completions", "embeddings", "responses", "messages"]
 Health = Literal["up", "down", "starting"]
+
+# A policy names a sampling field once (its defaults and clamps say `max_tokens`); each API
+# spells it its own way. Per API kind: policy name -> the body fields that carry it, the first
+# present one winning (vLLM's chat reads `max_completion_tokens` before `max_tokens`).
+FIELD_NAMES: Mapping[Endpoint, Mapping[str, tuple[str, ...]]] = {
+    "chat": {"max_tokens": ("max_completion_tokens", "max_tokens")},
+    "responses": {"max_tokens": ("max_output_tokens",)},
+}
+# Bounds an API puts on a field whatever the policy says (Anthropic's temperature is 0-1).
+FIELD_BOUNDS: Mapping[Endpoint, Mapping[str, tuple[float, float]]] = {
+    "messages": {"temperature": (0.0, 1.0)},
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,17 @@ def bearer(authorization: bytes | None) -> str | None:
     return token.strip()
 
 
+def client_key(authorization: bytes | None, x_api_key: bytes | None) -> str | None:
+    """The key a client presents: `Authorization: Bearer KEY` or, as the Anthropic SDKs send it,
+    `x-api-key: KEY`. None when neither, or when both are sent with different keys (ambiguous:
+    refused rather than guessed)."""
+    token = bearer(authorization)
+    api_key = x_api_key.decode("latin-1").strip() if x_api_key else None
+    if token is not None and api_key and not hmac.compare_digest(token, api_key):
+        return None
+    return token or api_key or None
+
+
 def token_matches(token: str | None, expected_sha256: str | None) -> bool:
     """Constant-time comparison of a presented token against a stored digest."""
     if token is None or not expected_sha256:

@@ -1,7 +1,8 @@
 """The simulated vLLM server: a Starlette app in front of one Engine.
 
 Handlers turn requests into EngineRequests and the engine's per-step output into vLLM's bytes:
-chat and completions in generate.py, /v1/responses in responses_api.py, embeddings in
+chat and completions in generate.py, /v1/responses in responses_api.py, /v1/messages in
+messages_api.py, embeddings in
 embeddings.py, the server's state in state.py, SSE and crash responses in asgi.py. This module
 holds the small endpoints and assembles the app.
 """
@@ -26,6 +27,7 @@ from .asgi import TRANSPORT_KEY, json_response
 from .embeddings import embeddings
 from .faults import FaultError
 from .generate import chat_completions, completions
+from .messages_api import count_tokens, messages
 from .responses_api import responses
 from .state import Sim, SimConfig
 
@@ -187,6 +189,8 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:
             r("/v1/chat/completions", chat_completions, ["POST"]),
             r("/v1/completions", completions, ["POST"]),
             r("/v1/responses", responses, ["POST"]),
+            r("/v1/messages", messages, ["POST"]),
+            r("/v1/messages/count_tokens", count_tokens, ["POST"]),
         ]
     if config.faults:
         routes += [

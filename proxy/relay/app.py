@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from policies.engine import decide
-from policies.inputs import request_view
+from policies.inputs import for_body, request_view
 from policies.types import Endpoint
 from proxy import auth
 from proxy.gateway import Gateway, RequestRecord
@@ -90,32 +90,31 @@ class PublicApp:
         else:
             await respond_error(send, 404, f"no route for {method} {path}")
 
-    def _client(self, scope: dict[str, Any], authz: bytes | None, policy: Any) -> Any:
-        """The policy's client of the request's key, or None (a wrong key counts as a failure
-        of its source, proxy/throttle.py)."""
-        token = auth.bearer(authz)
-        client = None if token is None else policy.client_by_key_hash(auth.hash_key(token))
-        if client is None and authz is not None:
+    def _client(self, scope: dict[str, Any], headers: dict[bytes, bytes], policy: Any) -> Any:
+        """The policy's client of the request's key (`Authorization: Bearer` or `x-api-key`),
+        or None; a wrong key counts as a failure of its source (proxy/throttle.py)."""
+        client = _client_for(policy, headers)
+        if client is None and (b"authorization" in headers or b"x-api-key" in headers):
             self.throttle.failed(source_of(scope))
         return client
 
     async def _throttled(self, scope: dict[str, Any], send: Send,
-                         headers: list[tuple[bytes, bytes]]) -> bool:
+                         headers: list[tuple[bytes, bytes]], *, anthropic: bool = False) -> bool:
         """Answered 429 (before any key is checked): the source failed too often."""
         wait = self.throttle.retry_after(source_of(scope))
         if wait is None:
             return False
-        await respond_error(send, 429, "too many failed authentications from this address: "
-                            f"retry in {wait}s", type_="RateLimitError",
-                            headers=[*headers, (b"retry-after", str(wait).encode())])
+        await respond(send, 429, error_body(
+            429, f"too many failed authentications from this address: retry in {wait}s",
+            type_="RateLimitError", anthropic=anthropic),
+            [*headers, (b"retry-after", str(wait).encode())])
         return True
 
     async def models(self, scope: dict[str, Any], send: Send, model_id: str | None = None
                      ) -> None:
         if await self._throttled(scope, send, []):
             return
-        authz = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        if self._client(scope, authz, self.gw.policy.current) is None:
+        if self._client(scope, dict(scope["headers"]), self.gw.policy.current) is None:
             await _unauthorized(send)
             return
         created = int(time.time())
@@ -141,11 +140,11 @@ class PublicApp:
                        endpoint: Endpoint) -> None:
         gw = self.gw
         x: Exchange[Any] = Exchange(gw, scope, send, endpoint)
-        if await self._throttled(scope, send, x.rid):
+        if await self._throttled(scope, x.send, x.rid, anthropic=x.anthropic):
             return
-        client = self._client(scope, x.headers.get(b"authorization"), x.policy)
+        client = self._client(scope, x.headers, x.policy)
         if client is None:
-            await _unauthorized(x.send, x.rid)
+            await _unauthorized(x.send, x.rid, anthropic=x.anthropic)
             return
         x.client = client
         if client.max_concurrent is None and client.requests_per_minute is None:
@@ -155,9 +154,9 @@ class PublicApp:
                                      client.requests_per_minute)
         if wait is not None:
             gw.metrics.rate_limited.labels(client.name).inc()
-            await respond_error(x.send, 429, f"rate limit for client {client.name!r}: retry in "
-                                f"{wait:.1f}s", type_="RateLimitError",
-                                headers=[*x.rid, (b"retry-after", str(max(1, round(wait))).encode())])
+            await x.error(429, f"rate limit for client {client.name!r}: retry in "
+                          f"{wait:.1f}s", type_="RateLimitError",
+                          headers=[*x.rid, (b"retry-after", str(max(1, round(wait))).encode())])
             return
         try:
             await self._generate(x, scope, receive)
@@ -167,10 +166,10 @@ class PublicApp:
     async def _generate(self, x: Exchange[Any], scope: dict[str, Any], receive: Receive) -> None:
         if not await self._read(x, receive) or not await self._decide(x):
             return
-        gw, send, rid = self.gw, x.send, x.rid
+        gw, rid = self.gw, x.rid
         if gw.draining:
-            await respond_error(send, 503, "the gateway is shutting down; retry",
-                                headers=[*rid, (b"retry-after", b"1"), (b"connection", b"close")])
+            await x.error(503, "the gateway is shutting down; retry",
+                          headers=[*rid, (b"retry-after", b"1"), (b"connection", b"close")])
             return
         channel: PushChannel | None = scope.get("extensions", {}).get("specrouter.push")
         x.watch = watch = DisconnectWatch(receive, channel)
@@ -189,29 +188,29 @@ class PublicApp:
 
     async def _read(self, x: Exchange[Any], receive: Receive) -> bool:
         """The body, parsed, with its model (`x.body`, `x.model`); False once answered."""
-        settings, send, rid = self.gw.settings, x.send, x.rid
+        settings, rid = self.gw.settings, x.rid
         try:
             async with asyncio.timeout(settings.body_timeout_s):
                 raw = await read_body(receive, settings.max_body_bytes)
         except TimeoutError:
-            await respond_error(send, 408, f"request body not received within "
-                                f"{settings.body_timeout_s:g}s",
-                                headers=[*rid, (b"connection", b"close")])
+            await x.error(408, f"request body not received within "
+                          f"{settings.body_timeout_s:g}s",
+                          headers=[*rid, (b"connection", b"close")])
             return False
         except BodyTooLarge:
-            await respond_error(send, 413, f"request body larger than "
-                                f"{settings.max_body_bytes} bytes", headers=rid)
+            await x.error(413, f"request body larger than "
+                          f"{settings.max_body_bytes} bytes", headers=rid)
             return False
         except ConnectionResetError:
             return False
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            await respond_error(send, 400, f"request body is not valid JSON: {exc}", headers=rid)
+            await x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
             return False
         problem = check_fields(x.endpoint, body)
         if problem is not None:
-            await respond_error(send, 400, problem[0], param=problem[1], headers=rid)
+            await x.error(400, problem[0], param=problem[1], headers=rid)
             return False
         x.body, x.model = body, body["model"]
         return True
@@ -223,7 +222,7 @@ class PublicApp:
                                endpoint=x.endpoint, stream=body.get("stream") is True)
         record.m.t_start = x.t0
         view = request_view(body, x.endpoint, x.model, x.client.name, x.headers, x.t0)
-        decision = decide(view, gw.live.snapshot(), policy)
+        decision = for_body(decide(view, gw.live.snapshot(), policy), x.endpoint, body)
         record.route, record.reason = decision.route, decision.reason
         record.policy_version = policy.version
         record.content_class, record.canary = decision.content_class, decision.canary
@@ -234,10 +233,10 @@ class PublicApp:
                 retry = []
                 if rej.status in (429, 503):
                     retry = [(b"retry-after", str(int(rej.retry_after_s or 5)).encode())]
-                await respond_error(x.send, rej.status, rej.message, param=rej.param,
-                                    type_=rej.type, headers=[*rid, *retry])
+                await x.error(rej.status, rej.message, param=rej.param,
+                              type_=rej.type, headers=[*rid, *retry])
             else:
-                await respond_error(x.send, 503, "no backend available", headers=rid)
+                await x.error(503, "no backend available", headers=rid)
             record.m.t_end = time.perf_counter()
             gw.metrics.observe_request(record.route or "none", "none", record.client,
                                        record.outcome, record.m)
@@ -263,8 +262,15 @@ def _fmt(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
-async def _unauthorized(send: Send, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+def _client_for(policy: Any, headers: dict[bytes, bytes]) -> Any:
+    key = auth.client_key(headers.get(b"authorization"), headers.get(b"x-api-key"))
+    return None if key is None else policy.client_by_key_hash(auth.hash_key(key))
+
+
+async def _unauthorized(send: Send, headers: list[tuple[bytes, bytes]] | None = None, *,
+                        anthropic: bool = False) -> None:
     await respond(send, 401, error_body(
-        401, "invalid or missing API key: send `Authorization: Bearer KEY`",
-        type_="AuthenticationError", code="invalid_api_key"),
+        401, "invalid or missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY` "
+        "(one key, not two different ones)",
+        type_="AuthenticationError", code="invalid_api_key", anthropic=anthropic),
         [*(headers or []), (b"www-authenticate", b"Bearer")])

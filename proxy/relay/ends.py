@@ -9,10 +9,12 @@ from proxy.relay.errors import sse_error_event
 from proxy.relay.measure import Measurement, StreamFilter
 from proxy.vllm_wire import CRLF_DONE, DONE
 
-# How a complete stream ends: vLLM's `[DONE]`, or on /v1/responses a terminal event.
+# How a complete stream ends: vLLM's `[DONE]`, or on /v1/responses a terminal event; on
+# /v1/messages `message_stop`, or vLLM's `error` event (it sends nothing after one).
 CHAT_ENDS = (DONE,)
 RESPONSES_ENDS = (b"event: response.completed", b"event: response.incomplete",
                   b"event: response.failed")
+MESSAGES_ENDS = (b"event: message_stop", b"event: error")
 
 
 def filter_read(splitter: sse.FrameSplitter, filt: StreamFilter, data: bytes, now: float
@@ -42,12 +44,13 @@ def body_outcome(status: int) -> str:
     return "client_error" if status < 500 and status not in (408, 429) else "upstream_error"
 
 
-def check_end(outcome: str, error: bytes, ended: bool, m: Measurement, responses: bool
-              ) -> tuple[str, bytes]:
+def check_end(outcome: str, error: bytes, ended: bool, m: Measurement, responses: bool,
+              messages: bool = False) -> tuple[str, bytes]:
     """A stream that stopped cleanly but without its end event was cut short all the same."""
     if outcome == "ok" and not ended and m.error is None:
         return "upstream_error", sse_error_event(
-            502, "upstream stream ended before its end event", responses=responses)
+            502, "upstream stream ended before its end event", responses=responses,
+            messages=messages)
     return outcome, error
 
 

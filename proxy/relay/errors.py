@@ -1,4 +1,5 @@
-"""OpenAI/vLLM-shaped error bodies and SSE error events."""
+"""The gateway's own error bodies and SSE error events: OpenAI/vLLM-shaped, and on the
+Anthropic Messages route Anthropic-shaped (`{"type":"error","error":{"type","message"}}`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,28 @@ _TYPES = {
 }
 
 
+# Anthropic's error type names, by HTTP status (what its SDKs map to exception classes).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if status < 500
+                                            else "api_error")
+
+
+def anthropic_error(status: int, message: str) -> dict[str, object]:
+    return {"type": "error", "error": {"type": anthropic_type(status), "message": message}}
+
+
 def error_type(status: int) -> str:
     return _TYPES.get(status) or HTTPStatus(status).phrase.replace(" ", "")
 
@@ -36,18 +59,25 @@ def error_body(
     type_: str | None = None,
     param: str | None = None,
     code: int | str | None = None,
+    anthropic: bool = False,
 ) -> bytes:
-    """vLLM's `ErrorResponse` shape: OpenAI's, with an integer `code` by default."""
+    """vLLM's `ErrorResponse` shape: OpenAI's, with an integer `code` by default; Anthropic's
+    when `anthropic` (its type names come from the status; `type_`, `param`, `code` go)."""
+    if anthropic:
+        return orjson.dumps(anthropic_error(status, message))
     return orjson.dumps(vllm_wire.error_body(
         message, type_ or error_type(status), status if code is None else code, param))
 
 
 def sse_error_event(status: int, message: str, *, type_: str | None = None,
-                    responses: bool = False) -> bytes:
+                    responses: bool = False, messages: bool = False) -> bytes:
     """vLLM's mid-stream error form: an error event then `[DONE]` (json.dumps spacing).
 
     On /v1/responses the stream has typed events and no `[DONE]`: an `error` event ends it.
+    On /v1/messages too, with Anthropic's error object (as vLLM's own converter writes it).
     """
+    if messages:
+        return b"event: error\ndata: " + orjson.dumps(anthropic_error(status, message)) + b"\n\n"
     if responses:
         event = {"type": "error", "code": str(status), "message": message, "param": None}
         return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from proxy.backends.endpoints import prefix_affinity
+from proxy.relay.asgi import respond
 from proxy.relay.continuation import (
     ContinuableFilter,
     can_continue,
     continuation_body,
     continuation_refused,
 )
+from proxy.relay.errors import error_body
 from proxy.relay.forward import Lease, open_engine
 from proxy.relay.measure import Measurement
 from proxy.relay.upstream import UpstreamError, UpstreamResponse
@@ -53,6 +55,7 @@ class Exchange(Generic[R]):
     is known on arrival; the annotated fields below are set as the request gets that far."""
 
     __slots__ = ("gw", "send", "_send", "t0", "policy", "headers", "request_id", "rid", "endpoint",
+                 "path", "anthropic",
                  "client", "body", "model", "record", "decision", "extra", "watch", "channel",
                  "relay", "lease", "resp", "first", "filt", "ends", "rename", "continuable")
 
@@ -75,6 +78,8 @@ class Exchange(Generic[R]):
         self.gw, self.endpoint = gw, endpoint
         self._send = send
         self.send: Send = self._start  # the response start gets Server-Timing, then `send`
+        self.path: str = scope["path"]  # the engine is asked on the same path
+        self.anthropic = endpoint == "messages"  # the gateway's own errors in Anthropic's shape
         self.t0 = time.perf_counter()
         self.policy: CompiledPolicy = gw.policy.current  # whatever is applied meanwhile
         self.headers: dict[bytes, bytes] = dict(scope["headers"])
@@ -99,6 +104,12 @@ class Exchange(Generic[R]):
             message = {**message, "headers": [*message.get("headers", ()),
                                               (b"server-timing", timing)]}
         await self._send(message)
+
+    async def error(self, status: int, message: str, *, param: str | None = None,
+                    type_: str | None = None, headers: Headers | None = None) -> None:
+        """Answer with the gateway's own error, in the shape of the request's API."""
+        await respond(self.send, status, error_body(status, message, param=param, type_=type_,
+                                                    anthropic=self.anthropic), headers)
 
     async def resume(self) -> tuple[R, bytes] | None:
         """Continue a broken chat stream on another variant of the same weights; the relays

@@ -1,13 +1,15 @@
 """The public endpoints' request fields: one description read by the OpenAPI document
 (proxy/relay/openapi.py) and by the gateway's own input checks (`check_fields`).
 
-The gateway itself checks only the fields marked `checked` (today `model`); every other field
+The gateway itself checks only the fields marked `checked` (`model`, and on Messages the
+temperature's 0-1 range, which vLLM does not enforce there); every other field
 is the backend's (vLLM's) to validate, and is described here with the bounds the backend
 enforces, so clients and fuzzers see them. Fields not listed pass through untouched.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +126,22 @@ FIELDS: dict[Endpoint, tuple[Field, ...]] = {
         Field("max_output_tokens", "integer", nullable=True, minimum=1),
         STREAM, TEMPERATURE, TOP_P, SEED,
     ),
+    "messages": (
+        MODEL,
+        Field("messages", "array", required=True, extra={"items": _OPEN_OBJECTS["items"]}),
+        Field("max_tokens", "integer", required=True, minimum=1),
+        Field("system", None, nullable=True, extra={"oneOf": [{"type": "string"}, _OPEN_OBJECTS]}),
+        Field("stream", "boolean", nullable=True, default=False,
+              description="Answer with Anthropic's server-sent events (`event:` lines)."),
+        Field("stop_sequences", "array", nullable=True, extra={"items": {"type": "string"}}),
+        Field("temperature", "number", nullable=True, checked=True, minimum=0, maximum=1,
+              description=TEMPERATURE.description),
+        TOP_P,
+        Field("top_k", "integer", nullable=True),
+        Field("tools", "array", nullable=True, extra={"items": _OPEN_OBJECTS["items"]}),
+        Field("tool_choice", "object", nullable=True),
+        Field("metadata", "object", nullable=True),
+    ),
 }
 
 
@@ -136,15 +154,22 @@ def request_schema(endpoint: Endpoint) -> Schema:
 
 # -- the gateway's own checks ----------------------------------------------------------------------
 
-_PY_TYPES: dict[str, type] = {"string": str, "boolean": bool, "object": dict, "array": list}
+_PY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str, "boolean": bool, "object": dict, "array": list, "number": (int, float)}
 _NOT_AN_OBJECT = ("request body must be a JSON object", None)
-Check = tuple[str, type, bool, bool, str]  # name, Python type, required, non-empty, message
+# name, Python type, required, non-empty, (minimum, maximum), message
+Check = tuple[str, type | tuple[type, ...], bool, bool, tuple[float, float] | None, str]
 
 
 def _check(f: Field) -> Check:
     assert f.type is not None, f"checked field {f.name} needs a JSON type"
     message = f"`{f.name}` {'is required and ' if f.required else ''}must be a {f.type}"
-    return f.name, _PY_TYPES[f.type], f.required, bool(f.min_length), message
+    bounds = None
+    if f.minimum is not None or f.maximum is not None:
+        bounds = (-math.inf if f.minimum is None else f.minimum,
+                  math.inf if f.maximum is None else f.maximum)
+        message += f" from {f.minimum:g} to {f.maximum:g}" if bounds[1] < math.inf else ""
+    return f.name, _PY_TYPES[f.type], f.required, bool(f.min_length), bounds, message
 
 
 _CHECKS: dict[Endpoint, tuple[Check, ...]] = {
@@ -156,10 +181,14 @@ def check_fields(endpoint: Endpoint, body: Any) -> tuple[str, str | None] | None
     A handful of dict lookups: the fields are compiled to `_CHECKS` at import."""
     if not isinstance(body, dict):
         return _NOT_AN_OBJECT
-    for name, kind, required, non_empty, message in _CHECKS[endpoint]:
+    for name, kind, required, non_empty, bounds, message in _CHECKS[endpoint]:
         value = body.get(name)
         if value is None and not required:
             continue
-        if not isinstance(value, kind) or (non_empty and not value):
+        if not isinstance(value, kind) or isinstance(value, bool) is not (kind is bool) or \
+                (non_empty and not value):
+            return message, name
+        if bounds is not None and isinstance(value, int | float) and \
+                not bounds[0] <= value <= bounds[1]:
             return message, name
     return None

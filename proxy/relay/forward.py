@@ -12,9 +12,8 @@ from policies.capabilities import capabilities
 from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
 from proxy.backends.endpoints import prefix_affinity
-from proxy.relay.asgi import respond_error
 from proxy.relay.continuation import ContinuableFilter
-from proxy.relay.ends import CHAT_ENDS, RESPONSES_ENDS
+from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS
 from proxy.relay.events import reader_for
 from proxy.relay.measure import StreamFilter
 from proxy.relay.rewrite import plan_usage, upstream_body
@@ -31,8 +30,9 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "messages",
 }
-_PATHS: dict[Endpoint, str] = {v: k for k, v in ENDPOINTS.items()}
 _FORWARD_HEADERS = (b"x-session-id", b"x-data-parallel-rank", b"traceparent", b"tracestate")
 
 
@@ -79,8 +79,8 @@ async def _connect(x: Exchange[R]) -> bool:
                     policy.document.admission.queue_timeout_s))
             except AdmissionTimeout as exc:
                 record.outcome, record.status = "rejected", 503
-                await respond_error(x.send, 503, f"backend busy: {exc}",
-                                    headers=[*x.extra, (b"retry-after", b"2")])
+                await x.error(503, f"backend busy: {exc}",
+                              headers=[*x.extra, (b"retry-after", b"2")])
                 return False
             except asyncio.CancelledError:
                 if not watch.gone:
@@ -121,9 +121,9 @@ async def _connect(x: Exchange[R]) -> bool:
         if last_error is not None and last_error.status == 503:
             status = 503
         record.outcome, record.status = "upstream_error", status
-        await respond_error(x.send, status, f"no backend could serve the request: "
-                            f"backend {record.backend!r}: {last_error}",
-                            headers=[*x.extra, (b"retry-after", b"5")])
+        await x.error(status, f"no backend could serve the request: "
+                      f"backend {record.backend!r}: {last_error}",
+                      headers=[*x.extra, (b"retry-after", b"5")])
         return False
     return True
 
@@ -142,7 +142,7 @@ async def open_engine(x: Exchange[R], body: dict[str, Any], backend: BackendSpec
     if x.resp is None:  # not a continuation: this attempt is the one the timings describe
         m = x.record.m
         m.t_engine, m.t_headers = time.perf_counter(), None
-    return await x.relay.open(x, base + _PATHS[x.endpoint], payload, up_headers, check_status)
+    return await x.relay.open(x, base + x.path, payload, up_headers, check_status)
 
 
 async def _relay(x: Exchange[R]) -> None:
@@ -184,13 +184,17 @@ async def _relay(x: Exchange[R]) -> None:
                      drop_usage_chunk=usage.drop_usage_chunk, rename=x.rename,
                      engine_timings="timings" in capabilities(backend.kind).per_request,
                      events=reader_for(endpoint, record.m))
-        x.ends = RESPONSES_ENDS if endpoint == "responses" else CHAT_ENDS
+        x.ends = _ENDS.get(endpoint, CHAT_ENDS)
         record.outcome = await x.relay.sse(x)
     else:
         record.outcome = await x.relay.body(x)
     if record.outcome in ("upstream_error", "timeout") and record.m.chunks:
         gw.metrics.upstream_errors.labels(record.backend, "midstream").inc()
         gw.live.failure(record.backend)
+
+
+# What reads an API's event stream (its measurement), and how the stream ends, by API kind.
+_ENDS: dict[Endpoint, tuple[bytes, ...]] = {"responses": RESPONSES_ENDS, "messages": MESSAGES_ENDS}
 
 
 class Lease:

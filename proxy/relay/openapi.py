@@ -187,6 +187,33 @@ _UNAUTHORIZED = {
     "content": {_JSON: {"schema": ref("Error")}},
 }
 
+_ANTHROPIC_ERROR: Schema = {
+    "type": "object",
+    "description": "Anthropic's error shape, the gateway's own errors on /v1/messages: `type` is "
+                   "`authentication_error`, `invalid_request_error`, `not_found_error`, "
+                   "`rate_limit_error`, `overloaded_error`, `api_error`, ...",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"type": "string", "enum": ["error"]},
+        "error": {"type": "object", "required": ["type", "message"], "properties": {
+            "type": {"type": "string"}, "message": {"type": "string"}},
+            "additionalProperties": True},
+    },
+    "additionalProperties": True,
+}
+
+
+def _with_anthropic_errors(path_item: Schema) -> Schema:
+    """On the Messages route the gateway answers in Anthropic's shape, while the engine's own
+    validation errors (relayed) keep vLLM's OpenAI shape: either may come."""
+    responses = path_item["post"]["responses"]
+    for status, answer in list(responses.items()):
+        if status.startswith(("4", "5")):
+            either = {"anyOf": [ref("AnthropicError"), ref("Error")]}
+            responses[status] = {**answer, "content": {_JSON: {"schema": either}}}
+    return path_item
+
+
 _GENERATION_ERRORS: dict[str, Schema] = {
     "400": _error("The body is not JSON, not an object, has no string `model`, the model does "
                   "not serve this endpoint, a pinned variant does not exist, or the backend "
@@ -260,6 +287,7 @@ def _generation(operation_id: str, summary: str, request: str, response: str, *,
 
 _CHAT_SSE = " (`data: {\"error\": {...}}` then `data: [DONE]`)"
 _RESPONSES_SSE = " (`event: error`)"
+_MESSAGES_SSE = " (`event: error`, Anthropic's error object)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +314,17 @@ _OPERATIONS: dict[Endpoint, _Operation] = {
     "responses": _Operation("createResponse", "Responses API", "ResponsesRequest", "Response",
                             {"model": "coder", "input": "Hello", "max_output_tokens": 16},
                             _RESPONSES_SSE),
+    "messages": _Operation("createMessage", "Anthropic Messages API (the gateway's own errors "
+                           "in Anthropic's shape; `x-api-key` or bearer auth)", "MessagesRequest",
+                           "Message", {"model": "coder", "max_tokens": 16,
+                                       "messages": [{"role": "user", "content": "Hello"}]},
+                           _MESSAGES_SSE),
+}
+# A path whose operation differs from its API kind's (same request fields).
+_PATH_OPERATIONS: dict[str, _Operation] = {
+    "/v1/messages/count_tokens": _Operation(
+        "countMessageTokens", "Anthropic Messages: count the prompt's tokens", "MessagesRequest",
+        "MessageTokenCount", _OPERATIONS["messages"].example, None),
 }
 
 _OTHER_PATHS: dict[str, Schema] = {
@@ -331,10 +370,12 @@ def build_spec(routes: Mapping[str, Endpoint]) -> dict[str, Any]:
     paths: dict[str, Schema] = {}
     requests: dict[str, Schema] = {}
     for path, endpoint in routes.items():
-        op = _OPERATIONS[endpoint]
+        op = _PATH_OPERATIONS.get(path) or _OPERATIONS[endpoint]
         paths[path] = _generation(op.operation_id, op.summary, op.request, op.response,
                                   streams=op.stream_note is not None,
                                   stream_note=op.stream_note or "")
+        if endpoint == "messages":
+            paths[path] = _with_anthropic_errors(paths[path])
         requests[op.request] = {**request_schema(endpoint), "example": op.example}
     return {
         "openapi": "3.0.3",
@@ -357,12 +398,15 @@ def build_spec(routes: Mapping[str, Endpoint]) -> dict[str, Any]:
             },
             "schemas": {
                 "Error": _ERROR,
+                "AnthropicError": _ANTHROPIC_ERROR,
                 "ChatMessage": _MESSAGE,
                 **requests,
                 "ChatCompletion": _CHAT_COMPLETION,
                 "Completion": _COMPLETION,
                 "EmbeddingList": _EMBEDDING_LIST,
                 "Response": _RESPONSE,
+                "Message": _OBJECT,
+                "MessageTokenCount": _OBJECT,
                 "ModelList": _MODEL_LIST,
                 "Ready": _READY,
             },

@@ -18,6 +18,7 @@ import aiohttp
 
 from proxy.relay import sse
 from proxy.relay.ends import (
+    MESSAGES_ENDS,
     RESPONSES_ENDS,
     at_end,
     body_outcome,
@@ -65,7 +66,7 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
     idle_timeout, resume = x.gw.settings.idle_timeout_s, x.continuable
     m = filt.m
     loop = asyncio.get_running_loop()
-    responses = ends is RESPONSES_ENDS
+    responses, messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
     while True:
         splitter = sse.FrameSplitter()  # a dead upstream's partial frame is never sent
         content = resp.content
@@ -94,19 +95,19 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
         except TimeoutError:
             outcome = "timeout"
             error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s",
-                                    responses=responses)
+                                    responses=responses, messages=messages)
         except (aiohttp.ClientError, OSError) as exc:
             if watch.gone:
                 return "client_gone"
             outcome = "upstream_error"
             if watch.closing is not None:
-                error = sse_error_event(503, watch.closing, responses=responses)
+                error = sse_error_event(503, watch.closing, responses=responses, messages=messages)
             else:
                 error = sse_error_event(502, f"upstream connection lost: {type(exc).__name__}",
-                                        responses=responses)
+                                        responses=responses, messages=messages)
         if watch.gone:
             return "client_gone"
-        outcome, error = check_end(outcome, error, saw_done, m, responses)
+        outcome, error = check_end(outcome, error, saw_done, m, responses, messages)
         if outcome != "ok" and resume and watch.closing is None:
             resumed = await x.resume()
             resume = False  # once per request

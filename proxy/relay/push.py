@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from proxy.relay import sse
 from proxy.relay.ends import (
+    MESSAGES_ENDS,
     RESPONSES_ENDS,
     at_end,
     body_outcome,
@@ -119,7 +120,7 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
     idle_timeout = x.gw.settings.idle_timeout_s
     m = filt.m
     loop = asyncio.get_running_loop()
-    responses = ends is RESPONSES_ENDS
+    responses, messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
     while True:
         splitter = sse.FrameSplitter()  # a dead engine's partial frame is never sent
         ended = [False]
@@ -158,20 +159,20 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
         except TimeoutError:
             outcome = "timeout"
             error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s",
-                                    responses=responses)
+                                    responses=responses, messages=messages)
         except UpstreamError as exc:
             outcome = "upstream_error"
             if not watch.gone:
                 status = 503 if watch.closing is not None else 502
                 error = sse_error_event(status, watch.closing or f"upstream {exc}",
-                                        responses=responses)
+                                        responses=responses, messages=messages)
         finally:
             for task in draining:
                 task.cancel()
             stream.close()
         if watch.gone or channel.gone:
             return "client_gone"
-        outcome, error = check_end(outcome, error, ended[0], m, responses)
+        outcome, error = check_end(outcome, error, ended[0], m, responses, messages)
         if outcome != "ok" and resume and watch.closing is None:
             resumed = await x.resume()
             resume = False  # once per request

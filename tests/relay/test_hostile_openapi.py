@@ -120,9 +120,17 @@ def gateway_must_reject(body: Any) -> bool:
     return not isinstance(model, str) or not model
 
 
-def assert_openai_error(status: int, content: bytes) -> dict[str, Any]:
+def assert_openai_error(status: int, content: bytes, path: str = "") -> dict[str, Any]:
+    """OpenAI's error shape; on the Messages route the gateway's own errors are Anthropic's
+    (checked, then returned as `message`/`type`/`code` for the callers' checks)."""
     assert 400 <= status < 500, status
     data = orjson.loads(content)
+    if path.startswith("/v1/messages") and data.get("type") == "error":
+        anth: dict[str, Any] = data["error"]
+        assert list(data) == ["type", "error"] and list(anth) == ["type", "message"], data
+        assert isinstance(anth["message"], str) and anth["message"], data
+        code = "invalid_api_key" if anth["type"] == "authentication_error" else status
+        return {**anth, "param": None, "code": code}
     err: dict[str, Any] = data["error"]
     assert isinstance(err["message"], str) and err["message"], data
     assert isinstance(err["type"], str) and err["type"], data
@@ -151,7 +159,7 @@ def exercise(case: Case[Any], gateway: GatewayServer, session: requests.Session,
     assert elapsed < WALL_S, f"{case.operation.label} took {elapsed:.1f}s"
     case.validate_response(response, checks=checks, headers=AUTH, transport_kwargs=kwargs)
     if 400 <= response.status_code < 500:
-        assert_openai_error(response.status_code, response.content)
+        assert_openai_error(response.status_code, response.content, case.operation.path)
     if case.method == "POST" and case.operation.method.upper() == "POST" and \
             case.media_type == "application/json" and gateway_must_reject(case.body):
         # 400, or 401 when the case itself broke the credentials (checked first).
@@ -225,7 +233,7 @@ def test_malformed_body_on_every_endpoint(client: httpx.Client, path: str, what:
                                           body: bytes) -> None:
     r = client.post(path, content=body, headers=_JSON_CT)
     assert r.status_code == 400, r.text
-    assert_openai_error(r.status_code, r.content)
+    assert_openai_error(r.status_code, r.content, path)
 
 
 @pytest.mark.parametrize("path", [p for p, _ in OPERATIONS])
@@ -248,7 +256,7 @@ def test_bad_credentials(gateway: GatewayServer, client: httpx.Client, path: str
         return
     assert resp.status_code == 401, resp.text
     assert resp.headers["www-authenticate"] == "Bearer"
-    err = assert_openai_error(resp.status_code, resp.content)
+    err = assert_openai_error(resp.status_code, resp.content, path)
     assert err["code"] == "invalid_api_key"
     assert CLIENT_KEY not in resp.text
 
