@@ -110,6 +110,8 @@ def start_demo(tmp: Path, *, time_scale: float = 0.1, timeout: float = 60.0) -> 
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
+            proc.wait()
+            proc.stdout.close()
             raise AssertionError("demo exited:\n" + "".join(lines))
         lines.append(line)
         if line.startswith("specrouter listening"):
@@ -122,7 +124,11 @@ def start_demo(tmp: Path, *, time_scale: float = 0.1, timeout: float = 60.0) -> 
             demo.output.append(line)
 
     threading.Thread(target=drain, daemon=True).start()
-    wait_ready(demo, deadline)
+    try:
+        wait_ready(demo, deadline)
+    except BaseException:
+        stop_demo(demo)
+        raise
     return demo
 
 
