@@ -34,6 +34,10 @@ def test_codex_exec_runs_an_agent_loop(demo: Demo, agents: Path, tmp_path: Path)
     rows = demo.rows(since)
     assert len(rows) >= 3, out  # two turns ending in a call, then the final answer
     for row in rows:
-        assert row["outcome"] == "ok" and row["completion_tokens"] > 0
+        # Seen under load: Codex sometimes hangs up before the stream's own end; the gateway
+        # logs client_gone, which counts here only once the answer's finish was relayed.
+        assert row["outcome"] == "ok" or (row["outcome"] == "client_gone"
+                                          and row["finish_reason"] is not None), dict(row)
+        assert row["completion_tokens"] > 0
         # TTFT at the first generated token: after the engine was asked, before the end.
         assert row["ttft_s"] is not None and 0 < row["ttft_s"] <= row["e2e_s"]
