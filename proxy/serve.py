@@ -20,6 +20,7 @@ from proxy.admin.policy_store import PolicyStore
 from proxy.backends.health import HealthMonitor
 from proxy.certs import server_context
 from proxy.gateway import Gateway
+from proxy.observe.accesslog import access_sink
 from proxy.observe.metrics_app import create_metrics_app
 from proxy.observe.requestlog import RequestLog
 from proxy.operator import Operator, OperatorError, load_operator
@@ -60,6 +61,8 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--metrics-listen",
                    help="host:port of a plain-HTTP /metrics listener for Prometheus (loopback)")
     p.add_argument("--state-dir", type=Path)
+    p.add_argument("--access-log", action="store_true", default=None,
+                   help="one line per finished request on stderr (no prompt or completion)")
     p.add_argument("--redis-url", help="redis://host:port/db: client limits shared by replicas")
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--first-byte-timeout", dest="first_byte_timeout_s", type=float)
@@ -181,6 +184,8 @@ class GatewayProcess:
         loop.add_signal_handler(signal.SIGINT, stop)
         self.requestlog = RequestLog(self.settings.state_dir / "requests.sqlite3")
         self.gw.sinks.append(self.requestlog.sink)
+        if self.settings.access_log:
+            self.gw.sinks.append(access_sink)
         await self.requestlog.start()
         self.monitor.start()
         self._spawn(self._watch_policy_file())

@@ -42,6 +42,7 @@ class Settings(BaseSettings):
     metrics_listen: str | None = Field(
         None, description="host:port of a plain-HTTP /metrics listener (loopback only)")
     state_dir: Path = Field(Path(".state"), description="certificates, policy versions, logs")
+    access_log: bool = Field(False, description="one line per request on stderr (no content)")
 
     redis_url: str | None = Field(None, description="shared client limits for replicas")
 

@@ -162,6 +162,9 @@ def plan(tools: list[Tool]) -> list[Call]:
             calls.append(Call(tool.name, _arguments(tool, kind), tool.custom))
     if not calls and tools:
         calls.append(Call(tools[0].name, _arguments(tools[0], "other"), tools[0].custom))
+    if len(calls) == 1 and _kind(calls[0].name) == "shell" and not calls[0].custom:
+        # A shell-only agent (Codex without apply_patch) still makes two round trips.
+        calls.append(calls[0])
     return calls[:MAX_CALLS]
 
 

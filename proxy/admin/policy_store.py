@@ -165,8 +165,8 @@ class PolicyStore:
             except PolicyError as exc:
                 self.reload_failures += 1
                 self.last_error = str(exc)
-                log.error("edited policy file refused, keeping version %s: %s",
-                          self.holder.current.version, exc)
+                log.error("edited policy file %s refused, keeping version %s: %s",
+                          self.config, self.holder.current.version, exc)
                 return False
             current = self.holder.current
             if policy.version == current.version:  # the file an apply (just) wrote: no edit
@@ -174,7 +174,7 @@ class PolicyStore:
             changes = tuple(diff_documents(current.document, policy.document))
             await asyncio.to_thread(self._record, policy, text, "file", changes)
             self.holder.current = policy
-        log.warning("policy file edited: applied version %s", policy.version)
+        log.warning("policy file %s edited: applied version %s", self.config, policy.version)
         return True
 
     def document_yaml(self) -> str:

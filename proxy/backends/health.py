@@ -165,6 +165,7 @@ class HealthMonitor:
         self.windows: dict[str, EngineWindow] = {}
         self._task: asyncio.Task[None] | None = None
         self._seen: set[str] = set()
+        self._health: dict[str, str] = {}  # as last logged: the terminal shows each transition
         self.repairer = Repairer(gw)
         gw.metrics.registry.register(BackendCollector(self.readings))
 
@@ -207,9 +208,21 @@ class HealthMonitor:
         names = list(policy.document.backends)
         await asyncio.gather(*(self.check(name) for name in names), return_exceptions=True)
         self.after_scrape()
+        self.log_transitions(names)
         now = time.monotonic()
         for name, backend in policy.document.backends.items():
             self.repairer.observe(name, backend, now)
+
+    def log_transitions(self, names: list[str]) -> None:
+        """One line per health change (starting, up, down), whatever caused it: a check or a
+        request's passive signal between two checks."""
+        for name in names:
+            health = self.gw.live.get(name).health
+            before = self._health.get(name)
+            if health != before:
+                self._health[name] = health
+                log.warning("backend %s is %s%s", name, health,
+                            "" if before is None else f" (was {before})")
 
     def after_scrape(self) -> None:
         """Advance every acceptance guard on the fresh readings (policies.guard.advance)."""

@@ -65,6 +65,42 @@ def write_demo_policy(source: Path, state: Path, key: str) -> Path:
     return out
 
 
+def engine_flags(backend: BackendSpec) -> list[str]:
+    """The engine's tool-call and reasoning parsers, as vLLM is started with them: agents get
+    tool calls (`tool_choice: "auto"` is a 400 without --enable-auto-tool-choice)."""
+    engine = backend.engine
+    flags: list[str] = []
+    if engine.tool_call_parser:
+        flags += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser]
+    if engine.reasoning_parser:
+        flags += ["--reasoning-parser", engine.reasoning_parser]
+    return flags
+
+
+def banner(base: str, ca: Path, key: str, model: str, state: Path) -> list[str]:
+    """What to run next; each command as printed works (tests/agents/test_demo.py runs them)."""
+    py = sys.executable  # the venv's python: the system one may have no `openai`
+    return [
+        "Stream a completion:",
+        f"  curl -N --cacert {ca} {base}/chat/completions \\",
+        f"    -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\",
+        f"    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":64,"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"Write a Python function.\"}]}'",
+        "",
+        f"  SSL_CERT_FILE={ca} {py} -c \"",
+        "from openai import OpenAI",
+        f"c = OpenAI(base_url='{base}', api_key='{key}')",
+        f"for ch in c.chat.completions.create(model='{model}', stream=True, max_tokens=64,",
+        "        messages=[{'role': 'user', 'content': 'Write a Python function.'}]):",
+        "    print(ch.choices[0].delta.content or '', end='', flush=True)\"",
+        "",
+        "What the requests did (TTFT, ITL, tokens per step by variant):",
+        f"  {py} -m proxy.cli report --state-dir {state.resolve()}",
+        "",
+        "Codex, aider, Claude Code, the Anthropic and Node SDKs: README.md, section Clients.",
+        ""]
+
+
 @contextlib.contextmanager
 def simulated_backends(policy_file: Path, time_scale: float) -> Iterator[list[str]]:
     doc = load_policy(policy_file)
@@ -85,6 +121,7 @@ def simulated_backends(policy_file: Path, time_scale: float) -> Iterator[list[st
                     # the summary is a 0.29+ flag (the sim refuses it in its 0.28 mode)
                     cmd += ["--vllm-version", "0.33.0", "--per-request-spec-decode-metrics",
                             "summary"]
+                cmd += engine_flags(backend)
                 procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE))
                 lines.append(f"  {name:<16} {profile:<20} {url}")
         for proc in procs:
@@ -110,6 +147,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--admin-listen", default="127.0.0.1:9443")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="simulated engine speed (1.0 = the GB10's)")
+    p.add_argument("--access-log", action="store_true",
+                   help="one line per request in the terminal (no prompt or completion)")
     args = p.parse_args(argv)
     state: Path = args.state_dir
     state.mkdir(parents=True, exist_ok=True)
@@ -132,27 +171,15 @@ def main(argv: list[str]) -> int:
             f"  admin        http://{args.admin_listen}  (token: {admin_token})",
             f"  dashboard    http://{args.admin_listen}/dashboard",
             f"  metrics      http://{args.admin_listen}/metrics",
-            "",
-            "Stream a completion:",
-            f"  curl -N --cacert {certs.ca_cert} {base}/chat/completions \\",
-            f"    -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\",
-            f"    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":64,"
-            "\"messages\":[{\"role\":\"user\",\"content\":\"Write a Python function.\"}]}'",
-            "",
-            "  SSL_CERT_FILE=" + str(certs.ca_cert) + " python -c \"",
-            "from openai import OpenAI",
-            f"c = OpenAI(base_url='{base}', api_key='{key}')",
-            f"for ch in c.chat.completions.create(model='{model}', stream=True, max_tokens=64,",
-            "        messages=[{'role': 'user', 'content': 'Write a Python function.'}]):",
-            "    print(ch.choices[0].delta.content or '', end='', flush=True)\"",
-            "",
+            "", *banner(base, certs.ca_cert.resolve(), key, model, state),
             "Ctrl-C stops the gateway and the simulated backends.", ""]), flush=True)
         time.sleep(0.2)
         try:
             return serve_main(["--config", str(policy), "--listen", args.listen,
                                "--admin-listen", args.admin_listen,
                                "--tls-cert", str(certs.cert), "--tls-key", str(certs.key),
-                               "--admin-token", admin_token, "--state-dir", str(state)])
+                               "--admin-token", admin_token, "--state-dir", str(state),
+                               *(["--access-log"] if args.access_log else [])])
         except KeyboardInterrupt:
             return 0
 

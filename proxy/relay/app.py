@@ -86,6 +86,9 @@ class PublicApp:
                 await respond(send, 200, b'{"status":"ok"}')
             else:
                 await self.readyz(send)
+        elif path.startswith("/v1/models/") and method in ("GET", "HEAD"):
+            # The SDKs' models.retrieve(id); model ids may hold a slash.
+            await self.models(scope, send, path[len("/v1/models/"):])
         else:
             await respond_error(send, 404, f"no route for {method} {path}")
 
@@ -111,7 +114,8 @@ class PublicApp:
             [*headers, (b"retry-after", str(wait).encode())])
         return True
 
-    async def models(self, scope: dict[str, Any], send: Send) -> None:
+    async def models(self, scope: dict[str, Any], send: Send, model_id: str | None = None
+                     ) -> None:
         if await self._throttled(scope, send, []):
             return
         if self._client(scope, dict(scope["headers"]), self.gw.policy.current) is None:
@@ -121,7 +125,15 @@ class PublicApp:
         data: list[dict[str, Any]] = [{"id": name, "object": "model", "created": created, "owned_by": "specrouter",
                  "root": name, "parent": None, "max_model_len": None, "permission": []}
                 for name in self.gw.policy.current.model_names()]
-        await respond(send, 200, orjson.dumps({"object": "list", "data": data}))
+        if model_id is None:
+            await respond(send, 200, orjson.dumps({"object": "list", "data": data}))
+            return
+        match = next((m for m in data if m["id"] == model_id), None)
+        if match is None:
+            await respond_error(send, 404, f"The model `{model_id}` does not exist.",
+                                type_="NotFoundError", param="model")
+            return
+        await respond(send, 200, orjson.dumps(match))
 
     async def readyz(self, send: Send) -> None:
         # Ready or not, nothing more: route names are the admin listener's (/admin/readyz).
