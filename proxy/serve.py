@@ -108,7 +108,8 @@ class GatewayProcess:
         self.monitor = HealthMonitor(self.gw)
         self.ssl = tls_context(settings)
         self.admin_ssl = admin_tls_context(settings)
-        self.store = PolicyStore(self.gw.policy, settings.config, settings.state_dir)
+        self.store = PolicyStore(self.gw.policy, settings.config, settings.state_dir,
+                                 settings.document_limits())
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def reload(self) -> None:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from policies.loading import DEFAULT_LIMITS, DocumentLimits
 from proxy.auth import named_token
 
 
@@ -58,6 +59,15 @@ class Settings(BaseSettings):
     relay: Literal["push", "pull"] = "push"
     drain_timeout_s: float = 20.0  # SIGTERM: how long streams in flight may still run
 
+    # Limits on what policy documents and engines may send (README, "Limits (engine side)").
+    max_policy_bytes: int = Field(DEFAULT_LIMITS.max_bytes, description="policy document size")
+    max_policy_rules: int = Field(DEFAULT_LIMITS.max_rules, description="rules over all routes")
+    max_dashboard_bytes: int = Field(256 * 1024, description="one dashboard snapshot")
+    # A Responses stream's final event carries the whole output: far above the largest answer.
+    max_sse_frame_bytes: int = Field(16 * 1024 * 1024, description="one engine SSE event")
+    max_metrics_bytes: int = Field(8 * 1024 * 1024, description="one engine /metrics page")
+    max_engine_header_bytes: int = Field(64 * 1024, description="an engine's response head")
+
     @field_validator("admin_token", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
@@ -73,6 +83,9 @@ class Settings(BaseSettings):
         if len(set(names)) != len(names):
             raise ValueError(f"two admin tokens share a name: {sorted(names)}")
         return value
+
+    def document_limits(self) -> DocumentLimits:
+        return DocumentLimits(self.max_policy_bytes, self.max_policy_rules)
 
     def admin_tokens(self) -> dict[str, str]:
         """Name -> token, for every `--admin-token`."""
