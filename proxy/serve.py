@@ -20,6 +20,7 @@ from proxy.admin.policy_store import PolicyStore
 from proxy.backends.health import HealthMonitor
 from proxy.certs import server_context
 from proxy.gateway import Gateway
+from proxy.memory import tune_allocator
 from proxy.observe.metrics_app import create_metrics_app
 from proxy.observe.requestlog import RequestLog
 from proxy.operator import Operator, OperatorError, load_operator
@@ -200,6 +201,7 @@ class GatewayProcess:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     settings = parse_args(argv)
+    tune_allocator()  # large engine frames given back to the system once freed
     try:
         check_startup(settings)
         operator = load_operator(settings.operator_file)

@@ -109,7 +109,7 @@ class EngineStream:
             elif not self.head.done() and self.received > self.max_head:
                 # Checked after the read: one read may hold a small head and a large body.
                 self.abort(UpstreamError(
-                    "connect", f"engine response head larger than {self.max_head} bytes"))
+                    "protocol", f"engine response head larger than {self.max_head} bytes"))
 
     def lost(self) -> None:
         self._conn = None

@@ -178,7 +178,7 @@ class Upstream:
         refused = echo_mismatch(resp.headers, headers)
         if head_size(resp.raw_headers) > self.max_head_bytes:
             refused = UpstreamError(
-                "connect", f"engine response head larger than {self.max_head_bytes} bytes")
+                "protocol", f"engine response head larger than {self.max_head_bytes} bytes")
         if refused is not None:
             resp.close()
             raise refused
