@@ -86,8 +86,10 @@ class Gateway:
         self.limits: Limits = (RedisLimits(settings.redis_url) if settings.redis_url
                                else MemoryLimits())
         self.upstream = Upstream(connect_timeout=settings.connect_timeout_s,
-                                 first_byte_timeout=settings.first_byte_timeout_s)
-        self.engines = EnginePool()  # the push relay's kept-alive engine connections
+                                 first_byte_timeout=settings.first_byte_timeout_s,
+                                 max_head_bytes=settings.max_engine_header_bytes)
+        # the push relay's kept-alive engine connections
+        self.engines = EnginePool(max_head_bytes=settings.max_engine_header_bytes)
         self.in_flight: dict[int, RequestRecord] = {}  # by id(record): ids repeat in headers
         self.watches: dict[int, DisconnectWatch] = {}  # same keys: to end streams at shutdown
         self.draining = False

@@ -20,6 +20,7 @@ from proxy.admin.policy_store import PolicyStore
 from proxy.backends.health import HealthMonitor
 from proxy.certs import server_context
 from proxy.gateway import Gateway
+from proxy.memory import tune_allocator
 from proxy.observe.accesslog import access_sink
 from proxy.observe.metrics_app import create_metrics_app
 from proxy.observe.requestlog import RequestLog
@@ -111,7 +112,8 @@ class GatewayProcess:
         self.monitor = HealthMonitor(self.gw)
         self.ssl = tls_context(settings)
         self.admin_ssl = admin_tls_context(settings)
-        self.store = PolicyStore(self.gw.policy, settings.config, settings.state_dir)
+        self.store = PolicyStore(self.gw.policy, settings.config, settings.state_dir,
+                                 settings.document_limits())
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def reload(self) -> None:
@@ -207,6 +209,7 @@ class GatewayProcess:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     settings = parse_args(argv)
+    tune_allocator()  # large engine frames given back to the system once freed
     try:
         check_startup(settings)
         operator = load_operator(settings.operator_file)

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from policies.loading import DEFAULT_LIMITS, DocumentLimits
 from proxy.auth import named_token
 
 
@@ -72,6 +73,14 @@ class Settings(BaseSettings):
     max_logprobs: int = Field(5, ge=0, description="completions `logprobs` above this get 400")
     max_messages: int = Field(4096, ge=1, description="chat messages / responses input items")
     max_json_depth: int = Field(128, ge=2, le=250, description="request JSON nesting depth")
+    # Limits on what policy documents and engines may send (README, "Limits (engine side)").
+    max_policy_bytes: int = Field(DEFAULT_LIMITS.max_bytes, description="policy document size")
+    max_policy_rules: int = Field(DEFAULT_LIMITS.max_rules, description="rules over all routes")
+    max_dashboard_bytes: int = Field(256 * 1024, description="one dashboard snapshot")
+    # A Responses stream's final event carries the whole output: far above the largest answer.
+    max_sse_frame_bytes: int = Field(16 * 1024 * 1024, description="one engine SSE event")
+    max_metrics_bytes: int = Field(8 * 1024 * 1024, description="one engine /metrics page")
+    max_engine_header_bytes: int = Field(64 * 1024, description="an engine's response head")
 
     @field_validator("admin_token", mode="before")
     @classmethod
@@ -88,6 +97,9 @@ class Settings(BaseSettings):
         if len(set(names)) != len(names):
             raise ValueError(f"two admin tokens share a name: {sorted(names)}")
         return value
+
+    def document_limits(self) -> DocumentLimits:
+        return DocumentLimits(self.max_policy_bytes, self.max_policy_rules)
 
     def admin_tokens(self) -> dict[str, str]:
         """Name -> token, for every `--admin-token`."""

@@ -25,6 +25,8 @@ from proxy.gateway import Gateway, RequestRecord
 from proxy.observe.stats import quantile
 
 VARIANT_WINDOW_S = 300.0
+_ROWS = ("in_flight", "recent", "variants", "backends", "repairs")
+_SHOWN = 50  # rows of a list the page shows at most (in-flight sessions, say)
 
 
 def _ms(value: float | None) -> float | None:
@@ -112,12 +114,39 @@ def snapshot(gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | No
             "variants": variant_rows, "backends": backends, "repairs": repairs}
 
 
+def encoded(snap: dict[str, Any], limit: int) -> bytes:
+    """The snapshot as JSON within `limit` bytes: a huge policy (its history of changes) or
+    thousands of streams once sent each viewer 14.5 MB a second. Lists are cut to what the page
+    shows, then halved until the snapshot fits, and `truncated` says so."""
+    data = orjson.dumps(snap)
+    if len(data) <= limit:
+        return data
+    policy = snap["policy"]
+    snap = {**snap, "truncated": True, **{k: snap[k][:_SHOWN] for k in _ROWS},
+            "policy": {**policy, "history": [{**h, "changes": h.get("changes", [])[:10]}
+                                             for h in policy["history"]]}}
+    data = orjson.dumps(snap)
+    while len(data) > limit:
+        history = snap["policy"]["history"]
+        if not history and not any(snap[k] for k in _ROWS):  # one huge value: the bare facts
+            return orjson.dumps({"time": snap["time"], "truncated": True,
+                                 "policy": {"version": policy["version"], "history": []},
+                                 **{k: [] for k in _ROWS}})
+        for k in _ROWS:
+            snap[k] = snap[k][: len(snap[k]) // 2]
+        snap["policy"]["history"] = history[(len(history) + 1) // 2 :]  # the latest kept
+        data = orjson.dumps(snap)
+    return data
+
+
 def _static(name: str) -> bytes:
     return resources.files("proxy.admin").joinpath("static", name).read_bytes()
 
 
 def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
                      store: PolicyStore | None) -> list[BaseRoute]:
+    limit = gw.settings.max_dashboard_bytes
+
     async def page(request: Request) -> Response:
         if "token" in request.query_params:
             # Refused, not used: a URL is kept in browser history and proxy logs.
@@ -141,7 +170,7 @@ def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
             viewer(request)
         except Denied as exc:
             return exc.response
-        return Response(orjson.dumps(snapshot(gw, monitor, store)),
+        return Response(encoded(snapshot(gw, monitor, store), limit),
                         media_type="application/json")
 
     async def events(request: Request) -> Response:
@@ -152,7 +181,7 @@ def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
 
         async def stream() -> AsyncIterator[bytes]:
             while True:
-                yield b"data: " + orjson.dumps(snapshot(gw, monitor, store)) + b"\n\n"
+                yield b"data: " + encoded(snapshot(gw, monitor, store), limit) + b"\n\n"
                 await asyncio.sleep(1.0)
 
         return StreamingResponse(stream(), media_type="text/event-stream",

@@ -8,12 +8,12 @@ gateway's, not FastAPI's validation errors.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import asdict
 from typing import Any
 
 import orjson
-import yaml
 from fastapi import Header, Query
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute
 
 from policies.engine import decide
 from policies.inputs import live_state_from_json, request_view
+from policies.loading import dump_yaml
 from policies.schema import PolicyError
 from proxy.admin.app import AdminError, admin_router
 from proxy.admin.models import (
@@ -105,8 +106,24 @@ def _document(text: bytes) -> bytes:
     except orjson.JSONDecodeError:
         return text  # validation says what is wrong with it
     if isinstance(data, dict) and data.keys() == {"version", "document"}:
-        return yaml.safe_dump(data["document"], sort_keys=False).encode()
+        return dump_yaml(data["document"]).encode()
     return text
+
+
+async def _read_document(request: Request, store: PolicyStore) -> bytes:
+    """The body of a PUT or validate, read no further than the document limit (422 past it),
+    then turned into the document off the event loop."""
+    limit = store.limits.max_bytes
+    too_big = PolicyError([f"the document is more than the limit of {limit} bytes"])
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _invalid(too_big)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _invalid(too_big)
+    return await asyncio.to_thread(_document, bytes(body))
 
 
 def _applied(applied: Applied, response: Response) -> AppliedOut:
@@ -141,8 +158,9 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
                          note: str | None = _NOTE) -> AppliedOut:
         version = _precondition(store, if_match)
         try:
-            applied = await store.apply(_document(await request.body()), who=request.state.admin,
-                                        if_match=version, note=note or "")
+            applied = await store.apply(await _read_document(request, store),
+                                        who=request.state.admin, if_match=version,
+                                        note=note or "")
         except PolicyError as exc:
             raise _invalid(exc) from None
         except StaleVersion as exc:
@@ -153,7 +171,7 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
                  responses=_errors(422), openapi_extra=_body(PolicyIn, "application/yaml"))
     async def validate(request: Request) -> ValidOut:
         try:
-            policy = store.validate(_document(await request.body()))
+            policy = await store.validate(await _read_document(request, store))
         except PolicyError as exc:
             raise _invalid(exc) from None
         return ValidOut(valid=True, version=policy.version)

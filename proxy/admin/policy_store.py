@@ -5,6 +5,8 @@ any point leaves the last good file), kept as `versions/NNNN.yaml` and appended 
 `audit.jsonl`. Applying is one reference swap on the gateway's `PolicyHolder`; requests in
 flight keep the policy they started with. Edits made to the file by hand are picked up by
 `poll()`: a valid file is applied, an invalid one refused while the running policy stays.
+Parsing and compiling run in a worker thread, within the document limits, so a large or
+hostile document never holds the event loop (policies/loading.py).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 
 from policies.compiled import CompiledPolicy, compile_policy
 from policies.diff import diff_documents
+from policies.loading import DEFAULT_LIMITS, DocumentLimits, dump_yaml
 from policies.schema import PolicyError, parse_policy
 from proxy.gateway import PolicyHolder
 
@@ -60,8 +62,10 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 class PolicyStore:
-    def __init__(self, holder: PolicyHolder, config: Path, state_dir: Path) -> None:
+    def __init__(self, holder: PolicyHolder, config: Path, state_dir: Path,
+                 limits: DocumentLimits = DEFAULT_LIMITS) -> None:
         self.holder = holder
+        self.limits = limits
         self.config = config
         self.dir = state_dir / "policy"
         self.versions = self.dir / "versions"
@@ -106,9 +110,13 @@ class PolicyStore:
             os.fsync(f.fileno())
         return number
 
-    def validate(self, text: bytes | str) -> CompiledPolicy:
+    def compile(self, text: bytes | str) -> CompiledPolicy:
         """Parse and compile; raises PolicyError with every problem found."""
-        return compile_policy(parse_policy(text, self.holder.context))
+        return compile_policy(parse_policy(text, self.holder.context, self.limits))
+
+    async def validate(self, text: bytes | str) -> CompiledPolicy:
+        """`compile` in a worker thread: the event loop keeps serving meanwhile."""
+        return await asyncio.to_thread(self.compile, text)
 
     def check(self, if_match: str | None) -> None:
         """Raise StaleVersion unless `if_match` holds: the current version, `*` (any current
@@ -126,7 +134,7 @@ class PolicyStore:
         before the text (RFC 9110 13.2.1) and again under the lock. `unless_running`: a policy
         that is already the running one is no change (no history entry)."""
         self.check(if_match)
-        policy = self.validate(text)
+        policy = await self.validate(text)
         async with self._lock:
             current = self.holder.current
             self.check(if_match)
@@ -159,9 +167,9 @@ class PolicyStore:
             if sig is None or (sig == self._file_sig and not force):
                 return False
             self._file_sig = sig
-            text = self.config.read_bytes()
             try:
-                policy = self.validate(text)
+                text = await asyncio.to_thread(self._read_config)
+                policy = await self.validate(text)
             except PolicyError as exc:
                 self.reload_failures += 1
                 self.last_error = str(exc)
@@ -177,5 +185,13 @@ class PolicyStore:
         log.warning("policy file %s edited: applied version %s", self.config, policy.version)
         return True
 
+    def _read_config(self) -> bytes:
+        """The config file, up to one byte past the limit (a larger one is refused unread)."""
+        try:
+            with open(self.config, "rb") as f:
+                return f.read(self.limits.max_bytes + 1)
+        except OSError as exc:
+            raise PolicyError([f"{self.config}: {exc.strerror or exc}"]) from None
+
     def document_yaml(self) -> str:
-        return yaml.safe_dump(self.holder.current.document.to_data(), sort_keys=False)
+        return dump_yaml(self.holder.current.document.to_data())

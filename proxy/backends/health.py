@@ -1,4 +1,5 @@
-"""Active health checks and engine-metric scrapes, every few seconds, for every backend.
+"""Active health checks and engine-metric scrapes, every few seconds, for every backend
+(bodies bounded: /health 64 KiB, /metrics `max_metrics_bytes`, parsed in a worker thread).
 
 vLLM's `/health` is 200 or 503 (engine dead). Its `/metrics` gives running/waiting, KV use and
 the spec-decode counters; acceptance over a window is `1 + Δaccepted / Δdrafts`. llama.cpp's
@@ -278,10 +279,13 @@ class HealthMonitor:
         # answers /metrics 401 without it.
         headers = {"authorization": f"Bearer {key}"} if key else None
         try:
-            status, body = await gw.upstream.get(url + "/metrics", timeout, headers)
+            status, body = await gw.upstream.get(url + "/metrics", timeout, headers,
+                                                 gw.settings.max_metrics_bytes)
             if status != 200:
                 return True, None
-            reading = parse_metrics(body.decode(errors="replace"), time.monotonic(), kind)
+            # A large page (9 MB once stalled the loop 1.3 s a scrape) parses off the loop.
+            reading = await asyncio.to_thread(
+                parse_metrics, body.decode(errors="replace"), time.monotonic(), kind)
         except Exception as exc:  # a scrape failure leaves the last reading in place
             log.debug("scrape of backend %s failed: %s", name, type(exc).__name__)
             return True, None

@@ -9,6 +9,8 @@ from proxy.relay.errors import sse_error_event
 from proxy.relay.measure import Measurement, StreamFilter
 from proxy.vllm_wire import COMMENT, CRLF_DONE, DONE
 
+CR_DONE = CRLF_DONE.replace(b"\r\n", b"\r")  # an upstream framing with CR alone (SSE allows it)
+
 # How a complete stream ends: vLLM's `[DONE]`, or on /v1/responses a terminal event; on
 # /v1/messages `message_stop`, or vLLM's `error` event (it sends nothing after one).
 CHAT_ENDS = (DONE,)
@@ -29,11 +31,16 @@ def filter_read(splitter: sse.FrameSplitter, filt: StreamFilter, data: bytes, no
     return b"".join([filt.frame(f, now) for f in frames])
 
 
+def finish_read(splitter: sse.FrameSplitter, filt: StreamFilter, now: float) -> bytes:
+    """The upstream ended cleanly: a last frame the splitter still held, through the filter."""
+    return b"".join([filt.frame(f, now) for f in splitter.finish()])
+
+
 def at_end(out: bytes, ends: tuple[bytes, ...]) -> bool:
     """Whether what was just sent finishes with the stream's end event."""
     if ends is CHAT_ENDS:
-        return out.endswith((DONE, CRLF_DONE))
-    body = out.replace(b"\r\n", b"\n") if b"\r\n" in out else out
+        return out.endswith((DONE, CRLF_DONE, CR_DONE))
+    body = out.replace(b"\r\n", b"\n").replace(b"\r", b"\n") if b"\r" in out else out
     idx = body.rfind(b"\n\n", 0, len(body) - 2)
     last = body if idx < 0 else body[idx + 2 :]
     return last.startswith(ends)

@@ -10,6 +10,12 @@ An idle connection is kept `max_idle_s` (2 s; vLLM's uvicorn closes idle ones af
 the engine closed a reused connection all the same, the request is sent again on a new one:
 no byte of an answer had come (an engine closing an idle connection does not read what
 arrives on it), the same rule as the retries before the first byte.
+
+What an engine sends is bounded and checked: a response head past `max_head_bytes` fails the
+response; bytes after a response, or on an idle connection, close the connection (its framing
+is lost: they would otherwise be read as the next request's answer); and an answer whose
+echoed `x-request-id` (vLLM's `--enable-request-id-headers`) is not the request's is dropped,
+and the request sent again on a fresh connection when it came on a reused one.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from proxy.relay.upstream import UpstreamError, describe
+from proxy.relay.upstream import UpstreamError, describe, echo_mismatch
 
 Key = tuple[str, str, int]  # scheme, host, port
 
@@ -85,6 +91,7 @@ class EngineStream:
         self._paused = False
         self._complete = False
         self._keep_alive = False
+        self.max_head = conn.pool.max_head_bytes
 
     # from the connection
     def feed(self, data: bytes) -> None:
@@ -93,14 +100,16 @@ class EngineStream:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(UpstreamError("connect", "engine answered with an upgrade"))
-            self.close()
+            self.abort(UpstreamError("connect", "engine answered with an upgrade"))
         except httptools.HttpParserError as exc:
-            self._fail(UpstreamError("connect", f"engine sent invalid HTTP: {exc}"))
-            self.close()
+            self.abort(UpstreamError("connect", f"engine sent invalid HTTP: {exc}"))
         else:
             if self._complete:
                 self._release()
+            elif not self.head.done() and self.received > self.max_head:
+                # Checked after the read: one read may hold a small head and a large body.
+                self.abort(UpstreamError(
+                    "protocol", f"engine response head larger than {self.max_head} bytes"))
 
     def lost(self) -> None:
         self._conn = None
@@ -122,6 +131,8 @@ class EngineStream:
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        if self._conn is None:
+            return  # given up on (the rest of a read that failed it): nobody reads it
         if self.sink is not None:
             self.sink(body)
         else:
@@ -193,11 +204,15 @@ class EngineStream:
     def close(self) -> None:
         """Give up on the response: a complete one has already released its connection; an
         unfinished one closes it, which tells the engine to abort the generation."""
+        self.abort(UpstreamError("connect", "engine connection closed"))
+
+    def abort(self, exc: UpstreamError) -> None:
+        """`close`, failing what waits on the response with `exc`."""
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.stream = None
             conn.close()
-            self._fail(UpstreamError("connect", "engine connection closed"))
+            self._fail(exc)
 
 
 class EnginePool:
@@ -209,8 +224,9 @@ class EnginePool:
     """
 
     def __init__(self, *, max_idle_s: float = 2.0, max_idle_per_engine: int = 256,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 max_head_bytes: int = 64 * 1024, tls: ssl.SSLContext | None = None) -> None:
         self._tls = tls
+        self.max_head_bytes = max_head_bytes
         self.max_idle_s = max_idle_s
         self.max_idle_per_engine = max_idle_per_engine
         self._idle: dict[Key, list[EngineConnection]] = {}
@@ -303,6 +319,12 @@ async def open_engine_stream(pool: EnginePool, url: str, payload: bytes,
         except BaseException:
             stream.close()
             raise
+        mismatch = echo_mismatch(stream.headers, headers)
+        if mismatch is not None:
+            stream.close()
+            if reused:
+                continue  # an answer left over on the connection: ask again on a fresh one
+            raise mismatch
         return stream
 
 

@@ -20,7 +20,7 @@ from proxy.relay.events import reader_for
 from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
 from proxy.relay.measure import StreamFilter, withhold_estimate
 from proxy.relay.rewrite import plan_usage, upstream_body
-from proxy.relay.upstream import RESPONSE_DROP, UpstreamError
+from proxy.relay.upstream import RESPONSE_ALLOW, UpstreamError, not_an_answer
 
 if TYPE_CHECKING:
     from policies.schema import BackendSpec
@@ -167,7 +167,13 @@ async def open_engine(x: Exchange[R], body: dict[str, Any], backend: BackendSpec
     if x.resp is None:  # not a continuation: this attempt is the one the timings describe
         m = x.record.m
         m.t_engine, m.t_headers = time.perf_counter(), None
-    return await x.relay.open(x, base + x.path, payload, up_headers, check_status)
+    resp, first = await x.relay.open(x, base + x.path, payload, up_headers,
+                                     check_status)
+    refused = not_an_answer(resp.status, resp.headers)
+    if refused is not None:  # before the first byte went out: another engine may answer
+        resp.close()
+        raise refused
+    return resp, first
 
 
 async def _relay(x: Exchange[R]) -> None:
@@ -181,8 +187,7 @@ async def _relay(x: Exchange[R]) -> None:
         x.rename = (b'"model":"' + served.encode() + b'"', b'"model":"' + model.encode() + b'"')
     # Raw header bytes: a value outside latin-1 passes through rather than failing here.
     out_headers = [(k.lower(), v) for k, v in resp.raw_headers
-                   if k.lower().decode("latin-1") not in RESPONSE_DROP
-                   and k.lower() != b"x-request-id"]
+                   if k.lower().decode("latin-1") in RESPONSE_ALLOW]
     if resp.status in (429, 503) and "retry-after" not in resp.headers:
         out_headers.append((b"retry-after", b"5"))
     # A compressed stream (the backend ignored `accept-encoding: identity`) cannot be read

@@ -25,6 +25,7 @@ from proxy.relay.ends import (
     check_end,
     end_stream,
     filter_read,
+    finish_read,
 )
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
@@ -64,11 +65,13 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
     resp, data, send, watch, filt, ends = x.resp, x.first, x.send, x.watch, x.filt, x.ends
     assert resp is not None
     idle_timeout, resume = x.gw.settings.idle_timeout_s, x.continuable
+    max_frame = x.gw.settings.max_sse_frame_bytes
     m = filt.m
     loop = asyncio.get_running_loop()
     responses, messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
     while True:
-        splitter = sse.FrameSplitter()  # a dead upstream's partial frame is never sent
+        # A dead upstream's partial frame is never sent; nor one past the frame limit.
+        splitter = sse.FrameSplitter(max_frame)
         content = resp.content
         saw_done = False
         outcome = "ok"
@@ -90,6 +93,13 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
                         rearmed = t
                         deadline.reschedule(t + idle_timeout + 1.0)
                     data = await content.readany()
+                tail = finish_read(splitter, filt, time.perf_counter())
+                if tail:
+                    saw_done = at_end(tail, ends)
+                    await send({"type": "http.response.body", "body": tail, "more_body": True})
+        except sse.FrameTooLarge as exc:
+            outcome = "upstream_error"
+            error = sse_error_event(502, f"upstream {exc}", responses=responses)
         except TimeoutError:
             outcome = "timeout"
             error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s",

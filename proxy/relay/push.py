@@ -31,6 +31,7 @@ from proxy.relay.ends import (
     check_end,
     end_stream,
     filter_read,
+    finish_read,
 )
 from proxy.relay.engine_conn import EngineStream, open_engine_stream
 from proxy.relay.errors import sse_error_event
@@ -119,12 +120,13 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
     stream, first, channel, send = x.resp, x.first, x.channel, x.send
     assert stream is not None and channel is not None  # PUSH is chosen with a channel only
     watch, filt, ends, resume = x.watch, x.filt, x.ends, x.continuable
-    idle_timeout = x.gw.settings.idle_timeout_s
+    idle_timeout, max_frame = x.gw.settings.idle_timeout_s, x.gw.settings.max_sse_frame_bytes
     m = filt.m
     loop = asyncio.get_running_loop()
     responses, messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
     while True:
-        splitter = sse.FrameSplitter()  # a dead engine's partial frame is never sent
+        # A dead engine's partial frame is never sent; nor one past the frame limit.
+        splitter = sse.FrameSplitter(max_frame)
         ended = [False]
         draining: list[asyncio.Task[None]] = []
 
@@ -132,7 +134,12 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                  ended: list[bool] = ended, draining: list[asyncio.Task[None]] = draining
                  ) -> None:
             t = time.perf_counter()
-            out = filter_read(splitter, filt, data, t)
+            try:
+                out = filter_read(splitter, filt, data, t) if data else \
+                    finish_read(splitter, filt, t)
+            except sse.FrameTooLarge as exc:
+                stream.abort(UpstreamError("frame", str(exc)))
+                return
             if not out:
                 return
             ended[0] = at_end(out, ends)
@@ -156,6 +163,7 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                     raise TimeoutError
                 await asyncio.wait({stream.done}, timeout=max(remaining, 0.05))
             stream.done.result()
+            sink(b"")  # the clean end: a last frame held back for a `\n` that never came
         except TimeoutError:
             outcome = "timeout"
             error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s",

@@ -7,24 +7,34 @@ of the bytes, so everything else reaches the client exactly as the engine wrote 
 
 from __future__ import annotations
 
+import re
+
 # vLLM's framing facts live in proxy.vllm_wire; the relay's tests read DONE from here.
 from proxy.vllm_wire import DONE as DONE
 from proxy.vllm_wire import FINGERPRINT_KEY, FRAME_END, USAGE_KEY
 
 
+class FrameTooLarge(Exception):
+    """An engine's event grew past the frame limit without ending."""
+
+
 class FrameSplitter:
     """Cut a byte stream into complete SSE frames, keeping each frame's bytes intact.
 
-    A frame ends at the first blank line: `\n\n` (what vLLM writes) or `\r\n\r\n`. Frames
-    come out the same whatever the network's cuts, and the work is linear in the bytes: a
-    pending partial frame is only appended to and searched from where the last search ended.
+    A frame ends at the first blank line: two line ends in a row, each `\n` (what vLLM
+    writes), `\r\n` or a lone `\r` (the SSE grammar allows all three). Frames come out the
+    same whatever the network's cuts, and the work is linear in the bytes: a pending partial
+    frame is only appended to and searched from where the last search ended. A pending frame
+    longer than `max_frame` raises FrameTooLarge (None: no limit).
     """
 
-    __slots__ = ("_buf", "_scan")
+    __slots__ = ("_buf", "_scan", "max_frame", "peak")
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame: int | None = None) -> None:
         self._buf = bytearray()
         self._scan = 0  # where to resume looking for a boundary in _buf
+        self.max_frame = max_frame
+        self.peak = 0  # the longest partial frame held, for the memory trim
 
     def feed(self, data: bytes) -> list[bytes]:
         # The common case, one read holding exactly one `\n\n` frame: no search loop, no copy.
@@ -51,8 +61,22 @@ class FrameSplitter:
             self._buf = bytearray(buf[start:])
         else:
             self._buf = bytearray()
-        self._scan = max(0, len(self._buf) - 3)  # a boundary may straddle the next read
+        held = len(self._buf)
+        self.peak = max(self.peak, held)
+        if self.max_frame is not None and held > self.max_frame:
+            self._buf, self._scan = bytearray(), 0
+            raise FrameTooLarge(f"engine event larger than {self.max_frame} bytes")
+        self._scan = max(0, held - 3)  # a boundary may straddle the next read
         return frames
+
+    def finish(self) -> list[bytes]:
+        """At the stream's clean end: a last frame held back only because it ends in `\r`
+        (whose `\n` never came) is complete; anything else held is a truncated frame."""
+        rest = self._buf
+        if rest.endswith(b"\r") and _frame_end(rest + b"\0", 0) == len(rest):
+            self._buf, self._scan = bytearray(), 0
+            return [bytes(rest)]
+        return []
 
     def flush(self) -> bytes:
         """Whatever is left that did not end a frame (a truncated upstream stream)."""
@@ -61,13 +85,26 @@ class FrameSplitter:
         return rest
 
 
+# Two line ends in a row; a `\r` is a line end of its own unless a `\n` follows it.
+_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+
+
 def _frame_end(buf: bytes | bytearray, pos: int) -> int:
     """Index just past the first blank line at or after `pos`, or -1."""
-    lf = buf.find(b"\n\n", pos)
-    crlf = buf.find(b"\r\n\r\n", pos, lf + 4 if lf >= 0 else len(buf))
-    if crlf >= 0 and (lf < 0 or crlf + 2 <= lf):
-        return crlf + 4
-    return lf + 2 if lf >= 0 else -1
+    cr = buf.find(b"\r", pos)
+    if cr < 0:  # what vLLM writes: LF only, C-speed find
+        lf = buf.find(b"\n\n", pos)
+        return lf + 2 if lf >= 0 else -1
+    lf = buf.find(b"\n\n", pos, cr)  # a plain boundary before the first CR
+    if lf >= 0:
+        return lf + 2
+    match = _BLANK_LINE.search(buf, max(pos, cr - 1))
+    if match is None:
+        return -1
+    end = match.end()
+    if end == len(buf) and buf[end - 1] == 0x0D:
+        return -1  # a `\r` last: the `\n` of a `\r\n` may be in the next read
+    return end
 
 
 def object_end(data: bytes, start: int) -> int:

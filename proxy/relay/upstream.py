@@ -18,10 +18,19 @@ HOP_BY_HOP = frozenset({
     "transfer-encoding", "upgrade", "host", "content-length", "authorization",
     "accept-encoding", "expect",
 })
-# Response headers the gateway sets itself.
-RESPONSE_DROP = frozenset({
-    "connection", "keep-alive", "transfer-encoding", "content-length", "server", "date",
+# Engine response headers a client gets; any other is dropped (an engine's set-cookie, its
+# server or x-specrouter-* claims never reach clients). Not here: framing (content-length,
+# transfer-encoding: the gateway frames the body itself), x-request-id (the gateway's own
+# goes out, and the engine's echo is checked against it), cache-control and
+# x-accel-buffering (set on event streams by the gateway).
+RESPONSE_ALLOW = frozenset({
+    "content-type", "content-encoding", "retry-after", "openai-processing-ms",
+    "x-ratelimit-limit-requests", "x-ratelimit-limit-tokens", "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
 })
+# What a 200 may carry to be relayed as success: an HTML page from a proxy in front of the
+# engine, say, is a failure of the engine, not an answer.
+SUCCESS_TYPES = ("application/json", "text/event-stream")
 
 
 class UpstreamError(Exception):
@@ -44,6 +53,27 @@ def describe(exc: BaseException) -> str:
     reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else ""
     return f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
 
+
+
+def echo_mismatch(got: Mapping[str, str], sent: Mapping[str, str]) -> UpstreamError | None:
+    """An engine that echoes request ids answered another request (a response left over on a
+    reused connection): the error to refuse it with; None when the id matches or is absent."""
+    echoed, ours = got.get("x-request-id"), sent.get("x-request-id")
+    if echoed is None or ours is None or echoed == ours:
+        return None
+    return UpstreamError("protocol", "engine answered another request (x-request-id differs)")
+
+
+def not_an_answer(status: int, headers: Mapping[str, str]) -> UpstreamError | None:
+    """A 200 whose content-type is neither JSON nor an event stream: the error to refuse it."""
+    media = headers.get("content-type", "").partition(";")[0].strip().lower()
+    if status != 200 or media in SUCCESS_TYPES:
+        return None
+    return UpstreamError("protocol", f"engine answered 200 with content-type {media[:64]!r}")
+
+
+def head_size(raw_headers: Sequence[tuple[bytes, bytes]]) -> int:
+    return sum(len(k) + len(v) + 4 for k, v in raw_headers)
 
 
 @runtime_checkable
@@ -111,9 +141,11 @@ class PulledResponse:
 
 
 class Upstream:
-    def __init__(self, *, connect_timeout: float, first_byte_timeout: float) -> None:
+    def __init__(self, *, connect_timeout: float, first_byte_timeout: float,
+                 max_head_bytes: int = 64 * 1024) -> None:
         self._connect_timeout = connect_timeout
         self._first_byte_timeout = first_byte_timeout
+        self.max_head_bytes = max_head_bytes
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -141,15 +173,29 @@ class Upstream:
             async with asyncio.timeout(self._first_byte_timeout):
                 resp = await self.session.post(url, data=body, headers=headers,
                                                allow_redirects=False)
-                return PulledResponse(resp, self._first_byte_timeout)
         except TimeoutError as exc:
             raise UpstreamError("timeout", f"no response in "
                                 f"{self._first_byte_timeout:g}s") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError("connect", describe(exc)) from exc
+        # aiohttp bounds each header line (8 KiB), not their sum.
+        refused = echo_mismatch(resp.headers, headers)
+        if head_size(resp.raw_headers) > self.max_head_bytes:
+            refused = UpstreamError(
+                "protocol", f"engine response head larger than {self.max_head_bytes} bytes")
+        if refused is not None:
+            resp.close()
+            raise refused
+        return PulledResponse(resp, self._first_byte_timeout)
 
-    async def get(self, url: str, timeout: float, headers: dict[str, str] | None = None
-                  ) -> tuple[int, bytes]:
-        """A short GET, for health checks and metric scrapes (with the engine's key)."""
+    async def get(self, url: str, timeout: float, headers: dict[str, str] | None = None,
+                  max_bytes: int = 64 * 1024) -> tuple[int, bytes]:
+        """A short GET, for health checks and metric scrapes (with the engine's key); a body
+        past `max_bytes` raises UpstreamError, read no further."""
         async with asyncio.timeout(timeout), self.session.get(url, headers=headers) as resp:
-            return resp.status, await resp.read()
+            body = bytearray()
+            while chunk := await resp.content.readany():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise UpstreamError("protocol", f"body larger than {max_bytes} bytes")
+            return resp.status, bytes(body)

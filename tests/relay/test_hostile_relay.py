@@ -91,7 +91,11 @@ def test_splitter_gives_back_exactly_its_input(data: st.DataObject) -> None:
     stream = data.draw(SSE_BYTES)
     frames, rest = split_all(data.draw(cuts(stream)))
     assert b"".join(frames) + rest == stream
-    assert all(f.endswith((b"\n\n", b"\r\n\r\n")) for f in frames)  # each ends a blank line
+    assert all(f.endswith(_BLANK_ENDS) for f in frames)  # each ends a blank line
+
+
+# Two line ends in a row, each LF, CRLF or a lone CR (the SSE grammar).
+_BLANK_ENDS = (b"\n\n", b"\r\r", b"\n\r", b"\r\n\r\n", b"\n\r\n", b"\r\r\n")
 
 
 # A well-formed vLLM frame: one `data:` (or `event:` + `data:`) block, one blank line after it.
