@@ -409,3 +409,15 @@ def test_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
                                   "--batch", "50", "--batches", "2", "--idle", "0.05"]) == 0
     out = capsys.readouterr().out
     assert "sink(), 2 rounds x 300 calls" in out and "records/s" in out
+
+
+def test_a_continued_request_names_both_engines() -> None:
+    log = RequestLog(Path("unused"))
+    record = make_record(variant="shallow")
+    record.continued, record.continued_from = True, "deep"
+    log.sink(record)
+    log.sink(make_record(1))
+    continued, plain = (dict(zip(COLUMNS, row_of(p), strict=True)) for p in log._buffer)
+    assert continued["variant"] == "shallow" and continued["continued_from"] == "deep"
+    assert continued["completion_tokens"] == 7  # the whole answer's, both engines'
+    assert plain["continued_from"] is None
