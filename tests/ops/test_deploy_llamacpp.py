@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from policies.schema import load_policy
@@ -26,7 +27,7 @@ def _policy() -> dict[str, Any]:
                           "speculative": {"method": "mtp", "num_speculative_tokens": 5},
                           "api_key": "llama-key"},
             "llama-draft": {**base, "url": "http://127.0.0.1:18102", "engine": {},
-                            "speculative": {"method": "draft_model",
+                            "speculative": {"method": "draft-simple",
                                             "num_speculative_tokens": 4}},
             "llama-elsewhere": {**base, "url": "http://127.0.0.1:18103"},  # no engine block
         },
@@ -111,3 +112,12 @@ def test_reader_keeps_server_options_only() -> None:
     ''')
     assert server_flags(source) == ["--alias", "--no-ok", "--ok"]
     assert spec_types('{"draft-mtp", COMMON_SPECULATIVE_TYPE_DRAFT_MTP},') == ["draft-mtp"]
+
+
+def test_a_spec_type_without_a_rendering_is_refused(tmp_path: Path) -> None:
+    doc = _policy()
+    doc["backends"]["llama-mtp"]["speculative"]["method"] = "draft-eagle3"
+    policy = tmp_path / "eagle.yaml"
+    policy.write_text(yaml.safe_dump(doc))
+    with pytest.raises(deploy.DeployError, match="draft-eagle3"):
+        deploy.render(load_policy(policy), policy=policy, out_dir=tmp_path)

@@ -33,12 +33,14 @@ ENTRYPOINT = "llama-server"
 IMAGE_VAR = "LLAMACPP_IMAGE"  # an image with llama-server of BUILD or later: the operator's
 API_KEY_ENV = "LLAMA_API_KEY"  # llama-server reads --api-key from it
 
-# The policy's speculative method -> llama.cpp's --spec-type, and whether a drafter file is
-# passed. MTP takes none: the heads are in the target's file, and passing them as --model-draft
-# crashed the source documents' server.
+# A llama.cpp backend's speculative method is llama.cpp's --spec-type name (vLLM's names for the
+# same thing are taken too) -> that name, and whether a drafter file is passed. MTP takes none:
+# the heads are in the target's file, and passing them as --model-draft crashed the source
+# documents' server. Types not listed (eagle3, dflash: sidecar files) are not rendered.
 SPEC_TYPES: Mapping[str, tuple[str, bool]] = {
-    "mtp": ("draft-mtp", False),
-    "draft_model": ("draft-simple", True),
+    "draft-mtp": ("draft-mtp", False), "mtp": ("draft-mtp", False),
+    "draft-simple": ("draft-simple", True), "draft_model": ("draft-simple", True),
+    "ngram-simple": ("ngram-simple", False), "ngram-mod": ("ngram-mod", False),
 }
 
 
