@@ -11,7 +11,10 @@ in policies/capabilities.py's LlamaCppFamily, are read the same way: `tokens_pre
 * `vllm:spec_decode_num_accepted_tokens_total` and `..._per_pos_total{position}` (0-based).
 
 Accepted tokens per target step = 1 + delta(accepted) / delta(drafts) (the bonus token counted),
-acceptance at position p = delta(per_pos[p]) / delta(drafts). The gateway re-exports the same
+on both engines: llama.cpp's delta(generated) / delta(n_decode) agrees but for the prompt's own
+decode calls (5.72 against 5.77 at temperature 0, 2.40 against 2.41 at 0.7, on 989-token tiny
+answers), so `decodes` is read, not used. Acceptance at position p = delta(per_pos[p]) /
+delta(drafts). The gateway re-exports the same
 counters per backend as `specrouter_backend_*{backend}` (proxy/observe/metrics.py).
 """
 
