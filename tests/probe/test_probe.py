@@ -231,35 +231,6 @@ def test_parse_engine_sums_engines_and_skips_created() -> None:
     assert r.get("running") == 3.0
 
 
-LLAMACPP_TEXT = """\
-# HELP llamacpp:tokens_predicted_total Number of generation tokens processed.
-# TYPE llamacpp:tokens_predicted_total counter
-llamacpp:tokens_predicted_total 989
-# TYPE llamacpp:n_decode_total counter
-llamacpp:n_decode_total 173
-# TYPE llamacpp:spec_decode_num_drafts_total counter
-llamacpp:spec_decode_num_drafts_total 171
-# TYPE llamacpp:spec_decode_num_accepted_tokens_total counter
-llamacpp:spec_decode_num_accepted_tokens_total 816
-# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter
-llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 150
-# TYPE llamacpp:requests_processing gauge
-llamacpp:requests_processing 1
-# TYPE llamacpp:requests_deferred gauge
-llamacpp:requests_deferred 2
-"""
-
-
-def test_parse_engine_reads_llamacpp_counters() -> None:
-    r = parse_engine(LLAMACPP_TEXT)
-    assert r.get("generation") == 989.0 and r.get("decodes") == 173.0
-    assert r.get("drafts") == 171.0 and r.get("accepted") == 816.0
-    assert r.per_pos == {0: 150.0}
-    assert r.get("running") == 1.0 and r.get("waiting") == 2.0
-    w = window_figures(Reading(), r, 2.0)
-    assert w.tokens_per_step == pytest.approx(1 + 816 / 171) and w.tok_s == 494.5
-
-
 def test_parse_gateway_per_backend() -> None:
     rs = parse_gateway(GATEWAY_TEXT)
     assert set(rs) == {"deep", "mtp"}
