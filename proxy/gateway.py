@@ -50,6 +50,7 @@ class RequestRecord:
     outcome: str = "ok"
     retries: int = 0
     continued: bool = False  # finished by another variant after its engine died mid-stream
+    continued_from: str = ""  # the backend whose engine died, when continued
     concurrency: int = 0  # requests open on the serving backend when this one started, itself too
     policy_version: str = ""
     session: str = ""  # the session key (policies/sessions.py), a hash: never the raw id

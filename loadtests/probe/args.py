@@ -48,6 +48,8 @@ def run_parser() -> argparse.ArgumentParser:
     t.add_argument("--key", default=None, help="client key (Bearer); env SPECROUTER_PROBE_KEY")
     t.add_argument("--model", default=None, help="model name to request (default: the first "
                    "of the target's /v1/models)")
+    t.add_argument("--metrics-key", default=None, help="Bearer key for an engine's /metrics "
+                   "(llama.cpp's needs its API key); env SPECROUTER_PROBE_METRICS_KEY")
     t.add_argument("--metrics-url", action="append", default=[],
                    help="an engine's /metrics, or the gateway's admin /metrics (repeatable; "
                         "counters are summed). Default: the engine's /metrics, or the gateway's "

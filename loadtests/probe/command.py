@@ -44,7 +44,7 @@ from loadtests.probe.report import (
 from loadtests.probe.run import Probe, ProbeConfig, Progress, fmt_duration
 from loadtests.probe.stats import temp_label
 
-_SECRET_FLAGS = ("--key", "--admin-token")
+_SECRET_FLAGS = ("--key", "--admin-token", "--metrics-key")
 
 
 def redact(argv: list[str]) -> list[str]:

@@ -16,6 +16,7 @@ class MetricsSource:
     url: str
     kind: SourceKind = "engine"
     backends: tuple[str, ...] | None = None  # gateway only: None sums every backend
+    key: str | None = field(default=None, repr=False)  # Bearer for it; never described
 
     def describe(self) -> dict[str, Any]:
         return {"url": self.url, "kind": self.kind,

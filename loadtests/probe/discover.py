@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import ssl
 from typing import Any
 
 import httpx
 
 from loadtests.probe.run import MetricsSource
+from policies.capabilities import LlamaCppFamily
 from proxy.vllm_wire import Family
 
 
@@ -101,22 +103,24 @@ async def discover(args: argparse.Namespace, key: str | None,
 
         urls = args.metrics_url or ([f"{_base(args.admin_url)}/metrics"] if args.admin_url
                                     else [f"{base}/metrics"])
+        metrics_key = args.metrics_key or os.environ.get("SPECROUTER_PROBE_METRICS_KEY")
+        hdr = {"authorization": f"Bearer {metrics_key}"} if metrics_key else {}
         for u in urls:
             hint = ("" if args.metrics_url or args.admin_url else
                     " (behind the gateway, give --admin-url, or the engine's --metrics-url)")
             try:
-                resp = await client.get(u, timeout=5.0)
+                resp = await client.get(u, timeout=5.0, headers=hdr)
             except httpx.HTTPError as exc:
                 raise SystemExit(f"specrouter probe: cannot read {u}: {exc}{hint}") from exc
             text = resp.text if resp.status_code == 200 else ""
             if "specrouter_backend_generation_tokens" in text:
                 sources.append(MetricsSource(u, "gateway",
                                              tuple(backends) if backends is not None else None))
-            elif Family.GENERATION_TOKENS in text:
-                sources.append(MetricsSource(u, "engine"))
+            elif Family.GENERATION_TOKENS in text or LlamaCppFamily.GENERATION_TOKENS in text:
+                sources.append(MetricsSource(u, "engine", key=metrics_key))
             else:
                 raise SystemExit(f"specrouter probe: {u} (HTTP {resp.status_code}) has neither "
-                                 f"vLLM's generation counter nor the gateway's re-exported "
+                                 f"an engine's generation counter nor the gateway's re-exported "
                                  f"one{hint}")
     target["metrics"] = [s.describe() for s in sources]
 

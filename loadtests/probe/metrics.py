@@ -1,13 +1,20 @@
-"""Reading the engine's counters for the probe: vLLM's own `/metrics`, or the gateway's re-export.
+"""Reading the engine's counters for the probe: the engine's own `/metrics` (vLLM's or llama.cpp's),
+or the gateway's re-export.
 
-Pure parsing and arithmetic (no I/O). The counters are vLLM's:
+Pure parsing and arithmetic (no I/O). The counters are vLLM's (llama.cpp's equivalents, named once
+in policies/capabilities.py's LlamaCppFamily, are read the same way: `tokens_predicted_total`,
+`spec_decode_num_drafts_total`, `spec_decode_num_accepted_tokens_total`, `requests_processing`,
+`requests_deferred`, and `n_decode_total`, its target decode calls):
 
 * `vllm:generation_tokens_total`: every token the engine generated (decode throughput);
 * `vllm:spec_decode_num_drafts_total`: one per sequence per target step that drafted;
 * `vllm:spec_decode_num_accepted_tokens_total` and `..._per_pos_total{position}` (0-based).
 
 Accepted tokens per target step = 1 + delta(accepted) / delta(drafts) (the bonus token counted),
-acceptance at position p = delta(per_pos[p]) / delta(drafts). The gateway re-exports the same
+on both engines: llama.cpp's delta(generated) / delta(n_decode) agrees but for the prompt's own
+decode calls (5.72 against 5.77 at temperature 0, 2.40 against 2.41 at 0.7, on 989-token tiny
+answers), so `decodes` is read, not used. Acceptance at position p = delta(per_pos[p]) /
+delta(drafts). The gateway re-exports the same
 counters per backend as `specrouter_backend_*{backend}` (proxy/observe/metrics.py).
 """
 
@@ -18,6 +25,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.capabilities import LlamaCppFamily
 from proxy.vllm_wire import Family
 
 _ENGINE = {
@@ -27,8 +35,15 @@ _ENGINE = {
     Family.SPEC_ACCEPTED: "accepted",
     Family.RUNNING: "running",
     Family.WAITING: "waiting",
+    LlamaCppFamily.GENERATION_TOKENS: "generation",
+    LlamaCppFamily.PROMPT_TOKENS: "prompt",
+    LlamaCppFamily.SPEC_DRAFTS: "drafts",
+    LlamaCppFamily.SPEC_ACCEPTED: "accepted",
+    LlamaCppFamily.RUNNING: "running",
+    LlamaCppFamily.WAITING: "waiting",
+    LlamaCppFamily.DECODES: "decodes",
 }
-_ENGINE_PER_POS = Family.SPEC_ACCEPTED_PER_POS
+_ENGINE_PER_POS = frozenset({Family.SPEC_ACCEPTED_PER_POS, LlamaCppFamily.SPEC_ACCEPTED_PER_POS})
 
 _GATEWAY = {
     "specrouter_backend_generation_tokens": "generation",
@@ -74,10 +89,10 @@ def _samples(text: str) -> Iterable[tuple[str, dict[str, str], float]]:
 
 
 def parse_engine(text: str) -> Reading:
-    """vLLM's /metrics, summed over its `engine` labels."""
+    """An engine's /metrics (vLLM's summed over its `engine` labels, or llama.cpp's)."""
     out = Reading()
     for family, labels, value in _samples(text):
-        if family == _ENGINE_PER_POS:
+        if family in _ENGINE_PER_POS:
             pos = int(labels.get("position", "0"))
             out.per_pos[pos] = out.per_pos.get(pos, 0.0) + value
         elif family in _ENGINE:

@@ -124,7 +124,8 @@ class Probe:
 
     async def _read_source(self, client: httpx.AsyncClient,
                            src: MetricsSource) -> dict[str, Reading]:
-        resp = await client.get(src.url, timeout=10.0)
+        hdr = {"authorization": f"Bearer {src.key}"} if src.key else {}
+        resp = await client.get(src.url, timeout=10.0, headers=hdr)
         resp.raise_for_status()
         if src.kind == "engine":
             return {src.url: parse_engine(resp.text)}

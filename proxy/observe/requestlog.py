@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3  # 2: tps_source, gateway_s, engine_headers_s; 3: session, agent
+SCHEMA_VERSION = 4  # 2: tps_source, gateway_s, engine_headers_s; 3: session, agent; 4: continued_from
 
 # Column order is the row tuple's order; `report` reads them by these names.
 COLUMNS: tuple[str, ...] = (
@@ -38,11 +38,11 @@ COLUMNS: tuple[str, ...] = (
     "temperature", "temperature_defaulted", "concurrency", "prompt_tokens", "cached_tokens",
     "completion_tokens", "ttft_s", "itl_p50_s", "itl_p95_s", "tokens_per_step",
     "decode_tokens_per_s", "e2e_s", "finish_reason", "outcome", "policy_version",
-    "tps_source", "gateway_s", "engine_headers_s", "session", "agent",
+    "tps_source", "gateway_s", "engine_headers_s", "session", "agent", "continued_from",
 )
 # Columns after version 1's, with their types: an older file gets them on open.
 _ADDED = (("tps_source", "TEXT"), ("gateway_s", "REAL"), ("engine_headers_s", "REAL"),
-          ("session", "TEXT"), ("agent", "TEXT"))
+          ("session", "TEXT"), ("agent", "TEXT"), ("continued_from", "TEXT"))
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS requests (
     request_id TEXT NOT NULL,
     client TEXT NOT NULL,
     route TEXT NOT NULL,
-    variant TEXT NOT NULL,          -- the backend that served it ('' when rejected)
+    variant TEXT NOT NULL,          -- the backend that answered last ('' when rejected)
     reason TEXT NOT NULL,
     canary INTEGER NOT NULL,
     content_class TEXT,
@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS requests (
     gateway_s REAL,                 -- arrival to the answering engine asked
     engine_headers_s REAL,          -- the engine asked to its response headers
     session TEXT,                   -- the session key: a hash scoped by client, never content
-    agent TEXT                      -- claude-code, codex, opencode, user, fingerprint (+/subagent)
+    agent TEXT,                     -- claude-code, codex, opencode, user, fingerprint (+/subagent)
+    continued_from TEXT             -- the backend that began a stream `variant` finished (or NULL)
 );
 CREATE INDEX IF NOT EXISTS requests_time ON requests (time);
 """
@@ -83,7 +84,7 @@ _INSERT = f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join('?' *
 # What `sink` keeps: the record's scalars plus its Measurement, whose per-step lists are read
 # (not copied) by the writer thread. Nothing mutates a record after the gateway finished it.
 Pending = tuple[float, str, str, str, str, str, bool, str | None, float | None, bool, int, str,
-                str, Measurement, str, str]
+                str, Measurement, str, str, str]
 Row = tuple[Any, ...]
 
 # The writer thread shares the GIL with the event loop; without hand-backs the loop waits up to
@@ -143,7 +144,7 @@ def decode_tokens_per_s(step_gaps: Sequence[float], step_tokens: Sequence[int]) 
 def row_of(p: Pending) -> Row:
     """The SQLite row for one pending record (run in the writer thread: it sorts ITLs)."""
     wall, rid, client, route, variant, reason, canary, cclass, temp, tdef, conc, outcome, \
-        version, m, session, agent = p
+        version, m, session, agent, continued_from = p
     gaps, tokens = m.itl_steps()
     p50, p95 = itl_quantiles(gaps, tokens)
     phases = m.phases()
@@ -151,7 +152,8 @@ def row_of(p: Pending) -> Row:
             m.prompt_tokens, m.cached_tokens, m.completion_tokens, m.ttft, p50, p95,
             m.acceptance, decode_tokens_per_s(gaps, tokens), m.e2e,
             m.finish_reason, outcome, version, m.tps_source, phases.get("gateway"),
-            phases.get("engine_headers"), session or None, agent or None)
+            phases.get("engine_headers"), session or None, agent or None,
+            continued_from or None)
 
 
 # --- the database, used only from the writer thread (one call at a time) -----------------------
@@ -285,7 +287,8 @@ class RequestLog:
             self._buffer.append((r.started_wall, r.request_id, r.client, r.route, r.backend,
                                  r.reason, r.canary, r.content_class, r.temperature,
                                  r.temperature_defaulted, r.concurrency, r.outcome,
-                                 r.policy_version, r.m, r.session, r.agent))
+                                 r.policy_version, r.m, r.session, r.agent,
+                                 r.continued_from))
         except Exception:  # a log must never fail the request that feeds it
             self.dropped += 1
 

@@ -17,6 +17,7 @@ import re
 import sqlite3
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -145,6 +146,8 @@ GROUP_KEYS: dict[str, Callable[[Row], str]] = {
     "finish_reason": lambda r: r["finish_reason"] or "(none)",
     "session": lambda r: _column(r, "session"),
     "agent": lambda r: _column(r, "agent"),
+    # the engine that began a stream another variant finished (rows before version 3: none)
+    "continued_from": lambda r: r.get("continued_from") or "(none)",
 }
 
 
@@ -331,12 +334,22 @@ def main(argv: list[str]) -> int:
     else:
         ok = sum(1 for r in rows if r["outcome"] == "ok")
         print(format_text(groups, header=[
-            f"request log {db}, {window}: {len(rows)} requests, {ok} ok",
+            f"request log {db}, {window}: {len(rows)} requests, {ok} ok{_continued(rows)}",
             "figures from ok requests: n, mean and p5–p95 of per-request values; difference from "
             f"the reference; 'too few' under {MIN_RUNS} requests, 'not separable' when the "
             "p5–p95 ranges overlap",
         ]))
     return _plot(rows, args.plot) if args.plot is not None else 0
+
+
+def _continued(rows: Sequence[Row]) -> str:
+    """', N continued (a->b x2, ...)': streams finished by another engine, both named."""
+    pairs = Counter(f"{r['continued_from']}->{r['variant']}" for r in rows
+                    if r.get("continued_from"))
+    if not pairs:
+        return ""
+    detail = ", ".join(f"{p} x{n}" for p, n in pairs.most_common())
+    return f", {sum(pairs.values())} continued ({detail})"
 
 
 def _plot(rows: Sequence[Row], out: Path) -> int:

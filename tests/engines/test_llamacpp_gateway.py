@@ -323,6 +323,7 @@ def test_continuation_between_llamacpp_engines(models: tuple[Path, Path], certs:
     assert '"completion_tokens":900' in body[-1]
     assert frames[-1] == "data: [DONE]"
     assert row["completion_tokens"] == 900
+    assert (row["continued_from"], row["variant"]) == ("victim", "heir")  # both engines logged
     assert 'specrouter_continuations_total{from_backend="victim",route="cont",' \
            'to_backend="heir"} 1.0' in page
     assert re.search(r'specrouter_continuations_refused_total\{[^}]*reason="other-kind"'

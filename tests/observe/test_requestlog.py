@@ -421,3 +421,15 @@ def test_session_and_agent_logged_as_hash_and_label() -> None:
     log.sink(make_record(4))  # no session: NULL, not ''
     row = dict(zip(COLUMNS, row_of(log._buffer[1]), strict=True))
     assert (row["session"], row["agent"]) == (None, None)
+
+
+def test_a_continued_request_names_both_engines() -> None:
+    log = RequestLog(Path("unused"))
+    record = make_record(variant="shallow")
+    record.continued, record.continued_from = True, "deep"
+    log.sink(record)
+    log.sink(make_record(1))
+    continued, plain = (dict(zip(COLUMNS, row_of(p), strict=True)) for p in log._buffer)
+    assert continued["variant"] == "shallow" and continued["continued_from"] == "deep"
+    assert continued["completion_tokens"] == 7  # the whole answer's, both engines'
+    assert plain["continued_from"] is None

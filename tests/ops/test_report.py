@@ -255,3 +255,27 @@ def test_group_rows_by_session_and_agent_old_logs_included() -> None:
         (("s-1",), 2), (("(none)",), 1), (("s-2",), 1)]
     assert [k for k, _ in group_rows(rows, ["agent"])] == [
         ("codex",), ("(none)",), ("claude-code/subagent",)]
+
+
+def test_report_names_both_engines_of_continued_streams(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    path = tmp_path / "requests.sqlite3"
+    records = [make_record(i, variant="base") for i in range(3)]
+    for record in records[:2]:
+        record.continued_from = "eagle3"
+
+    async def write() -> None:
+        log = RequestLog(path)
+        for record in records:
+            log.sink(record)
+        await log.stop()
+
+    asyncio.run(write())
+    assert report.main(["--db", str(path), "--by", "continued_from"]) == 0
+    out = capsys.readouterr().out
+    assert "3 requests, 3 ok, 2 continued (eagle3->base x2)" in out
+    groups = out.splitlines()[out.splitlines().index(
+        "groups (largest first: the first is the reference)") + 1:][:2]
+    assert [g.split()[:2] for g in groups] == [["continued_from=eagle3", "2"],
+                                              ["continued_from=(none)", "1"]]

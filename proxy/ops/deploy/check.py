@@ -13,7 +13,7 @@ from typing import Any
 
 from policies.spec.backends import BackendSpec, SpeculativeSpec
 from policies.spec.document import PolicyDocument
-from proxy.ops.deploy import versions
+from proxy.ops.deploy import llamacpp, versions
 from proxy.ops.deploy.compose_read import EngineArgs, as_list, compose_engines
 from proxy.ops.deploy.compose_read import parse_vllm_args as parse_vllm_args
 from proxy.ops.deploy.launch_check import check_launch, check_memory
@@ -152,6 +152,7 @@ def check_compose(doc: PolicyDocument, compose: Mapping[str, Any], *,
         pairs.append((plan, engine))
         out += _check_engine(plan, engine)
     out += check_memory(pairs, memory_params(doc))
+    out += llamacpp.check_services(doc, compose)
     for plan in plans:
         if plan.service not in matched:
             out.append(f"backend {plan.backend}: no engine service {plan.service} in the compose "

@@ -11,7 +11,7 @@ import yaml
 
 from policies.spec.backends import SpeculativeSpec
 from policies.spec.document import PolicyDocument
-from proxy.ops.deploy import versions
+from proxy.ops.deploy import llamacpp, versions
 from proxy.ops.deploy.plan import (
     BACKEND_LABEL,
     NO_DRAFTER_METHODS,
@@ -166,10 +166,13 @@ def render_compose(doc: PolicyDocument, *, policy: Path, out_dir: Path) -> str:
         "addresses.",
     ]
     for s in skipped:
-        lines.append(f"# Not run here: {s.backend} ({s.reason}).")
+        if not (s.backend in doc.backends and llamacpp.rendered(doc.backends[s.backend])):
+            lines.append(f"# Not run here: {s.backend} ({s.reason}).")
     lines += ["", "name: specrouter", "", "services:"]
     for plan in plans:
         lines += _engine_service(doc, plan)
+    for llama in llamacpp.llama_plans(doc):
+        lines += llamacpp.service_lines(llama)
     gateway_cmd = [
         "serve", f"--config=/etc/specrouter/policy/{policy_name}",
         f"--listen={GATEWAY_LISTEN}", f"--admin-listen={ADMIN_LISTEN}",
@@ -319,6 +322,7 @@ def render_env_example(doc: PolicyDocument) -> str:
         lines.append(f"{plan.gpu_memory_var}={plan.memory_share}")
         if plan.memory is not None and versions.has_flag(plan.version, versions.KV_BYTES_FLAG):
             lines.append(f"{plan.kv_bytes_var}={plan.memory.kv_bytes}")
+    lines += llamacpp.env_lines(doc)
     images = sorted({VLLM_IMAGE.format(version=p.version) for p in plans}) or [
         VLLM_IMAGE.format(version=doc.deployment.vllm_version)]
     # One image for all engines when they run one release; with several, each keeps its own
