@@ -16,6 +16,7 @@ from typing import Any
 
 import uvicorn
 
+from . import colocate
 from .asgi import SimulatedCrash
 from .profiles import ProfileError, load_profiles
 from .server import create_app
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-call-parser", choices=("qwen3_coder", "hermes"), default=None)
     p.add_argument("--reasoning-parser", choices=("qwen3",), default=None)
     p.add_argument("--list-profiles", action="store_true")
+    colocate.add_arguments(p)
     return p
 
 
@@ -135,7 +137,9 @@ def main(argv: list[str]) -> int:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
     )
-    app, sim = create_app(config)
+    if args.engine:
+        return colocate.main(args, profiles, config)
+    app, sim = create_app(colocate.single(args, config))
 
     sock = socket.socket(
         socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM

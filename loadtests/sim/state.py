@@ -19,6 +19,7 @@ from proxy.vllm_wire import Json
 
 from . import protocol, wire
 from .asgi import FrameSource, SSEResponse, json_response
+from .device import Device
 from .engine import Engine, EngineCore, EngineRequest, SamplingSpec
 from .faults import Faults
 from .metrics import SimMetrics
@@ -49,6 +50,10 @@ class SimConfig:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # The GPU this engine shares with others in the process (device.py), its KV tokens (None:
+    # the profile's, the deployed engine's 36 GiB budget).
+    device: Device | None = None
+    kv_cache_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -100,6 +105,8 @@ class Sim:
             self.metrics,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            device=config.device,
+            kv_cache_tokens=config.kv_cache_tokens,
         )
         self.engine = Engine(self.core, time_scale=config.time_scale)
         self.faults = Faults(self.engine, time_scale=config.time_scale)
