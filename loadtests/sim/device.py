@@ -3,7 +3,7 @@
 On the GB10 the engines of a deployment are processes on one GPU with 128 GB of unified memory
 and ~273 GB/s. Decode is bandwidth-bound, so engines stepping at the same time slow each other,
 and they split the memory. The model, stated as a model (nothing here was measured on a GB10
-with two engines; `loadtests/probe --pair` measures the contention to set `overlap` from):
+with two engines; `specrouter probe pair` measures the contention to set `overlap` from):
 
 * time: an engine's step runs at 1 / (1 + (1 - overlap) x B) of its speed alone, B being the
   number of other engines of the device that have work (and so step back to back). With the
