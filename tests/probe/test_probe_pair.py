@@ -21,6 +21,7 @@ def test_overlap_from_the_slowdown() -> None:
     assert overlap_from(0.0, 10.0) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", [0.0, 0.6])
 def test_pair_recovers_the_simulated_overlap(overlap: float, tmp_path: Path) -> None:
     engines = [("a", "mtp3", None), ("b", "mtp3", None)]
