@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo calibrate policy-sweep overhead soak clean system-deps deploy-render deploy-check dashboards-check
+.PHONY: install test lint demo calibrate sessions policy-sweep overhead soak clean system-deps deploy-render deploy-check dashboards-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: $(STAMP)
 # Benchmarks (loopback only, bounded; figures in the README). None runs in `make test`.
 calibrate: $(STAMP)
 	$(PY) -m loadtests.probe.calibrate
+
+# The README's sessions table: `specrouter replay --sim` over 1-16 agents x {0.7, unset}.
+sessions: $(STAMP)
+	$(PY) -m loadtests.replay.table
 
 policy-sweep: $(STAMP)
 	$(PY) -m loadtests.bench.policy_sweep --policy policies/gb10.yaml

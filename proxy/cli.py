@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("loadtests.sim.cli", "run a simulated vLLM backend"),
     "policy": ("proxy.ops.deploy.policy_check", "check, explain and diff policy files"),
     "probe": ("loadtests.probe.command", "measure decode throughput and acceptance"),
+    "replay": ("loadtests.replay.cli", "replay coding-agent sessions (sessions table)"),
     "report": ("proxy.ops.report", "summarise the request log by variant, temperature, load"),
     "deploy": ("proxy.ops.deploy.cli", "render and check the GB10 deployment from the policy"),
 }

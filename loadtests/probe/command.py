@@ -6,6 +6,7 @@
         [--repeats 3,3,2,2,2] [--window 40] [--out results.json]
     specrouter probe compare A.json B.json [...] [--metric tok_s] [--plot both.png]
     specrouter probe facts RESULTS.json [--profile mtp3]
+    specrouter probe pair --a ENGINE_URL --b ENGINE_URL [--concurrency 4]   (two engines, one GPU)
 
 N concurrent code-generation streams against a base URL (the gateway, or an engine directly);
 decode throughput from the engine's own counters over a window (`/metrics` of the engine, or
@@ -181,6 +182,10 @@ def main(argv: list[str]) -> int:
         return cmd_compare(argv[1:])
     if argv and argv[0] == "facts":
         return cmd_facts(argv[1:])
+    if argv and argv[0] == "pair":
+        from loadtests.probe.pair import cmd_pair
+
+        return cmd_pair(argv[1:])
     if argv and argv[0] == "run":
         argv = argv[1:]
     return cmd_run(argv)

@@ -16,7 +16,7 @@ from typing import Any
 
 import uvicorn
 
-from . import dialect
+from . import colocate, dialect
 from .asgi import SimulatedCrash
 from .profiles import ProfileError, load_profiles
 from .server import create_app
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frontend-chunk-ms", type=float, default=0.0,
                    help="output-merging model: API-server ms per chunk and open stream (0: off)")
     p.add_argument("--list-profiles", action="store_true")
+    colocate.add_arguments(p)
     return p
 
 
@@ -175,7 +176,9 @@ def main(argv: list[str]) -> int:
         stream_interval=args.stream_interval,
         frontend_chunk_ms=args.frontend_chunk_ms,
     )
-    app, sim = create_app(config)
+    if args.engine:
+        return colocate.main(args, profiles, config)
+    app, sim = create_app(colocate.single(args, config))
 
     sock = socket.socket(
         socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM

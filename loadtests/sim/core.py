@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from .device import Device
 from .metrics import SimMetrics
 from .prefix_cache import PrefixCache
 from .profiles import Profile
@@ -34,15 +35,21 @@ class EngineCore:
         *,
         max_num_seqs: int = 16,
         max_num_batched_tokens: int = 8192,
+        device: Device | None = None,
+        kv_cache_tokens: int | None = None,
     ) -> None:
         self.profile = profile
+        # Alone on a device of its own unless told otherwise (device.py has the model).
+        self.device = device or Device()
+        self.device.attach(self)
+        self.kv_capacity = kv_cache_tokens or profile.kv_cache_tokens
         self.metrics = metrics
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.k = profile.num_spec_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.cache = PrefixCache(profile.kv_cache_tokens // profile.block_size)
+        self.cache = PrefixCache(self.kv_capacity // profile.block_size)
         self.accept_factor = 1.0  # acceptance_collapse fault
         self.kv_used = 0
         self.steps = 0
@@ -81,6 +88,7 @@ class EngineCore:
     # -- one step ----------------------------------------------------------------------------
 
     def plan_step(self, now: float) -> StepPlan:
+        self._preempt()
         self._admit(now)
         decode = [s for s in self.running if s.state is State.DECODE]
         budget = self.max_num_batched_tokens - len(decode) * (1 + self.k)
@@ -94,7 +102,8 @@ class EngineCore:
                 prefill.append((seq, n))
         duration = self.profile.step_seconds(len(decode) + len(prefill))
         duration += prefill_tokens / self.profile.prefill_tokens_per_s
-        return StepPlan(decode, prefill, duration)
+        duration += self.device.context_seconds(s.kv_tokens for s in decode)
+        return StepPlan(decode, prefill, duration * self.device.slowdown(self))
 
     def complete_step(self, plan: StepPlan, now: float) -> None:
         self.steps += 1
@@ -107,37 +116,62 @@ class EngineCore:
                 continue
             seq.prefill_left -= n
             if seq.prefill_left <= 0:
-                self._first_token(seq, now)
+                if seq.preempted:
+                    self._resume(seq)
+                else:
+                    self._first_token(seq, now)
         self._update_gauges()
 
     # -- internals ---------------------------------------------------------------------------
 
+    def _preempt(self) -> None:
+        """Running sequences outgrew the cache: the last admitted goes back to the front of the
+        queue and frees its KV, to be recomputed (vLLM's recompute preemption)."""
+        while self.kv_used > self.kv_capacity and len(self.running) > 1:
+            seq = self.running.pop()
+            self.kv_used -= seq.kv_tokens
+            seq.state = State.WAITING
+            seq.preempted = True
+            seq.in_cache = 0
+            self.waiting.appendleft(seq)
+            self.metrics.preemptions.inc()
+
     def _admit(self, now: float) -> None:
-        capacity = self.profile.kv_cache_tokens
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             req = seq.request
-            if self.running and self.kv_used + req.prompt_len > capacity:
-                break  # no room: wait for a sequence to finish (no preemption modelled)
+            # A preempted sequence needs its generated tokens back too.
+            need = seq.kv_tokens
+            if self.running and self.kv_used + need > self.kv_capacity:
+                break  # no room: wait for a sequence to finish
             self.waiting.popleft()
             hit_blocks = self.cache.match(req.block_hashes)
             # vLLM always recomputes the last prompt token to get logits.
             cached = min(hit_blocks * self.profile.block_size, req.prompt_len - 1)
             cached = max(cached, 0)
-            if seq.index == 0:
+            if seq.index == 0 and not seq.preempted:
                 req.cached_tokens = cached
             self.metrics.prefix_queries.inc(req.prompt_len)
             self.metrics.prefix_hits.inc(cached)
-            seq.prefill_left = max(1, req.prompt_len - cached)
+            seq.prefill_left = max(1, need - cached)
+            seq.in_cache = cached
             seq.state = State.PREFILL
-            seq.scheduled_t = now
             self.running.append(seq)
-            self.kv_used += seq.kv_tokens
-            self.metrics.queue_time.observe(now - req.arrival)
+            self.kv_used += need
+            if not seq.preempted:
+                seq.scheduled_t = now
+                self.metrics.queue_time.observe(now - req.arrival)
+
+    def _resume(self, seq: Sequence) -> None:
+        """A preempted sequence has recomputed its KV: it decodes on, its output untouched."""
+        self.cache.insert(seq.request.block_hashes)
+        seq.in_cache = seq.request.prompt_len
+        seq.state = State.DECODE
 
     def _first_token(self, seq: Sequence, now: float) -> None:
         req = seq.request
         self.cache.insert(req.block_hashes)
+        seq.in_cache = req.prompt_len
         m = self.metrics
         m.prompt_tokens.inc(req.prompt_len)
         m.request_prompt_tokens.observe(req.prompt_len)
@@ -263,7 +297,12 @@ class EngineCore:
             req.wake()
 
     def _update_gauges(self) -> None:
+        # Every block is either a prefix-cache entry (free or shared by the running sequences
+        # that hit it) or held by one running sequence alone: what those hold is not the cache's.
+        own = sum(max(0, s.kv_tokens - s.in_cache) for s in self.running)
+        self.cache.resize(self.kv_capacity // self.profile.block_size
+                          - -(-own // self.profile.block_size))
         m = self.metrics
         m.running.set(len(self.running))
         m.waiting.set(len(self.waiting))
-        m.kv_usage.set(min(1.0, self.kv_used / self.profile.kv_cache_tokens))
+        m.kv_usage.set(min(1.0, self.kv_used / self.kv_capacity))

@@ -10,8 +10,18 @@ class PrefixCache:
     """LRU of computed KV blocks, by chained block hash."""
 
     def __init__(self, capacity_blocks: int) -> None:
-        self.capacity = max(1, capacity_blocks)
+        self.total = max(1, capacity_blocks)
+        self.capacity = self.total
+        self.evictions = 0
         self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def resize(self, capacity_blocks: int) -> None:
+        """Room left by the running sequences; blocks beyond it go, least recently used first."""
+        self.capacity = min(self.total, max(0, capacity_blocks))
+        self._evict()
 
     def match(self, hashes: Seq[int]) -> int:
         n = 0
@@ -26,5 +36,9 @@ class PrefixCache:
         for h in hashes:
             self._blocks[h] = None
             self._blocks.move_to_end(h)
+        self._evict()
+
+    def _evict(self) -> None:
         while len(self._blocks) > self.capacity:
             self._blocks.popitem(last=False)
+            self.evictions += 1

@@ -93,6 +93,8 @@ class Sequence:
         "last_token_t",
         "finish_reason",
         "kv_tokens",
+        "in_cache",
+        "preempted",
     )
 
     def __init__(self, request: EngineRequest, index: int, profile: Profile) -> None:
@@ -130,6 +132,8 @@ class Sequence:
         self.last_token_t = 0.0
         self.finish_reason: str | None = None
         self.kv_tokens = request.prompt_len
+        self.in_cache = 0  # of its KV tokens, those that are prefix-cache blocks
+        self.preempted = False  # once preempted, it recomputes instead of starting afresh
 
 
 class EngineRequest:

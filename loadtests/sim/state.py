@@ -20,6 +20,7 @@ from proxy.vllm_wire import Json
 
 from . import dialect, protocol, wire
 from .asgi import FrameSource, SSEResponse, json_response
+from .device import Device
 from .engine import Engine, EngineCore, EngineRequest, SamplingSpec
 from .faults import Faults
 from .metrics import SimMetrics
@@ -58,6 +59,10 @@ class SimConfig:
     # process that writes every stream's chunks, so it costs this many ms per chunk and open
     # stream; while it lags, engine outputs queue in the collector and merge. 0 turns it off.
     frontend_chunk_ms: float = 0.0
+    # The GPU this engine shares with others in the process (device.py), its KV tokens (None:
+    # the profile's, the deployed engine's 36 GiB budget).
+    device: Device | None = None
+    kv_cache_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -109,6 +114,8 @@ class Sim:
             self.metrics,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            device=config.device,
+            kv_cache_tokens=config.kv_cache_tokens,
         )
         self.engine = Engine(self.core, time_scale=config.time_scale)
         self.faults = Faults(self.engine, time_scale=config.time_scale)

@@ -85,6 +85,10 @@ class BackendSpec(StrictModel):
     api_key: Annotated[str, Field(pattern=NAME)] | None = None  # an operator-defined secret
     priority_scheduling: bool = False
     speculative: SpeculativeSpec | None = None
+    # The GPU the engine runs on: backends naming the same device share its time and memory
+    # (co-located engines slow each other; the simulator's model is loadtests/sim/device.py).
+    # None: a device of its own.
+    device: Annotated[str, Field(pattern=NAME)] | None = None
     # A cold start (weights, CUDA graphs) takes ~7 minutes on the GB10: during this long after
     # the gateway starts or a repair, a failing backend is "starting", not "down".
     startup_s: Annotated[float, Field(ge=0)] = 420.0
@@ -138,6 +142,15 @@ class BackendSpec(StrictModel):
     @property
     def is_speculative(self) -> bool:
         return self.speculative is not None
+
+
+def co_located(backends: dict[str, BackendSpec]) -> dict[str, list[str]]:
+    """Backends by the device they name, for devices that more than one backend names."""
+    by_device: dict[str, list[str]] = {}
+    for name, backend in backends.items():
+        if backend.device is not None:
+            by_device.setdefault(backend.device, []).append(name)
+    return {d: names for d, names in by_device.items() if len(names) > 1}
 
 
 def _normalise_url(value: str) -> str:

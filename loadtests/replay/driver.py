@@ -1,0 +1,177 @@
+"""Runs the agents' sessions against a gateway or engines over HTTP(S), bounded in time.
+
+Each agent runs sessions one after another until the deadline; a turn is one streamed request.
+Times are measured in wall seconds and reported unscaled (divided by the time scale the
+simulator runs at; 1.0 against real engines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+from .workload import Session, Turn, WorkloadParams, request_body
+
+
+@dataclass(slots=True)
+class TurnResult:
+    agent: int
+    session: int
+    subagent: bool
+    api: str
+    temperature: float | None
+    context_tokens: int
+    start_s: float  # since the run started, unscaled
+    turn_s: float  # request sent -> last byte, unscaled
+    ttft_s: float | None
+    decode_tok_s: float | None
+    prompt_tokens: int
+    cached_tokens: int | None  # when the API's usage says
+    completion_tokens: int
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _Stream:
+    text: list[str]
+    first: float | None = None
+    prompt: int = 0
+    cached: int | None = None
+    completion: int = 0
+    chunks: int = 0
+
+
+def _read_event(api: str, data: dict[str, Any], s: _Stream, now: float) -> None:
+    """One SSE payload of chat, Responses or Messages: text, first-token time, usage."""
+    piece = ""
+    if api == "chat":
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            piece += delta.get("content") or ""
+            if delta.get("tool_calls"):
+                piece += orjson.dumps(delta["tool_calls"]).decode()
+        usage = data.get("usage")
+        if usage:
+            s.prompt, s.completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+            details = usage.get("prompt_tokens_details") or {}
+            s.cached = details.get("cached_tokens", s.cached)
+    elif api == "responses":
+        kind = data.get("type", "")
+        if kind.endswith(".delta"):
+            piece = str(data.get("delta") or "")
+        elif kind in ("response.completed", "response.incomplete"):
+            usage = (data.get("response") or {}).get("usage") or {}
+            s.prompt, s.completion = usage.get("input_tokens", 0), usage.get("output_tokens", 0)
+            s.cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+    else:
+        kind = data.get("type", "")
+        if kind == "content_block_delta":
+            d = data.get("delta") or {}
+            piece = str(d.get("text") or d.get("partial_json") or "")
+        elif kind == "message_start":
+            usage = (data.get("message") or {}).get("usage") or {}
+            s.prompt = usage.get("input_tokens", 0) + usage.get("cache_read_input_tokens", 0)
+            s.cached = usage.get("cache_read_input_tokens")
+        elif kind == "message_delta":
+            s.completion = (data.get("usage") or {}).get("output_tokens", s.completion)
+    if piece:
+        if s.first is None:
+            s.first = now
+        s.chunks += 1
+        s.text.append(piece)
+
+
+class Driver:
+    def __init__(self, params: WorkloadParams, base_url: str, *, time_scale: float,
+                 duration_s: float, verify: Any = True, api_key: str | None = None,
+                 on_turn: Callable[[TurnResult], None] | None = None) -> None:
+        self.params = params
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.scale = time_scale
+        self.duration_s = duration_s  # wall seconds
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(
+            verify=verify, headers=headers, timeout=httpx.Timeout(600.0, connect=10.0),
+            limits=httpx.Limits(max_connections=4 * params.agents + 4))
+        self.results: list[TurnResult] = []
+        self.in_flight = 0
+        self.on_turn = on_turn
+        self._t0 = 0.0
+        self._deadline = 0.0
+
+    async def run(self) -> list[TurnResult]:
+        self._t0 = time.monotonic()
+        self._deadline = self._t0 + self.duration_s
+        try:
+            await asyncio.gather(*(self._agent(a) for a in range(self.params.agents)))
+        finally:
+            await self.client.aclose()
+        return self.results
+
+    def _left(self) -> float:
+        return self._deadline - time.monotonic()
+
+    async def _agent(self, agent: int) -> None:
+        number = 0
+        while self._left() > 0:
+            await self._session(Session(self.params, agent, number), agent, number)
+            number += 1
+
+    async def _session(self, session: Session, agent: int, number: int,
+                       subagent: bool = False) -> None:
+        sub = 0
+        while not session.done and self._left() > 0:
+            result, answer = await self._turn(session.next_turn(), agent, number, subagent)
+            if result.error is not None:
+                return  # a failed turn ends its session; the next starts afresh
+            session.record(answer, result.completion_tokens)
+            if not subagent and session.spawns_subagent():
+                sub += 1
+                await self._session(Session(self.params, agent, 1000 * (number + 1) + sub,
+                                            subagent=True), agent, number, subagent=True)
+            await asyncio.sleep(min(max(0.0, self._left()), self.params.think_s * self.scale))
+
+    async def _turn(self, turn: Turn, agent: int, number: int,
+                    subagent: bool) -> tuple[TurnResult, str]:
+        path, body = request_body(turn, self.params)
+        s = _Stream([])
+        t0 = time.monotonic()
+        error: str | None = None
+        self.in_flight += 1
+        try:
+            async with self.client.stream("POST", self.base_url + path,
+                                          content=orjson.dumps(body),
+                                          headers={"content-type": "application/json"}) as resp:
+                if resp.status_code != 200:
+                    error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                else:
+                    async for line in resp.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        data = orjson.loads(line[6:])
+                        if isinstance(data, dict):
+                            _read_event(turn.api, data, s, time.monotonic())
+        except (httpx.HTTPError, orjson.JSONDecodeError) as err:
+            error = f"{type(err).__name__}: {err}"
+        finally:
+            self.in_flight -= 1
+        end = time.monotonic()
+        completion = s.completion or s.chunks
+        ttft = None if s.first is None else (s.first - t0) / self.scale
+        decode = None
+        if s.first is not None and end > s.first and completion > 1:
+            decode = (completion - 1) / ((end - s.first) / self.scale)
+        result = TurnResult(agent, number, subagent, turn.api, turn.temperature,
+                            turn.context_tokens, (t0 - self._t0) / self.scale,
+                            (end - t0) / self.scale, ttft, decode, s.prompt, s.cached,
+                            completion, error)
+        self.results.append(result)
+        if self.on_turn is not None:
+            self.on_turn(result)
+        return result, "".join(s.text)
