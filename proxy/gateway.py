@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from proxy.backends.admission import Admission
-from proxy.backends.endpoints import Endpoints
+from proxy.backends.engines import EngineTable
 from proxy.backends.live import LiveTracker
 from proxy.backends.session_table import SessionTable
 from proxy.observe.metrics import GatewayMetrics
@@ -83,14 +83,14 @@ class Gateway:
         self.live = LiveTracker()
         self.sessions = SessionTable(policy.sessions.table_size, policy.sessions.idle_s)
         self.admission = Admission()
-        self.endpoints = Endpoints()
+        self.engine_table = EngineTable()
         self.limits: Limits = (RedisLimits(settings.redis_url) if settings.redis_url
                                else MemoryLimits())
         self.upstream = Upstream(connect_timeout=settings.connect_timeout_s,
                                  first_byte_timeout=settings.first_byte_timeout_s,
                                  max_head_bytes=settings.max_engine_header_bytes)
         # the push relay's kept-alive engine connections
-        self.engines = EnginePool(max_head_bytes=settings.max_engine_header_bytes)
+        self.conns = EnginePool(max_head_bytes=settings.max_engine_header_bytes)
         self.in_flight: dict[int, RequestRecord] = {}  # by id(record): ids repeat in headers
         self.watches: dict[int, DisconnectWatch] = {}  # same keys: to end streams at shutdown
         self.draining = False
@@ -113,6 +113,6 @@ class Gateway:
                                cached_tokens=m.cached_tokens, decode_s=decode)
 
     async def aclose(self) -> None:
-        self.engines.close()
+        self.conns.close()
         await self.upstream.aclose()
         await self.limits.aclose()

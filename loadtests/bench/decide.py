@@ -5,7 +5,7 @@ with a 20-rule policy, in the worst order for it: 18 selectors that do not match
 that does, plus a health rule and an acceptance guard. Also the shipped GB10 policy, and the
 session path (issue 18): the session table's lookup with 10,000 sessions plus the decision, whose
 load rule says "move" and whose stickiness works out that the move does not pay. Prints the
-median and p99 per scenario, each round's median, and the run counts. Target: under 20 us at the
+median and p99 per scenario, each round's median, and the run counts. Address: under 20 us at the
 median (issues 4 and 18). A benchmark, not a test: the figures depend on the machine.
 """
 

@@ -1,6 +1,6 @@
 """A raw, cheap HTTP/1.1 client on asyncio streams and httptools, for hostile or timed requests.
 
-`Target.request` builds the exact bytes of a request (nothing added, nothing checked), so a
+`Address.request` builds the exact bytes of a request (nothing added, nothing checked), so a
 caller can send malformed ones as well; `Conn.exchange` sends them on a kept-alive connection and
 returns what came back, complete or not, with the time of the first body bytes.
 """
@@ -20,13 +20,13 @@ import httptools
 
 
 @dataclass(frozen=True, slots=True)
-class Target:
+class Address:
     host: str
     port: int
     tls: ssl.SSLContext | None
 
     @classmethod
-    def of(cls, base: str, ca_cert: Path | None) -> Target:
+    def of(cls, base: str, ca_cert: Path | None) -> Address:
         u = urlsplit(base)
         tls = None
         if u.scheme == "https":
@@ -81,7 +81,7 @@ class Conn:
         self.keep = True
 
     @classmethod
-    async def open(cls, target: Target) -> Conn:
+    async def open(cls, target: Address) -> Conn:
         reader, writer = await asyncio.open_connection(
             target.host, target.port, ssl=target.tls,
             server_hostname=target.host if target.tls is not None else None)

@@ -36,7 +36,7 @@ def overlap_from(alone: float, together: float) -> float | None:
 
 
 def step_rate(run: RunResult) -> float:
-    """Target steps per second: contention slows steps, while what a step accepts depends on
+    """Address steps per second: contention slows steps, while what a step accepts depends on
     the content; tokens/s where the engine does not speculate."""
     return run.tok_s / run.tokens_per_step if run.tokens_per_step else run.tok_s
 

@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass
-class Target:
+class Address:
     url: str
     verify: Any
     api_key: str | None
@@ -106,7 +106,7 @@ class Target:
 
 
 @contextlib.contextmanager
-def _simulated(args: argparse.Namespace, scale: float) -> Iterator[Target]:
+def _simulated(args: argparse.Namespace, scale: float) -> Iterator[Address]:
     from loadtests.harness.device import DeviceSim
     from loadtests.harness.gateway import CLIENT_KEY, GatewayServer, coder_policy
 
@@ -120,12 +120,12 @@ def _simulated(args: argparse.Namespace, scale: float) -> Iterator[Target]:
         pids = {"simulator": [dev.child.proc.pid]}
         metrics = list(dev.urls.values())
         if args.direct:
-            yield Target(next(iter(dev.urls.values())), True, None, metrics, pids)
+            yield Address(next(iter(dev.urls.values())), True, None, metrics, pids)
             return
         with GatewayServer(coder_policy(dev.urls, defaults={})) as gw:
             assert gw.proc is not None
             verify = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
-            yield Target(gw.base, verify, CLIENT_KEY, metrics, {**pids, "gateway": [gw.proc.pid]})
+            yield Address(gw.base, verify, CLIENT_KEY, metrics, {**pids, "gateway": [gw.proc.pid]})
 
 
 def _counters(urls: list[str]) -> dict[str, float] | None:
@@ -151,7 +151,7 @@ async def _run(driver: Driver, progress_s: float) -> list[TurnResult]:
     return task.result()
 
 
-def replay(args: argparse.Namespace, params: WorkloadParams, target: Target,
+def replay(args: argparse.Namespace, params: WorkloadParams, target: Address,
            scale: float) -> dict[str, Any]:
     before = _counters(target.metrics)
     cpu0 = {who: cpu_seconds(p) for who, p in target.pids.items()}
@@ -193,7 +193,7 @@ def main(argv: list[str]) -> int:
     else:
         verify: Any = False if args.insecure else (
             ssl.create_default_context(cafile=args.ca) if args.ca else True)
-        target = Target(args.target, verify, args.api_key, args.engine_metrics)
+        target = Address(args.target, verify, args.api_key, args.engine_metrics)
         result = replay(args, params, target, scale)
     print(report.text(result))
     if args.out is not None:

@@ -48,7 +48,7 @@ from proxy.ops.deploy.memory import (
 
 from .profiles import Profile
 
-# Target KV read per token of context: the MTP figure (its head's KV is small).
+# Address KV read per token of context: the MTP figure (its head's KV is small).
 KV_BYTES_PER_TOKEN = MEASURED_KV_BUDGET_GIB * GIB / MEASURED_KV_TOKENS[("mtp", 3)]  # ~38 KB
 BANDWIDTH_BYTES_PER_S = 273e9
 # The DFlash2 drafter's sliding-window cache: fixed, whatever the context.

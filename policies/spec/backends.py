@@ -135,7 +135,7 @@ class BackendSpec(StrictModel):
         return self
 
     @property
-    def endpoints(self) -> tuple[str, ...]:
+    def engine_urls(self) -> tuple[str, ...]:
         """The base URLs, without a trailing slash (the gateway appends `/v1/...`)."""
         return (self.url,) if self.url is not None else tuple(self.urls or ())
 

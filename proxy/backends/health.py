@@ -152,7 +152,7 @@ class EngineWindow:
 
 
 @dataclass(slots=True)
-class Reading:
+class BackendScrape:
     """What the exporter shows for one backend: health and its latest scrape."""
 
     health: str
@@ -170,12 +170,12 @@ class HealthMonitor:
         self.repairer = Repairer(gw)
         gw.metrics.registry.register(BackendCollector(self.readings))
 
-    def readings(self) -> dict[str, Reading]:
-        out: dict[str, Reading] = {}
+    def readings(self) -> dict[str, BackendScrape]:
+        out: dict[str, BackendScrape] = {}
         for name in self.gw.policy.current.document.backends:
             window = self.windows.get(name)
             last = window.scrapes[-1] if window is not None and window.scrapes else None
-            out[name] = Reading(self.gw.live.get(name).health,
+            out[name] = BackendScrape(self.gw.live.get(name).health,
                                 dict(last.values) if last else {},
                                 dict(last.accepted_per_pos) if last else {})
         return out
@@ -244,7 +244,7 @@ class HealthMonitor:
         scrape_kind = backend.kind if backend.kind in SCRAPED else None
         key = gw.operator.secret(backend.api_key)
         results = await asyncio.gather(*(self._check_url(name, url, scrape_kind, key)
-                                         for url in backend.endpoints))
+                                         for url in backend.engine_urls))
         if any(ok for ok, _ in results):
             gw.live.success(name)
         else:
@@ -265,7 +265,7 @@ class HealthMonitor:
     async def _check_url(self, name: str, url: str, kind: EngineKind | None, key: str | None
                          ) -> tuple[bool, Scrape | None]:
         gw = self.gw
-        state = gw.endpoints.state(url)
+        state = gw.engine_table.state(url)
         timeout = max(1.0, gw.settings.scrape_interval_s)
         try:
             status, _ = await gw.upstream.get(url + "/health", timeout)

@@ -108,7 +108,7 @@ def simulated_backends(policy_file: Path, time_scale: float) -> Iterator[list[st
     lines: list[str] = []
     try:
         for name, backend in doc.backends.items():
-            for url in backend.endpoints:
+            for url in backend.engine_urls:
                 parts = urlsplit(url)
                 if parts.hostname not in {"127.0.0.1", "localhost"}:
                     continue

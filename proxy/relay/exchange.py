@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from proxy.backends.endpoints import prefix_affinity
+from proxy.backends.engines import prefix_affinity
 from proxy.relay.asgi import respond
 from proxy.relay.continuation import (
     ContinuableFilter,
@@ -138,8 +138,8 @@ class Exchange(Generic[R]):
                 continue
             if not gw.admission.try_acquire(name, backend.max_concurrency):
                 continue  # a continuation does not queue
-            base = backend.endpoints[0] if len(backend.endpoints) == 1 else \
-                gw.endpoints.pick(backend.endpoints, prefix_affinity(body))
+            base = backend.engine_urls[0] if len(backend.engine_urls) == 1 else \
+                gw.engine_table.pick(backend.engine_urls, prefix_affinity(body))
             new_lease = Lease.begin(self, name, base, backend.max_concurrency)
             assert isinstance(filt, ContinuableFilter)
             cont = continuation_body(body, filt.partial(), filt.m.completion_tokens)

@@ -13,7 +13,7 @@ import orjson
 from policies.capabilities import capabilities
 from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
-from proxy.backends.endpoints import prefix_affinity
+from proxy.backends.engines import prefix_affinity
 from proxy.relay.continuation import ContinuableFilter
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_with_error
 from proxy.relay.events import reader_for
@@ -74,8 +74,8 @@ async def _connect(x: Exchange[R]) -> bool:
         if watch.gone:
             break
         backend = policy.backend(backend_name)
-        urls = backend.endpoints
-        base = urls[0] if len(urls) == 1 else gw.endpoints.pick(urls, prefix_affinity(x.body))
+        urls = backend.engine_urls
+        base = urls[0] if len(urls) == 1 else gw.engine_table.pick(urls, prefix_affinity(x.body))
         record.backend = backend_name
         if not gw.admission.try_acquire(backend_name, backend.max_concurrency):
             try:
@@ -114,8 +114,8 @@ async def _connect(x: Exchange[R]) -> bool:
             if exc.accepted:
                 break  # the engine has the request: sending it again would double the load
             if exc.kind == "connect" and len(urls) > 1:
-                gw.endpoints.state(base).up = False  # until a health check passes
-                if any(gw.endpoints.state(u).up for u in urls):
+                gw.engine_table.state(base).up = False  # until a health check passes
+                if any(gw.engine_table.state(u).up for u in urls):
                     attempts.insert(i + 1, backend_name)  # another engine of it
             if i + 1 < len(attempts):
                 record.retries += 1
@@ -238,7 +238,8 @@ def _our_headers(x: Exchange[R]) -> list[tuple[bytes, bytes]]:
     record = x.record
     chosen = record.backend.encode()
     reason = record.reason + (f"+retry{record.retries}" if record.retries else "")
-    return [*x.extra, (b"x-specrouter-backend", chosen), (b"x-specrouter-variant", chosen),
+    # One header names what served: the variant (the policy's backend), as the pin header does.
+    return [*x.extra, (b"x-specrouter-variant", chosen),
             (b"x-specrouter-reason", reason.encode())]
 
 
@@ -265,14 +266,14 @@ class Lease:
         """The admission slot is already held; count the request everywhere else."""
         gw, record = x.gw, x.record
         gw.live.begin(backend)
-        gw.endpoints.state(base).in_flight += 1
+        gw.engine_table.state(base).in_flight += 1
         record.concurrency = gw.live.get(backend).in_flight
         gw.metrics.in_flight.labels(record.route, backend).inc()
         return cls(backend, base, limit, record.route)
 
     def release(self, gw: Gateway) -> None:
         gw.live.end(self.backend)
-        gw.endpoints.state(self.base).in_flight -= 1
+        gw.engine_table.state(self.base).in_flight -= 1
         gw.metrics.in_flight.labels(self.route, self.backend).dec()
         gw.admission.release(self.backend, self.limit)
 

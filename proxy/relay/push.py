@@ -98,7 +98,7 @@ async def _open_stream(x: Exchange[EngineStream], url: str, payload: bytes,
     stream: EngineStream | None = None
     try:
         async with asyncio.timeout(settings.first_byte_timeout_s):
-            stream = await open_engine_stream(gw.engines, url, payload, headers,
+            stream = await open_engine_stream(gw.conns, url, payload, headers,
                                               settings.connect_timeout_s)
             x.record.m.t_headers = time.perf_counter()
             try:

@@ -26,13 +26,13 @@ import pytest
 import yaml
 
 from loadtests.bench.soak import (
+    Address,
     Background,
     Conn,
     HealthWatch,
     Load,
     Outcome,
     Settled,
-    Target,
     burst,
     disconnects,
     metric_sum,
@@ -97,8 +97,8 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> float:
     raise AssertionError(f"{what}: not reached in {timeout:g}s")
 
 
-def _target(gw: GatewayServer) -> Target:
-    return Target.of(gw.base, gw.certs.ca_cert)
+def _target(gw: GatewayServer) -> Address:
+    return Address.of(gw.base, gw.certs.ca_cert)
 
 
 def _describe(outs: list[Outcome]) -> str:

@@ -278,7 +278,7 @@ def test_failover_between_llamacpp_engines(gw: GatewayServer) -> None:
         r = c.post("/v1/chat/completions",
                    json={"model": "tiny-fo", "messages": CHAT, "max_tokens": 8, **GREEDY})
     assert r.status_code == 200, r.text
-    assert r.headers["x-specrouter-backend"] == "lc-plain"
+    assert r.headers["x-specrouter-variant"] == "lc-plain"
 
 
 def test_disconnect_aborts_the_engines_request(gw: GatewayServer, plain: LlamaCppServer) -> None:

@@ -34,7 +34,7 @@ def test_configmap_policy_is_valid_and_the_deployment_mounts_it() -> None:
     docs = _docs()
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     policy = compile_policy(parse_policy(cm["data"]["policy.yaml"]))
-    assert len(policy.backend("coder-dflash7").endpoints) == 2
+    assert len(policy.backend("coder-dflash7").engine_urls) == 2
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     spec = deployment["spec"]["template"]["spec"]
     assert spec["volumes"][0]["configMap"]["name"] == cm["metadata"]["name"]

@@ -284,8 +284,8 @@ def test_compiled_lookups() -> None:
     route = policy.route_for_model("coder")
     assert route is not None and route.name == "coder" and route.variants == ("deep", "mtp")
     assert policy.route_for_model("gpt-4") is None
-    assert policy.backend("mtp").endpoints == ("http://h:1", "http://h:2")
-    assert policy.backend("deep").endpoints == ("http://127.0.0.1:8001",)
+    assert policy.backend("mtp").engine_urls == ("http://h:1", "http://h:2")
+    assert policy.backend("deep").engine_urls == ("http://127.0.0.1:8001",)
     assert policy.backend("deep").is_speculative and not policy.backend("emb").is_speculative
     with pytest.raises(KeyError):
         policy.backend("nope")

@@ -19,7 +19,13 @@ from loadtests.harness.gateway import ADMIN_TOKEN, CLIENT_KEY, GatewayServer, co
 from loadtests.harness.sim import SimServer
 from loadtests.probe import command as probe
 from loadtests.probe.frames import completion_tokens, per_token
-from loadtests.probe.metrics import Reading, parse_engine, parse_gateway, select, window_figures
+from loadtests.probe.metrics import (
+    Reading,
+    parse_engine,
+    parse_gateway,
+    select,
+    window_figures,
+)
 from loadtests.probe.report import (
     Results,
     cell_summaries,

@@ -29,7 +29,7 @@ def test_a_dead_engine_mid_stream_is_continued_in_the_same_stream(certs, relay) 
                     "model": "coder", "stream": True, "max_tokens": 120,
                     "stream_options": {"include_usage": True, "continuous_usage_stats": True},
                     "messages": [{"role": "user", "content": "Write `util.py`."}]}) as r:
-                assert r.headers["x-specrouter-backend"] == "deep"
+                assert r.headers["x-specrouter-variant"] == "deep"
                 body = r.read()
             frames = _frames(body)
             assert frames[-1] == b"data: [DONE]"

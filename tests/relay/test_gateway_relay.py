@@ -85,13 +85,13 @@ def test_retry_on_another_backend_before_the_first_byte(certs) -> None:
             r = c.post("/v1/chat/completions", json={"model": "coder", "messages": MESSAGES,
                                                      "max_tokens": 8})
         assert r.status_code == 200
-        assert r.headers["x-specrouter-backend"] == "b"
+        assert r.headers["x-specrouter-variant"] == "b"
         a.clear_faults()
         a.kill()  # connection refused now
         with gw.client() as c:
             r = c.post("/v1/chat/completions", json={"model": "coder", "messages": MESSAGES,
                                                      "max_tokens": 8, "stream": True})
-        assert r.status_code == 200 and r.headers["x-specrouter-backend"] == "b"
+        assert r.status_code == 200 and r.headers["x-specrouter-variant"] == "b"
         assert r.text.endswith("data: [DONE]\n\n")
         assert 'specrouter_retries_total{backend="b",route="coder"}' in gw.metrics()
 

@@ -150,7 +150,7 @@ def test_pings_during_a_silent_prefill_then_the_engines_bytes(gw, sims) -> None:
     reader = _stream(gw, SERVED, "ka-1").finish()
     assert reader.status == 200 and reader.headers is not None
     assert reader.headers["content-type"].startswith("text/event-stream")
-    assert reader.headers["x-specrouter-backend"] == "a"
+    assert reader.headers["x-specrouter-variant"] == "a"
     raw = reader.raw
     n = 0
     while raw.startswith(PING, n * len(PING)):

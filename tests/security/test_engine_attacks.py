@@ -75,7 +75,7 @@ async def s_huge_header(w: asyncio.StreamWriter, rid: str) -> bool:
 
 
 async def s_headers(w: asyncio.StreamWriter, rid: str) -> bool:
-    w.write(_json(ANSWER, extra=b"set-cookie: session=stolen\r\nx-specrouter-backend: evil\r\n"
+    w.write(_json(ANSWER, extra=b"set-cookie: session=stolen\r\nx-specrouter-variant: evil\r\n"
                   b"server: engine/1.0\r\nx-internal-host: 10.0.0.7\r\nretry-after: 1\r\n"))
     return True
 
@@ -228,7 +228,7 @@ def _huge_header(status: int, headers: httpx.Headers, body: bytes) -> None:
 def _headers(status: int, headers: httpx.Headers, body: bytes) -> None:
     assert status == 200 and body == SEEN
     assert "set-cookie" not in headers and "x-internal-host" not in headers
-    assert headers["x-specrouter-backend"] == "raw" and headers.get("server") != "engine/1.0"
+    assert headers["x-specrouter-variant"] == "raw" and headers.get("server") != "engine/1.0"
     assert headers["retry-after"] == "1"  # allowed: the engine's own back-off
 
 

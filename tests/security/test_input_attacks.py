@@ -25,7 +25,7 @@ from loadtests.harness.gateway import (
     coder_policy,
 )
 from loadtests.harness.procfs import fd_count
-from loadtests.harness.rawhttp import Conn, Reply, Target
+from loadtests.harness.rawhttp import Address, Conn, Reply
 from loadtests.harness.sim import SimServer
 
 CHAT = "/v1/chat/completions"
@@ -38,7 +38,7 @@ ENV = {"SPECROUTER_KEEP_ALIVE_UNAUTHENTICATED_S": "1", "SPECROUTER_TLS_HANDSHAKE
 class Stack:
     gw: GatewayServer
     sim: SimServer
-    target: Target
+    target: Address
     fds: int
 
 
@@ -51,7 +51,7 @@ def stack(certs) -> Iterator[Stack]:
             policy = coder_policy({"a": sim.url})
             policy["routes"]["coder"]["clamps"] = {"max_tokens": {"max": 256}}
             with GatewayServer(policy, certs=certs) as gw:
-                target = Target.of(gw.base, certs.ca_cert)
+                target = Address.of(gw.base, certs.ca_cert)
                 _chat(gw)  # warm: the engine connection pool exists before the baseline
                 assert gw.proc is not None
                 yield Stack(gw, sim, target, fd_count(gw.proc.pid))
@@ -101,18 +101,18 @@ def _raw(s: Stack, request: bytes) -> Reply:
 
 
 def _post(body: Any, *, path: str = CHAT, key: str | None = CLIENT_KEY,
-          headers: tuple[tuple[str, str], ...] = ()) -> Callable[[Target], bytes]:
+          headers: tuple[tuple[str, str], ...] = ()) -> Callable[[Address], bytes]:
     raw = body if isinstance(body, bytes) else orjson.dumps(body)
     return lambda t: t.request(path, raw, key, headers=headers)
 
 
-def _head(lines: list[str], body: bytes = b"") -> Callable[[Target], bytes]:
+def _head(lines: list[str], body: bytes = b"") -> Callable[[Address], bytes]:
     """A request written out whole: `{host}` is the target's."""
     return lambda t: ("\r\n".join(lines).replace("{host}", f"{t.host}:{t.port}")
                       + "\r\n\r\n").encode() + body
 
 
-def _chunked(trailers: list[str], key: str | None) -> Callable[[Target], bytes]:
+def _chunked(trailers: list[str], key: str | None) -> Callable[[Address], bytes]:
     body = orjson.dumps({"model": "coder", "messages": HELLO, "max_tokens": 8})
     auth = [] if key is None else [f"authorization: Bearer {key}"]
     return _head(["POST /v1/chat/completions HTTP/1.1", "host: {host}",
@@ -127,7 +127,7 @@ def _deep(levels: int) -> bytes:
 
 CHAT_BODY = {"model": "coder", "messages": HELLO, "max_tokens": 8}
 # name: (the request, its status, a piece of its body or None)
-ATTACKS: dict[str, tuple[Callable[[Target], bytes], int, str | None]] = {
+ATTACKS: dict[str, tuple[Callable[[Address], bytes], int, str | None]] = {
     "n-unbounded": (_post({**CHAT_BODY, "n": 1_000_000}), 400, '"param":"n"'),
     "best-of-unbounded": (_post({**CHAT_BODY, "best_of": 9}), 400, '"param":"best_of"'),
     "top-logprobs": (_post({**CHAT_BODY, "top_logprobs": 21}), 400, '"param":"top_logprobs"'),

@@ -11,7 +11,7 @@ from typing import cast
 import httptools
 import orjson
 
-from loadtests.bench.overhead.stack import MODEL, Target
+from loadtests.bench.overhead.stack import MODEL, Arm
 
 
 @dataclass(slots=True)
@@ -112,7 +112,7 @@ class ClientConn(asyncio.Protocol):
 class Pool:
     """The client's connections to one target, opened (and TLS-handshaken) before a round."""
 
-    def __init__(self, target: Target, tally: Tally) -> None:
+    def __init__(self, target: Arm, tally: Tally) -> None:
         self.target = target
         self.tally = tally
         self.conns: list[ClientConn] = []
@@ -139,7 +139,7 @@ class Pool:
         self.conns = []
 
 
-def request_bytes(target: Target, *, max_tokens: int, step_ms: float, prompt_bytes: int,
+def request_bytes(target: Arm, *, max_tokens: int, step_ms: float, prompt_bytes: int,
                   tokens_per_chunk: int = 1) -> bytes:
     system = "You are a coding agent. " * max(1, prompt_bytes // 24)
     body = orjson.dumps({

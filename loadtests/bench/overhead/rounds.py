@@ -11,7 +11,7 @@ from typing import Any
 
 from loadtests.bench.overhead.client import ClientConn, Pool, Shot, Tally, request_bytes
 from loadtests.bench.overhead.cpu import CpuSample, account
-from loadtests.bench.overhead.stack import Stack, Target
+from loadtests.bench.overhead.stack import Arm, Stack
 from loadtests.harness.procfs import cpu_seconds, cpu_split, rss_bytes, self_cpu
 
 
@@ -85,7 +85,7 @@ class Bench:
         for pool in self.pools.values():
             pool.abort()
 
-    def _payload(self, target: Target, spec: Spec, max_tokens: int | None = None) -> bytes:
+    def _payload(self, target: Arm, spec: Spec, max_tokens: int | None = None) -> bytes:
         return request_bytes(target, max_tokens=max_tokens or spec.max_tokens,
                              step_ms=spec.step_ms, prompt_bytes=self.prompt_bytes)
 

@@ -33,7 +33,7 @@ def _tree(pid: int) -> Callable[[], list[int]]:
     return lambda: [pid, *child_pids(pid)]
 
 @dataclass
-class Target:
+class Arm:
     name: str
     port: int
     tls: ssl.SSLContext | None
@@ -49,7 +49,7 @@ class Stack:
         self.dir = workdir or Path(self._tmp.name)
         self.want_nginx = nginx
         self.children: list[Child] = []
-        self.targets: dict[str, Target] = {}
+        self.targets: dict[str, Arm] = {}
         self.pacer: Child | None = None
         self.gateway: Child | None = None
         self.nginx: Child | None = None
@@ -88,7 +88,7 @@ class Stack:
         assert self.pacer.match is not None
         pacer_port = int(self.pacer.match.group(1))
         pacer_pid = self.pacer.pid
-        self.targets["direct"] = Target("direct", pacer_port, None, b"", lambda: [pacer_pid])
+        self.targets["direct"] = Arm("direct", pacer_port, None, b"", lambda: [pacer_pid])
 
         policy = {
             "schema": 1,
@@ -108,7 +108,7 @@ class Stack:
         gw_pid = self.gateway.pid
         bearer = b"authorization: Bearer " + BENCH_KEY.encode() + b"\r\n"
         gw_port = int(self.gateway.match.group(1).rsplit(":", 1)[1])
-        self.targets["gateway"] = Target("gateway", gw_port, client_tls, bearer, lambda: [gw_pid])
+        self.targets["gateway"] = Arm("gateway", gw_port, client_tls, bearer, lambda: [gw_pid])
         if self.want_nginx:
             self._start_nginx(pacer_port, certs, client_tls, bearer)
 
@@ -138,7 +138,7 @@ class Stack:
             if child.alive():
                 master = child.pid
                 self.nginx = child
-                self.targets["nginx"] = Target("nginx", port, client_tls, bearer,
+                self.targets["nginx"] = Arm("nginx", port, client_tls, bearer,
                                                _tree(master))
                 return
             self.children.remove(child)

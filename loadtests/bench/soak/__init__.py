@@ -18,7 +18,7 @@ Every request is classified from the client's side: `ok` (a complete answer: `[D
 last, no error event; or a JSON body), `error` (an OpenAI error: an error event then `[DONE]`,
 or a 4xx/5xx with `{"error": {...}}`), or `lost` (cut without `[DONE]`, a hang past the deadline,
 a malformed answer, a refused connection). A request belongs to the scenario its lifetime
-overlaps. Errors are expected only on the failing backend (`x-specrouter-backend`); an error
+overlaps. Errors are expected only on the failing backend (`x-specrouter-variant`); an error
 anywhere else is counted as `stray`. `lost` and `stray` must be 0.
 
 Time to detect: from the fault to the gateway's first sign of it (the backend's health leaving
@@ -38,11 +38,11 @@ no object alive. `--glibc-defaults` measures without them.
 Exits 1 when any request was lost or stray, or the gateway did not settle.
 """
 
-from loadtests.bench.soak.client import Outcome, Requester, classify, iter_outcomes
+from loadtests.bench.soak.client import Outcome, Requester, classify_reply, iter_outcomes
 from loadtests.bench.soak.load import Background, Load, burst, chat_body, disconnects, run_async
 from loadtests.bench.soak.watch import HealthWatch, Settled, metric_sum, settle
-from loadtests.harness.rawhttp import Conn, Target
+from loadtests.harness.rawhttp import Address, Conn
 
 __all__ = ["Background", "Conn", "HealthWatch", "Load", "Outcome", "Requester", "Settled",
-           "Target", "burst", "chat_body", "classify", "disconnects", "iter_outcomes",
+           "Address", "burst", "chat_body", "classify_reply", "disconnects", "iter_outcomes",
            "metric_sum", "run_async", "settle"]

@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from loadtests.bench.soak.client import Requester, classify
+from loadtests.bench.soak.client import Requester, classify_reply
 from loadtests.harness.hostile import BAD_BODIES
-from loadtests.harness.rawhttp import Conn, Target
+from loadtests.harness.rawhttp import Address, Conn
 
 
 @dataclass(slots=True)
@@ -39,11 +39,11 @@ class Pass:
 # (what, raw request bytes builder, expectation): a status class ("4xx"), an exact status with
 # an OpenAI error body ("400"), a status from the HTTP layer before any request exists, with an
 # empty body ("408 raw"), or "cut" (the connection is closed, with or without a 4xx first).
-RawCase = tuple[str, Callable[[Target, str], bytes], str]
+RawCase = tuple[str, Callable[[Address, str], bytes], str]
 
 
 def _post(path: str, body: bytes, *, headers: Sequence[tuple[str, str]] = (),
-          key: bool = True) -> Callable[[Target, str], bytes]:
+          key: bool = True) -> Callable[[Address, str], bytes]:
     return lambda t, k: t.request(path, body, k if key else None, headers=headers)
 
 
@@ -98,7 +98,7 @@ BAD_INPUTS: list[RawCase] = [
 ]
 
 
-async def _try_one(target: Target, key: str, what: str, build: Callable[[Target, str], bytes],
+async def _try_one(target: Address, key: str, what: str, build: Callable[[Address, str], bytes],
                    expected: str) -> BadInput:
     t0 = time.monotonic()
     got = ""
@@ -124,7 +124,7 @@ async def _try_one(target: Target, key: str, what: str, build: Callable[[Target,
                     await conn.close()
                 got = str(reply.status) if reply.head else "closed"
                 if reply.head and reply.status >= 400:
-                    kind, detail = classify(reply, False)
+                    kind, detail = classify_reply(reply, False)
                     if kind != "http_error":
                         got += " raw" if not reply.body or expected == "cut" else \
                             f" (not an OpenAI error: {detail[:60]})"
@@ -145,7 +145,7 @@ async def _try_one(target: Target, key: str, what: str, build: Callable[[Target,
     return BadInput(what, expected, got, ms, ok)
 
 
-async def try_bad_inputs(target: Target, key: str) -> list[BadInput]:
+async def try_bad_inputs(target: Address, key: str) -> list[BadInput]:
     """Every bad input, four at a time, then a good request (the gateway still serves)."""
     sem = asyncio.Semaphore(4)
 

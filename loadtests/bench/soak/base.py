@@ -12,7 +12,7 @@ from loadtests.bench.soak.client import Outcome
 from loadtests.bench.soak.load import Load, burst, run_async
 from loadtests.bench.soak.watch import HealthWatch, metric_sum
 from loadtests.harness.gateway import GatewayServer
-from loadtests.harness.rawhttp import Target
+from loadtests.harness.rawhttp import Address
 from loadtests.harness.sim import SimServer
 
 SERVED = "qwen3.8-27b"
@@ -49,7 +49,7 @@ class SoakBase:
     gw: GatewayServer
     watch: HealthWatch
     sims: dict[str, SimServer]
-    target: Target
+    target: Address
     keys: dict[str, str]
 
     def __init__(self, *, minutes: float, quick: bool, seed: int = 0, lean_malloc: bool = True,

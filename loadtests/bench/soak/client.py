@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from loadtests.harness.rawhttp import Conn, Reply, Target
+from loadtests.harness.rawhttp import Address, Conn, Reply
 from proxy.vllm_wire import DATA, DONE, DONE_PAYLOAD, ERROR_FRAME_PREFIX
 
 LOST = frozenset({"cut", "hung", "bad", "refused"})
@@ -23,7 +23,7 @@ class Outcome:
 
     kind: str  # ok, error_event, http_error, cut, hung, bad, refused
     status: int
-    backend: str  # x-specrouter-backend ("" when no backend answered)
+    backend: str  # x-specrouter-variant ("" when no backend answered)
     t0: float
     t1: float
     worker: int = -1
@@ -42,7 +42,7 @@ class Outcome:
         return self.kind in ERRORS
 
 
-def classify(reply: Reply | None, stream: bool) -> tuple[str, str]:
+def classify_reply(reply: Reply | None, stream: bool) -> tuple[str, str]:
     """(kind, detail) of a response as received."""
     if reply is None or not reply.head:
         return "cut", "no response"
@@ -90,7 +90,7 @@ def classify(reply: Reply | None, stream: bool) -> tuple[str, str]:
 class Requester:
     """Sends requests on a kept-alive connection, reconnecting when it ends."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Address) -> None:
         self.target = target
         self.conn: Conn | None = None
 
@@ -128,14 +128,14 @@ class Requester:
                 self.conn.abort()
                 self.conn = None
             return Outcome("hung", reply.status if reply else 0,
-                           (reply.headers.get("x-specrouter-backend", "") if reply else ""),
+                           (reply.headers.get("x-specrouter-variant", "") if reply else ""),
                            t0, time.monotonic(), worker, stream, f"no end in {deadline_s:g}s")
         t1 = time.monotonic()
-        kind, detail = classify(reply, stream)
+        kind, detail = classify_reply(reply, stream)
         assert reply is not None
         if not reply.complete and self.conn is not None:
             self.conn.keep = False
-        return Outcome(kind, reply.status, reply.headers.get("x-specrouter-backend", ""), t0, t1,
+        return Outcome(kind, reply.status, reply.headers.get("x-specrouter-variant", ""), t0, t1,
                        worker, stream, detail, reply.t_first, reply.headers.get("retry-after"),
                        bytes(reply.body) if keep_body else None)
 

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from loadtests.bench.soak.client import Outcome, Requester
-from loadtests.harness.rawhttp import Conn, Target
+from loadtests.harness.rawhttp import Address, Conn
 
 BodyOf = Callable[[int, int], dict[str, Any]]  # (worker, request number) -> body
 
@@ -37,7 +37,7 @@ class Load:
     """`workers` clients sending requests back to back from a thread of their own, until
     stop(). Worker i uses `keys[i % len(keys)]`."""
 
-    def __init__(self, target: Target, keys: Sequence[str], *, workers: int = 16,
+    def __init__(self, target: Address, keys: Sequence[str], *, workers: int = 16,
                  body_of: BodyOf = chat_body, deadline_s: float = 30.0,
                  keep_bodies: bool = False) -> None:
         self.target, self.keys, self.workers = target, list(keys), workers
@@ -157,7 +157,7 @@ class Background:
         return self._out[0]
 
 
-async def burst(target: Target, requests: Sequence[tuple[str, dict[str, Any]]], *,
+async def burst(target: Address, requests: Sequence[tuple[str, dict[str, Any]]], *,
                 deadline_s: float, keep_bodies: bool = True) -> list[Outcome]:
     """One request per (key, body), all at once, each on its own connection."""
     async def one(i: int, key: str, body: dict[str, Any]) -> Outcome:
@@ -171,7 +171,7 @@ async def burst(target: Target, requests: Sequence[tuple[str, dict[str, Any]]], 
     return list(await asyncio.gather(*(one(i, k, b) for i, (k, b) in enumerate(requests))))
 
 
-async def disconnects(target: Target, key: str, n: int, *, concurrency: int = 32,
+async def disconnects(target: Address, key: str, n: int, *, concurrency: int = 32,
                       max_tokens: int = 4000, timeout_each: float = 20.0,
                       on_progress: Callable[[int], None] | None = None) -> Counter[str]:
     """`n` streaming requests, each dropped (TCP abort) as soon as its first body bytes arrive,

@@ -15,7 +15,7 @@ from loadtests.bench.soak.scenarios import Scenarios
 from loadtests.bench.soak.watch import HealthWatch, settle
 from loadtests.harness.gateway import CLIENT_KEY, OTHER_KEY, GatewayServer, coder_policy
 from loadtests.harness.procfs import cpu_seconds, rss_kb
-from loadtests.harness.rawhttp import Target
+from loadtests.harness.rawhttp import Address
 from loadtests.harness.sim import SimServer
 from proxy.certs import make_local_ca
 
@@ -47,7 +47,7 @@ class Soak(Scenarios, Accounting):
             with GatewayServer(policy, certs=certs, args=args) as gw, HealthWatch(gw) as watch:
                 self.gw, self.watch = gw, watch
                 self.sims = {"deep": deep, "shallow": shallow}
-                self.target = Target.of(gw.base, certs.ca_cert)
+                self.target = Address.of(gw.base, certs.ca_cert)
                 self.keys = {"deep": CLIENT_KEY, "shallow": OTHER_KEY}
                 self._soak()
 

@@ -97,7 +97,7 @@ def _check_engine(plan: EnginePlan, engine: EngineArgs) -> list[str]:
 
     flag("served-model-name", spec.served_model_name, "served_model_name")
     flag("max-num-seqs", str(spec.max_concurrency), "max_concurrency")
-    flag("port", str(plan.port), f"the port of {spec.endpoints[0]}")
+    flag("port", str(plan.port), f"the port of {spec.engine_urls[0]}")
     has_key = "api-key" in engine.flags or "VLLM_API_KEY" in engine.environment
     if spec.api_key and not has_key:
         out.append(f"{where}: the policy sends the secret {spec.api_key} but the engine has "
@@ -156,7 +156,7 @@ def check_compose(doc: PolicyDocument, compose: Mapping[str, Any], *,
     for plan in plans:
         if plan.service not in matched:
             out.append(f"backend {plan.backend}: no engine service {plan.service} in the compose "
-                       f"file (the policy reaches it at {plan.spec.endpoints[0]})")
+                       f"file (the policy reaches it at {plan.spec.engine_urls[0]})")
     if compose_dir is not None and policy is not None:
         out += _check_gateway_policy(compose, compose_dir, policy)
     return out
@@ -245,7 +245,7 @@ def check_live(doc: PolicyDocument, fetch: Fetch,
             continue
         key = env.get(secret_env(backend.api_key)) if backend.api_key else None
         headers = {"authorization": f"Bearer {key}"} if key else {}
-        for url in backend.endpoints:
+        for url in backend.engine_urls:
             where = f"backend {name} at {url}"
             models = fetch(url + "/v1/models", headers)
             if models is None:

@@ -86,7 +86,7 @@ def llama_plans(doc: PolicyDocument) -> list[LlamaPlan]:
     for name, backend in doc.backends.items():
         if not rendered(backend):
             continue
-        endpoints = backend.endpoints
+        endpoints = backend.engine_urls
         for i, url in enumerate(endpoints):
             parts = urlsplit(url)
             if (parts.hostname or "") not in LOOPBACK_HOSTS or parts.scheme != "http" \

@@ -88,7 +88,7 @@ def engine_plans(doc: PolicyDocument) -> tuple[list[EnginePlan], list[Skipped]]:
         if backend.kind != "vllm":
             skipped.append(Skipped(name, f"kind {backend.kind}: not an engine this stack runs"))
             continue
-        endpoints = backend.endpoints
+        endpoints = backend.engine_urls
         for i, url in enumerate(endpoints):
             parts = urlsplit(url)
             host = parts.hostname or ""

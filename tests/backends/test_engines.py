@@ -8,7 +8,7 @@ import pytest
 
 from loadtests.harness.gateway import GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
-from proxy.backends.endpoints import Endpoints, prefix_affinity
+from proxy.backends.engines import EngineTable, prefix_affinity
 
 URLS = ("http://a:1", "http://b:1", "http://c:1")
 
@@ -20,7 +20,7 @@ def _conv(system: str, first: str, *later: str) -> dict:
 
 
 def test_same_conversation_same_engine_and_different_ones_spread() -> None:
-    eps = Endpoints()
+    eps = EngineTable()
     key = prefix_affinity(_conv("You are a coder.", "Fix main.py"))
     later = prefix_affinity(_conv("You are a coder.", "Fix main.py", "and now tests"))
     assert key == later
@@ -36,7 +36,7 @@ def test_same_conversation_same_engine_and_different_ones_spread() -> None:
     ({"http://a:1": 9, "http://b:1": 9, "http://c:1": 0}, "least"),
 ])
 def test_bounded_load(loads, expected) -> None:
-    eps = Endpoints()
+    eps = EngineTable()
     key = prefix_affinity({"prompt": "def f():"})
     preferred = eps.pick(URLS, key)
     for url, load in loads.items():
@@ -50,7 +50,7 @@ def test_bounded_load(loads, expected) -> None:
 
 
 def test_down_engines_are_skipped_and_no_affinity_means_least_loaded() -> None:
-    eps = Endpoints()
+    eps = EngineTable()
     eps.state("http://a:1").up = False
     eps.state("http://b:1").in_flight = 3
     assert eps.pick(URLS, None) == "http://c:1"

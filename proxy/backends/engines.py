@@ -20,7 +20,7 @@ LOAD_SLACK = 1.25  # a preferred engine may carry this much more than the averag
 
 
 @dataclass(slots=True)
-class EndpointState:
+class EngineState:
     up: bool = True
     in_flight: int = 0
     running: int | None = None
@@ -31,14 +31,14 @@ class EndpointState:
         return self.in_flight + (self.waiting or 0)
 
 
-class Endpoints:
+class EngineTable:
     def __init__(self) -> None:
-        self.states: dict[str, EndpointState] = {}
+        self.states: dict[str, EngineState] = {}
 
-    def state(self, url: str) -> EndpointState:
+    def state(self, url: str) -> EngineState:
         s = self.states.get(url)
         if s is None:
-            s = self.states[url] = EndpointState()
+            s = self.states[url] = EngineState()
         return s
 
     def pick(self, urls: Sequence[str], affinity: bytes | None) -> str:
