@@ -29,27 +29,29 @@ class Capabilities:
     continuous_usage: bool
 
 
-CAPABILITIES: Final[Mapping[EngineKind, Capabilities]] = MappingProxyType({
-    "vllm": Capabilities(
-        refused_with_speculation=frozenset({"min_p", "logit_bias"}),
-        per_request=frozenset({"usage", "speculative_decoding"}),
-        metrics_prefix="vllm:",
-        continuous_usage=True,
-    ),
-    "llamacpp": Capabilities(
-        refused_with_speculation=frozenset(),
-        per_request=frozenset({"usage", "timings"}),
-        metrics_prefix="llamacpp:",
-        continuous_usage=False,
-    ),
-    # Any other OpenAI-compatible server: relayed as it is, nothing assumed about it.
-    "openai": Capabilities(
-        refused_with_speculation=frozenset(),
-        per_request=frozenset({"usage"}),
-        metrics_prefix=None,
-        continuous_usage=False,
-    ),
-})
+CAPABILITIES: Final[Mapping[EngineKind, Capabilities]] = MappingProxyType(
+    {
+        "vllm": Capabilities(
+            refused_with_speculation=frozenset({"min_p", "logit_bias"}),
+            per_request=frozenset({"usage", "speculative_decoding"}),
+            metrics_prefix="vllm:",
+            continuous_usage=True,
+        ),
+        "llamacpp": Capabilities(
+            refused_with_speculation=frozenset(),
+            per_request=frozenset({"usage", "timings"}),
+            metrics_prefix="llamacpp:",
+            continuous_usage=False,
+        ),
+        # Any other OpenAI-compatible server: relayed as it is, nothing assumed about it.
+        "openai": Capabilities(
+            refused_with_speculation=frozenset(),
+            per_request=frozenset({"usage"}),
+            metrics_prefix=None,
+            continuous_usage=False,
+        ),
+    }
+)
 
 
 def capabilities(kind: EngineKind) -> Capabilities:

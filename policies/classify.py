@@ -37,8 +37,20 @@ _SOURCE_FILE_RE: Final = re.compile(
     r"\.(?<=[\w-]\.)(?:py|rs|go|ts|tsx|js|jsx|java|kt|c|cc|cpp|h|hpp|cs|rb|php|sh|sql|toml|yaml|yml)\b"
 )
 # Words of a system prompt about code, whole (code, repo) or as prefixes (programm*, debug*).
-_WHOLE: Final = ("code", "coding", "software", "developer", "engineer", "repository", "repo",
-                 "compiler", "function", "terminal", "shell", "git")
+_WHOLE: Final = (
+    "code",
+    "coding",
+    "software",
+    "developer",
+    "engineer",
+    "repository",
+    "repo",
+    "compiler",
+    "function",
+    "terminal",
+    "shell",
+    "git",
+)
 _PREFIX: Final = ("programm", "refactor", "debug")
 
 
@@ -56,8 +68,9 @@ def _mentions_code(text: str) -> bool:
             i = low.find(w)
             while i >= 0:
                 end = i + len(w)
-                if (i == 0 or not _is_word(low[i - 1])) and \
-                        (not whole or end == n or not _is_word(low[end])):
+                if (i == 0 or not _is_word(low[i - 1])) and (
+                    not whole or end == n or not _is_word(low[end])
+                ):
                     return True
                 i = low.find(w, i + 1)
     return False
@@ -132,7 +145,9 @@ def _text_of(message: Any) -> str:
 
 def _message_has_code(message: Any) -> bool:
     # A turn that called tools, or a tool's result, is an agent at work on files.
-    if isinstance(message, Mapping) and (message.get("tool_calls") or message.get("role") == "tool"):
+    if isinstance(message, Mapping) and (
+        message.get("tool_calls") or message.get("role") == "tool"
+    ):
         return True
     return _text_has_code(_text_of(message))
 
@@ -140,5 +155,8 @@ def _message_has_code(message: Any) -> bool:
 def _text_has_code(text: str) -> bool:
     # The tail: in a long message, the code being discussed is usually near the end.
     tail = text[-SCAN_CHARS:]
-    return (_FENCE in tail or _DIR_FILE_RE.search(tail) is not None
-            or _SOURCE_FILE_RE.search(tail) is not None)
+    return (
+        _FENCE in tail
+        or _DIR_FILE_RE.search(tail) is not None
+        or _SOURCE_FILE_RE.search(tail) is not None
+    )

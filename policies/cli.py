@@ -62,8 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--endpoint", choices=ENDPOINTS, default="chat")
     explain.add_argument("--pin", metavar="VARIANT", help="as the X-Specrouter-Variant header")
     explain.add_argument("--now", type=float, default=0.0, help="monotonic seconds")
-    explain.add_argument("--session", help="the session table's row: {engine, prefix_tokens, "
-                         "turns, out_tokens_per_turn, mean_turns, subagent}")
+    explain.add_argument(
+        "--session",
+        help="the session table's row: {engine, prefix_tokens, "
+        "turns, out_tokens_per_turn, mean_turns, subagent}",
+    )
     explain.add_argument("--json", action="store_true", help="print the decision as JSON")
     explain.set_defaults(run=_explain)
 
@@ -131,8 +134,12 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         data = asdict(decision)
         data["inject"] = dict(decision.inject)
-        out.write(orjson.dumps({"policy_version": policy.version, "decision": data},
-                               option=orjson.OPT_INDENT_2).decode() + "\n")
+        out.write(
+            orjson.dumps(
+                {"policy_version": policy.version, "decision": data}, option=orjson.OPT_INDENT_2
+            ).decode()
+            + "\n"
+        )
     else:
         _print_decision(decision, policy, client, out)
     return 0
@@ -144,13 +151,18 @@ def _print_decision(decision: Decision, policy: CompiledPolicy, client: str, out
         r = decision.rejection
         print(f"rejected: {r.status} {r.type} ({decision.reason}): {r.message}", file=out)
     else:
-        print(f"backend: {decision.backend}  route: {decision.route}  "
-              f"reason: {decision.reason}", file=out)
+        print(
+            f"backend: {decision.backend}  route: {decision.route}  reason: {decision.reason}",
+            file=out,
+        )
         injected = ", ".join(f"{k}={v}" for k, v in decision.inject.items()) or "-"
         print(f"inject: {injected}", file=out)
         print(f"fallbacks: {', '.join(decision.fallbacks) or '-'}", file=out)
-        print(f"content class: {decision.content_class}  canary: {decision.canary}  "
-              f"priority: {decision.priority}", file=out)
+        print(
+            f"content class: {decision.content_class}  canary: {decision.canary}  "
+            f"priority: {decision.priority}",
+            file=out,
+        )
     if decision.verdicts:
         width = max(len(v.rule) for v in decision.verdicts)
         print("rules:", file=out)

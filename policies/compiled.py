@@ -84,8 +84,18 @@ class CompiledPolicy:
     - `client(name)`, `routes`, `backends`, `guards`, `sessions`, `document`, `version`.
     """
 
-    __slots__ = ("document", "version", "routes", "backends", "guards", "_by_model", "_by_key",
-                 "_by_name", "_model_names", "sessions")
+    __slots__ = (
+        "document",
+        "version",
+        "routes",
+        "backends",
+        "guards",
+        "_by_model",
+        "_by_key",
+        "_by_name",
+        "_model_names",
+        "sessions",
+    )
 
     def __init__(self, doc: PolicyDocument) -> None:
         errors = check_references(doc)
@@ -161,9 +171,13 @@ def _compile_route(name: str, spec: RouteSpec, doc: PolicyDocument) -> CompiledR
         unavailable=frozenset(["down", "starting"] if health is None else health.unavailable),
         preference=preference,
         speculative=frozenset(v for v in variants if doc.backends[v].is_speculative),
-        refused_sampling=MappingProxyType({
-            v: frozenset(capabilities(doc.backends[v].kind).refused_with_speculation)
-            for v in variants if doc.backends[v].is_speculative}),
+        refused_sampling=MappingProxyType(
+            {
+                v: frozenset(capabilities(doc.backends[v].kind).refused_with_speculation)
+                for v in variants
+                if doc.backends[v].is_speculative
+            }
+        ),
         clamps=_clamps(spec, doc, variants),
         defaults=MappingProxyType(_merged_defaults(spec, doc.clients)),
         allowed=MappingProxyType(allowed),
@@ -177,8 +191,9 @@ def _compile_route(name: str, spec: RouteSpec, doc: PolicyDocument) -> CompiledR
 OUTPUT_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
-def _clamps(spec: RouteSpec, doc: PolicyDocument, variants: tuple[str, ...]
-            ) -> tuple[tuple[str, float | None, float | None], ...]:
+def _clamps(
+    spec: RouteSpec, doc: PolicyDocument, variants: tuple[str, ...]
+) -> tuple[tuple[str, float | None, float | None], ...]:
     """The route's clamps, the output-token one under every name and capped at the route's
     maximum: the tightest clamp given, else the variants' context length when each is known."""
     clamps = {name: (c.min, c.max) for name, c in spec.clamps.items()}

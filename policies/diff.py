@@ -36,8 +36,9 @@ def _diff(path: str, old: Any, new: Any, out: list[str]) -> None:
     out.append(f"~ {path}: {_show(old)} -> {_show(new)}")
 
 
-def _diff_named(path: str, old: list[dict[str, Any]], new: list[dict[str, Any]],
-                out: list[str]) -> None:
+def _diff_named(
+    path: str, old: list[dict[str, Any]], new: list[dict[str, Any]], out: list[str]
+) -> None:
     before = {item["name"]: item for item in old}
     after = {item["name"]: item for item in new}
     for name in before.keys() - after.keys():

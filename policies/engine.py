@@ -48,6 +48,7 @@ UNSUPPORTED_WITH_SPECULATION: Final = (
 # An engine that is down or starting: the cold start is minutes, a client should not spin.
 RETRY_AFTER_UNAVAILABLE_S: Final = 5.0
 
+
 def canary_bucket(key: str) -> float:
     """A stable position in [0, 1) for `key` (the client's name): the same client always lands
     on the same side of a canary's percentage, whatever process computes it."""
@@ -68,7 +69,11 @@ def decide(
         return _unknown_model(view, policy)
     if (route.task == "embed") != (view.endpoint == "embeddings"):
         return _reject(
-            route, "wrong-task", 400, "BadRequestError", "model",
+            route,
+            "wrong-task",
+            400,
+            "BadRequestError",
+            "model",
             f"The model `{view.model}` is a {route.task} model; it does not serve "
             f"/v1/{'embeddings' if view.endpoint == 'embeddings' else view.endpoint}.",
         )
@@ -76,7 +81,11 @@ def decide(
     allowed = route.allowed_for(view.client) if client is not None else route.variants
     if not allowed:
         return _reject(
-            route, "allowed-variants", 403, "PermissionDeniedError", "model",
+            route,
+            "allowed-variants",
+            403,
+            "PermissionDeniedError",
+            "model",
             f"Client `{view.client}` may not use the model `{view.model}`.",
         )
 
@@ -86,7 +95,8 @@ def decide(
     min_p = view.min_p if "min_p" in view.fields_set else inject.get("min_p")
     sampling = frozenset(
         (["logit_bias"] if view.has_logit_bias else [])
-        + (["min_p"] if min_p is not None and min_p > 0 else []))
+        + (["min_p"] if min_p is not None and min_p > 0 else [])
+    )
 
     # The choice.
     pinned = view.pinned_variant
@@ -107,8 +117,9 @@ def decide(
     # The session's engine, unless it cannot serve or a move pays (policies/stickiness.py).
     session_why: MoveCost | str | None = None
     if pinned is None and view.session is not None and policy.sessions.sticky:
-        choice, reason, session_why = _stick(view.session, choice, reason, route, state, policy,
-                                             allowed, sampling)
+        choice, reason, session_why = _stick(
+            view.session, choice, reason, route, state, policy, allowed, sampling
+        )
 
     # Constraints, then the retry order.
     blocked = _blocked_by(choice, route, state, allowed, sampling, guarded=pinned is None)
@@ -219,8 +230,14 @@ def _stick(
         return choice, held_blocked, f"moved: {held} {held_blocked}"
     if choice == held:  # the rules agree: their reason stands, `session` counts overrides
         return held, reason, "stay"
-    move = move_cost(session, held, policy.backend(held), choice, policy.backend(choice),
-                     policy.sessions.default_turns)
+    move = move_cost(
+        session,
+        held,
+        policy.backend(held),
+        choice,
+        policy.backend(choice),
+        policy.sessions.default_turns,
+    )
     if move.pays:
         return choice, "session-move", move
     return held, "session", move
@@ -320,7 +337,11 @@ def _reject(
 def _unknown_model(view: RequestView, policy: CompiledPolicy) -> Decision:
     names = ", ".join(policy.model_names())
     return _reject(
-        None, "unknown-model", 404, "NotFoundError", "model",
+        None,
+        "unknown-model",
+        404,
+        "NotFoundError",
+        "model",
         f"The model `{view.model}` does not exist. Available models: {names}.",
     )
 
@@ -331,18 +352,30 @@ def _refuse_pin(
     pinned = view.pinned_variant
     if not may_pin:
         return _reject(
-            route, "pinned", 403, "PermissionDeniedError", "X-Specrouter-Variant",
+            route,
+            "pinned",
+            403,
+            "PermissionDeniedError",
+            "X-Specrouter-Variant",
             f"Client `{view.client}` may not choose a variant.",
         )
     if pinned not in route.variants:
         return _reject(
-            route, "pinned", 400, "BadRequestError", "X-Specrouter-Variant",
+            route,
+            "pinned",
+            400,
+            "BadRequestError",
+            "X-Specrouter-Variant",
             f"The model `{view.model}` has no variant `{pinned}`. "
             f"Variants: {', '.join(route.variants)}.",
         )
     if pinned not in allowed:
         return _reject(
-            route, "pinned", 403, "PermissionDeniedError", "X-Specrouter-Variant",
+            route,
+            "pinned",
+            403,
+            "PermissionDeniedError",
+            "X-Specrouter-Variant",
             f"Client `{view.client}` may not use the variant `{pinned}`.",
         )
     return None
@@ -361,7 +394,11 @@ def _no_backend(
             route, "unsupported-params", 400, "BadRequestError", None, UNSUPPORTED_WITH_SPECULATION
         )
     return _reject(
-        route, "no-backend", 503, "ServiceUnavailableError", None,
+        route,
+        "no-backend",
+        503,
+        "ServiceUnavailableError",
+        None,
         f"No backend for the model `{view.model}` is available right now.",
         RETRY_AFTER_UNAVAILABLE_S,
     )

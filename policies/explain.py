@@ -59,7 +59,9 @@ def verdicts_for(
                 else:
                     decided = True  # the first match decides; the engine stopped here too
                     overridden = f"; overridden by {blocked}" if blocked is not None else ""
-                    out.append(RuleVerdict(rule.name, "matched", f"{detail} -> {picked}{overridden}"))
+                    out.append(
+                        RuleVerdict(rule.name, "matched", f"{detail} -> {picked}{overridden}")
+                    )
         elif isinstance(rule, GuardRule):
             out.append(_guard_verdict(rule, state, route, blocked))
         elif isinstance(rule, HealthRule):
@@ -117,8 +119,10 @@ def _guard_verdict(
 ) -> RuleVerdict:
     guard = state.guards.get(rule.variant)
     acceptance = state.backends.get(rule.variant)
-    reading = "no reading" if acceptance is None or acceptance.acceptance is None else (
-        f"acceptance {acceptance.acceptance:g}"
+    reading = (
+        "no reading"
+        if acceptance is None or acceptance.acceptance is None
+        else (f"acceptance {acceptance.acceptance:g}")
     )
     if blocked == rule.name:
         return RuleVerdict(rule.name, "applied", f"{rule.variant} tripped ({reading})")

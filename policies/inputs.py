@@ -25,9 +25,15 @@ from policies.types import (
 _NO_SIGNALS = ContentSignals()
 
 
-def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client: str,
-                 headers: Mapping[bytes, bytes], now: float,
-                 session: SessionView | None = None) -> RequestView:
+def request_view(
+    body: Mapping[str, Any],
+    endpoint: Endpoint,
+    model: str,
+    client: str,
+    headers: Mapping[bytes, bytes],
+    now: float,
+    session: SessionView | None = None,
+) -> RequestView:
     """`session`: the session table's view of the request's session (policies/sessions.py);
     without one the session is identified here, as new."""
     temperature = body.get("temperature")
@@ -49,7 +55,10 @@ def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client
             if _is_number(value):
                 numeric[name] = value
     return RequestView(
-        endpoint=endpoint, model=model, client=client, stream=body.get("stream") is True,
+        endpoint=endpoint,
+        model=model,
+        client=client,
+        stream=body.get("stream") is True,
         fields_set=frozenset(fields_set),
         temperature=float(temperature) if _is_number(temperature) else None,
         min_p=float(min_p) if _is_number(min_p) else None,
@@ -59,9 +68,11 @@ def request_view(body: Mapping[str, Any], endpoint: Endpoint, model: str, client
         pinned_variant=pinned.decode("latin-1") if pinned else None,
         # Canary stickiness per session (a client serving many users or running many agents
         # spreads them over both arms, each keeps its arm), per client without one.
-        canary_bucket=canary_bucket(client if session is None else session.key), now=now,
+        canary_bucket=canary_bucket(client if session is None else session.key),
+        now=now,
         numeric_fields=numeric,
-        session=session)
+        session=session,
+    )
 
 
 def _first_present(body: Mapping[str, Any], spellings: tuple[str, ...]) -> str | None:
@@ -87,9 +98,12 @@ def for_body(decision: Decision, endpoint: Endpoint, body: Mapping[str, Any]) ->
             low, high = bounds[key]
             value = min(max(value, low), high)
         inject[field], spelled[key] = value, field
-    return replace(decision, inject=inject,
-                   defaults_applied=tuple(spelled[k] for k in decision.defaults_applied),
-                   clamped=tuple(spelled.get(k, k) for k in decision.clamped))
+    return replace(
+        decision,
+        inject=inject,
+        defaults_applied=tuple(spelled[k] for k in decision.defaults_applied),
+        clamped=tuple(spelled.get(k, k) for k in decision.clamped),
+    )
 
 
 def _is_number(value: Any) -> TypeGuard[float]:
@@ -98,11 +112,12 @@ def _is_number(value: Any) -> TypeGuard[float]:
     return type(value) in (int, float)
 
 
-
 def live_state_from_json(data: Mapping[str, Any]) -> LiveState:
     """A LiveState from its JSON form (admin explain, `specrouter policy explain --state`)."""
-    backends = {name: BackendState(**dict(fields))
-                for name, fields in (data.get("backends") or {}).items()}
-    guards = {name: GuardState(**dict(fields))
-              for name, fields in (data.get("guards") or {}).items()}
+    backends = {
+        name: BackendState(**dict(fields)) for name, fields in (data.get("backends") or {}).items()
+    }
+    guards = {
+        name: GuardState(**dict(fields)) for name, fields in (data.get("guards") or {}).items()
+    }
     return LiveState(backends=backends, guards=guards)

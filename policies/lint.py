@@ -15,8 +15,18 @@ from policies.spec.rules import SELECTOR_KINDS, CanaryRule, GuardRule, LoadRule
 
 # vLLM's SpeculativeMethod names as of 0.28 plus DFlash; newer engines may add more.
 KNOWN_METHODS = frozenset(
-    {"ngram", "ngram_gpu", "medusa", "mlp_speculator", "draft_model", "suffix", "eagle",
-     "eagle3", "mtp", "dflash"}
+    {
+        "ngram",
+        "ngram_gpu",
+        "medusa",
+        "mlp_speculator",
+        "draft_model",
+        "suffix",
+        "eagle",
+        "eagle3",
+        "mtp",
+        "dflash",
+    }
 )
 
 
@@ -60,8 +70,9 @@ def _route(where: str, route: RouteSpec, doc: PolicyDocument) -> list[str]:
     for defaults in (route.defaults, *route.defaults_by_class.values()):
         min_p = defaults.get("min_p")
         sets_min_p = isinstance(min_p, int | float) and min_p > 0
-        refusing = [v for v in speculative
-                    if capabilities(doc.backends[v].kind).refused_with_speculation]
+        refusing = [
+            v for v in speculative if capabilities(doc.backends[v].kind).refused_with_speculation
+        ]
         if refusing and (sets_min_p or defaults.get("logit_bias")):
             out.append(
                 f"{where}.defaults: min_p/logit_bias sends every request that does not set it to "

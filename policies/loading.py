@@ -36,16 +36,20 @@ class DocumentLimits:
 DEFAULT_LIMITS = DocumentLimits()
 
 
-def parse_policy(text: str | bytes, context: ValidationContext | None = None,
-                 limits: DocumentLimits = DEFAULT_LIMITS) -> PolicyDocument:
+def parse_policy(
+    text: str | bytes,
+    context: ValidationContext | None = None,
+    limits: DocumentLimits = DEFAULT_LIMITS,
+) -> PolicyDocument:
     """Parse and validate a policy document; `PolicyError` lists everything wrong with it.
 
     `context`: what the operator defined (actions, secrets, engine hosts); None where no
     operator file is known (offline tools), which leaves the names it would check unchecked."""
     size = len(text.encode() if isinstance(text, str) else text)
     if size > limits.max_bytes:
-        raise PolicyError([f"the document is {size} bytes, more than the limit of "
-                           f"{limits.max_bytes}"])
+        raise PolicyError(
+            [f"the document is {size} bytes, more than the limit of {limits.max_bytes}"]
+        )
     try:
         raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -55,8 +59,11 @@ def parse_policy(text: str | bytes, context: ValidationContext | None = None,
     return validate_policy(raw, context, limits)
 
 
-def validate_policy(raw: dict[str, Any], context: ValidationContext | None = None,
-                    limits: DocumentLimits = DEFAULT_LIMITS) -> PolicyDocument:
+def validate_policy(
+    raw: dict[str, Any],
+    context: ValidationContext | None = None,
+    limits: DocumentLimits = DEFAULT_LIMITS,
+) -> PolicyDocument:
     """Validate already-parsed data (an admin API JSON body, say) as a policy document."""
     rules = count_rules(raw)
     if rules > limits.max_rules:
@@ -78,12 +85,18 @@ def count_rules(raw: dict[str, Any]) -> int:
     routes = raw.get("routes")
     if not isinstance(routes, dict):
         return 0
-    return sum(len(r["rules"]) for r in routes.values()
-               if isinstance(r, dict) and isinstance(r.get("rules"), list))
+    return sum(
+        len(r["rules"])
+        for r in routes.values()
+        if isinstance(r, dict) and isinstance(r.get("rules"), list)
+    )
 
 
-def load_policy(path: str | Path, context: ValidationContext | None = None,
-                limits: DocumentLimits = DEFAULT_LIMITS) -> PolicyDocument:
+def load_policy(
+    path: str | Path,
+    context: ValidationContext | None = None,
+    limits: DocumentLimits = DEFAULT_LIMITS,
+) -> PolicyDocument:
     try:
         with open(path, "rb") as f:
             text = f.read(limits.max_bytes + 1)  # a larger file is refused, never read whole
@@ -112,8 +125,11 @@ class _StrictLoader(yaml.SafeLoader):
         event = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, yaml.AliasEvent):
             raise yaml.composer.ComposerError(
-                None, None, "YAML aliases (*name) are refused: write the value out",
-                cast(yaml.Mark, event.start_mark))
+                None,
+                None,
+                "YAML aliases (*name) are refused: write the value out",
+                cast(yaml.Mark, event.start_mark),
+            )
         return super().compose_node(parent, index)
 
 
@@ -160,7 +176,9 @@ def _format_errors(exc: ValidationError, raw: Any) -> list[str]:
         elif err["type"] == "union_tag_invalid":
             ctx = err.get("ctx", {})
             path += ".kind"
-            msg = f"unknown rule kind {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+            msg = (
+                f"unknown rule kind {ctx.get('tag')!r}; expected one of {ctx.get('expected_tags')}"
+            )
         elif err["type"] == "union_tag_not_found":
             path += ".kind"
             msg = "required field is missing (the rule's kind)"

@@ -16,9 +16,7 @@ from policies.types import BackendState, LiveState, RequestView
 _UNKNOWN: Final = BackendState()  # a backend the gateway has not observed yet counts as up, idle
 
 
-Selector = Callable[
-    [Any, RequestView, LiveState, CompiledRoute, str | None, float], str | None
-]
+Selector = Callable[[Any, RequestView, LiveState, CompiledRoute, str | None, float], str | None]
 
 
 def load_count(rule: LoadRule, state: LiveState, route: CompiledRoute) -> int:
@@ -38,8 +36,12 @@ def load_count(rule: LoadRule, state: LiveState, route: CompiledRoute) -> int:
 
 
 def _select_load(
-    rule: LoadRule, view: RequestView, state: LiveState, route: CompiledRoute,
-    content_class: str | None, temperature: float,
+    rule: LoadRule,
+    view: RequestView,
+    state: LiveState,
+    route: CompiledRoute,
+    content_class: str | None,
+    temperature: float,
 ) -> str | None:
     # "At most N" counts this request: with N = 2, two agents share the deep variant, a third
     # goes elsewhere.
@@ -49,15 +51,23 @@ def _select_load(
 
 
 def _select_content(
-    rule: ContentRule, view: RequestView, state: LiveState, route: CompiledRoute,
-    content_class: str | None, temperature: float,
+    rule: ContentRule,
+    view: RequestView,
+    state: LiveState,
+    route: CompiledRoute,
+    content_class: str | None,
+    temperature: float,
 ) -> str | None:
     return rule.use if content_class in rule.classes else None
 
 
 def _select_sampling(
-    rule: SamplingRule, view: RequestView, state: LiveState, route: CompiledRoute,
-    content_class: str | None, temperature: float,
+    rule: SamplingRule,
+    view: RequestView,
+    state: LiveState,
+    route: CompiledRoute,
+    content_class: str | None,
+    temperature: float,
 ) -> str | None:
     return rule.use if temperature_in_range(rule, temperature) else None
 
@@ -69,15 +79,23 @@ def temperature_in_range(rule: SamplingRule, temperature: float) -> bool:
 
 
 def _select_canary(
-    rule: CanaryRule, view: RequestView, state: LiveState, route: CompiledRoute,
-    content_class: str | None, temperature: float,
+    rule: CanaryRule,
+    view: RequestView,
+    state: LiveState,
+    route: CompiledRoute,
+    content_class: str | None,
+    temperature: float,
 ) -> str | None:
     return rule.use if view.canary_bucket * 100.0 < rule.percent else None
 
 
 def _select_client(
-    rule: ClientRule, view: RequestView, state: LiveState, route: CompiledRoute,
-    content_class: str | None, temperature: float,
+    rule: ClientRule,
+    view: RequestView,
+    state: LiveState,
+    route: CompiledRoute,
+    content_class: str | None,
+    temperature: float,
 ) -> str | None:
     return rule.use if view.client in rule.clients else None
 
@@ -89,7 +107,6 @@ SELECT: Final[dict[str, Selector]] = {
     "canary": _select_canary,
     "client": _select_client,
 }
-
 
 
 def is_available(name: str, route: CompiledRoute, state: LiveState) -> bool:

@@ -61,8 +61,9 @@ class SessionId:
     kind: str = ""
 
 
-def session_of(client: str, body: Mapping[str, Any],
-               headers: Mapping[bytes, bytes]) -> SessionId | None:
+def session_of(
+    client: str, body: Mapping[str, Any], headers: Mapping[bytes, bytes]
+) -> SessionId | None:
     """The request's session, or None when nothing identifies one (an embedding, a bare prompt)."""
     subagent = any(h in headers for h in PARENT_HEADERS)
     agent_raw = headers.get(AGENT_HEADER, b"")[:MAX_ID_BYTES]
@@ -79,8 +80,15 @@ def session_of(client: str, body: Mapping[str, Any],
     return _make(client, "fingerprint", found[0], agent_raw, subagent, found[1])
 
 
-def _make(client: str, source: Source, ident: bytes, agent: bytes, subagent: bool,
-          continues: bool = True, kind: str = "") -> SessionId:
+def _make(
+    client: str,
+    source: Source,
+    ident: bytes,
+    agent: bytes,
+    subagent: bool,
+    continues: bool = True,
+    kind: str = "",
+) -> SessionId:
     h = hashlib.blake2b(digest_size=16)
     for part in (client.encode(), source.encode(), ident, agent):
         h.update(len(part).to_bytes(4, "big"))  # length-prefixed: no two tuples hash alike
@@ -139,8 +147,11 @@ def _texts(content: Any) -> list[str]:
     if isinstance(content, str):
         return [_strip_billing(content)]
     if isinstance(content, list):
-        return [_strip_billing(p["text"]) for p in content
-                if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        return [
+            _strip_billing(p["text"])
+            for p in content
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+        ]
     return []
 
 

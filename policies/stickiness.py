@@ -39,19 +39,35 @@ class MoveCost:
 
     def explain(self) -> str:
         verdict = ">" if self.pays else "<="
-        return (f"{self.held} -> {self.to}: gain {self.remaining_turns:g} turns x "
-                f"{self.out_per_turn:.0f} tokens = {self.gain_s:.2f} s {verdict} re-prefill "
-                f"{self.prefix_tokens} tokens / {self.prefill_tokens_per_s:g} tokens/s = "
-                f"{self.cost_s:.2f} s")
+        return (
+            f"{self.held} -> {self.to}: gain {self.remaining_turns:g} turns x "
+            f"{self.out_per_turn:.0f} tokens = {self.gain_s:.2f} s {verdict} re-prefill "
+            f"{self.prefix_tokens} tokens / {self.prefill_tokens_per_s:g} tokens/s = "
+            f"{self.cost_s:.2f} s"
+        )
 
 
-def move_cost(session: SessionView, held: str, held_spec: BackendSpec, to: str,
-              to_spec: BackendSpec, default_turns: float) -> MoveCost:
+def move_cost(
+    session: SessionView,
+    held: str,
+    held_spec: BackendSpec,
+    to: str,
+    to_spec: BackendSpec,
+    default_turns: float,
+) -> MoveCost:
     mean = default_turns if session.mean_turns is None else session.mean_turns
     remaining = max(1.0, mean - session.turns)
     old_rate, new_rate = held_spec.decode_tokens_per_s, to_spec.decode_tokens_per_s
     per_token = 0.0 if old_rate is None or new_rate is None else 1.0 / old_rate - 1.0 / new_rate
     gain = remaining * session.out_tokens_per_turn * per_token
     cost = session.prefix_tokens / to_spec.prefill_tokens_per_s
-    return MoveCost(held, to, remaining, session.out_tokens_per_turn, gain,
-                    session.prefix_tokens, to_spec.prefill_tokens_per_s, cost)
+    return MoveCost(
+        held,
+        to,
+        remaining,
+        session.out_tokens_per_turn,
+        gain,
+        session.prefix_tokens,
+        to_spec.prefill_tokens_per_s,
+        cost,
+    )

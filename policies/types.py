@@ -22,7 +22,7 @@ FIELD_NAMES: Mapping[Endpoint, Mapping[str, tuple[str, ...]]] = {
 }
 # Bounds an API puts on a field whatever the policy says (Anthropic's temperature is 0-1).
 FIELD_BOUNDS: Mapping[Endpoint, Mapping[str, tuple[float, float]]] = {
-    "messages": {"temperature": (0.0, 1.0)},
+    "messages": {"temperature": (0.0, 1.0)}
 }
 
 

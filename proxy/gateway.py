@@ -73,8 +73,9 @@ class PolicyHolder:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, policy: CompiledPolicy,
-                 operator: Operator | None = None) -> None:
+    def __init__(
+        self, settings: Settings, policy: CompiledPolicy, operator: Operator | None = None
+    ) -> None:
         self.settings = settings
         # Without an operator file: no actions, no secrets, loopback engines only.
         self.operator = operator or Operator()
@@ -84,11 +85,14 @@ class Gateway:
         self.sessions = SessionTable(policy.sessions.table_size, policy.sessions.idle_s)
         self.admission = Admission()
         self.engine_table = EngineTable()
-        self.limits: Limits = (RedisLimits(settings.redis_url) if settings.redis_url
-                               else MemoryLimits())
-        self.upstream = Upstream(connect_timeout=settings.connect_timeout_s,
-                                 first_byte_timeout=settings.first_byte_timeout_s,
-                                 max_head_bytes=settings.max_engine_header_bytes)
+        self.limits: Limits = (
+            RedisLimits(settings.redis_url) if settings.redis_url else MemoryLimits()
+        )
+        self.upstream = Upstream(
+            connect_timeout=settings.connect_timeout_s,
+            first_byte_timeout=settings.first_byte_timeout_s,
+            max_head_bytes=settings.max_engine_header_bytes,
+        )
         # the push relay's kept-alive engine connections
         self.conns = EnginePool(max_head_bytes=settings.max_engine_header_bytes)
         self.in_flight: dict[int, RequestRecord] = {}  # by id(record): ids repeat in headers
@@ -105,12 +109,20 @@ class Gateway:
         if not record.session or record.outcome != "ok":
             return
         m = record.m
-        decode = (m.t_last_token - m.t_first_token
-                  if m.t_last_token is not None and m.t_first_token is not None else 0.0)
-        self.sessions.finished(record.session, record.backend, time.perf_counter(),
-                               prompt_tokens=m.prompt_tokens,
-                               completion_tokens=m.completion_tokens,
-                               cached_tokens=m.cached_tokens, decode_s=decode)
+        decode = (
+            m.t_last_token - m.t_first_token
+            if m.t_last_token is not None and m.t_first_token is not None
+            else 0.0
+        )
+        self.sessions.finished(
+            record.session,
+            record.backend,
+            time.perf_counter(),
+            prompt_tokens=m.prompt_tokens,
+            completion_tokens=m.completion_tokens,
+            cached_tokens=m.cached_tokens,
+            decode_s=decode,
+        )
 
     async def aclose(self) -> None:
         self.conns.close()

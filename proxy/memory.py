@@ -23,5 +23,6 @@ def tune_allocator(mmap_threshold: int = 256 * 1024, trim_threshold: int = 1 << 
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and \
-        bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, trim_threshold)
+    )

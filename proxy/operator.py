@@ -45,8 +45,9 @@ class SecretSpec(StrictModel):
 class OperatorSpec(StrictModel):
     actions: dict[Name, ActionSpec] = {}
     secrets: dict[Name, SecretSpec] = {}
-    engine_hosts: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = \
+    engine_hosts: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] = (
         sorted(LOOPBACK_HOSTS)
+    )
 
 
 class OperatorError(ValueError):
@@ -67,8 +68,10 @@ class Operator:
                 except OSError as exc:
                     raise OperatorError(f"secrets.{name}.file: {exc.strerror or exc}") from None
         self.context = ValidationContext(
-            actions=frozenset(self.spec.actions), secrets=frozenset(self.spec.secrets),
-            engine_hosts=frozenset(h.strip("[]").lower() for h in self.spec.engine_hosts))
+            actions=frozenset(self.spec.actions),
+            secrets=frozenset(self.spec.secrets),
+            engine_hosts=frozenset(h.strip("[]").lower() for h in self.spec.engine_hosts),
+        )
 
     def action(self, name: str) -> ActionSpec | None:
         return self.spec.actions.get(name)
@@ -94,9 +97,11 @@ def check_permissions(path: Path) -> None:
         except OSError as exc:
             raise OperatorError(f"{target}: {exc.strerror or exc}") from None
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (
-                target != path and st.st_mode & stat.S_ISVTX):
-            raise OperatorError(f"{target} is writable by others (mode "
-                                f"{stat.S_IMODE(st.st_mode):o}): chmod go-w it")
+            target != path and st.st_mode & stat.S_ISVTX
+        ):
+            raise OperatorError(
+                f"{target} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): chmod go-w it"
+            )
 
 
 def load_operator(path: Path | None) -> Operator:

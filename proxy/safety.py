@@ -24,19 +24,24 @@ class UnsafeSettings(ValueError):
 def check_startup(settings: Settings, shipped_root: Path = REPO_ROOT) -> None:
     for token in settings.admin_tokens().values():
         if len(token) < MIN_TOKEN_CHARS:
-            raise UnsafeSettings(f"the admin token has {len(token)} characters; use "
-                                 f"{MIN_TOKEN_CHARS} or more (e.g. `openssl rand -hex 32`)")
+            raise UnsafeSettings(
+                f"the admin token has {len(token)} characters; use "
+                f"{MIN_TOKEN_CHARS} or more (e.g. `openssl rand -hex 32`)"
+            )
         if token.lower() in PUBLISHED_TOKENS or _in_shipped_files(token, shipped_root):
             raise UnsafeSettings("the admin token is a published default: generate your own")
     host, _ = split_hostport(settings.admin_listen)
     if not is_loopback(host) and not (settings.admin_tls or settings.admin_client_ca):
-        raise UnsafeSettings(f"the admin listener {settings.admin_listen} is off loopback "
-                             "without TLS: pass --admin-tls (or --admin-client-ca)")
+        raise UnsafeSettings(
+            f"the admin listener {settings.admin_listen} is off loopback "
+            "without TLS: pass --admin-tls (or --admin-client-ca)"
+        )
     if settings.metrics_listen is not None:
         host, _ = split_hostport(settings.metrics_listen)
         if not is_loopback(host):
-            raise UnsafeSettings(f"--metrics-listen {settings.metrics_listen} is plain HTTP: "
-                                 "loopback only")
+            raise UnsafeSettings(
+                f"--metrics-listen {settings.metrics_listen} is plain HTTP: loopback only"
+            )
 
 
 def _in_shipped_files(token: str, root: Path) -> bool:
@@ -47,8 +52,11 @@ def _in_shipped_files(token: str, root: Path) -> bool:
         paths = [top] if top.is_file() else sorted(top.rglob("*")) if top.is_dir() else []
         for path in paths:
             try:
-                if path.is_file() and path.stat().st_size < 4_000_000 and \
-                        needle in path.read_bytes():
+                if (
+                    path.is_file()
+                    and path.stat().st_size < 4_000_000
+                    and needle in path.read_bytes()
+                ):
                     return True
             except OSError:
                 continue

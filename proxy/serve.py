@@ -40,30 +40,58 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--admin-listen", help="admin host:port (default 127.0.0.1:9443)")
     p.add_argument("--tls-cert", type=Path)
     p.add_argument("--tls-key", type=Path)
-    p.add_argument("--insecure-http", action="store_true", default=None,
-                   help="plain HTTP on the public listener (loopback only)")
-    p.add_argument("--admin-token", action="append", metavar="[NAME=]TOKEN",
-                   help="an admin token (repeatable); the audit log records its NAME "
-                        "(default: admin)")
-    p.add_argument("--admin-tls", action="store_true", default=None,
-                   help="serve the admin listener over TLS (same certificate)")
-    p.add_argument("--admin-client-ca", type=Path,
-                   help="require admin client certificates signed by this CA")
+    p.add_argument(
+        "--insecure-http",
+        action="store_true",
+        default=None,
+        help="plain HTTP on the public listener (loopback only)",
+    )
+    p.add_argument(
+        "--admin-token",
+        action="append",
+        metavar="[NAME=]TOKEN",
+        help="an admin token (repeatable); the audit log records its NAME (default: admin)",
+    )
+    p.add_argument(
+        "--admin-tls",
+        action="store_true",
+        default=None,
+        help="serve the admin listener over TLS (same certificate)",
+    )
+    p.add_argument(
+        "--admin-client-ca", type=Path, help="require admin client certificates signed by this CA"
+    )
     p.add_argument("--dashboard-token", help="read-only token for the dashboard")
-    p.add_argument("--scrape-token",
-                   help="read-only token /metrics on the admin listener then requires")
-    p.add_argument("--dashboard-session", dest="dashboard_session_s", type=float,
-                   help="seconds a dashboard login lasts (default 43200: 12 h)")
-    p.add_argument("--auth-failures-per-minute", type=int,
-                   help="failed authentications per source and minute before 429 (default 10; "
-                        "0: no limit)")
-    p.add_argument("--operator-file", type=Path,
-                   help="operator-defined repair actions, engine secrets and engine hosts")
-    p.add_argument("--metrics-listen",
-                   help="host:port of a plain-HTTP /metrics listener for Prometheus (loopback)")
+    p.add_argument(
+        "--scrape-token", help="read-only token /metrics on the admin listener then requires"
+    )
+    p.add_argument(
+        "--dashboard-session",
+        dest="dashboard_session_s",
+        type=float,
+        help="seconds a dashboard login lasts (default 43200: 12 h)",
+    )
+    p.add_argument(
+        "--auth-failures-per-minute",
+        type=int,
+        help="failed authentications per source and minute before 429 (default 10; 0: no limit)",
+    )
+    p.add_argument(
+        "--operator-file",
+        type=Path,
+        help="operator-defined repair actions, engine secrets and engine hosts",
+    )
+    p.add_argument(
+        "--metrics-listen",
+        help="host:port of a plain-HTTP /metrics listener for Prometheus (loopback)",
+    )
     p.add_argument("--state-dir", type=Path)
-    p.add_argument("--access-log", action="store_true", default=None,
-                   help="one line per finished request on stderr (no prompt or completion)")
+    p.add_argument(
+        "--access-log",
+        action="store_true",
+        default=None,
+        help="one line per finished request on stderr (no prompt or completion)",
+    )
     p.add_argument("--redis-url", help="redis://host:port/db: client limits shared by replicas")
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--first-byte-timeout", dest="first_byte_timeout_s", type=float)
@@ -72,8 +100,12 @@ def parse_args(argv: list[str]) -> Settings:
     p.add_argument("--body-timeout", dest="body_timeout_s", type=float)
     p.add_argument("--scrape-interval", dest="scrape_interval_s", type=float)
     p.add_argument("--relay", choices=("push", "pull"), help="stream relay (default push)")
-    p.add_argument("--drain-timeout", dest="drain_timeout_s", type=float,
-                   help="on SIGTERM, seconds streams in flight may still run (default 20)")
+    p.add_argument(
+        "--drain-timeout",
+        dest="drain_timeout_s",
+        type=float,
+        help="on SIGTERM, seconds streams in flight may still run (default 20)",
+    )
     args = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
     return Settings(**args)
 
@@ -90,8 +122,10 @@ def tls_context(settings: Settings) -> ssl.SSLContext | None:
         if not is_loopback(host):
             raise SystemExit("specrouter: --insecure-http is for loopback listeners only")
         return None
-    raise SystemExit("specrouter: no TLS certificate (--tls-cert/--tls-key); "
-                     "pass --insecure-http to serve plain HTTP on loopback")
+    raise SystemExit(
+        "specrouter: no TLS certificate (--tls-cert/--tls-key); "
+        "pass --insecure-http to serve plain HTTP on loopback"
+    )
 
 
 def admin_tls_context(settings: Settings) -> ssl.SSLContext | None:
@@ -105,15 +139,17 @@ def admin_tls_context(settings: Settings) -> ssl.SSLContext | None:
 class GatewayProcess:
     """Owns the servers and the signals: HUP reloads certificate and policy, TERM drains."""
 
-    def __init__(self, settings: Settings, policy: CompiledPolicy,
-                 operator: Operator | None = None) -> None:
+    def __init__(
+        self, settings: Settings, policy: CompiledPolicy, operator: Operator | None = None
+    ) -> None:
         self.settings = settings
         self.gw = Gateway(settings, policy, operator)
         self.monitor = HealthMonitor(self.gw)
         self.ssl = tls_context(settings)
         self.admin_ssl = admin_tls_context(settings)
-        self.store = PolicyStore(self.gw.policy, settings.config, settings.state_dir,
-                                 settings.document_limits())
+        self.store = PolicyStore(
+            self.gw.policy, settings.config, settings.state_dir, settings.document_limits()
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
 
     def reload(self) -> None:
@@ -122,8 +158,7 @@ class GatewayProcess:
                 # New handshakes use the renewed certificate; open connections keep theirs.
                 for ctx in (self.ssl, self.admin_ssl):
                     if ctx is not None:
-                        ctx.load_cert_chain(str(self.settings.tls_cert),
-                                            str(self.settings.tls_key))
+                        ctx.load_cert_chain(str(self.settings.tls_cert), str(self.settings.tls_key))
                 log.warning("reloaded TLS certificate %s", self.settings.tls_cert)
             except (OSError, ssl.SSLError) as exc:
                 log.error("certificate reload failed, keeping the current one: %s", exc)
@@ -155,20 +190,31 @@ class GatewayProcess:
         pub_sock, adm_sock = bind(pub_host, pub_port), bind(adm_host, adm_port)
         drain_s = self.settings.drain_timeout_s
         # uvicorn's own deadline comes after ours, so streams end with an error event, not a cut.
-        public = make_server(PublicApp(self.gw), ssl_context=self.ssl,
-                             graceful_s=int(drain_s) + 5,
-                             header_timeout_s=s.header_timeout_s,
-                             handshake_timeout_s=s.tls_handshake_timeout_s,
-                             max_connections=s.max_connections, keep_alive_s=s.keep_alive_s,
-                             keep_alive_unauthenticated_s=s.keep_alive_unauthenticated_s)
-        routes = [*policy_routes(self.gw, self.store),
-                  *dashboard_routes(self.gw, self.monitor, self.store)]
-        admin = make_server(create_admin_app(self.gw, routes), graceful_s=5,
-                            ssl_context=self.admin_ssl)
+        public = make_server(
+            PublicApp(self.gw),
+            ssl_context=self.ssl,
+            graceful_s=int(drain_s) + 5,
+            header_timeout_s=s.header_timeout_s,
+            handshake_timeout_s=s.tls_handshake_timeout_s,
+            max_connections=s.max_connections,
+            keep_alive_s=s.keep_alive_s,
+            keep_alive_unauthenticated_s=s.keep_alive_unauthenticated_s,
+        )
+        routes = [
+            *policy_routes(self.gw, self.store),
+            *dashboard_routes(self.gw, self.monitor, self.store),
+        ]
+        admin = make_server(
+            create_admin_app(self.gw, routes), graceful_s=5, ssl_context=self.admin_ssl
+        )
         servers = [(public, pub_sock), (admin, adm_sock)]
         if s.metrics_listen is not None:
-            servers.append((make_server(create_metrics_app(self.gw), graceful_s=1),
-                            bind(*split_hostport(s.metrics_listen))))
+            servers.append(
+                (
+                    make_server(create_metrics_app(self.gw), graceful_s=1),
+                    bind(*split_hostport(s.metrics_listen)),
+                )
+            )
         loop = asyncio.get_running_loop()
 
         def stop() -> None:
@@ -194,8 +240,11 @@ class GatewayProcess:
         scheme = "http" if self.ssl is None else "https"
         admin_scheme = "http" if self.admin_ssl is None else "https"
         metrics = "".join(f" metrics {url_of(sock, 'http')}" for _, sock in servers[2:])
-        print(f"specrouter listening on {url_of(pub_sock, scheme)} "
-              f"admin {url_of(adm_sock, admin_scheme)}{metrics}", flush=True)
+        print(
+            f"specrouter listening on {url_of(pub_sock, scheme)} "
+            f"admin {url_of(adm_sock, admin_scheme)}{metrics}",
+            flush=True,
+        )
         try:
             await asyncio.gather(*(server.serve([sock]) for server, sock in servers))
         finally:

@@ -35,8 +35,16 @@ MAX_CONNECTIONS = 4096
 KEEP_ALIVE_S = 75.0
 # Headers that name who is asking or which answer: two copies would be read differently by
 # different readers (first-wins here, last-wins there), so two are refused.
-_SINGLE_HEADERS = frozenset({b"authorization", b"x-api-key", b"x-request-id",
-                             b"x-specrouter-variant", b"transfer-encoding", b"content-length"})
+_SINGLE_HEADERS = frozenset(
+    {
+        b"authorization",
+        b"x-api-key",
+        b"x-request-id",
+        b"x-specrouter-variant",
+        b"transfer-encoding",
+        b"content-length",
+    }
+)
 
 
 class ConnectionCap:
@@ -58,8 +66,11 @@ class ConnectionCap:
             return False
         if not self.logged:  # once each time the limit is reached
             self.logged = True
-            log.warning("connection limit reached: %d open (max_connections %d); refusing new "
-                        "connections", self.open, self.limit)
+            log.warning(
+                "connection limit reached: %d open (max_connections %d); refusing new connections",
+                self.open,
+                self.limit,
+            )
         return True
 
 
@@ -85,8 +96,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # waiting on `receive()` (proxy/relay/watch.py's DisconnectWatch, through the PushChannel).
     on_lost: Callable[[], None] | None = None
 
-    def __init__(self, config: uvicorn.Config, server_state: Any, app_state: dict[str, Any],
-                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self._keep_alive_s = self.timeout_keep_alive
         if self.keep_alive_unauthenticated_s is not None:
@@ -127,17 +143,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_too_slow(self) -> None:
         self._head_timer = None
-        self._refuse(408, "Request Timeout",
-                     f"request headers not received within {self.header_timeout_s:g}s")
+        self._refuse(
+            408,
+            "Request Timeout",
+            f"request headers not received within {self.header_timeout_s:g}s",
+        )
 
     def _refuse(self, status: int, phrase: str, message: str) -> None:
         """Answer below ASGI (no request was formed) in the OpenAI error shape, then close."""
         if self.transport.is_closing():
             return
         body = error_body(status, message)
-        self.transport.write(b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n%b"
-                             % (status, phrase.encode(), len(body), body))
+        self.transport.write(
+            b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%b"
+            % (status, phrase.encode(), len(body), body)
+        )
         self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
@@ -156,8 +177,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_bytes += len(data) if end < 0 else end
             if self._head_bytes > MAX_HEADER_BYTES:
                 self._disarm()
-                self._refuse(431, "Request Header Fields Too Large",
-                             f"request headers larger than {MAX_HEADER_BYTES} bytes")
+                self._refuse(
+                    431,
+                    "Request Header Fields Too Large",
+                    f"request headers larger than {MAX_HEADER_BYTES} bytes",
+                )
                 return
         super().data_received(data)
 
@@ -226,13 +250,20 @@ class QuietSignalsServer(uvicorn.Server):
 
         def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
             return config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=self.server_state, app_state={}, _loop=_loop)
+                config=config, server_state=self.server_state, app_state={}, _loop=_loop
+            )
 
         handshake = self.handshake_timeout_s if config.ssl is not None else None
-        self.servers = [await loop.create_server(create_protocol, sock=sock, ssl=config.ssl,
-                                                 backlog=config.backlog,
-                                                 ssl_handshake_timeout=handshake)
-                        for sock in sockets]
+        self.servers = [
+            await loop.create_server(
+                create_protocol,
+                sock=sock,
+                ssl=config.ssl,
+                backlog=config.backlog,
+                ssl_handshake_timeout=handshake,
+            )
+            for sock in sockets
+        ]
         self.started = True
 
 
@@ -260,21 +291,43 @@ def raise_nofile(want: int = NOFILE) -> int:
     return soft
 
 
-def make_server(app: Any, *, ssl_context: ssl.SSLContext | None = None,
-                graceful_s: int | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
-                handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
-                max_connections: int = MAX_CONNECTIONS, keep_alive_s: float = KEEP_ALIVE_S,
-                keep_alive_unauthenticated_s: float | None = None,
-                **config: Any) -> QuietSignalsServer:
+def make_server(
+    app: Any,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    graceful_s: int | None = None,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    max_connections: int = MAX_CONNECTIONS,
+    keep_alive_s: float = KEEP_ALIVE_S,
+    keep_alive_unauthenticated_s: float | None = None,
+    **config: Any,
+) -> QuietSignalsServer:
     raise_nofile()
-    protocol = type("HttpProtocol", (GuardedHttpToolsProtocol,), {
-        "header_timeout_s": header_timeout_s, "handshake_timeout_s": handshake_timeout_s,
-        "keep_alive_unauthenticated_s": keep_alive_unauthenticated_s,
-        "cap": ConnectionCap(max_connections)})
-    cfg = uvicorn.Config(app, http=protocol, loop="none", lifespan="off", proxy_headers=False,
-                         access_log=False, log_level="warning", server_header=False,
-                         date_header=False, timeout_graceful_shutdown=graceful_s,
-                         timeout_keep_alive=keep_alive_s, **config)  # type: ignore[arg-type]
+    protocol = type(
+        "HttpProtocol",
+        (GuardedHttpToolsProtocol,),
+        {
+            "header_timeout_s": header_timeout_s,
+            "handshake_timeout_s": handshake_timeout_s,
+            "keep_alive_unauthenticated_s": keep_alive_unauthenticated_s,
+            "cap": ConnectionCap(max_connections),
+        },
+    )
+    cfg = uvicorn.Config(
+        app,
+        http=protocol,
+        loop="none",
+        lifespan="off",
+        proxy_headers=False,
+        access_log=False,
+        log_level="warning",
+        server_header=False,
+        date_header=False,
+        timeout_graceful_shutdown=graceful_s,
+        timeout_keep_alive=keep_alive_s,  # type: ignore[arg-type]
+        **config,
+    )
     cfg.load()
     if ssl_context is not None:
         # Our own context, so SIGHUP can load a renewed certificate into it in place.

@@ -28,20 +28,26 @@ class Settings(BaseSettings):
     insecure_http: bool = Field(False, description="serve plain HTTP (loopback only)")
     # Each `NAME=TOKEN` (a bare TOKEN is named "admin"): the audit log records the NAME.
     admin_token: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="bearer tokens for the admin listener")
+        default_factory=list, description="bearer tokens for the admin listener"
+    )
     admin_tls: bool = Field(False, description="serve the admin listener over TLS too")
     admin_client_ca: Path | None = Field(
-        None, description="require admin client certificates signed by this CA (implies TLS)")
+        None, description="require admin client certificates signed by this CA (implies TLS)"
+    )
     dashboard_token: str | None = Field(None, description="read-only token for the dashboard")
     scrape_token: str | None = Field(
-        None, description="when set, /metrics on the admin listener needs it (or an admin token)")
+        None, description="when set, /metrics on the admin listener needs it (or an admin token)"
+    )
     dashboard_session_s: float = Field(12 * 3600.0, description="dashboard login lifetime")
     auth_failures_per_minute: int = Field(
-        10, description="failed authentications a source may make per minute (0: no limit)")
+        10, description="failed authentications a source may make per minute (0: no limit)"
+    )
     operator_file: Path | None = Field(
-        None, description="operator-defined repair actions, engine secrets and engine hosts")
+        None, description="operator-defined repair actions, engine secrets and engine hosts"
+    )
     metrics_listen: str | None = Field(
-        None, description="host:port of a plain-HTTP /metrics listener (loopback only)")
+        None, description="host:port of a plain-HTTP /metrics listener (loopback only)"
+    )
     state_dir: Path = Field(Path(".state"), description="certificates, policy versions, logs")
     access_log: bool = Field(False, description="one line per request on stderr (no content)")
 

@@ -28,8 +28,14 @@ class _Source:
 
 
 class AuthThrottle:
-    def __init__(self, limit: int, *, listener: str, max_sources: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        limit: int,
+        *,
+        listener: str,
+        max_sources: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit, self.listener, self.max_sources = limit, listener, max_sources
         self._clock = clock
         self._sources: OrderedDict[str, _Source] = OrderedDict()
@@ -59,9 +65,14 @@ class AuthThrottle:
             self._sources.popitem(last=False)
         if now - entry.logged >= WINDOW_S:
             entry.logged = now
-            log.warning("failed authentication on the %s listener from %s (%d in the last "
-                        "minute; %d allowed)", self.listener, source,
-                        sum(1 for t in entry.failures if t > now - WINDOW_S), self.limit)
+            log.warning(
+                "failed authentication on the %s listener from %s (%d in the last "
+                "minute; %d allowed)",
+                self.listener,
+                source,
+                sum(1 for t in entry.failures if t > now - WINDOW_S),
+                self.limit,
+            )
 
 
 def source_of(scope: Mapping[str, Any]) -> str:

@@ -19,19 +19,26 @@ def test_import_contracts_are_kept() -> None:
     lint_imports = Path(sys.executable).parent / "lint-imports"
     assert lint_imports.exists(), f"{lint_imports} is missing: install the dev extras"
     # PYTHONPATH first: the contracts are about this tree, not an installed copy of it.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
     done = subprocess.run(
         [str(lint_imports), "--no-cache", "--no-logo"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert " 0 broken" in done.stdout
 
 
 def _modules() -> list[Path]:
-    return sorted(p for top in SIZED for p in (ROOT / top).rglob("*.py")
-                  if not p.name.startswith("test_"))
+    return sorted(
+        p for top in SIZED for p in (ROOT / top).rglob("*.py") if not p.name.startswith("test_")
+    )
 
 
 def test_no_module_over_500_lines() -> None:
@@ -69,6 +76,8 @@ def test_proxy_docstring_names_every_subpackage() -> None:
 
 
 def test_docstring_check_tells_a_package_from_a_word() -> None:
-    doc = "The gateway.\n\n    relay     the public path\nSee proxy.admin and `ops`, and backends/.\n"
+    doc = (
+        "The gateway.\n\n    relay     the public path\nSee proxy.admin and `ops`, and backends/.\n"
+    )
     assert all(_names_package(doc, n) for n in ("relay", "admin", "ops", "backends"))
     assert not _names_package("Metrics let an operator observe the engines.", "observe")

@@ -34,9 +34,12 @@ def test_startup_still_makes_servers_as_ours_does() -> None:
     """QuietSignalsServer.startup replaces uvicorn's to pass a TLS handshake deadline: uvicorn's
     must still build the protocol from the config and call create_server on the sockets."""
     source = inspect.getsource(uvicorn.Server.startup)
-    for piece in ("config.http_protocol_class", "server_state=self.server_state",
-                  "loop.create_server(create_protocol, sock=sock, ssl=config.ssl",
-                  "self.started = True"):
+    for piece in (
+        "config.http_protocol_class",
+        "server_state=self.server_state",
+        "loop.create_server(create_protocol, sock=sock, ssl=config.ssl",
+        "self.started = True",
+    ):
         assert piece in source, f"uvicorn.Server.startup no longer has {piece!r}"
     assert "on_header" in inspect.getsource(HttpToolsProtocol.on_header)
     assert "self.headers.append" in inspect.getsource(HttpToolsProtocol.on_header)
@@ -46,7 +49,8 @@ def test_uvicorn_is_the_pinned_minor() -> None:
     major, minor = version("uvicorn").split(".")[:2]
     assert (major, minor) == ("0", "54"), (
         f"uvicorn {version('uvicorn')}: proxy/servers.py was written against 0.54; re-check "
-        "GuardedHttpToolsProtocol and PushChannel, then move the pin in pyproject.toml")
+        "GuardedHttpToolsProtocol and PushChannel, then move the pin in pyproject.toml"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(OVERRIDDEN))
@@ -59,7 +63,8 @@ def test_overridden_hooks_keep_their_signature(name: str) -> None:
 def test_flow_control_and_cycle_keep_what_the_push_relay_reads() -> None:
     assert inspect.iscoroutinefunction(FlowControl.drain)
     assert "write_paused" in FlowControl.__init__.__code__.co_names or hasattr(
-        FlowControl, "write_paused")
+        FlowControl, "write_paused"
+    )
     assert "disconnected" in inspect.getsource(RequestResponseCycle.__init__)
 
 
@@ -71,10 +76,21 @@ async def test_a_live_connection_exposes_transport_flow_and_cycle() -> None:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         channel = scope["extensions"]["specrouter.push"]
         proto = channel._protocol
-        seen.update(channel=channel, proto=proto, transport=proto.transport, flow=proto.flow,
-                    cycle=proto.cycle, gone=channel.gone)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/plain")]})
+        seen.update(
+            channel=channel,
+            proto=proto,
+            transport=proto.transport,
+            flow=proto.flow,
+            cycle=proto.cycle,
+            gone=channel.gone,
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/plain")],
+            }
+        )
         await send({"type": "http.response.body", "body": b"ok", "more_body": True})
         channel.write(b"pushed")  # a chunk written straight to the transport
         await send({"type": "http.response.body", "body": b""})
@@ -102,4 +118,3 @@ async def test_a_live_connection_exposes_transport_flow_and_cycle() -> None:
     assert seen["gone"] is False
     assert b"transfer-encoding: chunked" in reply.lower()
     assert b"\r\n2\r\nok\r\n6\r\npushed\r\n0\r\n\r\n" in reply
-

@@ -33,36 +33,67 @@ TARGET_US = 20.0
 def twenty_rule_policy() -> CompiledPolicy:
     # 20 rules: a guard, 18 selectors that do not match the benchmark request, the load rule.
     rules: list[dict[str, Any]] = [
-        {"name": "deep-guard", "kind": "acceptance_guard", "variant": "deep", "below": 2.8},
+        {"name": "deep-guard", "kind": "acceptance_guard", "variant": "deep", "below": 2.8}
     ]
     for i in range(6):
-        rules.append({"name": f"client-{i}", "kind": "client", "clients": [f"c{i}"],
-                      "use": "plain"})
-        rules.append({"name": f"prose-{i}", "kind": "content", "classes": ["prose"],
-                      "use": "mtp"})
-        rules.append({"name": f"hot-{i}", "kind": "sampling", "temperature_at_least": 1.5 + i,
-                      "use": "plain"})
-    rules.append({"name": "quiet", "kind": "load", "use": "deep", "max_in_flight": 2,
-                  "scope": "route", "count": "max", "otherwise": "mtp"})
+        rules.append(
+            {"name": f"client-{i}", "kind": "client", "clients": [f"c{i}"], "use": "plain"}
+        )
+        rules.append({"name": f"prose-{i}", "kind": "content", "classes": ["prose"], "use": "mtp"})
+        rules.append(
+            {
+                "name": f"hot-{i}",
+                "kind": "sampling",
+                "temperature_at_least": 1.5 + i,
+                "use": "plain",
+            }
+        )
+    rules.append(
+        {
+            "name": "quiet",
+            "kind": "load",
+            "use": "deep",
+            "max_in_flight": 2,
+            "scope": "route",
+            "count": "max",
+            "otherwise": "mtp",
+        }
+    )
     assert len(rules) == 20
     backends: dict[str, Any] = {
-        "deep": {"url": "http://127.0.0.1:1", "served_model_name": "m",
-                 "decode_tokens_per_s": 60.0,
-                 "speculative": {"method": "dflash", "num_speculative_tokens": 7,
-                                 "draft_sample_method": "probabilistic",
-                                 "rejection_sample_method": "block"}},
-        "mtp": {"url": "http://127.0.0.1:2", "served_model_name": "m",
-                "decode_tokens_per_s": 45.0,
-                "speculative": {"method": "mtp", "num_speculative_tokens": 3}},
+        "deep": {
+            "url": "http://127.0.0.1:1",
+            "served_model_name": "m",
+            "decode_tokens_per_s": 60.0,
+            "speculative": {
+                "method": "dflash",
+                "num_speculative_tokens": 7,
+                "draft_sample_method": "probabilistic",
+                "rejection_sample_method": "block",
+            },
+        },
+        "mtp": {
+            "url": "http://127.0.0.1:2",
+            "served_model_name": "m",
+            "decode_tokens_per_s": 45.0,
+            "speculative": {"method": "mtp", "num_speculative_tokens": 3},
+        },
         "plain": {"url": "http://127.0.0.1:3", "served_model_name": "m"},
     }
     doc = {
         "schema": 1,
         "backends": backends,
-        "routes": {"coder": {"models": ["coder"], "variants": ["deep", "mtp", "plain"],
-                             "fallback": "mtp", "defaults": {"temperature": 0.7},
-                             "defaults_by_class": {"code": {"temperature": 0.7}},
-                             "clamps": {"max_tokens": {"max": 32768}}, "rules": rules}},
+        "routes": {
+            "coder": {
+                "models": ["coder"],
+                "variants": ["deep", "mtp", "plain"],
+                "fallback": "mtp",
+                "defaults": {"temperature": 0.7},
+                "defaults_by_class": {"code": {"temperature": 0.7}},
+                "clamps": {"max_tokens": {"max": 32768}},
+                "rules": rules,
+            }
+        },
         "clients": [{"name": f"c{i}", "key_sha256": f"{i:064x}"} for i in range(8)],
     }
     return CompiledPolicy(validate_policy(doc))
@@ -70,17 +101,24 @@ def twenty_rule_policy() -> CompiledPolicy:
 
 def _view(model: str, client: str) -> RequestView:
     return RequestView(
-        endpoint="chat", model=model, client=client, stream=True,
+        endpoint="chat",
+        model=model,
+        client=client,
+        stream=True,
         fields_set=frozenset({"model", "messages", "stream", "max_tokens", "tools"}),
         signals=ContentSignals(tools_declared=True, code_in_recent_messages=True),
-        canary_bucket=0.42, now=1000.0, numeric_fields={"max_tokens": 4096},
+        canary_bucket=0.42,
+        now=1000.0,
+        numeric_fields={"max_tokens": 4096},
     )
 
 
 def _state(deep: str, mtp: str) -> LiveState:
     return LiveState(
-        backends={deep: BackendState(in_flight=1, running=1, acceptance=3.9),
-                  mtp: BackendState(in_flight=0, running=0, acceptance=2.7)},
+        backends={
+            deep: BackendState(in_flight=1, running=1, acceptance=3.9),
+            mtp: BackendState(in_flight=0, running=0, acceptance=2.7),
+        },
         guards={deep: GuardState()},
     )
 
@@ -97,8 +135,15 @@ class SessionCase:
         for n in range(SESSIONS):
             sid = SessionId(f"s-{n:032x}", "header", "", False)
             self.table.placed(sid, "agent", "mtp", float(n))
-            self.table.finished(sid.key, "mtp", float(n), prompt_tokens=100_000,
-                                completion_tokens=800, cached_tokens=99_000, decode_s=10.0)
+            self.table.finished(
+                sid.key,
+                "mtp",
+                float(n),
+                prompt_tokens=100_000,
+                completion_tokens=800,
+                cached_tokens=99_000,
+                decode_s=10.0,
+            )
         self.sid = SessionId(f"s-{SESSIONS // 2:032x}", "header", "", False)
         self.base = base
 
@@ -116,8 +161,14 @@ def _timer_cost_ns(samples: int = 100_000) -> float:
     return float(statistics.median(deltas))
 
 
-def measure(view: RequestView, state: LiveState, policy: CompiledPolicy, calls: int,
-            rounds: int, call: Any = decide) -> tuple[list[float], list[float]]:
+def measure(
+    view: RequestView,
+    state: LiveState,
+    policy: CompiledPolicy,
+    calls: int,
+    rounds: int,
+    call: Any = decide,
+) -> tuple[list[float], list[float]]:
     """Per-call times in microseconds (all rounds), and each round's median."""
     clock = time.perf_counter_ns
     overhead = _timer_cost_ns()
@@ -147,16 +198,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
 
-    gb10 = CompiledPolicy(load_policy(Path(__file__).resolve().parents[2]
-                                      / "policies" / "gb10.yaml"))
+    gb10 = CompiledPolicy(
+        load_policy(Path(__file__).resolve().parents[2] / "policies" / "gb10.yaml")
+    )
     twenty = twenty_rule_policy()
     agent = _view("coder", "agent")
     scenarios: list[tuple[str, RequestView, LiveState, CompiledPolicy, Any]] = [
         ("20 rules, the 20th decides", agent, _state("deep", "mtp"), twenty, decide),
-        ("gb10.yaml (3 rules)", _view("qwen3.8-27b", "coding-agent"),
-         _state("coder-dflash7", "coder-mtp3"), gb10, decide),
-        (f"20 rules + session of {SESSIONS}", agent, _state("deep", "mtp"), twenty,
-         SessionCase(agent)),
+        (
+            "gb10.yaml (3 rules)",
+            _view("qwen3.8-27b", "coding-agent"),
+            _state("coder-dflash7", "coder-mtp3"),
+            gb10,
+            decide,
+        ),
+        (
+            f"20 rules + session of {SESSIONS}",
+            agent,
+            _state("deep", "mtp"),
+            twenty,
+            SessionCase(agent),
+        ),
     ]
     print(f"python {sys.version.split()[0]}, {args.rounds} rounds x {args.calls} calls")
     print(f"{'scenario':<34} {'median us':>10} {'p99 us':>8}  round medians (us)")
@@ -170,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         p99 = every[int(len(every) * 0.99)]
         worst_median = max(worst_median, median)
         spread = ", ".join(f"{m:.2f}" for m in medians)
-        print(f"{name:<34} {median:>10.2f} {p99:>8.2f}  {spread}   -> {decision.backend} "
-              f"({decision.reason})")
+        print(
+            f"{name:<34} {median:>10.2f} {p99:>8.2f}  {spread}   -> {decision.backend} "
+            f"({decision.reason})"
+        )
     verdict = "under" if worst_median < TARGET_US else "OVER"
     print(f"target: median under {TARGET_US:g} us -> {verdict}")
     return 0

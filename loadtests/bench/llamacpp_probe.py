@@ -32,10 +32,17 @@ KEY_ENV = "SPECROUTER_LLAMA_PROBE_KEY"
 def _policy(url: str) -> dict[str, Any]:
     return {
         "schema": 1,
-        "backends": {"tiny-spec": {"url": url, "kind": "llamacpp", "served_model_name": "tiny",
-                                   "api_key": "engine-key", "max_concurrency": 1,
-                                   "startup_s": 0, "speculative": {
-                                       "method": "draft-simple", "num_speculative_tokens": 8}}},
+        "backends": {
+            "tiny-spec": {
+                "url": url,
+                "kind": "llamacpp",
+                "served_model_name": "tiny",
+                "api_key": "engine-key",
+                "max_concurrency": 1,
+                "startup_s": 0,
+                "speculative": {"method": "draft-simple", "num_speculative_tokens": 8},
+            }
+        },
         "routes": {"tiny": {"models": ["tiny"], "variants": ["tiny-spec"], "defaults": {}}},
         "clients": [{"name": "probe", "key_sha256": auth.hash_key(CLIENT_KEY)}],
     }
@@ -55,25 +62,71 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out or Path(tempfile.mkdtemp(prefix="llamacpp-probe-"))
     out.mkdir(parents=True, exist_ok=True)
-    common = ["--model", "tiny", "--concurrency", "1", "--repeats", str(args.runs),
-              "--temperatures", "0", "--window", str(args.window), "--warmup", "1",
-              "--max-tokens", "2000", "--prefill-tokens", "0", "--no-plot", "--quiet",
-              "--metrics-key", ENGINE_KEY]
+    common = [
+        "--model",
+        "tiny",
+        "--concurrency",
+        "1",
+        "--repeats",
+        str(args.runs),
+        "--temperatures",
+        "0",
+        "--window",
+        str(args.window),
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "2000",
+        "--prefill-tokens",
+        "0",
+        "--no-plot",
+        "--quiet",
+        "--metrics-key",
+        ENGINE_KEY,
+    ]
     target, draft = tiny_pair(out / "models")
     certs = make_local_ca(out / "tls")
     os.environ[KEY_ENV] = ENGINE_KEY  # the gateway child inherits it
-    with LlamaCppServer(target, draft=draft, n_max=8, api_key=ENGINE_KEY,
-                        ctx_size=4096) as engine:
+    with LlamaCppServer(target, draft=draft, n_max=8, api_key=ENGINE_KEY, ctx_size=4096) as engine:
         metrics = ["--metrics-url", f"{engine.url}/metrics"]
-        rc = probe.main(["--url", f"{engine.url}/v1", "--key", ENGINE_KEY, *metrics,
-                         "--out", str(out / "direct.json"), *common])
+        rc = probe.main(
+            [
+                "--url",
+                f"{engine.url}/v1",
+                "--key",
+                ENGINE_KEY,
+                *metrics,
+                "--out",
+                str(out / "direct.json"),
+                *common,
+            ]
+        )
         operator = {"secrets": {"engine-key": {"env": KEY_ENV}}}
         with GatewayServer(_policy(engine.url), certs=certs, operator=operator) as gw:
-            rc |= probe.main(["--url", gw.url, "--key", CLIENT_KEY, *metrics,
-                              "--ca-cert", str(certs.ca_cert),
-                              "--out", str(out / "gateway.json"), *common])
-    print(json.dumps({"direct": _cells(out / "direct.json"),
-                      "gateway": _cells(out / "gateway.json"), "files": str(out)}, indent=2))
+            rc |= probe.main(
+                [
+                    "--url",
+                    gw.url,
+                    "--key",
+                    CLIENT_KEY,
+                    *metrics,
+                    "--ca-cert",
+                    str(certs.ca_cert),
+                    "--out",
+                    str(out / "gateway.json"),
+                    *common,
+                ]
+            )
+    print(
+        json.dumps(
+            {
+                "direct": _cells(out / "direct.json"),
+                "gateway": _cells(out / "gateway.json"),
+                "files": str(out),
+            },
+            indent=2,
+        )
+    )
     return rc
 
 

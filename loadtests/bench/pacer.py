@@ -48,8 +48,10 @@ from proxy.vllm_wire import DONE
 FINGERPRINT = "vllm-0.28.0-pacer000"
 _TOKEN = " tok"
 
-_SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-             b"transfer-encoding: chunked\r\n\r\n")
+_SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+    b"transfer-encoding: chunked\r\n\r\n"
+)
 _USAGE = b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
 _CHUNK_END = b"0\r\n\r\n"
 
@@ -82,12 +84,31 @@ def http_chunk(event: bytes) -> bytes:
 class ChatStream:
     """One streaming response: precomputed frame pieces and the step schedule."""
 
-    __slots__ = ("proto", "head", "role", "content", "first_content", "usage",
-                 "continuous", "include_usage", "prompt", "max_tokens", "tpc", "step", "burst",
-                 "sent", "index", "t0", "handle", "tail", "done")
+    __slots__ = (
+        "proto",
+        "head",
+        "role",
+        "content",
+        "first_content",
+        "usage",
+        "continuous",
+        "include_usage",
+        "prompt",
+        "max_tokens",
+        "tpc",
+        "step",
+        "burst",
+        "sent",
+        "index",
+        "t0",
+        "handle",
+        "tail",
+        "done",
+    )
 
-    def __init__(self, proto: PacerProtocol, body: dict[str, Any], request_id: str,
-                 cfg: PacerConfig) -> None:
+    def __init__(
+        self, proto: PacerProtocol, body: dict[str, Any], request_id: str, cfg: PacerConfig
+    ) -> None:
         self.proto = proto
         xargs = body.get("vllm_xargs")
         xargs = xargs if isinstance(xargs, dict) else {}
@@ -96,8 +117,9 @@ class ChatStream:
         self.include_usage = opts.get("include_usage") is True
         self.continuous = self.include_usage and opts.get("continuous_usage_stats") is True
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-        self.max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 \
-            else cfg.max_tokens
+        self.max_tokens = (
+            max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else cfg.max_tokens
+        )
         tpc = xargs.get("pacer_tokens_per_chunk", cfg.tokens_per_chunk)
         self.tpc = max(1, int(tpc))
         self.step = max(0.0, float(xargs.get("pacer_step_ms", cfg.step_ms))) / 1000.0
@@ -105,17 +127,29 @@ class ChatStream:
         self.prompt = max(1, len(orjson.dumps(body.get("messages", ""))) // 4)
         model = body.get("model") if isinstance(body.get("model"), str) else cfg.model
         created = int(time.time())
-        base = (b'data: {"id":"chatcmpl-' + request_id.encode("latin-1") +
-                b'","object":"chat.completion.chunk","created":%d,"model":' % created +
-                orjson.dumps(model))
+        base = (
+            b'data: {"id":"chatcmpl-'
+            + request_id.encode("latin-1")
+            + b'","object":"chat.completion.chunk","created":%d,"model":' % created
+            + orjson.dumps(model)
+        )
         self.usage = base + b',"choices":[]'  # the final usage chunk's start
         self.head = base + b',"choices":[{"index":0,"delta":'
-        self.role = (self.head + b'{"role":"assistant","content":""},"logprobs":null,'
-                     b'"finish_reason":null}]')
-        self.first_content = self.head + b'{"content":' + orjson.dumps(_TOKEN) + \
-            b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
-        self.content = self.head + b'{"content":' + orjson.dumps(_TOKEN * self.tpc) + \
-            b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
+        self.role = (
+            self.head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
+        )
+        self.first_content = (
+            self.head
+            + b'{"content":'
+            + orjson.dumps(_TOKEN)
+            + b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
+        )
+        self.content = (
+            self.head
+            + b'{"content":'
+            + orjson.dumps(_TOKEN * self.tpc)
+            + b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
+        )
         self.sent = 0  # completion tokens sent so far
         self.index = 0  # engine steps done
         self.t0 = 0.0
@@ -136,12 +170,17 @@ class ChatStream:
     def _content_chunk(self, tokens: int, last: bool) -> bytes:
         piece = self.first_content if tokens == 1 and self.tpc != 1 else self.content
         if tokens not in (1, self.tpc):
-            piece = self.head + b'{"content":' + orjson.dumps(_TOKEN * tokens) + \
-                b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
+            piece = (
+                self.head
+                + b'{"content":'
+                + orjson.dumps(_TOKEN * tokens)
+                + b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
+            )
         if last:
-            piece = piece.replace(b'"finish_reason":null,"token_ids":null}]',
-                                  b'"finish_reason":"length","stop_reason":null,'
-                                  b'"token_ids":null}]')
+            piece = piece.replace(
+                b'"finish_reason":null,"token_ids":null}]',
+                b'"finish_reason":"length","stop_reason":null,"token_ids":null}]',
+            )
         self.sent += tokens
         if self.continuous:
             piece += self._usage()
@@ -153,8 +192,11 @@ class ChatStream:
         """The bytes of one engine step (the last one ends the response)."""
         out: list[bytes] = []
         if self.index == 0:
-            role = self.role + (self._usage() if self.continuous else b"") + \
-                b',"prompt_token_ids":null,"prompt_text":null}\n\n'
+            role = (
+                self.role
+                + (self._usage() if self.continuous else b"")
+                + b',"prompt_token_ids":null,"prompt_text":null}\n\n'
+            )
             out.append(http_chunk(role))
             tokens = 1
         else:
@@ -166,8 +208,15 @@ class ChatStream:
         stats.chunks += len(out)
         if last:
             if self.include_usage:
-                out.append(http_chunk(self.usage + self._usage() + b',"system_fingerprint":"' +
-                                      FINGERPRINT.encode() + b'"}\n\n'))
+                out.append(
+                    http_chunk(
+                        self.usage
+                        + self._usage()
+                        + b',"system_fingerprint":"'
+                        + FINGERPRINT.encode()
+                        + b'"}\n\n'
+                    )
+                )
             out.append(http_chunk(DONE))
             out.append(_CHUNK_END)
             self.done = True
@@ -282,23 +331,57 @@ class PacerProtocol(asyncio.Protocol):
             self._reply(200, b"", content_type=None)
         elif path == b"/metrics" and method == b"GET":
             s = self.stats
-            text = (f"pacer_requests_total {s.requests}\npacer_chunks_total {s.chunks}\n"
-                    f"pacer_streams_done_total {s.streams_done}\n"
-                    f"pacer_streams_aborted_total {s.streams_aborted}\n"
-                    f"pacer_open_streams {s.open_streams}\n")
+            text = (
+                f"pacer_requests_total {s.requests}\npacer_chunks_total {s.chunks}\n"
+                f"pacer_streams_done_total {s.streams_done}\n"
+                f"pacer_streams_aborted_total {s.streams_aborted}\n"
+                f"pacer_open_streams {s.open_streams}\n"
+            )
             self._reply(200, text.encode(), content_type=b"text/plain; version=0.0.4")
         elif path == b"/v1/models" and method == b"GET":
-            self._reply(200, orjson.dumps({"object": "list", "data": [
-                {"id": self.cfg.model, "object": "model", "created": int(time.time()),
-                 "owned_by": "vllm", "root": self.cfg.model, "parent": None,
-                 "max_model_len": 32768, "permission": []}]}))
+            self._reply(
+                200,
+                orjson.dumps(
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": self.cfg.model,
+                                "object": "model",
+                                "created": int(time.time()),
+                                "owned_by": "vllm",
+                                "root": self.cfg.model,
+                                "parent": None,
+                                "max_model_len": 32768,
+                                "permission": [],
+                            }
+                        ],
+                    }
+                ),
+            )
         else:
-            self._reply(404, orjson.dumps({"error": {
-                "message": f"Not Found: {path.decode('latin-1')}", "type": "NotFoundError",
-                "param": None, "code": 404}}))
+            self._reply(
+                404,
+                orjson.dumps(
+                    {
+                        "error": {
+                            "message": f"Not Found: {path.decode('latin-1')}",
+                            "type": "NotFoundError",
+                            "param": None,
+                            "code": 404,
+                        }
+                    }
+                ),
+            )
 
-    def _reply(self, status: int, body: bytes, *, content_type: bytes | None = b"application/json",
-               close: bool = False) -> None:
+    def _reply(
+        self,
+        status: int,
+        body: bytes,
+        *,
+        content_type: bytes | None = b"application/json",
+        close: bool = False,
+    ) -> None:
         if self.transport is None:
             return
         reason = {200: b"OK", 400: b"Bad Request", 404: b"Not Found"}.get(status, b"Error")
@@ -318,12 +401,24 @@ class PacerProtocol(asyncio.Protocol):
         except orjson.JSONDecodeError:
             body = None
         if not isinstance(body, dict):
-            self._reply(400, orjson.dumps({"error": {
-                "message": "body must be a JSON object", "type": "BadRequestError",
-                "param": None, "code": 400}}))
+            self._reply(
+                400,
+                orjson.dumps(
+                    {
+                        "error": {
+                            "message": "body must be a JSON object",
+                            "type": "BadRequestError",
+                            "param": None,
+                            "code": 400,
+                        }
+                    }
+                ),
+            )
             return
-        request_id = self.headers.get(b"x-request-id", b"").decode("latin-1") \
+        request_id = (
+            self.headers.get(b"x-request-id", b"").decode("latin-1")
             or f"{id(self):x}{self.stats.requests:08x}"[-16:]
+        )
         if body.get("stream") is not True:
             self._complete(body, request_id)
             return
@@ -343,28 +438,57 @@ class PacerProtocol(asyncio.Protocol):
         n = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else self.cfg.max_tokens
         prompt = max(1, len(orjson.dumps(body.get("messages", ""))) // 4)
         model = body.get("model") if isinstance(body.get("model"), str) else self.cfg.model
-        self._reply(200, orjson.dumps({
-            "id": f"chatcmpl-{request_id}", "object": "chat.completion",
-            "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": _TOKEN * n,
-                                                 "refusal": None, "annotations": None,
-                                                 "audio": None, "function_call": None,
-                                                 "reasoning": None},
-                         "logprobs": None, "finish_reason": "length", "stop_reason": None,
-                         "token_ids": None}],
-            "service_tier": None, "system_fingerprint": FINGERPRINT,
-            "usage": {"prompt_tokens": prompt, "total_tokens": prompt + n,
-                      "completion_tokens": n, "prompt_tokens_details": None},
-            "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None}))
+        self._reply(
+            200,
+            orjson.dumps(
+                {
+                    "id": f"chatcmpl-{request_id}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {
+                                "role": "assistant",
+                                "content": _TOKEN * n,
+                                "refusal": None,
+                                "annotations": None,
+                                "audio": None,
+                                "function_call": None,
+                                "reasoning": None,
+                            },
+                            "logprobs": None,
+                            "finish_reason": "length",
+                            "stop_reason": None,
+                            "token_ids": None,
+                        }
+                    ],
+                    "service_tier": None,
+                    "system_fingerprint": FINGERPRINT,
+                    "usage": {
+                        "prompt_tokens": prompt,
+                        "total_tokens": prompt + n,
+                        "completion_tokens": n,
+                        "prompt_tokens_details": None,
+                    },
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": None,
+                    "kv_transfer_params": None,
+                }
+            ),
+        )
 
 
-async def serve(cfg: PacerConfig, host: str = "127.0.0.1", port: int = 0
-                ) -> tuple[asyncio.Server, int, PacerStats]:
+async def serve(
+    cfg: PacerConfig, host: str = "127.0.0.1", port: int = 0
+) -> tuple[asyncio.Server, int, PacerStats]:
     """Start the pacer on the running loop; returns the server, its port and its counters."""
     stats = PacerStats()
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: PacerProtocol(cfg, stats), host, port,
-                                      backlog=4096, reuse_address=True)
+    server = await loop.create_server(
+        lambda: PacerProtocol(cfg, stats), host, port, backlog=4096, reuse_address=True
+    )
     bound = server.sockets[0].getsockname()[1]
     return server, int(bound), stats
 
@@ -382,23 +506,43 @@ async def _main(cfg: PacerConfig, host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.bench.pacer", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.pacer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed)")
-    p.add_argument("--step-ms", type=float, default=30.0,
-                   help="time between engine steps; 0 = as fast as the connection drains")
+    p.add_argument(
+        "--step-ms",
+        type=float,
+        default=30.0,
+        help="time between engine steps; 0 = as fast as the connection drains",
+    )
     p.add_argument("--tokens-per-chunk", type=int, default=1)
-    p.add_argument("--max-tokens", type=int, default=64,
-                   help="tokens per response when the request sets no max_tokens")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=64,
+        help="tokens per response when the request sets no max_tokens",
+    )
     p.add_argument("--ttft-ms", type=float, default=0.0, help="prefill time before the first chunk")
-    p.add_argument("--burst", type=int, default=1,
-                   help="unpaced only: steps per write per loop turn (default 1)")
+    p.add_argument(
+        "--burst",
+        type=int,
+        default=1,
+        help="unpaced only: steps per write per loop turn (default 1)",
+    )
     p.add_argument("--model", default="pacer", help="the model name in /v1/models")
     a = p.parse_args(argv)
-    cfg = PacerConfig(step_ms=a.step_ms, tokens_per_chunk=max(1, a.tokens_per_chunk),
-                      max_tokens=max(1, a.max_tokens), ttft_ms=max(0.0, a.ttft_ms), burst=max(1, a.burst),
-                      model=a.model)
+    cfg = PacerConfig(
+        step_ms=a.step_ms,
+        tokens_per_chunk=max(1, a.tokens_per_chunk),
+        max_tokens=max(1, a.max_tokens),
+        ttft_ms=max(0.0, a.ttft_ms),
+        burst=max(1, a.burst),
+        model=a.model,
+    )
     try:
         import uvloop
 

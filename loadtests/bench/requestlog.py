@@ -42,11 +42,22 @@ def make_record(i: int, tokens: int, rng: random.Random) -> RequestRecord:
         now += 0.02 + rng.random() * 0.01
         m.record_tokens(total, now)
     m.t_end, m.finish_reason = now, "stop"
-    return RequestRecord(request_id=f"req-{i}", client="alice", endpoint="/v1/chat/completions",
-                         route="coder", backend="eagle3", reason="rule:quiet",
-                         content_class="code", temperature=0.7, temperature_defaulted=True,
-                         stream=True, status=200, concurrency=1 + i % 8, policy_version="v1",
-                         m=m)
+    return RequestRecord(
+        request_id=f"req-{i}",
+        client="alice",
+        endpoint="/v1/chat/completions",
+        route="coder",
+        backend="eagle3",
+        reason="rule:quiet",
+        content_class="code",
+        temperature=0.7,
+        temperature_defaulted=True,
+        stream=True,
+        status=200,
+        concurrency=1 + i % 8,
+        policy_version="v1",
+        m=m,
+    )
 
 
 def _timer_cost_ns(samples: int = 100_000) -> float:
@@ -62,8 +73,9 @@ def _p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100)[98]
 
 
-def bench_sink(records: list[RequestRecord], calls: int, rounds: int,
-               drain: int) -> tuple[list[float], list[float], list[float]]:
+def bench_sink(
+    records: list[RequestRecord], calls: int, rounds: int, drain: int
+) -> tuple[list[float], list[float], list[float]]:
     """Per-call times in microseconds (all rounds), each round's median and p99.
 
     The buffer is emptied every `drain` calls, as the writer does every batch interval: a
@@ -102,8 +114,9 @@ async def _loop_lag(stop: asyncio.Event, lags: list[float]) -> None:
         lags.append((time.perf_counter() - t0 - 0.001) * 1000.0)
 
 
-async def bench_writer(records: list[RequestRecord], batch: int, batches: int,
-                       directory: Path) -> tuple[float, list[float]]:
+async def bench_writer(
+    records: list[RequestRecord], batch: int, batches: int, directory: Path
+) -> tuple[float, list[float]]:
     """Records per second through flush(), and the event loop's timer lags (ms) meanwhile."""
     log = RequestLog(directory / "bench.sqlite3", max_buffered=batch)
     stop, lags = asyncio.Event(), list[float]()
@@ -136,11 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=50_000, help="sink calls per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=512, help="completion tokens per record")
-    parser.add_argument("--batch", type=int, default=2_000,
-                        help="records per writer batch (2000 per 0.5 s: 4000 requests/s)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=2_000,
+        help="records per writer batch (2000 per 0.5 s: 4000 requests/s)",
+    )
     parser.add_argument("--batches", type=int, default=10, help="writer batches per round")
-    parser.add_argument("--idle", type=float, default=2.0,
-                        help="seconds of baseline timer lag with no writer")
+    parser.add_argument(
+        "--idle", type=float, default=2.0, help="seconds of baseline timer lag with no writer"
+    )
     args = parser.parse_args(argv)
     rng = random.Random(5)
     records = [make_record(i, args.tokens, rng) for i in range(1_000)]
@@ -148,11 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     every, medians, p99s = bench_sink(records, args.calls, args.rounds, args.batch)
     print(f"sink(), {args.rounds} rounds x {args.calls} calls, records of {args.tokens} tokens:")
     over = sum(1 for t in every if t > TARGET_US)
-    print(f"  median {statistics.median(every):.2f} us, p99 {_p99(every):.2f} us, "
-          f"p99.9 {statistics.quantiles(every, n=1000)[998]:.2f} us, max {max(every):.1f} us; "
-          f"{over} of {len(every)} calls over the {TARGET_US:.0f} us target")
-    print(f"  per-round medians {min(medians):.2f}–{max(medians):.2f} us, "
-          f"p99s {min(p99s):.2f}–{max(p99s):.2f} us")
+    print(
+        f"  median {statistics.median(every):.2f} us, p99 {_p99(every):.2f} us, "
+        f"p99.9 {statistics.quantiles(every, n=1000)[998]:.2f} us, max {max(every):.1f} us; "
+        f"{over} of {len(every)} calls over the {TARGET_US:.0f} us target"
+    )
+    print(
+        f"  per-round medians {min(medians):.2f}–{max(medians):.2f} us, "
+        f"p99s {min(p99s):.2f}–{max(p99s):.2f} us"
+    )
 
     rates: list[float] = []
     all_lags: list[float] = []
@@ -162,17 +184,22 @@ def main(argv: list[str] | None = None) -> int:
             rates.append(rate)
             all_lags += lags
     print(f"writer, {args.rounds} rounds x {args.batches} batches of {args.batch} records:")
-    print(f"  {statistics.median(rates):,.0f} records/s median, "
-          f"rounds {min(rates):,.0f}–{max(rates):,.0f}")
+    print(
+        f"  {statistics.median(rates):,.0f} records/s median, "
+        f"rounds {min(rates):,.0f}–{max(rates):,.0f}"
+    )
     idle = asyncio.run(idle_lag(args.idle))
     for label, lags in (("while writing", all_lags), ("idle (baseline)", idle)):
-        print(f"  event-loop 1 ms timer lag {label}: median {statistics.median(lags):.2f} ms, "
-              f"p99 {_p99(lags):.2f} ms, max {max(lags):.2f} ms ({len(lags)} samples)")
+        print(
+            f"  event-loop 1 ms timer lag {label}: median {statistics.median(lags):.2f} ms, "
+            f"p99 {_p99(lags):.2f} ms, max {max(lags):.2f} ms ({len(lags)} samples)"
+        )
     return 0 if statistics.median(every) < TARGET_US else 1
 
 
-async def _writer_round(records: list[RequestRecord], args: argparse.Namespace, tmp: Path,
-                        r: int) -> tuple[float, list[float]]:
+async def _writer_round(
+    records: list[RequestRecord], args: argparse.Namespace, tmp: Path, r: int
+) -> tuple[float, list[float]]:
     directory = tmp / str(r)
     directory.mkdir()
     return await bench_writer(records, args.batch, args.batches, directory)

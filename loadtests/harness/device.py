@@ -16,20 +16,37 @@ from collections.abc import Sequence
 from loadtests.harness.launch import SIM_READY, Child, cli
 
 ENGINE_LINE = re.compile(
-    r"specrouter-sim listening on (\S+) engine (\S+) profile \S+ device \S+ kv_tokens (\d+)")
+    r"specrouter-sim listening on (\S+) engine (\S+) profile \S+ device \S+ kv_tokens (\d+)"
+)
 
 
 class DeviceSim:
-    def __init__(self, engines: Sequence[tuple[str, str, float | None]], *,
-                 time_scale: float = 0.05, overlap: float = 0.0, device: str = "gb10",
-                 seed: int = 0, extra: Sequence[str] = ()) -> None:
-        args = ["--device", device, "--overlap", str(overlap), "--time-scale", str(time_scale),
-                "--seed", str(seed)]
+    def __init__(
+        self,
+        engines: Sequence[tuple[str, str, float | None]],
+        *,
+        time_scale: float = 0.05,
+        overlap: float = 0.0,
+        device: str = "gb10",
+        seed: int = 0,
+        extra: Sequence[str] = (),
+    ) -> None:
+        args = [
+            "--device",
+            device,
+            "--overlap",
+            str(overlap),
+            "--time-scale",
+            str(time_scale),
+            "--seed",
+            str(seed),
+        ]
         for name, profile, share in engines:
             args += ["--engine", f"{name}:0:{profile}" + ("" if share is None else f":{share}")]
         self.names = [e[0] for e in engines]
-        self.child = Child(f"specrouter sim device {device}", cli("sim", *args, *extra),
-                           ready=SIM_READY)
+        self.child = Child(
+            f"specrouter sim device {device}", cli("sim", *args, *extra), ready=SIM_READY
+        )
         self.urls: dict[str, str] = {}
         self.kv_tokens: dict[str, int] = {}
 
@@ -53,8 +70,9 @@ class DeviceSim:
             time.sleep(0.02)
         if len(self.urls) < len(self.names):
             self.stop()
-            raise RuntimeError("not every engine announced itself:\n"
-                               + "".join(self.child.output[-20:]))
+            raise RuntimeError(
+                "not every engine announced itself:\n" + "".join(self.child.output[-20:])
+            )
 
     def stop(self) -> None:
         self.child.stop(timeout=5)

@@ -22,20 +22,37 @@ OTHER_KEY = "sk-test-other"
 ADMIN_TOKEN = "admin-test-token-of-thirty-two-chars"
 
 
-def coder_policy(backends: dict[str, str], *, served: str = "qwen3.8-27b",
-                 rules: list[dict[str, Any]] | None = None, embed: dict[str, str] | None = None,
-                 defaults: dict[str, Any] | None = None, extra_clients: list[dict[str, Any]] | None = None
-                 ) -> dict[str, Any]:
+def coder_policy(
+    backends: dict[str, str],
+    *,
+    served: str = "qwen3.8-27b",
+    rules: list[dict[str, Any]] | None = None,
+    embed: dict[str, str] | None = None,
+    defaults: dict[str, Any] | None = None,
+    extra_clients: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """A policy: one coding route over `backends` (name -> URL, the first is the default)."""
     doc: dict[str, Any] = {
         "schema": 1,
-        "backends": {name: {"url": url, "kind": "vllm", "task": "generate",
-                            "served_model_name": served, "max_concurrency": 16}
-                     for name, url in backends.items()},
-        "routes": {"coder": {"models": ["coder", served], "task": "generate",
-                             "variants": list(backends),
-                             "defaults": {"temperature": 0.7} if defaults is None else defaults,
-                             "rules": rules or []}},
+        "backends": {
+            name: {
+                "url": url,
+                "kind": "vllm",
+                "task": "generate",
+                "served_model_name": served,
+                "max_concurrency": 16,
+            }
+            for name, url in backends.items()
+        },
+        "routes": {
+            "coder": {
+                "models": ["coder", served],
+                "task": "generate",
+                "variants": list(backends),
+                "defaults": {"temperature": 0.7} if defaults is None else defaults,
+                "rules": rules or [],
+            }
+        },
         "clients": [
             {"name": "agent", "key_sha256": auth.hash_key(CLIENT_KEY), "may_pin": True},
             {"name": "other", "key_sha256": auth.hash_key(OTHER_KEY)},
@@ -53,10 +70,16 @@ def coder_policy(backends: dict[str, str], *, served: str = "qwen3.8-27b",
 class GatewayServer:
     """`with GatewayServer(policy_dict) as gw:` gives `gw.url` (https .../v1), `gw.admin`."""
 
-    def __init__(self, policy: dict[str, Any] | None = None, *, certs: CertFiles | None = None,
-                 args: tuple[str, ...] = (), insecure: bool = False,
-                 policy_path: Path | None = None, operator: dict[str, Any] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        policy: dict[str, Any] | None = None,
+        *,
+        certs: CertFiles | None = None,
+        args: tuple[str, ...] = (),
+        insecure: bool = False,
+        policy_path: Path | None = None,
+        operator: dict[str, Any] | None = None,
+    ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-gw-")
         self.dir = Path(self._tmp.name)
         self.certs = certs or make_local_ca(self.dir / "tls")
@@ -85,10 +108,21 @@ class GatewayServer:
         return self.base + "/v1"
 
     def __enter__(self) -> GatewayServer:
-        args = serve_args(self.policy_path, self.dir / "state", ADMIN_TOKEN,
-                          certs=None if self.insecure else self.certs, scrape_interval_s=0.25,
-                          extra=(*self.args, *(() if self.operator_path is None else
-                                                ("--operator-file", str(self.operator_path)))))
+        args = serve_args(
+            self.policy_path,
+            self.dir / "state",
+            ADMIN_TOKEN,
+            certs=None if self.insecure else self.certs,
+            scrape_interval_s=0.25,
+            extra=(
+                *self.args,
+                *(
+                    ()
+                    if self.operator_path is None
+                    else ("--operator-file", str(self.operator_path))
+                ),
+            ),
+        )
         # keep=None: every line, for the tests that read the logs
         child = Child("gateway", cli("serve", *args), ready=SERVE_READY, keep=None)
         self._child = child
@@ -113,20 +147,30 @@ class GatewayServer:
         self.proc.send_signal(signal.SIGHUP)
 
     def client(self, key: str = CLIENT_KEY, **kw: Any) -> httpx.Client:
-        verify: Any = False if self.insecure else ssl.create_default_context(cafile=str(self.certs.ca_cert))
-        return httpx.Client(base_url=self.base, verify=verify,
-                            headers={"authorization": f"Bearer {key}"}, timeout=30, **kw)
+        verify: Any = (
+            False if self.insecure else ssl.create_default_context(cafile=str(self.certs.ca_cert))
+        )
+        return httpx.Client(
+            base_url=self.base,
+            verify=verify,
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+            **kw,
+        )
 
     def openai(self, key: str = CLIENT_KEY, **kw: Any) -> Any:
         import openai
 
-        verify: Any = False if self.insecure else ssl.create_default_context(cafile=str(self.certs.ca_cert))
+        verify: Any = (
+            False if self.insecure else ssl.create_default_context(cafile=str(self.certs.ca_cert))
+        )
         http_client: Any = httpx.Client(verify=verify, timeout=30)
         return openai.OpenAI(base_url=self.url, api_key=key, http_client=http_client, **kw)
 
     def admin_get(self, path: str) -> httpx.Response:
-        return httpx.get(self.admin + path, headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
-                         timeout=10)
+        return httpx.get(
+            self.admin + path, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10
+        )
 
     def metrics(self) -> str:
         return httpx.get(self.admin + "/metrics", timeout=10).text

@@ -30,21 +30,46 @@ BAD_BODIES: list[tuple[str, bytes, dict[bytes, bytes], int]] = [
     ("unknown model", b'{"model": "gpt-9", "messages": []}', {}, 404),
     ("messages not a list", b'{"model": "coder", "messages": 5}', {}, 400),
     ("stream not a bool", b'{"model": "coder", "messages": [], "stream": [1]}', {}, 400),
-    ("stream_options without stream",
-     b'{"model": "coder", "messages": [{"role": "user", "content": "x"}], '
-     b'"stream_options": {"include_usage": true}}', {}, 400),
-    ("stream_options not an object",
-     b'{"model": "coder", "messages": [{"role": "user", "content": "x"}], "stream": true, '
-     b'"stream_options": 5}', {}, 400),
+    (
+        "stream_options without stream",
+        b'{"model": "coder", "messages": [{"role": "user", "content": "x"}], '
+        b'"stream_options": {"include_usage": true}}',
+        {},
+        400,
+    ),
+    (
+        "stream_options not an object",
+        b'{"model": "coder", "messages": [{"role": "user", "content": "x"}], "stream": true, '
+        b'"stream_options": 5}',
+        {},
+        400,
+    ),
     ("n not an int", b'{"model": "coder", "messages": [], "n": "two"}', {}, 400),
-    ("huge int", b'{"model": "coder", "messages": [{"role": "user", "content": "x"}], '
-                 b'"max_tokens": 123456789012345678901234567890}', {}, 400),
-    ("negative max_tokens", b'{"model": "coder", "messages": [{"role": "user", "content": "x"}],'
-                            b' "max_tokens": -1}', {}, 400),
+    (
+        "huge int",
+        b'{"model": "coder", "messages": [{"role": "user", "content": "x"}], '
+        b'"max_tokens": 123456789012345678901234567890}',
+        {},
+        400,
+    ),
+    (
+        "negative max_tokens",
+        b'{"model": "coder", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
+        {},
+        400,
+    ),
     ("too large", b'{"model": "coder", "pad": "' + b"x" * (MAX_BODY + 10) + b'"}', {}, 413),
-    ("unknown variant pinned", b'{"model": "coder", "messages": []}',
-     {b"x-specrouter-variant": b"nope"}, 400),
-    ("latin-1 request id", b'{"model": "gpt-9", "messages": []}',
-     {b"x-request-id": b"caf\xe9"}, 404),
+    (
+        "unknown variant pinned",
+        b'{"model": "coder", "messages": []}',
+        {b"x-specrouter-variant": b"nope"},
+        400,
+    ),
+    (
+        "latin-1 request id",
+        b'{"model": "gpt-9", "messages": []}',
+        {b"x-request-id": b"caf\xe9"},
+        404,
+    ),
     ("embedding model on chat", b'{"model": "embedding-small", "messages": []}', {}, 400),
 ]

@@ -34,14 +34,30 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "proxy.cli", *args]
 
 
-def sim_args(profile: str, *, time_scale: float, port: int = 0, seed: int = 0,
-             max_num_seqs: int | None = None, served_model_name: str | None = None,
-             tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-             extra: Sequence[str] = ()) -> list[str]:
+def sim_args(
+    profile: str,
+    *,
+    time_scale: float,
+    port: int = 0,
+    seed: int = 0,
+    max_num_seqs: int | None = None,
+    served_model_name: str | None = None,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """The arguments of `specrouter sim` on loopback (a tool-call parser comes with
     --enable-auto-tool-choice, as vLLM deployments that serve agents run it)."""
-    args = ["--profile", profile, "--port", str(port), "--time-scale", str(time_scale),
-            "--seed", str(seed)]
+    args = [
+        "--profile",
+        profile,
+        "--port",
+        str(port),
+        "--time-scale",
+        str(time_scale),
+        "--seed",
+        str(seed),
+    ]
     if max_num_seqs is not None:
         args += ["--max-num-seqs", str(max_num_seqs)]
     if served_model_name:
@@ -53,14 +69,32 @@ def sim_args(profile: str, *, time_scale: float, port: int = 0, seed: int = 0,
     return args + list(extra)
 
 
-def serve_args(config: Path, state_dir: Path, admin_token: str, *, certs: CertFiles | None,
-               scrape_interval_s: float | None = None, extra: Sequence[str] = ()) -> list[str]:
+def serve_args(
+    config: Path,
+    state_dir: Path,
+    admin_token: str,
+    *,
+    certs: CertFiles | None,
+    scrape_interval_s: float | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """The arguments of `specrouter serve` on ephemeral loopback ports; TLS with `certs`, plain
     HTTP (`--insecure-http`, after `extra`) without."""
-    args = ["--config", str(config), "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-            "--admin-token", admin_token, "--state-dir", str(state_dir),
-            # Tests send many bad keys from loopback on purpose; `extra` may set the limit back.
-            "--auth-failures-per-minute", "100000"]
+    args = [
+        "--config",
+        str(config),
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--admin-token",
+        admin_token,
+        "--state-dir",
+        str(state_dir),
+        # Tests send many bad keys from loopback on purpose; `extra` may set the limit back.
+        "--auth-failures-per-minute",
+        "100000",
+    ]
     if scrape_interval_s is not None:
         args += ["--scrape-interval", str(scrape_interval_s)]
     args += list(extra)
@@ -84,9 +118,17 @@ class Child:
     `detach`: its own session (a Ctrl-C reaches only us; we stop it) and SIGTERM when we die.
     """
 
-    def __init__(self, name: str, cmd: Sequence[str], *, ready: re.Pattern[str] | None = None,
-                 env: dict[str, str] | None = None, stderr: bool = True, detach: bool = False,
-                 keep: int | None = 200) -> None:
+    def __init__(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        *,
+        ready: re.Pattern[str] | None = None,
+        env: dict[str, str] | None = None,
+        stderr: bool = True,
+        detach: bool = False,
+        keep: int | None = 200,
+    ) -> None:
         self.name, self.cmd, self.ready = name, list(cmd), ready
         self.env = env if env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.stderr, self.detach, self.keep = stderr, detach, keep
@@ -108,9 +150,15 @@ class Child:
 
     def spawn(self) -> Child:
         self.proc = subprocess.Popen(
-            self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT if self.stderr else None,
-            stdin=subprocess.DEVNULL, text=True, env=self.env, start_new_session=self.detach,
-            preexec_fn=_die_with_parent if self.detach else None)
+            self.cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if self.stderr else None,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=self.env,
+            start_new_session=self.detach,
+            preexec_fn=_die_with_parent if self.detach else None,
+        )
         threading.Thread(target=self._pump, name=f"{self.name}-output", daemon=True).start()
         return self
 
@@ -123,8 +171,10 @@ class Child:
             if self.match is None:
                 self.kill()
                 self._ended.wait(2)  # the last lines it printed
-                raise RuntimeError(f"{self.name} did not start (exit {self.proc.poll()}):\n"
-                                   + "".join(self.output[-30:]))
+                raise RuntimeError(
+                    f"{self.name} did not start (exit {self.proc.poll()}):\n"
+                    + "".join(self.output[-30:])
+                )
         return self
 
     def _pump(self) -> None:

@@ -144,7 +144,9 @@ class LlamaCppServer:
         if not line.startswith(_READY):
             proc.kill()
             proc.wait(5)
-            raise RuntimeError(f"llama.cpp server did not start (exit={proc.poll()}, said {line!r})")
+            raise RuntimeError(
+                f"llama.cpp server did not start (exit={proc.poll()}, said {line!r})"
+            )
         self.proc = proc
         self.url = line[len(_READY) :].strip()
         self.port = int(self.url.rsplit(":", 1)[1])

@@ -30,14 +30,28 @@ class Address:
         u = urlsplit(base)
         tls = None
         if u.scheme == "https":
-            tls = ssl.create_default_context(cafile=str(ca_cert)) if ca_cert else \
-                ssl._create_unverified_context()
+            tls = (
+                ssl.create_default_context(cafile=str(ca_cert))
+                if ca_cert
+                else ssl._create_unverified_context()
+            )
         return cls(u.hostname or "127.0.0.1", int(u.port or 443), tls)
 
-    def request(self, path: str, body: bytes, key: str | None, *, method: str = "POST",
-                headers: Sequence[tuple[str, str]] = ()) -> bytes:
-        lines = [f"{method} {path} HTTP/1.1", f"host: {self.host}:{self.port}",
-                 "content-type: application/json", f"content-length: {len(body)}"]
+    def request(
+        self,
+        path: str,
+        body: bytes,
+        key: str | None,
+        *,
+        method: str = "POST",
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> bytes:
+        lines = [
+            f"{method} {path} HTTP/1.1",
+            f"host: {self.host}:{self.port}",
+            "content-type: application/json",
+            f"content-length: {len(body)}",
+        ]
         if key is not None:
             lines.append(f"authorization: Bearer {key}")
         lines += [f"{k}: {v}" for k, v in headers]
@@ -83,8 +97,11 @@ class Conn:
     @classmethod
     async def open(cls, target: Address) -> Conn:
         reader, writer = await asyncio.open_connection(
-            target.host, target.port, ssl=target.tls,
-            server_hostname=target.host if target.tls is not None else None)
+            target.host,
+            target.port,
+            ssl=target.tls,
+            server_hostname=target.host if target.tls is not None else None,
+        )
         return cls(reader, writer)
 
     async def exchange(self, request: bytes, *, until_body: bool = False) -> Reply:

@@ -88,18 +88,29 @@ class SimServer:
         return self.proc.pid
 
     def _args(self, port: int) -> list[str]:
-        extra = [] if self.spec_metrics == "none" else \
-            ["--per-request-spec-decode-metrics", self.spec_metrics]
+        extra = (
+            []
+            if self.spec_metrics == "none"
+            else ["--per-request-spec-decode-metrics", self.spec_metrics]
+        )
         if self.vllm_version is not None:
             extra += ["--vllm-version", self.vllm_version]
         if self.faults:
             extra.append("--faults")
-        return cli("sim", *sim_args(self.profile, port=port, time_scale=self.time_scale,
-                                    seed=self.seed, max_num_seqs=self.max_num_seqs,
-                                    served_model_name=self.served_model_name,
-                                    tool_call_parser=self.tool_call_parser,
-                                    reasoning_parser=self.reasoning_parser,
-                                    extra=[*extra, *self.extra_args]))
+        return cli(
+            "sim",
+            *sim_args(
+                self.profile,
+                port=port,
+                time_scale=self.time_scale,
+                seed=self.seed,
+                max_num_seqs=self.max_num_seqs,
+                served_model_name=self.served_model_name,
+                tool_call_parser=self.tool_call_parser,
+                reasoning_parser=self.reasoning_parser,
+                extra=[*extra, *self.extra_args],
+            ),
+        )
 
     def _spawn(self, port: int) -> None:
         child = Child("specrouter sim", self._args(port), ready=SIM_READY, stderr=False)

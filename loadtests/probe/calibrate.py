@@ -176,14 +176,14 @@ async def _run_cell(
         # Wait until the server has aborted the streams (freed slots) before the next run.
         for _ in range(200):
             m = _counters((await client.get(f"{sim.url}/metrics")).text)
-            if (
-                m.get(Family.RUNNING, 0) == 0
-                and m.get(Family.WAITING, 0) == 0
-            ):
+            if m.get(Family.RUNNING, 0) == 0 and m.get(Family.WAITING, 0) == 0:
                 break
             await asyncio.sleep(0.01)
     dt = t1 - t0
-    gen = after[counter_sample(Family.GENERATION_TOKENS)] - before[counter_sample(Family.GENERATION_TOKENS)]
+    gen = (
+        after[counter_sample(Family.GENERATION_TOKENS)]
+        - before[counter_sample(Family.GENERATION_TOKENS)]
+    )
     drafts = after.get(counter_sample(Family.SPEC_DRAFTS), 0) - before.get(
         counter_sample(Family.SPEC_DRAFTS), 0
     )

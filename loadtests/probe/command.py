@@ -36,12 +36,7 @@ import httpx
 from loadtests.probe.args import run_parser
 from loadtests.probe.compare import cmd_compare, cmd_facts
 from loadtests.probe.discover import _base, _slug, _verify, default_label, discover
-from loadtests.probe.report import (
-    Results,
-    format_prefill,
-    format_table,
-    plot,
-)
+from loadtests.probe.report import Results, format_prefill, format_table, plot
 from loadtests.probe.run import Probe, ProbeConfig, Progress, fmt_duration
 from loadtests.probe.stats import temp_label
 
@@ -71,26 +66,43 @@ def config_json(cfg: ProbeConfig, args_argv: list[str]) -> dict[str, Any]:
         "concurrency": cfg.concurrency,
         "temperatures": [temp_label(t) for t in cfg.temperatures],
         "repeats": {str(n): cfg.runs_for(n) for n in cfg.concurrency},
-        "window_s": cfg.window_s, "warmup_s": cfg.warmup_s,
-        "warmup_requests": cfg.warmup_requests, "warmup_max_tokens": cfg.warmup_max_tokens,
-        "max_tokens": cfg.max_tokens, "ignore_eos": cfg.ignore_eos,
-        "prefill_tokens": cfg.prefill_tokens, "time_scale": cfg.time_scale, "seed": cfg.seed,
-        "max_seconds": cfg.max_seconds, "max_requests": cfg.max_requests,
-        "metrics": [s.describe() for s in cfg.sources], "argv": redact(args_argv),
+        "window_s": cfg.window_s,
+        "warmup_s": cfg.warmup_s,
+        "warmup_requests": cfg.warmup_requests,
+        "warmup_max_tokens": cfg.warmup_max_tokens,
+        "max_tokens": cfg.max_tokens,
+        "ignore_eos": cfg.ignore_eos,
+        "prefill_tokens": cfg.prefill_tokens,
+        "time_scale": cfg.time_scale,
+        "seed": cfg.seed,
+        "max_seconds": cfg.max_seconds,
+        "max_requests": cfg.max_requests,
+        "metrics": [s.describe() for s in cfg.sources],
+        "argv": redact(args_argv),
     }
 
 
-async def run_probe(cfg: ProbeConfig, *, label: str, target: dict[str, Any], out: Path,
-                    plot_path: Path | None, progress: Progress, argv: list[str],
-                    handle_sigint: bool = True) -> tuple[Results, int]:
+async def run_probe(
+    cfg: ProbeConfig,
+    *,
+    label: str,
+    target: dict[str, Any],
+    out: Path,
+    plot_path: Path | None,
+    progress: Progress,
+    argv: list[str],
+    handle_sigint: bool = True,
+) -> tuple[Results, int]:
     """Measure, then write the JSON (and PNG). Returns the results and an exit status."""
     probe = Probe(cfg, progress)
     loop = asyncio.get_running_loop()
     if handle_sigint:
+
         def on_sigint() -> None:
             if probe.stop.is_set():
                 loop.remove_signal_handler(signal.SIGINT)  # a second Ctrl-C: no more grace
             probe.request_stop("interrupted (Ctrl-C)")
+
         loop.add_signal_handler(signal.SIGINT, on_sigint)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     status = 0
@@ -107,20 +119,30 @@ async def run_probe(cfg: ProbeConfig, *, label: str, target: dict[str, Any], out
     if probe.stop.is_set():
         status = 130 if probe.stop_reason.startswith("interrupted") else 3
     results = Results(
-        label=label, config=config_json(cfg, argv), target=target, runs=probe.results,
-        prefill=probe.prefill, started_at=started,
+        label=label,
+        config=config_json(cfg, argv),
+        target=target,
+        runs=probe.results,
+        prefill=probe.prefill,
+        started_at=started,
         finished_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         interrupted=probe.stop.is_set() or bool(error),
-        stop_reason=probe.stop_reason or error)
+        stop_reason=probe.stop_reason or error,
+    )
     results.write(out)
     if plot_path is not None and results.runs:
         title = f"{label}: aggregate decode tokens/s (unscaled), mean and min-max of runs"
         if not plot([(label, results.runs)], plot_path, title):
             progress.line("no PNG: matplotlib is not installed (pip install 'specrouter[plot]')")
             plot_path = None
-    print(format_table(results.runs, f"\n{label}: aggregate decode tokens/s over a "
-                                     f"{cfg.window_s:g} s window (unscaled; time scale "
-                                     f"{cfg.time_scale:g})"))
+    print(
+        format_table(
+            results.runs,
+            f"\n{label}: aggregate decode tokens/s over a "
+            f"{cfg.window_s:g} s window (unscaled; time scale "
+            f"{cfg.time_scale:g})",
+        )
+    )
     print(format_prefill(results.prefill))
     print(f"results: {out}" + (f", plot: {plot_path}" if plot_path else ""))
     return results, status
@@ -133,8 +155,9 @@ def cmd_run(argv: list[str]) -> int:
     key = args.key or os.environ.get("SPECROUTER_PROBE_KEY")
     admin_token = args.admin_token or os.environ.get("SPECROUTER_ADMIN_TOKEN")
     if args.repeats is not None and len(args.repeats) not in (1, len(args.concurrency)):
-        print("specrouter probe: --repeats takes one number or one per concurrency",
-              file=sys.stderr)
+        print(
+            "specrouter probe: --repeats takes one number or one per concurrency", file=sys.stderr
+        )
         return 2
 
     async def main() -> int:
@@ -144,14 +167,27 @@ def cmd_run(argv: list[str]) -> int:
             reps = args.repeats * len(args.concurrency) if len(args.repeats) == 1 else args.repeats
             repeats = dict(zip(args.concurrency, reps, strict=True))
         cfg = ProbeConfig(
-            url=_base(args.url), model=str(target["model"]), key=key, sources=sources,
-            concurrency=args.concurrency, temperatures=args.temperatures, repeats=repeats,
-            window_s=args.window, warmup_s=args.warmup, warmup_requests=args.warmup_requests,
-            warmup_max_tokens=args.warmup_max_tokens, max_tokens=args.max_tokens,
-            ignore_eos=args.ignore_eos, prefill_tokens=args.prefill_tokens, time_scale=scale,
-            seed=args.seed, verify=_verify(args),
-            admin_url=target.get("admin_url"), admin_token=admin_token,
-            max_seconds=args.max_minutes * 60.0 if args.max_minutes else None)
+            url=_base(args.url),
+            model=str(target["model"]),
+            key=key,
+            sources=sources,
+            concurrency=args.concurrency,
+            temperatures=args.temperatures,
+            repeats=repeats,
+            window_s=args.window,
+            warmup_s=args.warmup,
+            warmup_requests=args.warmup_requests,
+            warmup_max_tokens=args.warmup_max_tokens,
+            max_tokens=args.max_tokens,
+            ignore_eos=args.ignore_eos,
+            prefill_tokens=args.prefill_tokens,
+            time_scale=scale,
+            seed=args.seed,
+            verify=_verify(args),
+            admin_url=target.get("admin_url"),
+            admin_token=admin_token,
+            max_seconds=args.max_minutes * 60.0 if args.max_minutes else None,
+        )
         planned = sum(n for n, _, _ in cfg.plan())
         cfg.max_requests = args.max_requests or 4 * planned * (1 + cfg.warmup_requests) + 10
         label = args.label or default_label(target)
@@ -165,9 +201,17 @@ def cmd_run(argv: list[str]) -> int:
             f"policy {target.get('policy_version', '-')}; counters from "
             f"{', '.join(s.url + (' ' + ','.join(s.backends) if s.backends else '') for s in sources)}; "
             f"time scale {scale:g} ({target['time_scale']['source']}); "
-            f"{len(cfg.plan())} runs, about {fmt_duration(probe.remaining_estimate())}")
-        _, status = await run_probe(cfg, label=label, target=target, out=out,
-                                    plot_path=plot_path, progress=progress, argv=argv)
+            f"{len(cfg.plan())} runs, about {fmt_duration(probe.remaining_estimate())}"
+        )
+        _, status = await run_probe(
+            cfg,
+            label=label,
+            target=target,
+            out=out,
+            plot_path=plot_path,
+            progress=progress,
+            argv=argv,
+        )
         return status
 
     try:

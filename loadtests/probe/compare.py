@@ -6,21 +6,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from loadtests.probe.report import (
-    METRICS,
-    Results,
-    compare_results,
-    format_compare,
-    group,
-    plot,
-)
+from loadtests.probe.report import METRICS, Results, compare_results, format_compare, group, plot
 from loadtests.probe.stats import summarize, temp_label
 
 
 def cmd_compare(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="specrouter probe compare",
-                                description="Side by side: % change per cell against the first "
-                                            "file, with separability and re-measure flags.")
+    p = argparse.ArgumentParser(
+        prog="specrouter probe compare",
+        description="Side by side: % change per cell against the first "
+        "file, with separability and re-measure flags.",
+    )
     p.add_argument("files", nargs="+", type=Path)
     p.add_argument("--metric", choices=sorted(METRICS), default="tok_s")
     p.add_argument("--plot", type=Path, default=None, help="PNG with every configuration")
@@ -36,14 +31,19 @@ def cmd_compare(argv: list[str]) -> int:
     for label, r, f in zip(labels, results, args.files, strict=True):
         scale = (r.config or {}).get("time_scale")
         extra = " (interrupted)" if r.interrupted else ""
-        print(f"{label}: {f} ({r.target.get('via', '?')}, policy "
-              f"{r.target.get('policy_version', '-')}, time scale {scale}, "
-              f"{len(r.runs)} runs, {r.started_at}){extra}")
+        print(
+            f"{label}: {f} ({r.target.get('via', '?')}, policy "
+            f"{r.target.get('policy_version', '-')}, time scale {scale}, "
+            f"{len(r.runs)} runs, {r.started_at}){extra}"
+        )
     print()
     print(format_compare(labels, rows, args.metric))
     if args.plot is not None:
-        if plot([(lbl, r.runs) for lbl, r in zip(labels, results, strict=True)], args.plot,
-                "aggregate decode tokens/s (unscaled), mean and min-max of runs"):
+        if plot(
+            [(lbl, r.runs) for lbl, r in zip(labels, results, strict=True)],
+            args.plot,
+            "aggregate decode tokens/s (unscaled), mean and min-max of runs",
+        ):
             print(f"plot: {args.plot}")
         else:
             print("no PNG: matplotlib is not installed")
@@ -72,9 +72,11 @@ def effective_temperature(r: Results, temperature: float | None) -> float | None
 def cmd_facts(argv: list[str]) -> int:
     from loadtests.probe.calibrate import FACTS
 
-    p = argparse.ArgumentParser(prog="specrouter probe facts",
-                                description="A results file against shared/GB10-facts.md "
-                                            "(the simulated profiles' source), per cell.")
+    p = argparse.ArgumentParser(
+        prog="specrouter probe facts",
+        description="A results file against shared/GB10-facts.md "
+        "(the simulated profiles' source), per cell.",
+    )
     p.add_argument("file", type=Path)
     p.add_argument("--profile", default=None, help="default: the simulated engine's profile")
     p.add_argument("--tolerance", type=float, default=0.10)
@@ -82,8 +84,11 @@ def cmd_facts(argv: list[str]) -> int:
     r = Results.load(args.file)
     profile = args.profile
     if profile is None:
-        names = {e["sim"]["profile"] for e in (r.target.get("engines") or {}).values()
-                 if e and "sim" in e}
+        names = {
+            e["sim"]["profile"]
+            for e in (r.target.get("engines") or {}).values()
+            if e and "sim" in e
+        }
         if len(names) != 1:
             print("specrouter probe facts: give --profile", file=sys.stderr)
             return 2
@@ -92,8 +97,10 @@ def cmd_facts(argv: list[str]) -> int:
     if facts is None:
         print(f"specrouter probe facts: no facts for {profile!r}", file=sys.stderr)
         return 2
-    print(f"{r.label} vs GB10 facts for {profile} (aggregate decode tokens/s, tolerance "
-          f"+-{100 * args.tolerance:.0f} %)")
+    print(
+        f"{r.label} vs GB10 facts for {profile} (aggregate decode tokens/s, tolerance "
+        f"+-{100 * args.tolerance:.0f} %)"
+    )
     print(f"{'temp':>5} {'eff':>4} {'N':>3}  {'measured':>22}  {'facts':>6}  {'diff':>8}")
     bad = 0
     for (n, t), runs in group(r.runs).items():
@@ -101,8 +108,13 @@ def cmd_facts(argv: list[str]) -> int:
         if s is None:
             continue
         eff = effective_temperature(r, t)
-        target = (facts.tok_s.get(n) if eff == 0.7 else
-                  FACTS_TEMP1.get(profile, {}).get(n) if eff == 1.0 else None)
+        target = (
+            facts.tok_s.get(n)
+            if eff == 0.7
+            else FACTS_TEMP1.get(profile, {}).get(n)
+            if eff == 1.0
+            else None
+        )
         if target is None:
             print(f"{temp_label(t):>5} {temp_label(eff):>4} {n:>3}  {s.fmt():>22}  {'-':>6}")
             continue
@@ -110,11 +122,17 @@ def cmd_facts(argv: list[str]) -> int:
         ok = abs(diff) <= args.tolerance
         bad += not ok
         derived = " (derived)" if eff == 0.7 and n in facts.derived else ""
-        print(f"{temp_label(t):>5} {temp_label(eff):>4} {n:>3}  {s.fmt():>22}  {target:>6.1f}  "
-              f"{100 * diff:+7.1f}%{derived}{'' if ok else '  OUT OF TOLERANCE'}")
-    one = [x.tokens_per_step for x in r.runs
-           if x.concurrency == 1 and effective_temperature(r, x.temperature) == 0.7
-           and x.tokens_per_step is not None]
+        print(
+            f"{temp_label(t):>5} {temp_label(eff):>4} {n:>3}  {s.fmt():>22}  {target:>6.1f}  "
+            f"{100 * diff:+7.1f}%{derived}{'' if ok else '  OUT OF TOLERANCE'}"
+        )
+    one = [
+        x.tokens_per_step
+        for x in r.runs
+        if x.concurrency == 1
+        and effective_temperature(r, x.temperature) == 0.7
+        and x.tokens_per_step is not None
+    ]
     ts = summarize(one)
     if ts is not None:
         print(f"accepted tokens/step at 1 stream, 0.7: {ts.fmt(2)} (facts {facts.accept:.2f})")

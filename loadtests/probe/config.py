@@ -19,8 +19,11 @@ class MetricsSource:
     key: str | None = field(default=None, repr=False)  # Bearer for it; never described
 
     def describe(self) -> dict[str, Any]:
-        return {"url": self.url, "kind": self.kind,
-                "backends": list(self.backends) if self.backends is not None else None}
+        return {
+            "url": self.url,
+            "kind": self.kind,
+            "backends": list(self.backends) if self.backends is not None else None,
+        }
 
 
 @dataclass(slots=True)
@@ -55,8 +58,12 @@ class ProbeConfig:
 
     def plan(self) -> list[tuple[int, float | None, int]]:
         """(concurrency, temperature, run index) in the order they are measured."""
-        return [(n, t, r) for t in self.temperatures for n in self.concurrency
-                for r in range(self.runs_for(n))]
+        return [
+            (n, t, r)
+            for t in self.temperatures
+            for n in self.concurrency
+            for r in range(self.runs_for(n))
+        ]
 
 
 @dataclass(slots=True)

@@ -27,8 +27,9 @@ def _verify(args: argparse.Namespace) -> ssl.SSLContext | bool:
     return True
 
 
-async def _get_json(client: httpx.AsyncClient, url: str,
-                    headers: dict[str, str] | None = None) -> dict[str, Any] | None:
+async def _get_json(
+    client: httpx.AsyncClient, url: str, headers: dict[str, str] | None = None
+) -> dict[str, Any] | None:
     try:
         resp = await client.get(url, headers=headers, timeout=5.0)
     except httpx.HTTPError:
@@ -52,8 +53,9 @@ def _engine_info(version: dict[str, Any] | None) -> dict[str, Any] | None:
     return info
 
 
-async def discover(args: argparse.Namespace, key: str | None,
-                   admin_token: str | None) -> tuple[dict[str, Any], list[MetricsSource], float]:
+async def discover(
+    args: argparse.Namespace, key: str | None, admin_token: str | None
+) -> tuple[dict[str, Any], list[MetricsSource], float]:
     """What is being probed: (target description, counter sources, time scale)."""
     base = _base(args.url)
     verify = _verify(args)
@@ -63,8 +65,9 @@ async def discover(args: argparse.Namespace, key: str | None,
     async with httpx.AsyncClient(verify=verify) as client:
         model = args.model
         if model is None:
-            models = await _get_json(client, f"{base}/v1/models",
-                                     {"authorization": f"Bearer {key}"} if key else None)
+            models = await _get_json(
+                client, f"{base}/v1/models", {"authorization": f"Bearer {key}"} if key else None
+            )
             data = (models or {}).get("data") or []
             if not data:
                 raise SystemExit("specrouter probe: --model is required (no /v1/models answer)")
@@ -78,7 +81,8 @@ async def discover(args: argparse.Namespace, key: str | None,
             policy = await _get_json(client, f"{admin}/admin/policy", hdr)
             target["admin_url"] = admin
             target["policy_version"] = (status or policy or {}).get(
-                "policy_version", (policy or {}).get("version"))
+                "policy_version", (policy or {}).get("version")
+            )
             doc = (policy or {}).get("document") or {}
             if backends is None:
                 for route in (doc.get("routes") or {}).values():
@@ -101,35 +105,43 @@ async def discover(args: argparse.Namespace, key: str | None,
             engines[base] = _engine_info(await _get_json(client, f"{base}/version"))
         target["engines"] = engines
 
-        urls = args.metrics_url or ([f"{_base(args.admin_url)}/metrics"] if args.admin_url
-                                    else [f"{base}/metrics"])
+        urls = args.metrics_url or (
+            [f"{_base(args.admin_url)}/metrics"] if args.admin_url else [f"{base}/metrics"]
+        )
         metrics_key = args.metrics_key or os.environ.get("SPECROUTER_PROBE_METRICS_KEY")
         hdr = {"authorization": f"Bearer {metrics_key}"} if metrics_key else {}
         for u in urls:
-            hint = ("" if args.metrics_url or args.admin_url else
-                    " (behind the gateway, give --admin-url, or the engine's --metrics-url)")
+            hint = (
+                ""
+                if args.metrics_url or args.admin_url
+                else " (behind the gateway, give --admin-url, or the engine's --metrics-url)"
+            )
             try:
                 resp = await client.get(u, timeout=5.0, headers=hdr)
             except httpx.HTTPError as exc:
                 raise SystemExit(f"specrouter probe: cannot read {u}: {exc}{hint}") from exc
             text = resp.text if resp.status_code == 200 else ""
             if "specrouter_backend_generation_tokens" in text:
-                sources.append(MetricsSource(u, "gateway",
-                                             tuple(backends) if backends is not None else None))
+                sources.append(
+                    MetricsSource(u, "gateway", tuple(backends) if backends is not None else None)
+                )
             elif Family.GENERATION_TOKENS in text or LlamaCppFamily.GENERATION_TOKENS in text:
                 sources.append(MetricsSource(u, "engine", key=metrics_key))
             else:
-                raise SystemExit(f"specrouter probe: {u} (HTTP {resp.status_code}) has neither "
-                                 f"an engine's generation counter nor the gateway's re-exported "
-                                 f"one{hint}")
+                raise SystemExit(
+                    f"specrouter probe: {u} (HTTP {resp.status_code}) has neither "
+                    f"an engine's generation counter nor the gateway's re-exported "
+                    f"one{hint}"
+                )
     target["metrics"] = [s.describe() for s in sources]
 
     scales = {float(e["sim"]["time_scale"]) for e in engines.values() if e and "sim" in e}
     if args.time_scale is not None:
         scale, how = args.time_scale, "--time-scale"
     elif len(scales) > 1:
-        raise SystemExit(f"specrouter probe: the backends run different time scales {scales}; "
-                         "give --time-scale")
+        raise SystemExit(
+            f"specrouter probe: the backends run different time scales {scales}; give --time-scale"
+        )
     elif scales:
         scale, how = scales.pop(), "read from the engine's /version"
     else:
@@ -139,8 +151,9 @@ async def discover(args: argparse.Namespace, key: str | None,
 
 
 def default_label(target: dict[str, Any]) -> str:
-    profiles = sorted({e["sim"]["profile"] for e in target.get("engines", {}).values()
-                       if e and "sim" in e})
+    profiles = sorted(
+        {e["sim"]["profile"] for e in target.get("engines", {}).values() if e and "sim" in e}
+    )
     if profiles:
         name = "+".join(profiles)
     else:

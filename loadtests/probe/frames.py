@@ -29,8 +29,13 @@ def _frame_kind(frame: bytes) -> str:
         return "error"
     for choice in obj.get("choices") or ():
         delta = choice.get("delta") or {}
-        if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") \
-                or delta.get("tool_calls") or choice.get("text"):
+        if (
+            delta.get("content")
+            or delta.get("reasoning_content")
+            or delta.get("reasoning")
+            or delta.get("tool_calls")
+            or choice.get("text")
+        ):
             return "token"
     return "other"
 

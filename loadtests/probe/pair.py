@@ -68,10 +68,19 @@ async def _discover(url: str, args: argparse.Namespace) -> tuple[str, float]:
 
 
 def _config(url: str, model: str, scale: float, args: argparse.Namespace) -> ProbeConfig:
-    return ProbeConfig(url=url, model=model, key=args.key,
-                       sources=[MetricsSource(f"{url}/metrics")], concurrency=[args.concurrency],
-                       temperatures=[args.temperature], window_s=args.window, warmup_s=2.0,
-                       prefill_tokens=0, time_scale=scale, verify=not args.insecure)
+    return ProbeConfig(
+        url=url,
+        model=model,
+        key=args.key,
+        sources=[MetricsSource(f"{url}/metrics")],
+        concurrency=[args.concurrency],
+        temperatures=[args.temperature],
+        window_s=args.window,
+        warmup_s=2.0,
+        prefill_tokens=0,
+        time_scale=scale,
+        verify=not args.insecure,
+    )
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,11 +94,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         alone[k] = await probe.run_once(n, t, 0, f"{k} alone")
     print(f"a and b together: {n} stream(s) each", file=sys.stderr, flush=True)
     # The same prompts as alone (run 0): the same content, so acceptance does not differ.
-    both = await asyncio.gather(*(p.run_once(n, t, 0, f"{k} together")
-                                  for k, p in probes.items()))
+    both = await asyncio.gather(*(p.run_once(n, t, 0, f"{k} together") for k, p in probes.items()))
     together = dict(zip(probes, both, strict=True))
-    out: dict[str, Any] = {"concurrency": n, "temperature": t, "window_s": args.window,
-                           "time_scale": {k: f[1] for k, f in found.items()}, "engines": {}}
+    out: dict[str, Any] = {
+        "concurrency": n,
+        "temperature": t,
+        "window_s": args.window,
+        "time_scale": {k: f[1] for k, f in found.items()},
+        "engines": {},
+    }
     overlaps = []
     for k in probes:
         a, b = alone[k].tok_s, together[k].tok_s
@@ -97,9 +110,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         ov = overlap_from(sa, sb)
         if ov is not None:
             overlaps.append(ov)
-        out["engines"][k] = {"url": urls[k], "alone_tok_s": a, "together_tok_s": b,
-                             "alone_steps_s": sa, "together_steps_s": sb,
-                             "slowdown": sa / sb if sb else None, "overlap": ov}
+        out["engines"][k] = {
+            "url": urls[k],
+            "alone_tok_s": a,
+            "together_tok_s": b,
+            "alone_steps_s": sa,
+            "together_steps_s": sb,
+            "slowdown": sa / sb if sb else None,
+            "overlap": ov,
+        }
     out["overlap"] = sum(overlaps) / len(overlaps) if overlaps else None
     return out
 
@@ -109,8 +128,10 @@ def cmd_pair(argv: list[str]) -> int:
     result = asyncio.run(measure(args))
     for k, e in result["engines"].items():
         slow = "-" if e["slowdown"] is None else f"{e['slowdown']:.2f}x"
-        print(f"{k}: {e['alone_tok_s']:.1f} tokens/s alone, {e['together_tok_s']:.1f} together "
-              f"({slow} slower)")
+        print(
+            f"{k}: {e['alone_tok_s']:.1f} tokens/s alone, {e['together_tok_s']:.1f} together "
+            f"({slow} slower)"
+        )
     ov = result["overlap"]
     print(f"device overlap (specrouter sim --overlap): {'-' if ov is None else f'{ov:.2f}'}")
     if args.out is not None:

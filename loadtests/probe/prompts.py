@@ -41,14 +41,16 @@ TASKS = (
 )
 
 
-def prompt_tag(seed: int, concurrency: int, temperature: float | None, run: int, stream: int,
-               request: int) -> str:
+def prompt_tag(
+    seed: int, concurrency: int, temperature: float | None, run: int, stream: int, request: int
+) -> str:
     t = "unset" if temperature is None else f"{temperature:g}"
     return f"s{seed}-n{concurrency}-t{t}-r{run}-i{stream}-q{request}"
 
 
-def messages(seed: int, concurrency: int, temperature: float | None, run: int, stream: int,
-             request: int = 0) -> list[dict[str, str]]:
+def messages(
+    seed: int, concurrency: int, temperature: float | None, run: int, stream: int, request: int = 0
+) -> list[dict[str, str]]:
     """A code-generation conversation, unique per (seed, cell, run, stream, request)."""
     tag = prompt_tag(seed, concurrency, temperature, run, stream, request)
     rng = random.Random(tag)
@@ -59,13 +61,22 @@ def messages(seed: int, concurrency: int, temperature: float | None, run: int, s
     ]
 
 
-def chat_body(model: str, msgs: list[dict[str, str]], *, max_tokens: int,
-              temperature: float | None, ignore_eos: bool) -> dict[str, Any]:
+def chat_body(
+    model: str,
+    msgs: list[dict[str, str]],
+    *,
+    max_tokens: int,
+    temperature: float | None,
+    ignore_eos: bool,
+) -> dict[str, Any]:
     # Continuous usage: each chunk's completion_tokens, to make the client's ITL per token.
-    body: dict[str, Any] = {"model": model, "messages": msgs, "stream": True,
-                            "max_tokens": max_tokens,
-                            "stream_options": {"include_usage": True,
-                                               "continuous_usage_stats": True}}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": msgs,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
     if temperature is not None:
         body["temperature"] = temperature
     if ignore_eos:
@@ -73,10 +84,38 @@ def chat_body(model: str, msgs: list[dict[str, str]], *, max_tokens: int,
     return body
 
 
-_NAMES = ("config", "request", "buffer", "record", "session", "payload", "offset", "handler",
-          "result", "window", "cursor", "schema", "tensor", "router", "policy", "engine")
-_VERBS = ("load", "parse", "merge", "render", "update", "validate", "encode", "flush", "apply",
-          "resolve", "collect", "schedule")
+_NAMES = (
+    "config",
+    "request",
+    "buffer",
+    "record",
+    "session",
+    "payload",
+    "offset",
+    "handler",
+    "result",
+    "window",
+    "cursor",
+    "schema",
+    "tensor",
+    "router",
+    "policy",
+    "engine",
+)
+_VERBS = (
+    "load",
+    "parse",
+    "merge",
+    "render",
+    "update",
+    "validate",
+    "encode",
+    "flush",
+    "apply",
+    "resolve",
+    "collect",
+    "schedule",
+)
 
 
 def long_prompt(tokens: int, nonce: str) -> list[dict[str, str]]:
@@ -109,5 +148,8 @@ def long_prompt(tokens: int, nonce: str) -> list[dict[str, str]]:
     code = "".join(lines)
     return [
         {"role": "system", "content": f"Review session {nonce}. {SYSTEM}"},
-        {"role": "user", "content": f"Review this module and list every bug:\n\n```python\n{code}```"},
+        {
+            "role": "user",
+            "content": f"Review this module and list every bug:\n\n```python\n{code}```",
+        },
     ]

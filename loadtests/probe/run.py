@@ -41,8 +41,17 @@ from loadtests.probe.progress import Progress, fmt_duration
 from loadtests.probe.stats import p50_p95, temp_label
 
 # Where the probe's callers (the command, the policy sweep, the report) have always found them.
-__all__ = ["MetricsSource", "PrefillResult", "Probe", "ProbeConfig", "Progress", "RunResult",
-           "Stopped", "_frame_kind", "fmt_duration"]
+__all__ = [
+    "MetricsSource",
+    "PrefillResult",
+    "Probe",
+    "ProbeConfig",
+    "Progress",
+    "RunResult",
+    "Stopped",
+    "_frame_kind",
+    "fmt_duration",
+]
 
 
 class Stopped(Exception):
@@ -111,8 +120,9 @@ class Probe:
         waiter = asyncio.ensure_future(ev.wait())
         stopper = asyncio.ensure_future(self.stop.wait())
         try:
-            await asyncio.wait({waiter, stopper}, timeout=real_s,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {waiter, stopper}, timeout=real_s, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             waiter.cancel()
             stopper.cancel()
@@ -122,8 +132,9 @@ class Probe:
 
     # -- counters --------------------------------------------------------------------------------
 
-    async def _read_source(self, client: httpx.AsyncClient,
-                           src: MetricsSource) -> dict[str, Reading]:
+    async def _read_source(
+        self, client: httpx.AsyncClient, src: MetricsSource
+    ) -> dict[str, Reading]:
         hdr = {"authorization": f"Bearer {src.key}"} if src.key else {}
         resp = await client.get(src.url, timeout=10.0, headers=hdr)
         resp.raise_for_status()
@@ -133,8 +144,9 @@ class Probe:
         names = list(per_backend) if src.backends is None else list(src.backends)
         return {f"{src.url}#{b}": per_backend.get(b, Reading()) for b in names}
 
-    async def read_counters(self, client: httpx.AsyncClient, *,
-                            aligned: bool) -> tuple[float, dict[str, Reading]]:
+    async def read_counters(
+        self, client: httpx.AsyncClient, *, aligned: bool
+    ) -> tuple[float, dict[str, Reading]]:
         """(monotonic time of the reading, readings by source label).
 
         The generation counter moves in jumps: once per engine step (N sequences x accepted
@@ -190,13 +202,21 @@ class Probe:
         data = resp.json()
         if data.get("in_flight"):
             return False
-        return all(not (b.get("in_flight") or b.get("running") or b.get("waiting"))
-                   for b in (data.get("backends") or {}).values())
+        return all(
+            not (b.get("in_flight") or b.get("running") or b.get("waiting"))
+            for b in (data.get("backends") or {}).values()
+        )
 
     # -- one stream ------------------------------------------------------------------------------
 
-    async def _stream(self, client: httpx.AsyncClient, st: _RunState, idx: int,
-                      temperature: float | None, run: int) -> None:
+    async def _stream(
+        self,
+        client: httpx.AsyncClient,
+        st: _RunState,
+        idx: int,
+        temperature: float | None,
+        run: int,
+    ) -> None:
         cfg = self.cfg
         loop = asyncio.get_running_loop()
         short_left = cfg.warmup_requests
@@ -208,8 +228,12 @@ class Probe:
             long = short_left == 0
             msgs = prompts.messages(cfg.seed, st.n, temperature, run, idx, seq)
             body = prompts.chat_body(
-                cfg.model, msgs, temperature=temperature, ignore_eos=cfg.ignore_eos,
-                max_tokens=cfg.max_tokens if long else cfg.warmup_max_tokens)
+                cfg.model,
+                msgs,
+                temperature=temperature,
+                ignore_eos=cfg.ignore_eos,
+                max_tokens=cfg.max_tokens if long else cfg.warmup_max_tokens,
+            )
             seq += 1
             self.requests += 1
             st.requests += 1
@@ -219,8 +243,9 @@ class Probe:
             seen: int | None = None  # completion tokens so far, from the chunks' usage
             failed = False
             try:
-                async with client.stream("POST", f"{cfg.url}/v1/chat/completions", json=body,
-                                         headers=self._headers()) as resp:
+                async with client.stream(
+                    "POST", f"{cfg.url}/v1/chat/completions", json=body, headers=self._headers()
+                ) as resp:
                     if resp.status_code != 200:
                         text = (await resp.aread()).decode("utf-8", "replace")
                         st.error(f"HTTP {resp.status_code}: {text}")
@@ -254,8 +279,9 @@ class Probe:
                                 st.ttft.append(now - t0)
                             elif chunks > 0 and st.measuring:
                                 st.gaps.append(now - last)
-                                st.gap_tokens.append(seen - before if seen is not None
-                                                     and before is not None else 0)
+                                st.gap_tokens.append(
+                                    seen - before if seen is not None and before is not None else 0
+                                )
                             chunks += 1
                             last = now
                             if long and chunks == 2 and idx not in st.decoding:
@@ -276,33 +302,43 @@ class Probe:
 
     # -- one run ---------------------------------------------------------------------------------
 
-    async def run_once(self, n: int, temperature: float | None, run: int,
-                       label: str) -> RunResult:
+    async def run_once(self, n: int, temperature: float | None, run: int, label: str) -> RunResult:
         cfg = self.cfg
         st = _RunState(n)
         limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
         timeout = httpx.Timeout(cfg.request_timeout_s, connect=10.0)
         started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-        async with httpx.AsyncClient(verify=cfg.verify, limits=limits, timeout=timeout) as client, \
-                httpx.AsyncClient(verify=cfg.verify, timeout=10.0) as mclient:
-            tasks = [asyncio.create_task(self._stream(client, st, i, temperature, run))
-                     for i in range(n)]
+        async with (
+            httpx.AsyncClient(verify=cfg.verify, limits=limits, timeout=timeout) as client,
+            httpx.AsyncClient(verify=cfg.verify, timeout=10.0) as mclient,
+        ):
+            tasks = [
+                asyncio.create_task(self._stream(client, st, i, temperature, run)) for i in range(n)
+            ]
             try:
-                self.progress.line(f"{label}: starting {n} stream(s)"
-                                   + (f", {cfg.warmup_requests} warm-up request(s) each"
-                                      if cfg.warmup_requests else ""))
+                self.progress.line(
+                    f"{label}: starting {n} stream(s)"
+                    + (
+                        f", {cfg.warmup_requests} warm-up request(s) each"
+                        if cfg.warmup_requests
+                        else ""
+                    )
+                )
                 start_limit = max(30.0, (cfg.warmup_requests + 2) * 60.0 * self.scale)
                 if not await self._wait_event(st.all_decoding, start_limit):
                     raise RuntimeError(
                         f"only {len(st.decoding)}/{n} streams decoding after {start_limit:.0f} s"
-                        f" ({st.errors} errors: {'; '.join(st.error_samples[:2])})")
+                        f" ({st.errors} errors: {'; '.join(st.error_samples[:2])})"
+                    )
                 await self._sleep(cfg.warmup_s * self.scale)
                 t0, before = await self.read_counters(mclient, aligned=True)
                 st.measuring = True
                 end = t0 + cfg.window_s * self.scale
                 while (left := end - time.monotonic()) > 0:
-                    self.progress.live(f"{label}: window, {left / self.scale:4.0f} s (unscaled) "
-                                       f"left, {self.time_left_text()}")
+                    self.progress.live(
+                        f"{label}: window, {left / self.scale:4.0f} s (unscaled) "
+                        f"left, {self.time_left_text()}"
+                    )
                     await self._sleep(min(left, 1.0))
                 t1, after = await self.read_counters(mclient, aligned=True)
                 st.measuring = False
@@ -316,19 +352,42 @@ class Probe:
         window = (t1 - t0) / self.scale
         fig = window_figures(total(before.values()), total(after.values()), window)
         ttft = p50_p95([1000.0 * x / self.scale for x in st.ttft])
-        itl = p50_p95([1000.0 * x / self.scale
-                       for x in per_token(st.gaps, st.gap_tokens, fig.tokens_per_step)])
+        itl = p50_p95(
+            [
+                1000.0 * x / self.scale
+                for x in per_token(st.gaps, st.gap_tokens, fig.tokens_per_step)
+            ]
+        )
         gap = p50_p95([1000.0 * x / self.scale for x in st.gaps])
-        sources = {k: max(0.0, after[k].get("generation") - before[k].get("generation", ))
-                   for k in after if k in before}
+        sources = {
+            k: max(0.0, after[k].get("generation") - before[k].get("generation"))
+            for k in after
+            if k in before
+        }
         return RunResult(
-            concurrency=n, temperature=temperature, run=run, window_s=window,
-            generated=fig.generated, tok_s=fig.tok_s, per_stream_tok_s=fig.tok_s / n,
-            tokens_per_step=fig.tokens_per_step, accept_per_pos=list(fig.accept_per_pos),
-            ttft_p50_ms=ttft[0], ttft_p95_ms=ttft[1], itl_p50_ms=itl[0], itl_p95_ms=itl[1],
-            requests=st.requests, errors=st.errors, error_samples=st.error_samples,
-            variants=dict(st.variants), defaults=dict(st.defaults), sources=sources,
-            started_at=started_at, chunk_gap_p50_ms=gap[0], chunk_gap_p95_ms=gap[1])
+            concurrency=n,
+            temperature=temperature,
+            run=run,
+            window_s=window,
+            generated=fig.generated,
+            tok_s=fig.tok_s,
+            per_stream_tok_s=fig.tok_s / n,
+            tokens_per_step=fig.tokens_per_step,
+            accept_per_pos=list(fig.accept_per_pos),
+            ttft_p50_ms=ttft[0],
+            ttft_p95_ms=ttft[1],
+            itl_p50_ms=itl[0],
+            itl_p95_ms=itl[1],
+            requests=st.requests,
+            errors=st.errors,
+            error_samples=st.error_samples,
+            variants=dict(st.variants),
+            defaults=dict(st.defaults),
+            sources=sources,
+            started_at=started_at,
+            chunk_gap_p50_ms=gap[0],
+            chunk_gap_p95_ms=gap[1],
+        )
 
     # -- the prefill -----------------------------------------------------------------------------
 
@@ -336,8 +395,11 @@ class Probe:
         cfg = self.cfg
         nonce = uuid.uuid4().hex
         body: dict[str, Any] = {
-            "model": cfg.model, "messages": prompts.long_prompt(cfg.prefill_tokens, nonce),
-            "stream": True, "max_tokens": 1, "temperature": 0.7,
+            "model": cfg.model,
+            "messages": prompts.long_prompt(cfg.prefill_tokens, nonce),
+            "stream": True,
+            "max_tokens": 1,
+            "temperature": 0.7,
             "stream_options": {"include_usage": True},
         }
         timeout = httpx.Timeout(max(cfg.request_timeout_s, 600.0 * self.scale), connect=10.0)
@@ -348,8 +410,9 @@ class Probe:
             t0 = loop.time()
             first: float | None = None
             usage: int | None = None
-            async with client.stream("POST", f"{cfg.url}/v1/chat/completions", json=body,
-                                     headers=self._headers()) as resp:
+            async with client.stream(
+                "POST", f"{cfg.url}/v1/chat/completions", json=body, headers=self._headers()
+            ) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode("utf-8", "replace")
                     raise RuntimeError(f"prefill request: HTTP {resp.status_code}: {text[:300]}")
@@ -379,8 +442,7 @@ class Probe:
             tokens, source = int(counted), "counter"
         else:
             tokens, source = cfg.prefill_tokens, "estimate"
-        return PrefillResult(tokens, seconds, tokens / seconds if seconds > 0 else math.nan,
-                             source)
+        return PrefillResult(tokens, seconds, tokens / seconds if seconds > 0 else math.nan, source)
 
     # -- the whole probe -------------------------------------------------------------------------
 
@@ -403,9 +465,12 @@ class Probe:
             left += 8.0 * self.scale + 1.0
         return left
 
-    async def run(self, on_result: Callable[[RunResult], Awaitable[None] | None] | None = None,
-                  redo_if: Callable[[RunResult], str | None] | None = None,
-                  max_redos: int = 2) -> None:
+    async def run(
+        self,
+        on_result: Callable[[RunResult], Awaitable[None] | None] | None = None,
+        redo_if: Callable[[RunResult], str | None] | None = None,
+        max_redos: int = 2,
+    ) -> None:
         """Every planned run in order; stops cleanly on `request_stop` or a bound.
 
         `redo_if(result)` may give a reason to discard a run and measure it again (at most
@@ -423,8 +488,10 @@ class Probe:
                         self.request_stop(f"time bound reached ({cfg.max_seconds:.0f} s)")
                         break
                 cell_no = cells.index((n, temp)) + 1
-                label = (f"[cell {cell_no}/{len(cells)} N={n} temp={temp_label(temp)} "
-                         f"run {r + 1}/{cfg.runs_for(n)} | run {i + 1}/{len(plan)}]")
+                label = (
+                    f"[cell {cell_no}/{len(cells)} N={n} temp={temp_label(temp)} "
+                    f"run {r + 1}/{cfg.runs_for(n)} | run {i + 1}/{len(plan)}]"
+                )
                 self.progress.line(f"{label} {self.time_left_text()}")
                 for attempt in range(max_redos + 1):
                     t_run = time.monotonic()
@@ -434,28 +501,42 @@ class Probe:
                     if reason is None:
                         break
                     self.rejected.append((result, reason))
-                    self.progress.line(f"{label} discarded ({reason})"
-                                       + ("; measuring again" if attempt < max_redos else ""))
+                    self.progress.line(
+                        f"{label} discarded ({reason})"
+                        + ("; measuring again" if attempt < max_redos else "")
+                    )
                 self.results.append(result)
-                tps = ("" if result.tokens_per_step is None
-                       else f", {result.tokens_per_step:.2f} tokens/step")
-                via = (" via " + ", ".join(f"{k} x{v}" for k, v in sorted(result.variants.items()))
-                       if result.variants else "")
-                self.progress.line(f"{label} -> {result.tok_s:.1f} tokens/s{tps}, "
-                                   f"{result.errors} error(s){via}")
+                tps = (
+                    ""
+                    if result.tokens_per_step is None
+                    else f", {result.tokens_per_step:.2f} tokens/step"
+                )
+                via = (
+                    " via " + ", ".join(f"{k} x{v}" for k, v in sorted(result.variants.items()))
+                    if result.variants
+                    else ""
+                )
+                self.progress.line(
+                    f"{label} -> {result.tok_s:.1f} tokens/s{tps}, {result.errors} error(s){via}"
+                )
                 if on_result is not None:
                     maybe = on_result(result)
                     if maybe is not None:
                         await maybe
             if cfg.prefill_tokens and not self.stop.is_set():
-                self.progress.line(f"[prefill] one fresh ~{cfg.prefill_tokens}-token prompt, "
-                                   f"{self.time_left_text()}")
+                self.progress.line(
+                    f"[prefill] one fresh ~{cfg.prefill_tokens}-token prompt, "
+                    f"{self.time_left_text()}"
+                )
                 self.prefill = await self.measure_prefill()
-                self.progress.line(f"[prefill] {self.prefill.prompt_tokens} prompt tokens in "
-                                   f"{self.prefill.seconds:.2f} s: "
-                                   f"{self.prefill.tok_s:.0f} tokens/s")
+                self.progress.line(
+                    f"[prefill] {self.prefill.prompt_tokens} prompt tokens in "
+                    f"{self.prefill.seconds:.2f} s: "
+                    f"{self.prefill.tok_s:.0f} tokens/s"
+                )
         except Stopped:
             pass
         if self.stop.is_set():
-            self.progress.line(f"stopped: {self.stop_reason}; keeping the "
-                               f"{len(self.results)} complete run(s)")
+            self.progress.line(
+                f"stopped: {self.stop_reason}; keeping the {len(self.results)} complete run(s)"
+            )

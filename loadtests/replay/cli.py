@@ -57,15 +57,29 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--ca", help="CA certificate to verify the target's TLS certificate")
     where.add_argument("--insecure", action="store_true", help="do not verify TLS")
     where.add_argument("--api-key", default=None)
-    where.add_argument("--engine-metrics", action="append", default=[], metavar="URL",
-                       help="an engine's base URL whose /metrics to read (repeat)")
+    where.add_argument(
+        "--engine-metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an engine's base URL whose /metrics to read (repeat)",
+    )
     where.add_argument("--sim", action="store_true", help="start a one-device simulated GB10")
     where.add_argument("--direct", action="store_true", help="--sim without the gateway")
-    where.add_argument("--sim-engine", action="append", default=[], metavar="NAME:PROFILE[:SHARE]",
-                       help="an engine of the simulated device (default deep:dflash7-prob-block)")
+    where.add_argument(
+        "--sim-engine",
+        action="append",
+        default=[],
+        metavar="NAME:PROFILE[:SHARE]",
+        help="an engine of the simulated device (default deep:dflash7-prob-block)",
+    )
     where.add_argument("--overlap", type=float, default=0.0, help="the device model's overlap")
-    where.add_argument("--time-scale", type=float, default=None,
-                       help="the simulator's time scale (--sim default 0.05; else 1.0)")
+    where.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="the simulator's time scale (--sim default 0.05; else 1.0)",
+    )
     where.add_argument("--duration", type=float, default=60.0, help="wall seconds")
     where.add_argument("--progress-s", type=float, default=5.0, help="progress line every S s")
     where.add_argument("--out", type=Path, default=None, help="write replay.json and replay.png")
@@ -73,24 +87,46 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--agents", type=int, default=d.agents, help="1-16 agents at once")
     w.add_argument("--turns", type=int, default=d.turns, help="turns per session")
     w.add_argument("--initial-context", type=int, default=d.initial_context, help="tokens")
-    w.add_argument("--new-tokens", type=int, default=d.new_tokens,
-                   help="new prompt tokens per turn (tool output)")
-    w.add_argument("--gen-tokens", type=int, default=d.gen_tokens,
-                   help="mean generated tokens per turn (log-normal)")
+    w.add_argument(
+        "--new-tokens",
+        type=int,
+        default=d.new_tokens,
+        help="new prompt tokens per turn (tool output)",
+    )
+    w.add_argument(
+        "--gen-tokens",
+        type=int,
+        default=d.gen_tokens,
+        help="mean generated tokens per turn (log-normal)",
+    )
     w.add_argument("--gen-sigma", type=float, default=d.gen_sigma)
-    w.add_argument("--think-s", type=float, default=d.think_s,
-                   help="tool/think time between turns, unscaled s")
-    w.add_argument("--max-context", type=int, default=d.max_context,
-                   help="context at which a session compacts")
-    w.add_argument("--temperature", type=_temperatures, default=d.temperatures,
-                   help="per agent, round robin: e.g. 0.7 | unset | 0.7,unset")
+    w.add_argument(
+        "--think-s", type=float, default=d.think_s, help="tool/think time between turns, unscaled s"
+    )
+    w.add_argument(
+        "--max-context", type=int, default=d.max_context, help="context at which a session compacts"
+    )
+    w.add_argument(
+        "--temperature",
+        type=_temperatures,
+        default=d.temperatures,
+        help="per agent, round robin: e.g. 0.7 | unset | 0.7,unset",
+    )
     w.add_argument("--tools", type=int, default=d.tools, help="tool definitions per request")
-    w.add_argument("--tool-choice", choices=("none", "auto"), default=d.tool_choice,
-                   help="none: tools in the prompt, free text out; auto: the engine may call them")
+    w.add_argument(
+        "--tool-choice",
+        choices=("none", "auto"),
+        default=d.tool_choice,
+        help="none: tools in the prompt, free text out; auto: the engine may call them",
+    )
     w.add_argument("--subagent-rate", type=float, default=d.subagent_rate, help="per turn")
     w.add_argument("--subagent-turns", type=int, default=d.subagent_turns)
-    w.add_argument("--api-mix", type=_mix, default=d.api_mix,
-                   help="e.g. chat=3,responses=1 (messages needs a target serving /v1/messages)")
+    w.add_argument(
+        "--api-mix",
+        type=_mix,
+        default=d.api_mix,
+        help="e.g. chat=3,responses=1 (messages needs a target serving /v1/messages)",
+    )
     w.add_argument("--model", default=d.model)
     w.add_argument("--seed", type=int, default=d.seed)
     return p
@@ -145,27 +181,38 @@ async def _run(driver: Driver, progress_s: float) -> list[TurnResult]:
         await asyncio.wait([task], timeout=progress_s)
         if not task.done():
             ok = sum(1 for r in driver.results if r.error is None)
-            print(f"  {time.monotonic() - t0:5.0f} s: {ok} turns done, "
-                  f"{len(driver.results) - ok} failed, {driver.in_flight} in flight",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {time.monotonic() - t0:5.0f} s: {ok} turns done, "
+                f"{len(driver.results) - ok} failed, {driver.in_flight} in flight",
+                file=sys.stderr,
+                flush=True,
+            )
     return task.result()
 
 
-def replay(args: argparse.Namespace, params: WorkloadParams, target: Address,
-           scale: float) -> dict[str, Any]:
+def replay(
+    args: argparse.Namespace, params: WorkloadParams, target: Address, scale: float
+) -> dict[str, Any]:
     before = _counters(target.metrics)
     cpu0 = {who: cpu_seconds(p) for who, p in target.pids.items()}
     me0, t0 = self_cpu(), time.monotonic()
-    driver = Driver(params, target.url, time_scale=scale, duration_s=args.duration,
-                    verify=target.verify, api_key=target.api_key)
+    driver = Driver(
+        params,
+        target.url,
+        time_scale=scale,
+        duration_s=args.duration,
+        verify=target.verify,
+        api_key=target.api_key,
+    )
     turns = asyncio.run(_run(driver, args.progress_s))
     wall = time.monotonic() - t0
     cpu = {"client": (self_cpu() - me0) / wall}
     cpu.update({who: (cpu_seconds(p) - cpu0[who]) / wall for who, p in target.pids.items()})
     after = _counters(target.metrics)
     engines = None if before is None or after is None else report.delta(before, after)
-    return report.build(turns, params=asdict(params), time_scale=scale, wall_s=wall,
-                        engines=engines, cpu=cpu)
+    return report.build(
+        turns, params=asdict(params), time_scale=scale, wall_s=wall, engines=engines, cpu=cpu
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -175,24 +222,40 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         params = WorkloadParams(
-            agents=args.agents, turns=args.turns, initial_context=args.initial_context,
-            new_tokens=args.new_tokens, gen_tokens=args.gen_tokens, gen_sigma=args.gen_sigma,
-            think_s=args.think_s, max_context=args.max_context, temperatures=args.temperature,
-            tools=args.tools, tool_choice=args.tool_choice, subagent_rate=args.subagent_rate,
-            subagent_turns=args.subagent_turns, api_mix=args.api_mix, model=args.model,
-            seed=args.seed)
+            agents=args.agents,
+            turns=args.turns,
+            initial_context=args.initial_context,
+            new_tokens=args.new_tokens,
+            gen_tokens=args.gen_tokens,
+            gen_sigma=args.gen_sigma,
+            think_s=args.think_s,
+            max_context=args.max_context,
+            temperatures=args.temperature,
+            tools=args.tools,
+            tool_choice=args.tool_choice,
+            subagent_rate=args.subagent_rate,
+            subagent_turns=args.subagent_turns,
+            api_mix=args.api_mix,
+            model=args.model,
+            seed=args.seed,
+        )
     except ValueError as err:
         print(f"specrouter replay: {err}", file=sys.stderr)
         return 2
     scale = args.time_scale or (0.05 if args.sim else 1.0)
-    print(f"replay: {params.agents} agents for {args.duration:g} s wall at time scale {scale:g}",
-          file=sys.stderr)
+    print(
+        f"replay: {params.agents} agents for {args.duration:g} s wall at time scale {scale:g}",
+        file=sys.stderr,
+    )
     if args.sim:
         with _simulated(args, scale) as target:
             result = replay(args, params, target, scale)
     else:
-        verify: Any = False if args.insecure else (
-            ssl.create_default_context(cafile=args.ca) if args.ca else True)
+        verify: Any = (
+            False
+            if args.insecure
+            else (ssl.create_default_context(cafile=args.ca) if args.ca else True)
+        )
         target = Address(args.target, verify, args.api_key, args.engine_metrics)
         result = replay(args, params, target, scale)
     print(report.text(result))

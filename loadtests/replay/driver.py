@@ -58,7 +58,10 @@ def _read_event(api: str, data: dict[str, Any], s: _Stream, now: float) -> None:
                 piece += orjson.dumps(delta["tool_calls"]).decode()
         usage = data.get("usage")
         if usage:
-            s.prompt, s.completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+            s.prompt, s.completion = (
+                usage.get("prompt_tokens", 0),
+                usage.get("completion_tokens", 0),
+            )
             details = usage.get("prompt_tokens_details") or {}
             s.cached = details.get("cached_tokens", s.cached)
     elif api == "responses":
@@ -88,17 +91,28 @@ def _read_event(api: str, data: dict[str, Any], s: _Stream, now: float) -> None:
 
 
 class Driver:
-    def __init__(self, params: WorkloadParams, base_url: str, *, time_scale: float,
-                 duration_s: float, verify: Any = True, api_key: str | None = None,
-                 on_turn: Callable[[TurnResult], None] | None = None) -> None:
+    def __init__(
+        self,
+        params: WorkloadParams,
+        base_url: str,
+        *,
+        time_scale: float,
+        duration_s: float,
+        verify: Any = True,
+        api_key: str | None = None,
+        on_turn: Callable[[TurnResult], None] | None = None,
+    ) -> None:
         self.params = params
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.scale = time_scale
         self.duration_s = duration_s  # wall seconds
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(
-            verify=verify, headers=headers, timeout=httpx.Timeout(600.0, connect=10.0),
-            limits=httpx.Limits(max_connections=4 * params.agents + 4))
+            verify=verify,
+            headers=headers,
+            timeout=httpx.Timeout(600.0, connect=10.0),
+            limits=httpx.Limits(max_connections=4 * params.agents + 4),
+        )
         self.results: list[TurnResult] = []
         self.in_flight = 0
         self.on_turn = on_turn
@@ -123,8 +137,9 @@ class Driver:
             await self._session(Session(self.params, agent, number), agent, number)
             number += 1
 
-    async def _session(self, session: Session, agent: int, number: int,
-                       subagent: bool = False) -> None:
+    async def _session(
+        self, session: Session, agent: int, number: int, subagent: bool = False
+    ) -> None:
         sub = 0
         while not session.done and self._left() > 0:
             result, answer = await self._turn(session.next_turn(), agent, number, subagent)
@@ -133,21 +148,29 @@ class Driver:
             session.record(answer, result.completion_tokens)
             if not subagent and session.spawns_subagent():
                 sub += 1
-                await self._session(Session(self.params, agent, 1000 * (number + 1) + sub,
-                                            subagent=True), agent, number, subagent=True)
+                await self._session(
+                    Session(self.params, agent, 1000 * (number + 1) + sub, subagent=True),
+                    agent,
+                    number,
+                    subagent=True,
+                )
             await asyncio.sleep(min(max(0.0, self._left()), self.params.think_s * self.scale))
 
-    async def _turn(self, turn: Turn, agent: int, number: int,
-                    subagent: bool) -> tuple[TurnResult, str]:
+    async def _turn(
+        self, turn: Turn, agent: int, number: int, subagent: bool
+    ) -> tuple[TurnResult, str]:
         path, body = request_body(turn, self.params)
         s = _Stream([])
         t0 = time.monotonic()
         error: str | None = None
         self.in_flight += 1
         try:
-            async with self.client.stream("POST", self.base_url + path,
-                                          content=orjson.dumps(body),
-                                          headers={"content-type": "application/json"}) as resp:
+            async with self.client.stream(
+                "POST",
+                self.base_url + path,
+                content=orjson.dumps(body),
+                headers={"content-type": "application/json"},
+            ) as resp:
                 if resp.status_code != 200:
                     error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                 else:
@@ -167,10 +190,22 @@ class Driver:
         decode = None
         if s.first is not None and end > s.first and completion > 1:
             decode = (completion - 1) / ((end - s.first) / self.scale)
-        result = TurnResult(agent, number, subagent, turn.api, turn.temperature,
-                            turn.context_tokens, (t0 - self._t0) / self.scale,
-                            (end - t0) / self.scale, ttft, decode, s.prompt, s.cached,
-                            completion, error)
+        result = TurnResult(
+            agent,
+            number,
+            subagent,
+            turn.api,
+            turn.temperature,
+            turn.context_tokens,
+            (t0 - self._t0) / self.scale,
+            (end - t0) / self.scale,
+            ttft,
+            decode,
+            s.prompt,
+            s.cached,
+            completion,
+            error,
+        )
         self.results.append(result)
         if self.on_turn is not None:
             self.on_turn(result)

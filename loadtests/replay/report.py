@@ -18,8 +18,11 @@ from proxy.vllm_wire import Family
 
 from .driver import TurnResult
 
-ENGINE_COUNTERS = {Family.PREFIX_CACHE_QUERIES: "prefix_queries",
-                   Family.PREFIX_CACHE_HITS: "prefix_hits", Family.PREEMPTIONS: "preemptions"}
+ENGINE_COUNTERS = {
+    Family.PREFIX_CACHE_QUERIES: "prefix_queries",
+    Family.PREFIX_CACHE_HITS: "prefix_hits",
+    Family.PREEMPTIONS: "preemptions",
+}
 CPU_WARN = 0.80  # of one core
 
 
@@ -42,8 +45,13 @@ def dist(values: Iterable[float | None]) -> dict[str, Any]:
     xs = sorted(float(v) for v in values if v is not None)
     if not xs:
         return {"n": 0}
-    return {"n": len(xs), "p50": quantile(xs, 0.5), "p95": quantile(xs, 0.95),
-            "min": xs[0], "max": xs[-1]}
+    return {
+        "n": len(xs),
+        "p50": quantile(xs, 0.5),
+        "p95": quantile(xs, 0.95),
+        "min": xs[0],
+        "max": xs[-1],
+    }
 
 
 def summarize(turns: Sequence[TurnResult]) -> dict[str, Any]:
@@ -51,9 +59,11 @@ def summarize(turns: Sequence[TurnResult]) -> dict[str, Any]:
     prompt = sum(t.prompt_tokens for t in ok if t.cached_tokens is not None)
     cached = sum(t.cached_tokens or 0 for t in ok if t.cached_tokens is not None)
     return {
-        "turns": len(ok), "errors": len(turns) - len(ok),
+        "turns": len(ok),
+        "errors": len(turns) - len(ok),
         "subagent_turns": sum(1 for t in ok if t.subagent),
-        "turn_s": dist(t.turn_s for t in ok), "ttft_s": dist(t.ttft_s for t in ok),
+        "turn_s": dist(t.turn_s for t in ok),
+        "ttft_s": dist(t.ttft_s for t in ok),
         "decode_tok_s": dist(t.decode_tok_s for t in ok),
         "context_tokens": dist(t.context_tokens for t in ok),
         "generated_tokens": sum(t.completion_tokens for t in ok),
@@ -63,23 +73,38 @@ def summarize(turns: Sequence[TurnResult]) -> dict[str, Any]:
     }
 
 
-def build(turns: Sequence[TurnResult], *, params: dict[str, Any], time_scale: float,
-          wall_s: float, engines: dict[str, float] | None, cpu: dict[str, float]) -> dict[str, Any]:
+def build(
+    turns: Sequence[TurnResult],
+    *,
+    params: dict[str, Any],
+    time_scale: float,
+    wall_s: float,
+    engines: dict[str, float] | None,
+    cpu: dict[str, float],
+) -> dict[str, Any]:
     agents = sorted({t.agent for t in turns})
     overall = summarize(turns)
     if engines is not None:
         q = engines.get("prefix_queries", 0.0)
         overall["prefix_hit_rate"] = engines.get("prefix_hits", 0.0) / q if q else None
         overall["preemptions"] = engines.get("preemptions", 0.0)
-    warnings = [f"{who} used {share:.0%} of a core (> {CPU_WARN:.0%}): its figures are this "
-                "machine's, not the GB10's" for who, share in cpu.items() if share > CPU_WARN]
+    warnings = [
+        f"{who} used {share:.0%} of a core (> {CPU_WARN:.0%}): its figures are this "
+        "machine's, not the GB10's"
+        for who, share in cpu.items()
+        if share > CPU_WARN
+    ]
     errors = sorted({t.error for t in turns if t.error})[:5]
     return {
-        "time_scale": time_scale, "wall_s": wall_s,
+        "time_scale": time_scale,
+        "wall_s": wall_s,
         "note": "every duration is unscaled (wall seconds / time scale)",
-        "params": params, "overall": overall,
+        "params": params,
+        "overall": overall,
         "per_agent": {str(a): summarize([t for t in turns if t.agent == a]) for a in agents},
-        "cpu_core_share": cpu, "warnings": warnings, "error_samples": errors,
+        "cpu_core_share": cpu,
+        "warnings": warnings,
+        "error_samples": errors,
         "turns": [asdict(t) for t in turns],
     }
 
@@ -87,24 +112,32 @@ def build(turns: Sequence[TurnResult], *, params: dict[str, Any], time_scale: fl
 def _fmt(d: dict[str, Any], digits: int = 1) -> str:
     if not d.get("n"):
         return "-"
-    return (f"{d['p50']:.{digits}f}/{d['p95']:.{digits}f} "
-            f"[{d['min']:.{digits}f}-{d['max']:.{digits}f}] n={d['n']}")
+    return (
+        f"{d['p50']:.{digits}f}/{d['p95']:.{digits}f} "
+        f"[{d['min']:.{digits}f}-{d['max']:.{digits}f}] n={d['n']}"
+    )
 
 
 def text(report: dict[str, Any]) -> str:
-    lines = [f"replay at time scale {report['time_scale']:g} ({report['wall_s']:.0f} s wall); "
-             "figures unscaled, p50/p95 [min-max] n=turns"]
+    lines = [
+        f"replay at time scale {report['time_scale']:g} ({report['wall_s']:.0f} s wall); "
+        "figures unscaled, p50/p95 [min-max] n=turns"
+    ]
     head = f"{'agent':<8} {'turns':>5} {'turn s':>30} {'TTFT s':>30} {'decode tok/s':>30}"
     lines.append(head)
     rows = [*report["per_agent"].items(), ("all", report["overall"])]
     for name, s in rows:
-        lines.append(f"{name:<8} {s['turns']:>5} {_fmt(s['turn_s']):>30} "
-                     f"{_fmt(s['ttft_s'], 2):>30} {_fmt(s['decode_tok_s']):>30}")
+        lines.append(
+            f"{name:<8} {s['turns']:>5} {_fmt(s['turn_s']):>30} "
+            f"{_fmt(s['ttft_s'], 2):>30} {_fmt(s['decode_tok_s']):>30}"
+        )
     o = report["overall"]
     hit = o.get("prefix_hit_rate")
-    lines.append(f"prefix-cache hit rate {'-' if hit is None else f'{hit:.1%}'}, preemptions "
-                 f"{o.get('preemptions', '-')}, errors {o['errors']}, generated "
-                 f"{o['generated_tokens']} tokens")
+    lines.append(
+        f"prefix-cache hit rate {'-' if hit is None else f'{hit:.1%}'}, preemptions "
+        f"{o.get('preemptions', '-')}, errors {o['errors']}, generated "
+        f"{o['generated_tokens']} tokens"
+    )
     lines += [f"WARNING: {w}" for w in report["warnings"]]
     lines += [f"error: {e}" for e in report["error_samples"]]
     return "\n".join(lines)
@@ -127,8 +160,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     ttft = [t["ttft_s"] for t in turns if t["ttft_s"] is not None]
     ax2.scatter(ctx, ttft, s=8)
     ax2.set(xlabel="context, K tokens", ylabel="TTFT, s (unscaled)", title="TTFT vs context")
-    fig.suptitle(f"specrouter replay: {len(agents)} agents, time scale "
-                 f"{report['time_scale']:g}")
+    fig.suptitle(f"specrouter replay: {len(agents)} agents, time scale {report['time_scale']:g}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

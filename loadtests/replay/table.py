@@ -18,10 +18,28 @@ from typing import Any
 
 def _cell(agents: int, temperature: str, args: argparse.Namespace) -> dict[str, Any]:
     out = args.out / f"a{agents}-t{temperature}"
-    cmd = [sys.executable, "-m", "proxy.cli", "replay", "--sim", "--agents", str(agents),
-           "--temperature", temperature, "--duration", str(args.duration),
-           "--time-scale", str(args.time_scale), "--seed", str(args.seed), "--out", str(out),
-           "--progress-s", "30", *args.extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "proxy.cli",
+        "replay",
+        "--sim",
+        "--agents",
+        str(agents),
+        "--temperature",
+        temperature,
+        "--duration",
+        str(args.duration),
+        "--time-scale",
+        str(args.time_scale),
+        "--seed",
+        str(args.seed),
+        "--out",
+        str(out),
+        "--progress-s",
+        "30",
+        *args.extra,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     print(done.stdout, file=sys.stderr, flush=True)
     if done.returncode != 0:
@@ -39,15 +57,19 @@ def row(agents: int, temperature: str, data: dict[str, Any]) -> str:
     hit = o.get("prefix_hit_rate")
     cpu = max(data["cpu_core_share"].values())
     ctx = o["context_tokens"]
-    return (f"| {agents} | {temperature} | {o['turns']} | {_p(o['turn_s'])} | "
-            f"{_p(o['ttft_s'])} | {_p(o['decode_tok_s'])} | "
-            f"{'-' if hit is None else f'{hit:.1%}'} | {o.get('preemptions', 0):.0f} | "
-            f"{ctx.get('p50', 0) / 1000:.0f}K / {ctx.get('max', 0) / 1000:.0f}K | {cpu:.0%} |")
+    return (
+        f"| {agents} | {temperature} | {o['turns']} | {_p(o['turn_s'])} | "
+        f"{_p(o['ttft_s'])} | {_p(o['decode_tok_s'])} | "
+        f"{'-' if hit is None else f'{hit:.1%}'} | {o.get('preemptions', 0):.0f} | "
+        f"{ctx.get('p50', 0) / 1000:.0f}K / {ctx.get('max', 0) / 1000:.0f}K | {cpu:.0%} |"
+    )
 
 
-HEADER = ("| agents | temperature | turns | turn s p50 / p95 | TTFT s p50 / p95 | "
-          "decode tok/s p50 / p95 | prefix hits | preemptions | context p50 / max | "
-          "busiest CPU |\n|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| agents | temperature | turns | turn s p50 / p95 | TTFT s p50 / p95 | "
+    "decode tok/s p50 / p95 | prefix hits | preemptions | context p50 / max | "
+    "busiest CPU |\n|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,14 +60,35 @@ def _text(seed: int, tokens: int) -> str:
 
 
 def tool_defs(n: int) -> list[dict[str, Any]]:
-    names = ["read_file", "write_file", "edit_file", "run_shell", "grep", "glob", "list_dir",
-             "run_tests", "git_diff", "web_fetch", "todo_write", "task"]
-    return [{"type": "function", "function": {
-        "name": names[i % len(names)] + ("" if i < len(names) else f"_{i}"),
-        "description": f"Tool {i}: {names[i % len(names)].replace('_', ' ')} in the workspace.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"},
-                                                        "args": {"type": "string"}},
-                       "required": ["path"]}}} for i in range(n)]
+    names = [
+        "read_file",
+        "write_file",
+        "edit_file",
+        "run_shell",
+        "grep",
+        "glob",
+        "list_dir",
+        "run_tests",
+        "git_diff",
+        "web_fetch",
+        "todo_write",
+        "task",
+    ]
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": names[i % len(names)] + ("" if i < len(names) else f"_{i}"),
+                "description": f"Tool {i}: {names[i % len(names)].replace('_', ' ')} in the workspace.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "args": {"type": "string"}},
+                    "required": ["path"],
+                },
+            },
+        }
+        for i in range(n)
+    ]
 
 
 @dataclass(slots=True)
@@ -84,8 +105,9 @@ class Turn:
 class Session:
     """One agent session's conversation, turn after turn."""
 
-    def __init__(self, params: WorkloadParams, agent: int, number: int, *,
-                 subagent: bool = False) -> None:
+    def __init__(
+        self, params: WorkloadParams, agent: int, number: int, *, subagent: bool = False
+    ) -> None:
         self.params = params
         self.key = (params.seed, agent, number, subagent)
         self.rng = random.Random(derive_seed(*self.key, "session"))
@@ -94,13 +116,18 @@ class Session:
         self.api = self.rng.choices(apis, [params.api_mix[a] for a in apis])[0]
         context = params.subagent_context if subagent else params.initial_context
         self.turns_left = params.subagent_turns if subagent else params.turns
-        system = ("You are a coding agent working in a repository. Use the tools to read, edit "
-                  "and test code; answer with code.\n\n# Repository context\n"
-                  + _text(derive_seed(*self.key, "context"), context))
+        system = (
+            "You are a coding agent working in a repository. Use the tools to read, edit "
+            "and test code; answer with code.\n\n# Repository context\n"
+            + _text(derive_seed(*self.key, "context"), context)
+        )
         self.messages: list[dict[str, str]] = [
             {"role": "system", "content": system},
-            {"role": "user", "content": f"Task {agent}.{number}: implement the next item of "
-                                        "the backlog and make the tests pass."},
+            {
+                "role": "user",
+                "content": f"Task {agent}.{number}: implement the next item of "
+                "the backlog and make the tests pass.",
+            },
         ]
         self.context_tokens = context + 40
         self.turn = 0
@@ -136,28 +163,47 @@ def request_body(turn: Turn, params: WorkloadParams) -> tuple[str, dict[str, Any
     tools = tool_defs(params.tools)
     body: dict[str, Any]
     if turn.api == "chat":
-        body = {"model": params.model, "messages": turn.messages, "stream": True,
-                "stream_options": {"include_usage": True}, "max_tokens": turn.max_tokens,
-                "min_tokens": turn.max_tokens}
+        body = {
+            "model": params.model,
+            "messages": turn.messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": turn.max_tokens,
+            "min_tokens": turn.max_tokens,
+        }
         if tools:
             body["tools"] = tools
             body["tool_choice"] = params.tool_choice
         path = "/v1/chat/completions"
     elif turn.api == "responses":
-        body = {"model": params.model, "input": turn.messages, "stream": True,
-                "max_output_tokens": turn.max_tokens}
+        body = {
+            "model": params.model,
+            "input": turn.messages,
+            "stream": True,
+            "max_output_tokens": turn.max_tokens,
+        }
         if tools:
             body["tools"] = [{"type": "function", **t["function"]} for t in tools]
             body["tool_choice"] = params.tool_choice
         path = "/v1/responses"
     else:
         system = turn.messages[0]["content"]
-        body = {"model": params.model, "system": system, "messages": turn.messages[1:],
-                "stream": True, "max_tokens": turn.max_tokens}
+        body = {
+            "model": params.model,
+            "system": system,
+            "messages": turn.messages[1:],
+            "stream": True,
+            "max_tokens": turn.max_tokens,
+        }
         if tools:
-            body["tools"] = [{"name": t["function"]["name"],
-                              "description": t["function"]["description"],
-                              "input_schema": t["function"]["parameters"]} for t in tools]
+            body["tools"] = [
+                {
+                    "name": t["function"]["name"],
+                    "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"],
+                }
+                for t in tools
+            ]
             body["tool_choice"] = {"type": params.tool_choice}
         path = "/v1/messages"
     if turn.temperature is not None:

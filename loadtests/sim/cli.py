@@ -48,31 +48,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--embed-dim", type=int, default=None, help="embedding dimension (embed profile)"
     )
-    p.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help='serve tool_choice "auto" (needs --tool-call-parser)')
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='serve tool_choice "auto" (needs --tool-call-parser)',
+    )
     p.add_argument("--tool-call-parser", choices=("qwen3_coder", "hermes"), default=None)
     p.add_argument("--reasoning-parser", choices=("qwen3",), default=None)
     p.add_argument(
-        "--sse-keep-alive-interval", type=float, default=None, metavar="S",
+        "--sse-keep-alive-interval",
+        type=float,
+        default=None,
+        metavar="S",
         help="a `: keep-alive` comment after S seconds without an event (vLLM 0.29+)",
     )
-    p.add_argument("--vllm-version", choices=dialect.SUPPORTED, default=dialect.DEFAULT,
-                   help="the vLLM release to imitate (bytes and flags; default the deployment's)")
+    p.add_argument(
+        "--vllm-version",
+        choices=dialect.SUPPORTED,
+        default=dialect.DEFAULT,
+        help="the vLLM release to imitate (bytes and flags; default the deployment's)",
+    )
     p.add_argument("--enable-prompt-tokens-details", action="store_true")
-    p.add_argument("--stream-interval", type=int, default=1,
-                   help="tokens per streamed chunk (vLLM's; the finish chunk may have fewer)")
-    p.add_argument("--frontend-chunk-ms", type=float, default=0.0,
-                   help="output-merging model: API-server ms per chunk and open stream (0: off)")
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="tokens per streamed chunk (vLLM's; the finish chunk may have fewer)",
+    )
+    p.add_argument(
+        "--frontend-chunk-ms",
+        type=float,
+        default=0.0,
+        help="output-merging model: API-server ms per chunk and open stream (0: off)",
+    )
     p.add_argument("--list-profiles", action="store_true")
     colocate.add_arguments(p)
     return p
 
 
 # Options that are vLLM's own `vllm serve` flags: each must exist in the imitated release.
-_VLLM_FLAGS = ("--port", "--host", "--served-model-name", "--seed", "--max-num-seqs",
-               "--max-num-batched-tokens", "--api-key", "--enable-auto-tool-choice",
-               "--tool-call-parser", "--reasoning-parser", "--per-request-spec-decode-metrics",
-               "--enable-prompt-tokens-details", "--stream-interval")
+_VLLM_FLAGS = (
+    "--port",
+    "--host",
+    "--served-model-name",
+    "--seed",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--api-key",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "--reasoning-parser",
+    "--per-request-spec-decode-metrics",
+    "--enable-prompt-tokens-details",
+    "--stream-interval",
+)
 
 
 def _given_vllm_flags(argv: list[str]) -> list[str]:
@@ -127,8 +156,11 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     refused = dialect.refused_flags(args.vllm_version, _given_vllm_flags(argv))
     if refused:  # vLLM's argument parser stops the server before it starts
-        print(f"specrouter sim: vLLM {args.vllm_version} has no {', '.join(refused)} "
-              "(proxy/ops/deploy/vllm_flags)", file=sys.stderr)
+        print(
+            f"specrouter sim: vLLM {args.vllm_version} has no {', '.join(refused)} "
+            "(proxy/ops/deploy/vllm_flags)",
+            file=sys.stderr,
+        )
         return 2
     if args.stream_interval < 1:
         print("specrouter sim: --stream-interval must be >= 1", file=sys.stderr)

@@ -40,12 +40,25 @@ class EngineSpec:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="gpu0", help="name of the GPU this process simulates")
-    p.add_argument("--overlap", type=_fraction, default=0.0,
-                   help="0..1: how far co-located engines' steps overlap (0: they serialise)")
-    p.add_argument("--kv-share", type=float, default=None,
-                   help="this engine's --gpu-memory-utilization: KV tokens from the memory model")
-    p.add_argument("--engine", action="append", default=[], metavar="NAME:PORT:PROFILE[:SHARE]",
-                   help="one engine of the device (repeat; replaces --port and --profile)")
+    p.add_argument(
+        "--overlap",
+        type=_fraction,
+        default=0.0,
+        help="0..1: how far co-located engines' steps overlap (0: they serialise)",
+    )
+    p.add_argument(
+        "--kv-share",
+        type=float,
+        default=None,
+        help="this engine's --gpu-memory-utilization: KV tokens from the memory model",
+    )
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="NAME:PORT:PROFILE[:SHARE]",
+        help="one engine of the device (repeat; replaces --port and --profile)",
+    )
 
 
 def _fraction(text: str) -> float:
@@ -139,8 +152,13 @@ def main(args: argparse.Namespace, profiles: dict[str, Profile], config: SimConf
     sockets: list[socket.socket] = []
     for spec, kv in zip(specs, kvs, strict=True):
         profile = profiles[spec.profile]
-        cfg = replace(config, profile=profile, device=device, kv_cache_tokens=kv,
-                      served_model_name=args.served_model_name or profile.served_model_name)
+        cfg = replace(
+            config,
+            profile=profile,
+            device=device,
+            kv_cache_tokens=kv,
+            served_model_name=args.served_model_name or profile.served_model_name,
+        )
         app, sim = create_app(cfg)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -153,16 +171,25 @@ def main(args: argparse.Namespace, profiles: dict[str, Profile], config: SimConf
         sock.setblocking(False)
         sockets.append(sock)
         port = sock.getsockname()[1]
-        lines.append(f"specrouter-sim listening on http://{args.host}:{port} engine {spec.name} "
-                     f"profile {profile.name} device {device.name} "
-                     f"kv_tokens {sim.core.kv_capacity}")
-        uv = uvicorn.Config(app, http="httptools", access_log=False, log_level="warning",
-                            lifespan="on", timeout_graceful_shutdown=2)
+        lines.append(
+            f"specrouter-sim listening on http://{args.host}:{port} engine {spec.name} "
+            f"profile {profile.name} device {device.name} "
+            f"kv_tokens {sim.core.kv_capacity}"
+        )
+        uv = uvicorn.Config(
+            app,
+            http="httptools",
+            access_log=False,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+        )
         group.servers.append(_Server(uv, group, sim.abort_all))
 
     async def serve_all() -> None:
-        await asyncio.gather(*(s.serve(sockets=[sock])
-                               for s, sock in zip(group.servers, sockets, strict=True)))
+        await asyncio.gather(
+            *(s.serve(sockets=[sock]) for s, sock in zip(group.servers, sockets, strict=True))
+        )
 
     asyncio.run(serve_all())
     return 0

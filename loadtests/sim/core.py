@@ -18,6 +18,7 @@ from .textgen import EOS_TOKEN_ID, token_ids
 
 _ACCEPT_CAP = 0.99  # no draft position is certain, whatever the multipliers say
 
+
 @dataclass(slots=True)
 class StepPlan:
     decode: list[Sequence]
@@ -300,8 +301,9 @@ class EngineCore:
         # Every block is either a prefix-cache entry (free or shared by the running sequences
         # that hit it) or held by one running sequence alone: what those hold is not the cache's.
         own = sum(max(0, s.kv_tokens - s.in_cache) for s in self.running)
-        self.cache.resize(self.kv_capacity // self.profile.block_size
-                          - -(-own // self.profile.block_size))
+        self.cache.resize(
+            self.kv_capacity // self.profile.block_size - -(-own // self.profile.block_size)
+        )
         m = self.metrics
         m.running.set(len(self.running))
         m.waiting.set(len(self.waiting))

@@ -104,19 +104,28 @@ class Device:
 def demand(profile: Profile, name: str | None = None) -> CoderDemand:
     spec = profile.speculative_config or {}
     method = spec.get("method")
-    return CoderDemand(name or profile.name, method if isinstance(method, str) else None,
-                       profile.num_spec_tokens or None, profile.max_model_len)
+    return CoderDemand(
+        name or profile.name,
+        method if isinstance(method, str) else None,
+        profile.num_spec_tokens or None,
+        profile.max_model_len,
+    )
 
 
-def kv_tokens_from_share(profile: Profile, share: float,
-                         params: MemoryParams | None = None) -> int:
+def kv_tokens_from_share(profile: Profile, share: float, params: MemoryParams | None = None) -> int:
     """KV tokens of an engine given `share` of the machine (--gpu-memory-utilization)."""
     return engine_from_share(demand(profile), share, params or MemoryParams()).kv_tokens
 
 
-def kv_tokens_split(profiles: list[Profile], embedders: int = 2,
-                    params: MemoryParams | None = None) -> list[int]:
+def kv_tokens_split(
+    profiles: list[Profile], embedders: int = 2, params: MemoryParams | None = None
+) -> list[int]:
     """KV tokens of each coding engine when they split the machine as `deploy render` does."""
-    return [e.kv_tokens for e in split([demand(p, f"{p.name}#{i}")
-                                        for i, p in enumerate(profiles)], embedders,
-                                       params or MemoryParams())]
+    return [
+        e.kv_tokens
+        for e in split(
+            [demand(p, f"{p.name}#{i}") for i, p in enumerate(profiles)],
+            embedders,
+            params or MemoryParams(),
+        )
+    ]

@@ -45,10 +45,18 @@ class UnsupportedVersion(ValueError):
 def dialect(version: str) -> Dialect:
     if version not in SUPPORTED:
         raise UnsupportedVersion(
-            f"the simulator imitates vLLM {' or '.join(SUPPORTED)}, not {version!r}")
+            f"the simulator imitates vLLM {' or '.join(SUPPORTED)}, not {version!r}"
+        )
     new = version != "0.28.0"
-    return Dialect(version, kv_transfer_null=new, weight_versions=new, compact_chat_error=new,
-                   model_aliases=new, dotted_loc=new, responses_incomplete_event=new)
+    return Dialect(
+        version,
+        kv_transfer_null=new,
+        weight_versions=new,
+        compact_chat_error=new,
+        model_aliases=new,
+        dotted_loc=new,
+        responses_incomplete_event=new,
+    )
 
 
 def refused_flags(version: str, given: list[str]) -> list[str]:

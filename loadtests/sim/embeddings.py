@@ -14,10 +14,7 @@ from starlette.responses import Response
 
 from . import protocol, wire
 from .asgi import DropResponse, json_response
-from .protocol import (
-    EmbeddingRequest,
-    RequestError,
-)
+from .protocol import EmbeddingRequest, RequestError
 from .state import Sim
 from .textgen import derive_seed, split_pieces
 

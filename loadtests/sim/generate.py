@@ -14,11 +14,7 @@ from proxy import vllm_wire
 
 from . import protocol, toolparse, tooluse, wire
 from .asgi import DropResponse, FrameSource, json_response
-from .protocol import (
-    ChatRequest,
-    CompletionRequest,
-    RequestError,
-)
+from .protocol import ChatRequest, CompletionRequest, RequestError
 from .state import Prepared, Result, Sim
 
 
@@ -64,7 +60,11 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
         sim.check_model(req.model)
         plan = tooluse.chat_plan(sim.config, req)
         return await sim.prepare(
-            request, req, "chatcmpl", protocol.render_chat(req.messages, req.tools), None,
+            request,
+            req,
+            "chatcmpl",
+            protocol.render_chat(req.messages, req.tools),
+            None,
             plan.script,
         )
 
@@ -96,7 +96,9 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
                 parser.count_tokens(r.token_ids)
                 reasoning_tokens += parser.reasoning_tokens
                 content, reasoning, calls = toolparse.parse_full(
-                    r.text, reasoning=plan.reasoning, tool_parser=plan.tool_parser,
+                    r.text,
+                    reasoning=plan.reasoning,
+                    tool_parser=plan.tool_parser,
                     tools=plan.schemas,
                 )
                 message = wire.chat_message(content, reasoning, calls)
@@ -150,13 +152,24 @@ async def _frames(
             if d.finish_reason == "error":
                 # vLLM raises GenerationError: the step's text is not sent; a 500 error event
                 # and [DONE] end the stream (no finish or usage chunk).
-                yield [*out, sim.error_event("Internal server error", "InternalServerError",
-                                             500, chat=role is not None), vllm_wire.DONE]
+                yield [
+                    *out,
+                    sim.error_event(
+                        "Internal server error", "InternalServerError", 500, chat=role is not None
+                    ),
+                    vllm_wire.DONE,
+                ]
                 sim.finished(req)
                 return
             completion[d.index] += len(d.token_ids)
-            args = [d.index, d.text, d.token_ids, completion[d.index], d.finish_reason,
-                    d.stop_reason]
+            args = [
+                d.index,
+                d.text,
+                d.token_ids,
+                completion[d.index],
+                d.finish_reason,
+                d.stop_reason,
+            ]
             if role is None:  # completions
                 prompt_ids = None
                 if p.return_token_ids and not sent_prompt[d.index]:
@@ -176,8 +189,9 @@ async def _frames(
         return
     tail: list[bytes] = []
     if p.include_usage:
-        tail.append(usage_chunk(sum(completion), sim.spec_metrics(req, full=False),
-                                req.cached_tokens))
+        tail.append(
+            usage_chunk(sum(completion), sim.spec_metrics(req, full=False), req.cached_tokens)
+        )
     tail.append(vllm_wire.DONE)
     yield tail
 

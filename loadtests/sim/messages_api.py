@@ -21,7 +21,9 @@ from .engine import EngineRequest, SamplingSpec
 from .protocol import ChatMessage, RequestError
 from .state import Sim
 
-_AUTO_TOOLS = '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+_AUTO_TOOLS = (
+    '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+)
 
 
 class _Message(protocol._Base):
@@ -104,7 +106,8 @@ async def messages(sim: Sim, request: Request) -> Response:
         req = protocol.parse(MessagesRequest, await request.body())
         prompt_ids, hashes, text = await _prompt(sim, req)
         max_tokens = protocol.resolve_max_tokens(
-            req.max_tokens, len(prompt_ids), sim.profile.max_model_len)
+            req.max_tokens, len(prompt_ids), sim.profile.max_model_len
+        )
         temperature = 1.0 if req.temperature is None else req.temperature
         protocol.check_sampling(1, temperature, req.top_p, max_tokens)
     except RequestError as err:
@@ -114,14 +117,21 @@ async def messages(sim: Sim, request: Request) -> Response:
         return DropResponse()
     message_id = sim.request_id(request, None, "chatcmpl")
     ereq = sim.new_request(
-        message_id, prompt_key=text, prompt_ids=prompt_ids, hashes=hashes,
-        sampling=SamplingSpec(max_tokens=max_tokens, stop=tuple(req.stop_sequences or ()),
-                              temperature=temperature),
-        n=1, seed=None)
+        message_id,
+        prompt_key=text,
+        prompt_ids=prompt_ids,
+        hashes=hashes,
+        sampling=SamplingSpec(
+            max_tokens=max_tokens, stop=tuple(req.stop_sequences or ()), temperature=temperature
+        ),
+        n=1,
+        seed=None,
+    )
     sim.submit(ereq)
     if req.stream:
-        stream = mw.MessagesStream(message_id=message_id, model=sim.model,
-                                   prompt_tokens=len(prompt_ids))
+        stream = mw.MessagesStream(
+            message_id=message_id, model=sim.model, prompt_tokens=len(prompt_ids)
+        )
         return sim.stream_response(ereq, _frames(sim, ereq, stream))
     results = await sim.collect(ereq, request.receive)
     if results is None:
@@ -129,8 +139,11 @@ async def messages(sim: Sim, request: Request) -> Response:
     if sim.drop_after() is not None:
         return DropResponse()
     (r,) = results
-    return json_response(mw.message(message_id, sim.model, r.text, r.finish_reason,
-                                    len(prompt_ids), len(r.token_ids), None))
+    return json_response(
+        mw.message(
+            message_id, sim.model, r.text, r.finish_reason, len(prompt_ids), len(r.token_ids), None
+        )
+    )
 
 
 async def _frames(sim: Sim, req: EngineRequest, stream: mw.MessagesStream) -> FrameSource:

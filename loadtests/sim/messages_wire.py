@@ -54,8 +54,15 @@ def usage(prompt_tokens: int, output_tokens: int, cached: int | None) -> Json:
     }
 
 
-def message(message_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int,
-            output_tokens: int, cached: int | None) -> Json:
+def message(
+    message_id: str,
+    model: str,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    output_tokens: int,
+    cached: int | None,
+) -> Json:
     """A full (non-streaming) message: `model_dump(exclude_none=True)`, no `stop_sequence`."""
     return {
         "id": message_id,
@@ -71,8 +78,9 @@ def message(message_id: str, model: str, text: str, finish_reason: str, prompt_t
 class MessagesStream:
     """The events of one streamed message, fed the engine's deltas as the chat layer sees them."""
 
-    def __init__(self, *, message_id: str, model: str, prompt_tokens: int,
-                 cached: int | None = None) -> None:
+    def __init__(
+        self, *, message_id: str, model: str, prompt_tokens: int, cached: int | None = None
+    ) -> None:
         self.message_id, self.model = message_id, model
         self.prompt_tokens, self.cached = prompt_tokens, cached
         self.block_open = False
@@ -81,10 +89,22 @@ class MessagesStream:
 
     def start(self) -> bytes:
         """`message_start`, from the chat stream's role chunk (its usage: the whole prompt)."""
-        return event("message_start", {"type": "message_start", "message": {
-            "id": self.message_id, "type": "message", "role": "assistant", "content": [],
-            "model": self.model, "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}})
+        return event(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": self.message_id,
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [],
+                    "model": self.model,
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
+                },
+            },
+        )
 
     def delta(self, text: str, finish_reason: str | None) -> list[bytes]:
         """One engine output's events. An `error` finish ends the stream here: 0.28 leaves the
@@ -96,13 +116,27 @@ class MessagesStream:
         out: list[bytes] = []
         if text:
             if not self.block_open:
-                out.append(event("content_block_start", {
-                    "type": "content_block_start", "content_block": {"type": "text", "text": ""},
-                    "index": 0}))
+                out.append(
+                    event(
+                        "content_block_start",
+                        {
+                            "type": "content_block_start",
+                            "content_block": {"type": "text", "text": ""},
+                            "index": 0,
+                        },
+                    )
+                )
                 self.block_open = True
-            out.append(event("content_block_delta", {
-                "type": "content_block_delta", "delta": {"type": "text_delta", "text": text},
-                "index": 0}))
+            out.append(
+                event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "delta": {"type": "text_delta", "text": text},
+                        "index": 0,
+                    },
+                )
+            )
         if finish_reason is not None:
             self.finish_reason = finish_reason
         return out
@@ -114,8 +148,15 @@ class MessagesStream:
             out.append(event("content_block_stop", {"type": "content_block_stop", "index": 0}))
             self.block_open = False
         reason = STOP_REASONS.get(self.finish_reason or "stop", "end_turn")
-        out.append(event("message_delta", {
-            "type": "message_delta", "delta": {"stop_reason": reason},
-            "usage": usage(self.prompt_tokens, output_tokens, self.cached)}))
+        out.append(
+            event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason},
+                    "usage": usage(self.prompt_tokens, output_tokens, self.cached),
+                },
+            )
+        )
         out.append(event("message_stop", {"type": "message_stop"}))
         return out

@@ -118,9 +118,9 @@ class SimMetrics:
         self.running = gauge(
             Family.RUNNING, "Number of requests in model execution batches."
         ).labels(*lv)
-        self.waiting = gauge(
-            Family.WAITING, "Number of requests waiting to be processed."
-        ).labels(*lv)
+        self.waiting = gauge(Family.WAITING, "Number of requests waiting to be processed.").labels(
+            *lv
+        )
         self.kv_usage = gauge(
             Family.KV_CACHE_USAGE, "KV-cache usage. 1 means 100 percent usage."
         ).labels(*lv)
@@ -166,19 +166,13 @@ class SimMetrics:
             Family.REQUEST_N, "Histogram of the n request parameter.", (1, 2, 5, 10, 20)
         ).labels(*lv)
         self.ttft = histogram(
-            Family.TTFT,
-            "Histogram of time to first token in seconds.",
-            TTFT_BUCKETS,
+            Family.TTFT, "Histogram of time to first token in seconds.", TTFT_BUCKETS
         ).labels(*lv)
         self.itl = histogram(
-            Family.ITL,
-            "Histogram of inter-token latency in seconds.",
-            ITL_BUCKETS,
+            Family.ITL, "Histogram of inter-token latency in seconds.", ITL_BUCKETS
         ).labels(*lv)
         self.tpot = histogram(
-            Family.TPOT,
-            "Histogram of time_per_output_token_seconds per request.",
-            ITL_BUCKETS,
+            Family.TPOT, "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS
         ).labels(*lv)
         self.e2e = histogram(
             "vllm:e2e_request_latency_seconds",
@@ -215,9 +209,9 @@ class SimMetrics:
             self.spec_draft_tokens = counter(
                 Family.SPEC_DRAFT_TOKENS, "Number of draft tokens."
             ).labels(*lv)
-            self.spec_accepted = counter(
-                Family.SPEC_ACCEPTED, "Number of accepted tokens."
-            ).labels(*lv)
+            self.spec_accepted = counter(Family.SPEC_ACCEPTED, "Number of accepted tokens.").labels(
+                *lv
+            )
             per_pos = Counter(
                 Family.SPEC_ACCEPTED_PER_POS,
                 "Accepted tokens per draft position.",

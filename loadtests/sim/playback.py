@@ -31,8 +31,7 @@ class Playback:
     async def _play(self, req: EngineRequest) -> None:
         for step in self.steps:
             for d in step:
-                req.push(Delta(d.index, d.text, list(d.token_ids), d.finish_reason,
-                               d.stop_reason))
+                req.push(Delta(d.index, d.text, list(d.token_ids), d.finish_reason, d.stop_reason))
                 if d.finish_reason is not None:
                     req.finished += 1
             while req.due and not req.aborted:

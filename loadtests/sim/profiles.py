@@ -163,10 +163,7 @@ class Profile:
 # The facts' "~121-123 ms per step at one stream for every config" fixes T(1) for the rows that
 # only give a range: T(1) = tokens/s x 121.5 ms.
 
-_DFLASH_BASE = {
-    "method": "dflash",
-    "model": "z-lab/Qwen3.8-27B-DFlash2",
-}
+_DFLASH_BASE = {"method": "dflash", "model": "z-lab/Qwen3.8-27B-DFlash2"}
 
 
 def _steps(tokens_per_step: dict[int, float], tok_s: dict[int, float]) -> dict[int, float]:

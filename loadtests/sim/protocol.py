@@ -87,8 +87,7 @@ class _GenerationRequest(_Base):
     def _stream_options_need_stream(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("stream_options") and not data.get("stream"):
             raise VLLMValidationError(
-                "Stream options can only be defined when `stream=True`.",
-                parameter="stream_options",
+                "Stream options can only be defined when `stream=True`.", parameter="stream_options"
             )
         return data
 
@@ -122,8 +121,7 @@ class CompletionRequest(_GenerationRequest):
     def _prompt_required(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("prompt") in (None, "", []):
             raise VLLMValidationError(
-                "Either prompt or prompt_embeds must be provided and non-empty.",
-                parameter="prompt",
+                "Either prompt or prompt_embeds must be provided and non-empty.", parameter="prompt"
             )
         return data
 
@@ -177,8 +175,9 @@ def _validation_error(errors: list[dict[str, Any]], dotted: bool = False) -> Req
     if param is None and errors and errors[0].get("loc"):
         param = _clean_loc(tuple(errors[0]["loc"]))
     if dotted:  # vLLM 0.33 writes each error's `loc` as the dotted string
-        errors = [{**e, "loc": ".".join(str(p) for p in e["loc"])} if "loc" in e else e
-                  for e in errors]
+        errors = [
+            {**e, "loc": ".".join(str(p) for p in e["loc"])} if "loc" in e else e for e in errors
+        ]
     count = len(errors)
     message = f"{count} validation {'error' if count == 1 else 'errors'}:\n"
     message += "".join(f"  {err}\n" for err in errors)
@@ -200,7 +199,8 @@ def parse(model: type[M], body: bytes, *, dotted_loc: bool = False) -> M:
                     "input": {},
                     "ctx": {"error": exc.msg},
                 }
-            ], dotted_loc,
+            ],
+            dotted_loc,
         ) from None
     if not isinstance(data, dict):
         raise _validation_error(
@@ -211,7 +211,8 @@ def parse(model: type[M], body: bytes, *, dotted_loc: bool = False) -> M:
                     "msg": "Input should be a valid dictionary or object to extract fields from",
                     "input": data,
                 }
-            ], dotted_loc,
+            ],
+            dotted_loc,
         )
     try:
         return model.model_validate(data)
@@ -268,14 +269,21 @@ def render_responses_input(req: ResponsesRequest) -> list[ChatMessage]:
         kind = item.get("type")
         if kind in ("function_call", "custom_tool_call"):
             args = item.get("arguments", item.get("input", ""))
-            call = {"type": "function", "id": item.get("call_id"),
-                    "function": {"name": item.get("name"), "arguments": args}}
+            call = {
+                "type": "function",
+                "id": item.get("call_id"),
+                "function": {"name": item.get("name"), "arguments": args},
+            }
             messages.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
             continue
         if kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
-            messages.append(ChatMessage(role="tool", content=output if isinstance(output, str)
-                                        else orjson.dumps(output).decode()))
+            messages.append(
+                ChatMessage(
+                    role="tool",
+                    content=output if isinstance(output, str) else orjson.dumps(output).decode(),
+                )
+            )
             continue
         if kind == "reasoning":
             continue

@@ -11,10 +11,7 @@ from starlette.responses import Response
 from . import protocol, toolparse, tooluse
 from .asgi import DropResponse, FrameSource, json_response
 from .engine import EngineRequest, SamplingSpec
-from .protocol import (
-    RequestError,
-    ResponsesRequest,
-)
+from .protocol import RequestError, ResponsesRequest
 from .responses_tools import ResponsesItems
 from .responses_wire import ResponsesEvents
 from .state import Sim
@@ -86,17 +83,20 @@ async def responses(sim: Sim, request: Request) -> Response:
         parser = plan.parser()
         parser.count_tokens(result.token_ids)
         reasoning_tokens = parser.reasoning_tokens
-        output = items.full(*toolparse.parse_full(
-            text, reasoning=plan.reasoning, tool_parser=plan.tool_parser, tools=plan.schemas))
-    usage = events.usage(len(prompt_ids), len(result.token_ids), ereq.cached_tokens,
-                         reasoning_tokens)
+        output = items.full(
+            *toolparse.parse_full(
+                text, reasoning=plan.reasoning, tool_parser=plan.tool_parser, tools=plan.schemas
+            )
+        )
+    usage = events.usage(
+        len(prompt_ids), len(result.token_ids), ereq.cached_tokens, reasoning_tokens
+    )
     body = events.response(status, output, usage, incomplete=incomplete)
     return json_response(body)
 
 
 async def _parsed_frames(
-    sim: Sim, req: EngineRequest, ev: ResponsesEvents, plan: tooluse.Plan,
-    items: ResponsesItems,
+    sim: Sim, req: EngineRequest, ev: ResponsesEvents, plan: tooluse.Plan, items: ResponsesItems
 ) -> FrameSource:
     """A stream whose output goes through the reasoning/tool parsers (responses_tools.py)."""
     in_progress = ev.response("in_progress", [], None)

@@ -30,21 +30,40 @@ def _hex() -> str:
 
 def reasoning_item(item_id: str, text: str | None, status: str | None) -> Json:
     content = None if text is None else [{"text": text, "type": "reasoning_text"}]
-    return {"id": item_id, "summary": [], "type": "reasoning", "content": content,
-            "encrypted_content": None, "status": status}
+    return {
+        "id": item_id,
+        "summary": [],
+        "type": "reasoning",
+        "content": content,
+        "encrypted_content": None,
+        "status": status,
+    }
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str,
-              custom: bool) -> Json:
+def call_item(
+    item_id: str, call_id: str, name: str, arguments: str, status: str, custom: bool
+) -> Json:
     if custom:
         try:
             text = str(json.loads(arguments).get("input", "")) if arguments else ""
         except (ValueError, AttributeError):
             text = arguments
-        return {"call_id": call_id, "input": text, "name": name, "type": "custom_tool_call",
-                "id": item_id, "status": status}
-    return {"arguments": arguments, "call_id": call_id, "name": name, "type": "function_call",
-            "id": item_id, "status": status}
+        return {
+            "call_id": call_id,
+            "input": text,
+            "name": name,
+            "type": "custom_tool_call",
+            "id": item_id,
+            "status": status,
+        }
+    return {
+        "arguments": arguments,
+        "call_id": call_id,
+        "name": name,
+        "type": "function_call",
+        "id": item_id,
+        "status": status,
+    }
 
 
 class ResponsesItems:
@@ -94,10 +113,15 @@ class ResponsesItems:
         index = len(self.output)
         if kind == "tool":
             name = call.get("function", {}).get("name", "")
-            self.call = {"index": call.get("index"), "name": name, "call_id": f"call_{_hex()}",
-                         "custom": name in self.custom}
-            item = call_item(self.item_id, self.call["call_id"], name, "", "in_progress",
-                             self.call["custom"])
+            self.call = {
+                "index": call.get("index"),
+                "name": name,
+                "call_id": f"call_{_hex()}",
+                "custom": name in self.custom,
+            }
+            item = call_item(
+                self.item_id, self.call["call_id"], name, "", "in_progress", self.call["custom"]
+            )
             return [ev.event("response.output_item.added", {"item": item, "output_index": index})]
         if kind == "reasoning":
             item = reasoning_item(self.item_id, None, "in_progress")
@@ -109,8 +133,10 @@ class ResponsesItems:
             added = "response.content_part.added"
         return [
             ev.event("response.output_item.added", {"item": item, "output_index": index}),
-            ev.event(added, {"content_index": 0, "item_id": self.item_id, "output_index": index,
-                             "part": part}),
+            ev.event(
+                added,
+                {"content_index": 0, "item_id": self.item_id, "output_index": index, "part": part},
+            ),
         ]
 
     def _delta(self, text: str) -> list[bytes]:
@@ -122,10 +148,12 @@ class ResponsesItems:
                 return []  # the input goes out whole when the call closes
             return [self.ev.event("response.function_call_arguments.delta", fields)]
         if self.kind == "reasoning":
-            return [self.ev.event("response.reasoning_text.delta",
-                                  {"content_index": 0, **fields})]
-        return [self.ev.event("response.output_text.delta",
-                              {"content_index": 0, **fields, "logprobs": []})]
+            return [self.ev.event("response.reasoning_text.delta", {"content_index": 0, **fields})]
+        return [
+            self.ev.event(
+                "response.output_text.delta", {"content_index": 0, **fields, "logprobs": []}
+            )
+        ]
 
     def close(self) -> list[bytes]:
         """Done events of the open item (none open: nothing)."""
@@ -134,17 +162,29 @@ class ResponsesItems:
         ev, index, text, iid = self.ev, len(self.output), self.text, self.item_id
         out: list[bytes] = []
         if self.kind == "tool":
-            item = call_item(iid, self.call["call_id"], self.call["name"], text, "completed",
-                             self.call["custom"])
+            item = call_item(
+                iid, self.call["call_id"], self.call["name"], text, "completed", self.call["custom"]
+            )
             if self.call["custom"]:
                 for kind, key in (("delta", "delta"), ("done", "input")):
-                    out.append(ev.event(f"response.custom_tool_call_input.{kind}",
-                                        {key: item["input"], "item_id": iid,
-                                         "output_index": index}))
+                    out.append(
+                        ev.event(
+                            f"response.custom_tool_call_input.{kind}",
+                            {key: item["input"], "item_id": iid, "output_index": index},
+                        )
+                    )
             elif text:
-                out.append(ev.event("response.function_call_arguments.done",
-                                    {"arguments": text, "item_id": iid,
-                                     "name": self.call["name"], "output_index": index}))
+                out.append(
+                    ev.event(
+                        "response.function_call_arguments.done",
+                        {
+                            "arguments": text,
+                            "item_id": iid,
+                            "name": self.call["name"],
+                            "output_index": index,
+                        },
+                    )
+                )
         elif self.kind == "reasoning":
             item = reasoning_item(iid, text, "completed")
             part = {"text": text, "type": "reasoning_text"}
@@ -154,10 +194,18 @@ class ResponsesItems:
         else:
             item = {**ev.message(text, "completed"), "id": iid}
             base = {"content_index": 0, "item_id": iid}
-            out.append(ev.event("response.output_text.done",
-                                {**base, "logprobs": [], "output_index": index, "text": text}))
-            out.append(ev.event("response.content_part.done",
-                                {**base, "output_index": index, "part": ev.part(text)}))
+            out.append(
+                ev.event(
+                    "response.output_text.done",
+                    {**base, "logprobs": [], "output_index": index, "text": text},
+                )
+            )
+            out.append(
+                ev.event(
+                    "response.content_part.done",
+                    {**base, "output_index": index, "part": ev.part(text)},
+                )
+            )
         out.append(ev.event("response.output_item.done", {"item": item, "output_index": index}))
         self.output.append(item)
         self.kind = ""
@@ -174,6 +222,14 @@ class ResponsesItems:
             items.append(self.ev.message(content, "completed"))
         for c in calls:
             fn = c["function"]
-            items.append(call_item(f"fc_{_hex()}", f"call_{_hex()}", fn["name"],
-                                   fn["arguments"], "completed", fn["name"] in self.custom))
+            items.append(
+                call_item(
+                    f"fc_{_hex()}",
+                    f"call_{_hex()}",
+                    fn["name"],
+                    fn["arguments"],
+                    "completed",
+                    fn["name"] in self.custom,
+                )
+            )
         return items

@@ -18,11 +18,15 @@ class ResponsesEvents:
         temperature: float,
         max_output_tokens: int | None,
         instructions: str | None,
-        tools: list[Json] | None = None, tool_choice: str | Json | None = None,
+        tools: list[Json] | None = None,
+        tool_choice: str | Json | None = None,
         reasoning: Json | None = None,
     ) -> None:
-        self.echo = {"tools": tools or [], "tool_choice": tool_choice or "auto",
-                     "reasoning": reasoning}
+        self.echo = {
+            "tools": tools or [],
+            "tool_choice": tool_choice or "auto",
+            "reasoning": reasoning,
+        }
         self.response_id = response_id
         self.item_id = item_id
         self.created = created
@@ -33,11 +37,7 @@ class ResponsesEvents:
         self.seq = 0
 
     def response(
-        self,
-        status: str,
-        output: list[Json],
-        usage_obj: Json | None,
-        incomplete: bool = False,
+        self, status: str, output: list[Json], usage_obj: Json | None, incomplete: bool = False
     ) -> Json:
         return {
             "id": self.response_id,

@@ -17,19 +17,22 @@ Json = dict[str, Any]
 MAX_CALLS = 2
 SCRATCH_FILE = "specrouter-sim-scratch.txt"
 SCRATCH_TEXT = "written by the specrouter simulator\n"
-PATCH = (
-    "*** Begin Patch\n"
-    f"*** Add File: {SCRATCH_FILE}\n"
-    f"+{SCRATCH_TEXT}"
-    "*** End Patch\n"
-)
+PATCH = f"*** Begin Patch\n*** Add File: {SCRATCH_FILE}\n+{SCRATCH_TEXT}*** End Patch\n"
 FINAL_ANSWER = (
     f"Done: I listed the working directory and wrote {SCRATCH_FILE}. Nothing else was changed."
 )
 
 _SHELL_NAMES = {"shell", "exec_command", "bash", "local_shell", "run_shell_command", "terminal"}
-_EDIT_NAMES = {"apply_patch", "edit", "str_replace_based_edit_tool", "write", "write_file",
-               "edit_file", "str_replace_editor", "multiedit"}
+_EDIT_NAMES = {
+    "apply_patch",
+    "edit",
+    "str_replace_based_edit_tool",
+    "write",
+    "write_file",
+    "edit_file",
+    "str_replace_editor",
+    "multiedit",
+}
 _COMMAND_KEYS = ("command", "cmd", "commands", "script")
 _PATH_KEYS = ("path", "file_path", "filename", "file", "target_file")
 _TEXT_KEYS = ("content", "file_text", "text", "new_string", "new_str", "contents")
@@ -176,13 +179,7 @@ def _reasoning(call: Call | None, answering: bool) -> str:
     return "\nThe user wants code. I will write it directly.\n"
 
 
-def decide(
-    tools: list[Tool],
-    tool_choice: Any,
-    calls_made: int,
-    *,
-    thinking: bool,
-) -> Turn:
+def decide(tools: list[Tool], tool_choice: Any, calls_made: int, *, thinking: bool) -> Turn:
     """This turn: the next scripted call, or the final answer once the script is used up.
 
     `tool_choice` "none" (or no tools) answers in text; "required" and a named function always

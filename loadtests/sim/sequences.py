@@ -203,8 +203,10 @@ class EngineRequest:
             return False
         if self.stream_interval <= 1 or not self._sent:
             return True
-        return any(d.finish_reason is not None or len(d.token_ids) >= self.stream_interval
-                   for d in self._pending.values())
+        return any(
+            d.finish_reason is not None or len(d.token_ids) >= self.stream_interval
+            for d in self._pending.values()
+        )
 
     async def take(self) -> list[Delta]:
         """Wait for output. An empty list means the request is over (finished or aborted)."""

@@ -163,7 +163,8 @@ class Sim:
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model:
             raise protocol.not_found_model(
-                model, self.model if self.dialect.model_aliases else None)
+                model, self.model if self.dialect.model_aliases else None
+            )
 
     def parse(self, model: type[protocol.M], body: bytes) -> protocol.M:
         return protocol.parse(model, body, dotted_loc=self.dialect.dotted_loc)
@@ -246,8 +247,11 @@ class Sim:
 
     def spec_metrics(self, req: EngineRequest, *, full: bool) -> Json | None:
         """The per-request summary: a 0.29+ flag, so never in 0.28 mode."""
-        if self.config.spec_metrics == "none" or req.n != 1 or \
-                not self.dialect.has_flag(PER_REQUEST_SPEC_FLAG):
+        if (
+            self.config.spec_metrics == "none"
+            or req.n != 1
+            or not self.dialect.has_flag(PER_REQUEST_SPEC_FLAG)
+        ):
             return None
         if req.sequences:
             return wire.per_request_metrics(req.sequences[0].spec, full=full)
@@ -264,8 +268,11 @@ class Sim:
     def chunk_dialect(self) -> dict[str, bool]:
         """The version- and flag-dependent parts of a stream's chunks (wire._Chunks)."""
         d = self.dialect
-        return {"kv_null": d.kv_transfer_null, "weight_versions": d.weight_versions,
-                "prompt_details": self.config.enable_prompt_tokens_details}
+        return {
+            "kv_null": d.kv_transfer_null,
+            "weight_versions": d.weight_versions,
+            "prompt_details": self.config.enable_prompt_tokens_details,
+        }
 
     def prompt_details(self, req: EngineRequest, *, chat: bool) -> Json | None:
         if not self.config.enable_prompt_tokens_details:

@@ -20,8 +20,12 @@ VOCAB_SIZE = 151_936  # Qwen3 family
 EOS_TOKEN_ID = 151_645  # <|im_end|>
 THINK_ID, END_THINK_ID = 151_667, 151_668
 # Qwen3's added tokens keep their real ids (the reasoning parser and usage details count on them).
-_ADDED_IDS = {"<tool_call>": 151_657, "</tool_call>": 151_658, "<think>": THINK_ID,
-              "</think>": END_THINK_ID}
+_ADDED_IDS = {
+    "<tool_call>": 151_657,
+    "</tool_call>": 151_658,
+    "<think>": THINK_ID,
+    "</think>": END_THINK_ID,
+}
 
 # Special tokens first, then words (<= 8 letters per piece), numbers, punctuation runs,
 # newlines and indentation; the final `.` guarantees the pattern covers any input.

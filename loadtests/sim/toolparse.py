@@ -36,8 +36,10 @@ THINK, END_THINK = "<think>", "</think>"
 TOOL_CALL, END_TOOL_CALL = "<tool_call>", "</tool_call>"
 PARSERS = ("qwen3_coder", "hermes")
 # Tags that Qwen3's tokenizer (or the fixtures' tokenizer) keeps as one piece.
-_TAGS = re.compile(r"(<think>|</think>|<tool_call>|</tool_call>|<function=|</function>|"
-                   r"<parameter=|</parameter>)")
+_TAGS = re.compile(
+    r"(<think>|</think>|<tool_call>|</tool_call>|<function=|</function>|"
+    r"<parameter=|</parameter>)"
+)
 _FUNC = re.compile(r"<function=([^>\n]+)>")
 _PARAM = re.compile(r"<parameter=([^>\n]+)>\n(.*?)\n</parameter>", re.DOTALL)
 _HERMES_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
@@ -138,11 +140,7 @@ class ChatParser:
     """vLLM 0.28.0's reasoning + tool parsing of one chat choice, one engine step at a time."""
 
     def __init__(
-        self,
-        *,
-        reasoning: bool,
-        tool_parser: str | None,
-        tools: dict[str, Json] | None = None,
+        self, *, reasoning: bool, tool_parser: str | None, tools: dict[str, Json] | None = None
     ) -> None:
         self.reasoning = reasoning
         self.tool_parser = tool_parser
@@ -238,11 +236,19 @@ class ChatParser:
                 body.lstrip("\n") if self.tool_parser != "hermes" else body
             )
             if m is not None:
-                call.name = json.loads(f'"{m.group(1)}"') if self.tool_parser == "hermes" else m.group(1)
+                call.name = (
+                    json.loads(f'"{m.group(1)}"') if self.tool_parser == "hermes" else m.group(1)
+                )
         if call.name is not None and not call.name_sent:
             call.name_sent = True
-            out.append({"id": call.id, "type": "function", "index": call.index,
-                        "function": {"name": call.name}})
+            out.append(
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "index": call.index,
+                    "function": {"name": call.name},
+                }
+            )
         if was_named or call.closed or final:
             args = self._args_so_far(call, body)
             if len(args) > len(call.args_sent):
@@ -294,8 +300,9 @@ class ChatParser:
 
     def full(self) -> tuple[str | None, str | None, list[Json]]:
         """content, reasoning and tool_calls of the whole text (the non-streaming message)."""
-        return parse_full(self.text, reasoning=self.reasoning, tool_parser=self.tool_parser,
-                          tools=self.schemas)
+        return parse_full(
+            self.text, reasoning=self.reasoning, tool_parser=self.tool_parser, tools=self.schemas
+        )
 
 
 def parse_full(
@@ -319,8 +326,13 @@ def parse_full(
             kept.append(text[cursor : c.body_start - len(TOOL_CALL)])
             cursor = c.end if c.closed else len(text)
             if c.name is not None:
-                calls.append({"id": c.id, "type": "function",
-                              "function": {"name": c.name, "arguments": c.args_sent}})
+                calls.append(
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.args_sent},
+                    }
+                )
         kept.append(text[cursor:])
         content: str | None = "".join(kept)
         if calls and not (content or "").strip():

@@ -89,9 +89,7 @@ def chat_plan(config: SimConfig, req: ChatRequest) -> Plan:
     return _plan(config, tools, req.tool_choice, _calls_made(req.messages), thinking)
 
 
-def responses_plan(
-    config: SimConfig, req: ResponsesRequest, messages: list[ChatMessage]
-) -> Plan:
+def responses_plan(config: SimConfig, req: ResponsesRequest, messages: list[ChatMessage]) -> Plan:
     tools = scripted.responses_tools(req.tools)
     effort = (req.reasoning or {}).get("effort")
     thinking = req.reasoning is not None and effort != "none"

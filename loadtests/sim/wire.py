@@ -21,17 +21,24 @@ if TYPE_CHECKING:
 # -- usage and per-request metrics ---------------------------------------------------------------
 
 
-def full_usage(prompt_tokens: int, completion_tokens: int, reasoning: int | None = None,
-               prompt_details: Json | None = None) -> Json:
+def full_usage(
+    prompt_tokens: int,
+    completion_tokens: int,
+    reasoning: int | None = None,
+    prompt_details: Json | None = None,
+) -> Json:
     """UsageInfo as `model_dump()` writes it (non-streaming bodies)."""
     out = usage(prompt_tokens, completion_tokens)
     out["prompt_tokens_details"] = prompt_details
-    out["completion_tokens_details"] = None if reasoning is None else {"reasoning_tokens": reasoning}
+    out["completion_tokens_details"] = (
+        None if reasoning is None else {"reasoning_tokens": reasoning}
+    )
     return out
 
 
-def chunk_usage(prompt_tokens: int, completion_tokens: int, reasoning: int | None,
-                *, details_null: bool = False) -> Json:
+def chunk_usage(
+    prompt_tokens: int, completion_tokens: int, reasoning: int | None, *, details_null: bool = False
+) -> Json:
     """A chunk's usage; `completion_tokens_details` when a reasoning parser runs, and as an
     explicit null on chat's per-chunk (continuous) usage, as vLLM writes it in both versions."""
     out = usage(prompt_tokens, completion_tokens)
@@ -139,7 +146,8 @@ class _Chunks:
         final = chunk_usage(self.prompt_tokens, completion_tokens, self.reasoning_tokens(None))
         if self.prompt_details:
             final["prompt_tokens_details"] = prompt_details(
-                cached, chat=self.object_kind != "text_completion", full=False)
+                cached, chat=self.object_kind != "text_completion", full=False
+            )
         obj: Json = {
             **self.head,
             "choices": [],
@@ -159,9 +167,14 @@ class ChatChunks(_Chunks):
 
     object_kind = "chat.completion.chunk"
 
-    def __init__(self, *, prompt_token_ids: list[int] | None,
-                 parsers: list[ChatParser] | None = None, tool_finish: bool = False,
-                 **common: Any) -> None:
+    def __init__(
+        self,
+        *,
+        prompt_token_ids: list[int] | None,
+        parsers: list[ChatParser] | None = None,
+        tool_finish: bool = False,
+        **common: Any,
+    ) -> None:
         super().__init__(**common)
         self.prompt_token_ids = prompt_token_ids
         # One reasoning/tool parser per choice when the server runs parsers (toolparse.py).
@@ -184,8 +197,9 @@ class ChatChunks(_Chunks):
         }
         obj: Json = {**self.head, "choices": [choice]}
         if self.continuous:
-            obj["usage"] = chunk_usage(self.prompt_tokens, 0, self.reasoning_tokens(0) and 0,
-                                       details_null=True)
+            obj["usage"] = chunk_usage(
+                self.prompt_tokens, 0, self.reasoning_tokens(0) and 0, details_null=True
+            )
         obj["prompt_token_ids"] = self.prompt_token_ids if self.return_token_ids else None
         obj["prompt_text"] = None
         return sse(obj)
@@ -221,8 +235,12 @@ class ChatChunks(_Chunks):
             choice["weight_versions"] = None
         obj: Json = {**self.head, "choices": [choice]}
         if self.continuous:
-            obj["usage"] = chunk_usage(self.prompt_tokens, completion_tokens,
-                                       self.reasoning_tokens(index), details_null=True)
+            obj["usage"] = chunk_usage(
+                self.prompt_tokens,
+                completion_tokens,
+                self.reasoning_tokens(index),
+                details_null=True,
+            )
         if finish_reason is not None and not self.include_usage:
             obj["system_fingerprint"] = self.fingerprint
         return self.end(obj)

@@ -68,8 +68,10 @@ class RepairSpec(StrictModel):
     @classmethod
     def _no_command(cls, data: Any) -> Any:
         if isinstance(data, dict) and "command" in data:
-            raise ValueError("a policy cannot define a command: name an action the operator "
-                             "file defines (repair: {action: NAME})")
+            raise ValueError(
+                "a policy cannot define a command: name an action the operator "
+                "file defines (repair: {action: NAME})"
+            )
         return data
 
 
@@ -103,8 +105,10 @@ class BackendSpec(StrictModel):
     @classmethod
     def _no_env(cls, data: Any) -> Any:
         if isinstance(data, dict) and "api_key_env" in data:
-            raise ValueError("api_key_env is not accepted: name a secret the operator file "
-                             "defines (api_key: NAME)")
+            raise ValueError(
+                "api_key_env is not accepted: name a secret the operator file "
+                "defines (api_key: NAME)"
+            )
         return data
 
     @field_validator("url")
@@ -167,8 +171,10 @@ def _normalise_url(value: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{value!r} is not an http(s):// URL with a host")
     if "@" in parts.netloc:
-        raise ValueError(f"{value!r}: an engine URL takes no user:password part "
-                         "(name an operator secret with api_key)")
+        raise ValueError(
+            f"{value!r}: an engine URL takes no user:password part "
+            "(name an operator secret with api_key)"
+        )
     value = value.rstrip("/")
     if value.endswith("/v1"):
         raise ValueError(f"{value!r}: give the base URL without /v1 (the gateway adds the path)")

@@ -56,7 +56,8 @@ def checked_defaults(value: Defaults) -> Defaults:
         raise ValueError(f"defaults may not set {', '.join(bad)}: they are the client's request")
     temperature = value.get("temperature")
     if temperature is not None and not (
-        isinstance(temperature, int | float) and not isinstance(temperature, bool)
+        isinstance(temperature, int | float)
+        and not isinstance(temperature, bool)
         and 0 <= temperature <= 2
     ):
         raise ValueError(f"temperature default must be a number in [0, 2], got {temperature!r}")

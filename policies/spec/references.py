@@ -34,7 +34,9 @@ def check_references(doc: PolicyDocument) -> list[str]:
         for i, variant in enumerate(route.variants):
             backend = backends.get(variant)
             if backend is None:
-                errors.append(f"{where}.variants[{i}]: unknown backend {variant!r} (known: {known})")
+                errors.append(
+                    f"{where}.variants[{i}]: unknown backend {variant!r} (known: {known})"
+                )
             elif backend.task != route.task:
                 errors.append(
                     f"{where}.variants[{i}]: backend {variant!r} is a {backend.task} backend "
@@ -42,7 +44,9 @@ def check_references(doc: PolicyDocument) -> list[str]:
                 )
         variants = set(route.variants)
         if route.fallback is not None and route.fallback not in variants:
-            errors.append(f"{where}.fallback: {route.fallback!r} is not one of the route's variants")
+            errors.append(
+                f"{where}.fallback: {route.fallback!r} is not one of the route's variants"
+            )
         if route.task == "embed" and route.rules:
             errors.append(f"{where}.rules: an embed route takes no variant-choice rules")
         errors += _check_rules(where, route, variants, set(client_names), guarded)
@@ -63,11 +67,7 @@ def check_references(doc: PolicyDocument) -> list[str]:
 
 
 def _check_rules(
-    where: str,
-    route: RouteSpec,
-    variants: set[str],
-    clients: set[str],
-    guarded: dict[str, str],
+    where: str, route: RouteSpec, variants: set[str], clients: set[str], guarded: dict[str, str]
 ) -> list[str]:
     errors: list[str] = []
     names: set[str] = set()
@@ -110,19 +110,28 @@ def check_operator_names(doc: PolicyDocument, context: ValidationContext) -> lis
     hosts = ", ".join(sorted(context.engine_hosts)) or "none"
     for name, backend in doc.backends.items():
         where = f"backends.{name}"
-        urls = [("url", backend.url)] if backend.url is not None else \
-            [(f"urls[{i}]", u) for i, u in enumerate(backend.urls or ())]
+        urls = (
+            [("url", backend.url)]
+            if backend.url is not None
+            else [(f"urls[{i}]", u) for i, u in enumerate(backend.urls or ())]
+        )
         for field, url in urls:
             host = url_host(url)
             if host not in context.engine_hosts:
-                errors.append(f"{where}.{field}: host {host!r} is not one of the operator's "
-                              f"engine_hosts ({hosts})")
+                errors.append(
+                    f"{where}.{field}: host {host!r} is not one of the operator's "
+                    f"engine_hosts ({hosts})"
+                )
         if backend.repair is not None and backend.repair.action not in context.actions:
-            errors.append(f"{where}.repair.action: {backend.repair.action!r} is not an action "
-                          f"the operator file defines ({_known(context.actions)})")
+            errors.append(
+                f"{where}.repair.action: {backend.repair.action!r} is not an action "
+                f"the operator file defines ({_known(context.actions)})"
+            )
         if backend.api_key is not None and backend.api_key not in context.secrets:
-            errors.append(f"{where}.api_key: {backend.api_key!r} is not a secret the operator "
-                          f"file defines ({_known(context.secrets)})")
+            errors.append(
+                f"{where}.api_key: {backend.api_key!r} is not a secret the operator "
+                f"file defines ({_known(context.secrets)})"
+            )
     return errors
 
 

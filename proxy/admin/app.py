@@ -34,8 +34,12 @@ from proxy.relay.ready import readiness
 _BEARER = HTTPBearer(auto_error=False, description="The gateway's `--admin-token`.")
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut, "description": "No admin token."},
-    429: {"model": ErrorOut, "description": "Too many failed authentications from this address "
-                                            "(`Retry-After` says when to try again)."}}
+    429: {
+        "model": ErrorOut,
+        "description": "Too many failed authentications from this address "
+        "(`Retry-After` says when to try again).",
+    },
+}
 
 
 class AdminError(Exception):
@@ -55,6 +59,7 @@ def require_admin(request: Request) -> str:
 def admin_router(gw: Gateway) -> APIRouter:
     """A router whose every operation needs an admin token, checked before anything else; the
     token's name is `request.state.admin` (the audit's "who")."""
+
     async def guard(request: Request, _: Annotated[Any, Security(_BEARER)]) -> None:
         request.state.admin = require_admin(request)
 
@@ -63,6 +68,7 @@ def admin_router(gw: Gateway) -> APIRouter:
 
 def _handlers(gw: Gateway) -> dict[Any, Callable[[Request, Any], Coroutine[Any, Any, Response]]]:
     """Exception handlers that keep the answers the hand-routed Starlette app gave."""
+
     async def denied(_: Request, exc: Denied) -> Response:
         return exc.response
 
@@ -82,21 +88,31 @@ def _handlers(gw: Gateway) -> dict[Any, Callable[[Request, Any], Coroutine[Any, 
         # first); a bad query or header still gets the OpenAI error shape, as 400, not 422.
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return await refused(request, AdminError(
-            400, f"{where}: {first.get('msg', 'invalid request')}"))
+        return await refused(
+            request, AdminError(400, f"{where}: {first.get('msg', 'invalid request')}")
+        )
 
-    return {Denied: denied, AdminError: refused, HTTPException: http_error, RequestValidationError: invalid}
+    return {
+        Denied: denied,
+        AdminError: refused,
+        HTTPException: http_error,
+        RequestValidationError: invalid,
+    }
 
 
 def create_admin_app(gw: Gateway, extra_routes: list[BaseRoute] | None = None) -> FastAPI:
     app = FastAPIOffline(
-        title="specrouter admin API", version="1", redoc_url=None,
-        docs_url="/admin/docs", openapi_url="/admin/openapi.json",
+        title="specrouter admin API",
+        version="1",
+        redoc_url=None,
+        docs_url="/admin/docs",
+        openapi_url="/admin/openapi.json",
         static_url="/admin/docs/static",
         swagger_ui_oauth2_redirect_url="/admin/docs/oauth2-redirect",
         # No call to the online validator: the docs work offline and send nothing out.
         swagger_ui_parameters={"validatorUrl": None},
-        exception_handlers=_handlers(gw))
+        exception_handlers=_handlers(gw),
+    )
     app.state.admin_auth = checker = AdminAuth(gw.settings)
 
     @app.get("/metrics", include_in_schema=False)
@@ -114,12 +130,23 @@ def create_admin_app(gw: Gateway, extra_routes: list[BaseRoute] | None = None) -
     @router.get("/admin/status", summary="Engine state: per backend health and load")
     async def status() -> StatusOut:
         state = gw.live.snapshot()
-        return StatusOut.model_validate({
-            "policy_version": gw.policy.current.version, "in_flight": len(gw.in_flight),
-            "backends": {name: {"health": b.health, "in_flight": b.in_flight,
-                                "running": b.running, "waiting": b.waiting,
-                                "kv_usage": b.kv_usage, "acceptance": b.acceptance}
-                         for name, b in state.backends.items()}})
+        return StatusOut.model_validate(
+            {
+                "policy_version": gw.policy.current.version,
+                "in_flight": len(gw.in_flight),
+                "backends": {
+                    name: {
+                        "health": b.health,
+                        "in_flight": b.in_flight,
+                        "running": b.running,
+                        "waiting": b.waiting,
+                        "kv_usage": b.kv_usage,
+                        "acceptance": b.acceptance,
+                    }
+                    for name, b in state.backends.items()
+                },
+            }
+        )
 
     @router.get("/admin/readyz", summary="Readiness, per route (the public /readyz: only ready)")
     async def readyz(response: Response) -> ReadyOut:
@@ -143,8 +170,12 @@ def _without_fastapi_422(app: FastAPI) -> None:
         for item in spec.get("paths", {}).values():
             for operation in item.values():
                 responses = operation.get("responses", {})
-                schema = responses.get("422", {}).get("content", {}).get(
-                    "application/json", {}).get("schema", {})
+                schema = (
+                    responses.get("422", {})
+                    .get("content", {})
+                    .get("application/json", {})
+                    .get("schema", {})
+                )
                 if schema.get("$ref") == fastapi_422:
                     del responses["422"]
         for name in ("HTTPValidationError", "ValidationError"):

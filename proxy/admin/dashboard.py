@@ -36,18 +36,31 @@ def _ms(value: float | None) -> float | None:
 def _record_row(r: RequestRecord) -> dict[str, Any]:
     m = r.m
     itl = m.itl_per_token()
-    return {"time": r.started_wall, "id": r.request_id[:12], "client": r.client,
-            "route": r.route, "variant": r.backend, "reason": r.reason, "canary": r.canary,
-            "temperature": r.temperature, "temperature_default": r.temperature_defaulted,
-            "ttft_ms": _ms(m.ttft), "itl_p50_ms": _ms(quantile(itl, 0.5)),
-            "itl_p95_ms": _ms(quantile(itl, 0.95)),
-            "tokens_per_step": None if m.acceptance is None else round(m.acceptance, 2),
-            "tps_source": m.tps_source, "tokens": m.completion_tokens, "e2e_s": None if m.e2e is None else round(m.e2e, 2),
-            "outcome": r.outcome, "finish": m.finish_reason}
+    return {
+        "time": r.started_wall,
+        "id": r.request_id[:12],
+        "client": r.client,
+        "route": r.route,
+        "variant": r.backend,
+        "reason": r.reason,
+        "canary": r.canary,
+        "temperature": r.temperature,
+        "temperature_default": r.temperature_defaulted,
+        "ttft_ms": _ms(m.ttft),
+        "itl_p50_ms": _ms(quantile(itl, 0.5)),
+        "itl_p95_ms": _ms(quantile(itl, 0.95)),
+        "tokens_per_step": None if m.acceptance is None else round(m.acceptance, 2),
+        "tps_source": m.tps_source,
+        "tokens": m.completion_tokens,
+        "e2e_s": None if m.e2e is None else round(m.e2e, 2),
+        "outcome": r.outcome,
+        "finish": m.finish_reason,
+    }
 
 
-def snapshot(gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | None
-             ) -> dict[str, Any]:
+def snapshot(
+    gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | None
+) -> dict[str, Any]:
     now_perf, now_wall = time.perf_counter(), time.time()
     in_flight = []
     for r in list(gw.in_flight.values()):
@@ -55,11 +68,19 @@ def snapshot(gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | No
         elapsed = now_perf - m.t_start
         decode_s = (m.t_last_token - m.t_first_token) if m.t_first_token and m.t_last_token else 0
         tps = (m.completion_tokens - 1) / decode_s if decode_s > 0 else None
-        in_flight.append({"id": r.request_id[:12], "client": r.client, "route": r.route,
-                          "variant": r.backend, "reason": r.reason,
-                          "elapsed_s": round(elapsed, 2), "tokens": m.completion_tokens,
-                          "tokens_per_s": None if tps is None else round(tps, 1),
-                          "ttft_ms": _ms(m.ttft)})
+        in_flight.append(
+            {
+                "id": r.request_id[:12],
+                "client": r.client,
+                "route": r.route,
+                "variant": r.backend,
+                "reason": r.reason,
+                "elapsed_s": round(elapsed, 2),
+                "tokens": m.completion_tokens,
+                "tokens_per_s": None if tps is None else round(tps, 1),
+                "ttft_ms": _ms(m.ttft),
+            }
+        )
     recent = list(gw.recent)
     variants: dict[str, dict[str, list[float]]] = {}
     for r in recent:
@@ -72,14 +93,19 @@ def snapshot(gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | No
         v["itl"] += r.m.itl_per_token()
         if r.m.acceptance is not None:
             v["tps"].append(r.m.acceptance)
-    variant_rows = [{"variant": name, "requests": len(v["n"]), "streams": len(v["ttft"]),
-                     "ttft_p50_ms": _ms(quantile(v["ttft"], 0.5)),
-                     "ttft_p95_ms": _ms(quantile(v["ttft"], 0.95)),
-                     "itl_p50_ms": _ms(quantile(v["itl"], 0.5)),
-                     "itl_p95_ms": _ms(quantile(v["itl"], 0.95)),
-                     "tokens_per_step": None if not v["tps"]
-                     else round(sum(v["tps"]) / len(v["tps"]), 2)}
-                    for name, v in sorted(variants.items())]
+    variant_rows = [
+        {
+            "variant": name,
+            "requests": len(v["n"]),
+            "streams": len(v["ttft"]),
+            "ttft_p50_ms": _ms(quantile(v["ttft"], 0.5)),
+            "ttft_p95_ms": _ms(quantile(v["ttft"], 0.95)),
+            "itl_p50_ms": _ms(quantile(v["itl"], 0.5)),
+            "itl_p95_ms": _ms(quantile(v["itl"], 0.95)),
+            "tokens_per_step": None if not v["tps"] else round(sum(v["tps"]) / len(v["tps"]), 2),
+        }
+        for name, v in sorted(variants.items())
+    ]
     backends = []
     state = gw.live.snapshot()
     policy = gw.policy.current
@@ -90,28 +116,42 @@ def snapshot(gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | No
         spec_desc = None
         if spec.speculative is not None:
             s = spec.speculative
-            spec_desc = (f"{s.method} k={s.num_speculative_tokens} {s.draft_sample_method}/"
-                         f"{s.rejection_sample_method}")
+            spec_desc = (
+                f"{s.method} k={s.num_speculative_tokens} {s.draft_sample_method}/"
+                f"{s.rejection_sample_method}"
+            )
         guard = gw.live.guards.get(name)
-        backends.append({
-            "name": name, "task": spec.task, "speculative": spec_desc,
-            "health": b.health if b else "unknown", "in_flight": b.in_flight if b else 0,
-            "queued": gw.admission.queued(name),
-            "running": b.running if b else None, "waiting": b.waiting if b else None,
-            "kv_usage": b.kv_usage if b else None,
-            "decode_tokens_per_s": None if decode is None else round(decode, 1),
-            "acceptance": None if b is None or b.acceptance is None else round(b.acceptance, 2),
-            "guard_tripped": bool(guard and guard.tripped),
-            "per_position": [round(x, 3) for x in window.per_position(60.0)] if window else [],
-        })
+        backends.append(
+            {
+                "name": name,
+                "task": spec.task,
+                "speculative": spec_desc,
+                "health": b.health if b else "unknown",
+                "in_flight": b.in_flight if b else 0,
+                "queued": gw.admission.queued(name),
+                "running": b.running if b else None,
+                "waiting": b.waiting if b else None,
+                "kv_usage": b.kv_usage if b else None,
+                "decode_tokens_per_s": None if decode is None else round(decode, 1),
+                "acceptance": None if b is None or b.acceptance is None else round(b.acceptance, 2),
+                "guard_tripped": bool(guard and guard.tripped),
+                "per_position": [round(x, 3) for x in window.per_position(60.0)] if window else [],
+            }
+        )
     history = store.history()[-8:] if store is not None else []
-    repairs = [{"backend": a.backend, "time": a.started, "result": a.result,
-                "returncode": a.returncode}
-               for a in (monitor.repairer.history if monitor is not None else [])][-10:]
-    return {"time": now_wall, "policy": {"version": policy.version, "history": history},
-            "in_flight": in_flight,
-            "recent": [_record_row(r) for r in reversed(recent[-25:])],
-            "variants": variant_rows, "backends": backends, "repairs": repairs}
+    repairs = [
+        {"backend": a.backend, "time": a.started, "result": a.result, "returncode": a.returncode}
+        for a in (monitor.repairer.history if monitor is not None else [])
+    ][-10:]
+    return {
+        "time": now_wall,
+        "policy": {"version": policy.version, "history": history},
+        "in_flight": in_flight,
+        "recent": [_record_row(r) for r in reversed(recent[-25:])],
+        "variants": variant_rows,
+        "backends": backends,
+        "repairs": repairs,
+    }
 
 
 def encoded(snap: dict[str, Any], limit: int) -> bytes:
@@ -122,16 +162,27 @@ def encoded(snap: dict[str, Any], limit: int) -> bytes:
     if len(data) <= limit:
         return data
     policy = snap["policy"]
-    snap = {**snap, "truncated": True, **{k: snap[k][:_SHOWN] for k in _ROWS},
-            "policy": {**policy, "history": [{**h, "changes": h.get("changes", [])[:10]}
-                                             for h in policy["history"]]}}
+    snap = {
+        **snap,
+        "truncated": True,
+        **{k: snap[k][:_SHOWN] for k in _ROWS},
+        "policy": {
+            **policy,
+            "history": [{**h, "changes": h.get("changes", [])[:10]} for h in policy["history"]],
+        },
+    }
     data = orjson.dumps(snap)
     while len(data) > limit:
         history = snap["policy"]["history"]
         if not history and not any(snap[k] for k in _ROWS):  # one huge value: the bare facts
-            return orjson.dumps({"time": snap["time"], "truncated": True,
-                                 "policy": {"version": policy["version"], "history": []},
-                                 **{k: [] for k in _ROWS}})
+            return orjson.dumps(
+                {
+                    "time": snap["time"],
+                    "truncated": True,
+                    "policy": {"version": policy["version"], "history": []},
+                    **{k: [] for k in _ROWS},
+                }
+            )
         for k in _ROWS:
             snap[k] = snap[k][: len(snap[k]) // 2]
         snap["policy"]["history"] = history[(len(history) + 1) // 2 :]  # the latest kept
@@ -143,8 +194,9 @@ def _static(name: str) -> bytes:
     return resources.files("proxy.admin").joinpath("static", name).read_bytes()
 
 
-def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
-                     store: PolicyStore | None) -> list[BaseRoute]:
+def dashboard_routes(
+    gw: Gateway, monitor: HealthMonitor | None, store: PolicyStore | None
+) -> list[BaseRoute]:
     limit = gw.settings.max_dashboard_bytes
 
     async def page(request: Request) -> Response:
@@ -155,8 +207,9 @@ def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
             viewer(request)
         except Denied as exc:
             return refused(exc)
-        return Response(_static("dashboard.html"), media_type="text/html",
-                        headers={"cache-control": "no-store"})
+        return Response(
+            _static("dashboard.html"), media_type="text/html", headers={"cache-control": "no-store"}
+        )
 
     async def asset(request: Request) -> Response:
         name = request.path_params["name"]
@@ -170,8 +223,7 @@ def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
             viewer(request)
         except Denied as exc:
             return exc.response
-        return Response(encoded(snapshot(gw, monitor, store), limit),
-                        media_type="application/json")
+        return Response(encoded(snapshot(gw, monitor, store), limit), media_type="application/json")
 
     async def events(request: Request) -> Response:
         try:
@@ -184,8 +236,9 @@ def dashboard_routes(gw: Gateway, monitor: HealthMonitor | None,
                 yield b"data: " + encoded(snapshot(gw, monitor, store), limit) + b"\n\n"
                 await asyncio.sleep(1.0)
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"cache-control": "no-cache"}
+        )
 
     return [
         Route("/dashboard", page),

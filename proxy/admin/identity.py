@@ -23,8 +23,12 @@ class Denied(Exception):
 
 
 def _error(status: int, message: str, type_: str, headers: dict[str, str]) -> Response:
-    return Response(error_body(status, message, type_=type_), status_code=status,
-                    media_type="application/json", headers=headers)
+    return Response(
+        error_body(status, message, type_=type_),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
 
 
 class AdminAuth:
@@ -52,16 +56,27 @@ class AdminAuth:
         """The name of the bearer token among `digests`, or Denied."""
         wait = self.retry_after(request)
         if wait is not None:
-            raise Denied(_error(429, f"too many failed authentications from this address: "
-                                f"retry in {wait}s", "RateLimitError", {"retry-after": str(wait)}))
+            raise Denied(
+                _error(
+                    429,
+                    f"too many failed authentications from this address: retry in {wait}s",
+                    "RateLimitError",
+                    {"retry-after": str(wait)},
+                )
+            )
         header = request.headers.get("authorization")
-        name = auth.token_name(auth.bearer(header.encode("latin-1") if header else None),
-                               digests)
+        name = auth.token_name(auth.bearer(header.encode("latin-1") if header else None), digests)
         if name is None:
             if header is not None:  # a guess; no credential at all is none
                 self.failed(request)
-            raise Denied(_error(401, "admin token required", "AuthenticationError",
-                                {"www-authenticate": "Bearer"}))
+            raise Denied(
+                _error(
+                    401,
+                    "admin token required",
+                    "AuthenticationError",
+                    {"www-authenticate": "Bearer"},
+                )
+            )
         return name
 
 

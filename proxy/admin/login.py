@@ -37,8 +37,12 @@ def login_form(message: str, status: int, headers: dict[str, str] | None = None)
 <input name=token type=password autocomplete=current-password autofocus required
  style="width:100%;padding:.4em"> <button type=submit style="margin-top:.6em">log in</button>
 </form>"""
-    return Response(page.encode(), status_code=status, media_type="text/html",
-                    headers={"cache-control": "no-store", **(headers or {})})
+    return Response(
+        page.encode(),
+        status_code=status,
+        media_type="text/html",
+        headers={"cache-control": "no-store", **(headers or {})},
+    )
 
 
 def refused(exc: Denied) -> Response:
@@ -46,8 +50,9 @@ def refused(exc: Denied) -> Response:
     wait = exc.response.headers.get("retry-after")
     if wait is None:
         return login_form("", 401)
-    return login_form(f"too many failed attempts from this address: retry in {wait}s", 429,
-                      {"retry-after": wait})
+    return login_form(
+        f"too many failed attempts from this address: retry in {wait}s", 429, {"retry-after": wait}
+    )
 
 
 async def _form_token(request: Request) -> str | None:
@@ -73,17 +78,30 @@ def login_routes() -> list[BaseRoute]:
                 checker.failed(request)
             return login_form("wrong token", 401)
         response = RedirectResponse(_PATH, status_code=303)
-        response.set_cookie(COOKIE, checker.sessions.open(name), path=_PATH,
-                            max_age=int(checker.sessions.lifetime_s), httponly=True,
-                            samesite="strict", secure=request.url.scheme == "https")
+        response.set_cookie(
+            COOKIE,
+            checker.sessions.open(name),
+            path=_PATH,
+            max_age=int(checker.sessions.lifetime_s),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
         return response
 
     async def logout(request: Request) -> Response:
         admin_auth(request).sessions.close(request.cookies.get(COOKIE))
         response = RedirectResponse(_PATH, status_code=303)
-        response.delete_cookie(COOKIE, path=_PATH, httponly=True, samesite="strict",
-                               secure=request.url.scheme == "https")
+        response.delete_cookie(
+            COOKIE,
+            path=_PATH,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
         return response
 
-    return [Route("/dashboard/login", login, methods=["POST"]),
-            Route("/dashboard/logout", logout, methods=["POST"])]
+    return [
+        Route("/dashboard/login", login, methods=["POST"]),
+        Route("/dashboard/logout", logout, methods=["POST"]),
+    ]

@@ -52,8 +52,10 @@ class ExplainIn(BaseModel):
     endpoint: Endpoint = "chat"
     client: str | None = Field(None, description="A client of the policy (default: the first).")
     state: dict[str, Any] | None = Field(
-        None, description='Engine state, e.g. {"backends": {"a": {"health": "down"}}}; '
-                          "the live state when absent.")
+        None,
+        description='Engine state, e.g. {"backends": {"a": {"health": "down"}}}; '
+        "the live state when absent.",
+    )
     pin: str | None = Field(None, description="A pinned variant (`X-Specrouter-Variant`).")
     now: float | None = Field(None, description="Monotonic time of the request.")
 

@@ -40,11 +40,18 @@ from proxy.admin.policy_store import Applied, PolicyStore, StaleVersion
 from proxy.gateway import Gateway
 
 # The audit's "who" is the name of the admin token used; a header only adds a note.
-_NOTE = Header(None, alias="x-specrouter-note", max_length=200,
-               description="A note for the audit log (who made the change is the name of the "
-                           "admin token used).")
-_IF_MATCH = Header(None, alias="if-match",
-                   description='The ETag of `GET /admin/policy`, or `*` for any current version.')
+_NOTE = Header(
+    None,
+    alias="x-specrouter-note",
+    max_length=200,
+    description="A note for the audit log (who made the change is the name of the "
+    "admin token used).",
+)
+_IF_MATCH = Header(
+    None,
+    alias="if-match",
+    description="The ETag of `GET /admin/policy`, or `*` for any current version.",
+)
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -67,8 +74,9 @@ def _invalid(exc: PolicyError) -> AdminError:
 
 
 def _stale(exc: StaleVersion) -> AdminError:
-    return AdminError(412, f"the policy changed meanwhile: current version is {exc}",
-                      current_version=str(exc))
+    return AdminError(
+        412, f"the policy changed meanwhile: current version is {exc}", current_version=str(exc)
+    )
 
 
 def _etag(version: str) -> str:
@@ -128,22 +136,27 @@ async def _read_document(request: Request, store: PolicyStore) -> bytes:
 
 def _applied(applied: Applied, response: Response) -> AppliedOut:
     response.headers["etag"] = _etag(applied.version)
-    return AppliedOut(version=applied.version, number=applied.number,
-                      changes=list(applied.changes))
+    return AppliedOut(version=applied.version, number=applied.number, changes=list(applied.changes))
 
 
-_AS_YAML: dict[int | str, dict[str, Any]] = {200: {
-    "content": {"application/yaml": {"schema": {"type": "string"}}},
-    "description": "The running policy; the `ETag` header is its version, unquoted in `version`."}}
+_AS_YAML: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"application/yaml": {"schema": {"type": "string"}}},
+        "description": "The running policy; the `ETag` header is its version, unquoted in `version`.",
+    }
+}
 
 
 def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
     router = admin_router(gw)
 
-    @router.get("/admin/policy", summary="The running policy (JSON, or `?format=yaml`)",
-                responses=_AS_YAML, response_model=PolicyOut)
-    async def get_policy(response: Response, fmt: str | None = Query(None, alias="format")
-                         ) -> Any:
+    @router.get(
+        "/admin/policy",
+        summary="The running policy (JSON, or `?format=yaml`)",
+        responses=_AS_YAML,
+        response_model=PolicyOut,
+    )
+    async def get_policy(response: Response, fmt: str | None = Query(None, alias="format")) -> Any:
         policy = store.current
         headers = {"etag": _etag(policy.version), "x-policy-version": policy.version}
         if fmt == "yaml":
@@ -151,24 +164,38 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
         response.headers.update(headers)
         return PolicyOut(version=policy.version, document=policy.document)
 
-    @router.put("/admin/policy", summary="Apply a policy (If-Match required)",
-                responses=_errors(400, 412, 422, 428),
-                openapi_extra=_body(PolicyIn, "application/yaml"))
-    async def put_policy(request: Request, response: Response, if_match: str | None = _IF_MATCH,
-                         note: str | None = _NOTE) -> AppliedOut:
+    @router.put(
+        "/admin/policy",
+        summary="Apply a policy (If-Match required)",
+        responses=_errors(400, 412, 422, 428),
+        openapi_extra=_body(PolicyIn, "application/yaml"),
+    )
+    async def put_policy(
+        request: Request,
+        response: Response,
+        if_match: str | None = _IF_MATCH,
+        note: str | None = _NOTE,
+    ) -> AppliedOut:
         version = _precondition(store, if_match)
         try:
-            applied = await store.apply(await _read_document(request, store),
-                                        who=request.state.admin, if_match=version,
-                                        note=note or "")
+            applied = await store.apply(
+                await _read_document(request, store),
+                who=request.state.admin,
+                if_match=version,
+                note=note or "",
+            )
         except PolicyError as exc:
             raise _invalid(exc) from None
         except StaleVersion as exc:
             raise _stale(exc) from None
         return _applied(applied, response)
 
-    @router.post("/admin/policy/validate", summary="Check a policy without applying it",
-                 responses=_errors(422), openapi_extra=_body(PolicyIn, "application/yaml"))
+    @router.post(
+        "/admin/policy/validate",
+        summary="Check a policy without applying it",
+        responses=_errors(422),
+        openapi_extra=_body(PolicyIn, "application/yaml"),
+    )
     async def validate(request: Request) -> ValidOut:
         try:
             policy = await store.validate(await _read_document(request, store))
@@ -176,24 +203,39 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
             raise _invalid(exc) from None
         return ValidOut(valid=True, version=policy.version)
 
-    @router.post("/admin/policy/explain", summary="What the policy decides for a request, and why",
-                 responses=_errors(400), openapi_extra=_body(ExplainIn))
+    @router.post(
+        "/admin/policy/explain",
+        summary="What the policy decides for a request, and why",
+        responses=_errors(400),
+        openapi_extra=_body(ExplainIn),
+    )
     async def explain(request: Request) -> ExplainOut:
         try:
             data = ExplainIn.model_validate_json(await request.body())
             body = data.request
-            state = (live_state_from_json(data.state) if data.state is not None
-                     else gw.live.snapshot())
+            state = (
+                live_state_from_json(data.state) if data.state is not None else gw.live.snapshot()
+            )
             policy = store.current
-            client = data.client or (policy.document.clients[0].name
-                                     if policy.document.clients else "anonymous")
+            client = data.client or (
+                policy.document.clients[0].name if policy.document.clients else "anonymous"
+            )
             headers = {} if data.pin is None else {b"x-specrouter-variant": data.pin.encode()}
-            view = request_view(body, data.endpoint, str(body.get("model", "")), client, headers,
-                                time.monotonic() if data.now is None else data.now)
+            view = request_view(
+                body,
+                data.endpoint,
+                str(body.get("model", "")),
+                client,
+                headers,
+                time.monotonic() if data.now is None else data.now,
+            )
         except ValidationError as exc:
-            raise AdminError(400, 'cannot explain: body must be {"request": {...}, '
-                             '"state"?: {...}, "client"?: NAME, "endpoint"?: '
-                             f"chat|completions|...}}: {_first(exc)}") from None
+            raise AdminError(
+                400,
+                'cannot explain: body must be {"request": {...}, '
+                '"state"?: {...}, "client"?: NAME, "endpoint"?: '
+                f"chat|completions|...}}: {_first(exc)}",
+            ) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise AdminError(400, f"cannot explain: {exc}") from None
         decision = decide(view, state, policy, explain=True)
@@ -203,20 +245,26 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
 
     @router.get("/admin/policy/history", summary="Every applied version: who, when, what changed")
     async def history() -> HistoryOut:
-        return HistoryOut.model_validate({"current": store.current.version,
-                                          "history": store.history()})
+        return HistoryOut.model_validate(
+            {"current": store.current.version, "history": store.history()}
+        )
 
-    @router.post("/admin/policy/rollback",
-                 summary="Apply a version from the history again (If-Match required)",
-                 responses=_errors(400, 404, 412, 422, 428), openapi_extra=_body(RollbackIn))
-    async def rollback(request: Request, response: Response, if_match: str | None = _IF_MATCH
-                       ) -> AppliedOut:
+    @router.post(
+        "/admin/policy/rollback",
+        summary="Apply a version from the history again (If-Match required)",
+        responses=_errors(400, 404, 412, 422, 428),
+        openapi_extra=_body(RollbackIn),
+    )
+    async def rollback(
+        request: Request, response: Response, if_match: str | None = _IF_MATCH
+    ) -> AppliedOut:
         version = _precondition(store, if_match)
         try:
             number = RollbackIn.model_validate_json(await request.body()).version
         except ValidationError:
-            raise AdminError(400, 'body must be {"version": N} (a number from the history)'
-                             ) from None
+            raise AdminError(
+                400, 'body must be {"version": N} (a number from the history)'
+            ) from None
         try:
             applied = await store.rollback(number, who=request.state.admin, if_match=version)
         except KeyError:

@@ -62,8 +62,13 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 class PolicyStore:
-    def __init__(self, holder: PolicyHolder, config: Path, state_dir: Path,
-                 limits: DocumentLimits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self,
+        holder: PolicyHolder,
+        config: Path,
+        state_dir: Path,
+        limits: DocumentLimits = DEFAULT_LIMITS,
+    ) -> None:
         self.holder = holder
         self.limits = limits
         self.config = config
@@ -98,12 +103,24 @@ class PolicyStore:
         numbers = [int(p.stem) for p in self.versions.glob("*.yaml") if p.stem.isdigit()]
         return max(numbers, default=0) + 1
 
-    def _record(self, policy: CompiledPolicy, text: bytes, who: str,
-                changes: tuple[str, ...], note: str = "") -> int:
+    def _record(
+        self,
+        policy: CompiledPolicy,
+        text: bytes,
+        who: str,
+        changes: tuple[str, ...],
+        note: str = "",
+    ) -> int:
         number = self._next_number()
         atomic_write(self.versions / f"{number:04d}.yaml", text)
-        entry = {"number": number, "version": policy.version, "time": time.time(),
-                 "who": who, "changes": list(changes), "note": note}
+        entry = {
+            "number": number,
+            "version": policy.version,
+            "time": time.time(),
+            "who": who,
+            "changes": list(changes),
+            "note": note,
+        }
         with open(self.audit, "ab") as f:
             f.write(orjson.dumps(entry) + b"\n")
             f.flush()
@@ -128,8 +145,15 @@ class PolicyStore:
     def _number_of(self, version: str) -> int:
         return next((h["number"] for h in reversed(self.history()) if h["version"] == version), 0)
 
-    async def apply(self, text: bytes, *, who: str, if_match: str | None,
-                    note: str = "", unless_running: bool = False) -> Applied:
+    async def apply(
+        self,
+        text: bytes,
+        *,
+        who: str,
+        if_match: str | None,
+        note: str = "",
+        unless_running: bool = False,
+    ) -> Applied:
         """Validate, persist, swap. `if_match` is the version the change was based on, checked
         before the text (RFC 9110 13.2.1) and again under the lock. `unless_running`: a policy
         that is already the running one is no change (no history entry)."""
@@ -152,8 +176,13 @@ class PolicyStore:
         path = self.versions / f"{number:04d}.yaml"
         if not path.exists():
             raise KeyError(number)
-        return await self.apply(path.read_bytes(), who=who, if_match=if_match,
-                                note=f"rollback to #{number}", unless_running=True)
+        return await self.apply(
+            path.read_bytes(),
+            who=who,
+            if_match=if_match,
+            note=f"rollback to #{number}",
+            unless_running=True,
+        )
 
     async def poll(self, *, force: bool = False) -> bool:
         """Apply the config file if someone edited it; True when a new version was applied."""
@@ -173,8 +202,12 @@ class PolicyStore:
             except PolicyError as exc:
                 self.reload_failures += 1
                 self.last_error = str(exc)
-                log.error("edited policy file %s refused, keeping version %s: %s",
-                          self.config, self.holder.current.version, exc)
+                log.error(
+                    "edited policy file %s refused, keeping version %s: %s",
+                    self.config,
+                    self.holder.current.version,
+                    exc,
+                )
                 return False
             current = self.holder.current
             if policy.version == current.version:  # the file an apply (just) wrote: no edit

@@ -15,8 +15,13 @@ from proxy.auth import hash_key
 
 
 class Sessions:
-    def __init__(self, lifetime_s: float, *, max_sessions: int = 1000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        lifetime_s: float,
+        *,
+        max_sessions: int = 1000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.lifetime_s, self.max_sessions = lifetime_s, max_sessions
         self._clock = clock
         self._open: OrderedDict[str, tuple[str, float]] = OrderedDict()  # digest -> name, end

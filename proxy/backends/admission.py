@@ -59,8 +59,9 @@ class Admission:
                 await fut
         except TimeoutError:
             self._forget(g, client, fut)
-            raise AdmissionTimeout(f"{backend}: {limit} requests open, queued for "
-                                   f"{timeout:g}s") from None
+            raise AdmissionTimeout(
+                f"{backend}: {limit} requests open, queued for {timeout:g}s"
+            ) from None
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self.release(backend, limit)  # admitted as we were cancelled: pass it on

@@ -46,9 +46,10 @@ class EngineTable:
             return urls[0]
         candidates = [u for u in urls if self.state(u).up] or list(urls)
         if affinity is not None:
-            preferred = max(candidates,
-                            key=lambda u: hashlib.blake2b(affinity + u.encode(),
-                                                          digest_size=8).digest())
+            preferred = max(
+                candidates,
+                key=lambda u: hashlib.blake2b(affinity + u.encode(), digest_size=8).digest(),
+            )
             average = sum(self.state(u).load for u in candidates) / len(candidates)
             if self.state(preferred).load <= average * LOAD_SLACK + 1:
                 return preferred

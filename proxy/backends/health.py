@@ -96,8 +96,9 @@ class EngineWindow:
     scrapes: deque[Scrape] = field(default_factory=lambda: deque(maxlen=2048))
 
     def add(self, scrape: Scrape) -> None:
-        if self.scrapes and scrape.values.get("generation_tokens", 0.0) < \
-                self.scrapes[-1].values.get("generation_tokens", 0.0):
+        if self.scrapes and scrape.values.get("generation_tokens", 0.0) < self.scrapes[
+            -1
+        ].values.get("generation_tokens", 0.0):
             self.scrapes.clear()  # the engine restarted: its counters began again at zero
         self.scrapes.append(scrape)
         while len(self.scrapes) > 2 and scrape.t - self.scrapes[1].t >= self.keep_s:
@@ -175,9 +176,11 @@ class HealthMonitor:
         for name in self.gw.policy.current.document.backends:
             window = self.windows.get(name)
             last = window.scrapes[-1] if window is not None and window.scrapes else None
-            out[name] = BackendScrape(self.gw.live.get(name).health,
-                                dict(last.values) if last else {},
-                                dict(last.accepted_per_pos) if last else {})
+            out[name] = BackendScrape(
+                self.gw.live.get(name).health,
+                dict(last.values) if last else {},
+                dict(last.accepted_per_pos) if last else {},
+            )
         return out
 
     def start(self) -> None:
@@ -222,8 +225,9 @@ class HealthMonitor:
             before = self._health.get(name)
             if health != before:
                 self._health[name] = health
-                log.warning("backend %s is %s%s", name, health,
-                            "" if before is None else f" (was {before})")
+                log.warning(
+                    "backend %s is %s%s", name, health, "" if before is None else f" (was {before})"
+                )
 
     def after_scrape(self) -> None:
         """Advance every acceptance guard on the fresh readings (policies.guard.advance)."""
@@ -243,8 +247,9 @@ class HealthMonitor:
         backend = gw.policy.current.backend(name)
         scrape_kind = backend.kind if backend.kind in SCRAPED else None
         key = gw.operator.secret(backend.api_key)
-        results = await asyncio.gather(*(self._check_url(name, url, scrape_kind, key)
-                                         for url in backend.engine_urls))
+        results = await asyncio.gather(
+            *(self._check_url(name, url, scrape_kind, key) for url in backend.engine_urls)
+        )
         if any(ok for ok, _ in results):
             gw.live.success(name)
         else:
@@ -257,13 +262,17 @@ class HealthMonitor:
         window.add(scrape)
         running, waiting = scrape.values.get("running"), scrape.values.get("waiting")
         kv = [s.values["kv_usage"] for s in scrapes if "kv_usage" in s.values]
-        gw.live.set_scraped(name, running=None if running is None else int(running),
-                            waiting=None if waiting is None else int(waiting),
-                            kv_usage=max(kv) if kv else None,
-                            acceptance=window.acceptance(policy_window(gw)))
+        gw.live.set_scraped(
+            name,
+            running=None if running is None else int(running),
+            waiting=None if waiting is None else int(waiting),
+            kv_usage=max(kv) if kv else None,
+            acceptance=window.acceptance(policy_window(gw)),
+        )
 
-    async def _check_url(self, name: str, url: str, kind: EngineKind | None, key: str | None
-                         ) -> tuple[bool, Scrape | None]:
+    async def _check_url(
+        self, name: str, url: str, kind: EngineKind | None, key: str | None
+    ) -> tuple[bool, Scrape | None]:
         gw = self.gw
         state = gw.engine_table.state(url)
         timeout = max(1.0, gw.settings.scrape_interval_s)
@@ -279,13 +288,15 @@ class HealthMonitor:
         # answers /metrics 401 without it.
         headers = {"authorization": f"Bearer {key}"} if key else None
         try:
-            status, body = await gw.upstream.get(url + "/metrics", timeout, headers,
-                                                 gw.settings.max_metrics_bytes)
+            status, body = await gw.upstream.get(
+                url + "/metrics", timeout, headers, gw.settings.max_metrics_bytes
+            )
             if status != 200:
                 return True, None
             # A large page (9 MB once stalled the loop 1.3 s a scrape) parses off the loop.
             reading = await asyncio.to_thread(
-                parse_metrics, body.decode(errors="replace"), time.monotonic(), kind)
+                parse_metrics, body.decode(errors="replace"), time.monotonic(), kind
+            )
         except Exception as exc:  # a scrape failure leaves the last reading in place
             log.debug("scrape of backend %s failed: %s", name, type(exc).__name__)
             return True, None
@@ -309,4 +320,3 @@ def _summed(scrapes: list[Scrape]) -> Scrape:
 
 def policy_window(gw: Gateway) -> float:
     return float(gw.policy.current.document.guard.window_s)
-

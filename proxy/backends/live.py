@@ -71,8 +71,9 @@ class LiveTracker:
             self._snapshot = None
 
     def _set_failed(self, name: str, b: BackendLive) -> None:
-        health: Health = "starting" if time.monotonic() < self.starting_until.get(name, 0.0) \
-            else "down"
+        health: Health = (
+            "starting" if time.monotonic() < self.starting_until.get(name, 0.0) else "down"
+        )
         if b.health != health and not (b.health == "down" and health == "starting"):
             b.health = health
             self._snapshot = None
@@ -91,8 +92,15 @@ class LiveTracker:
             b.health = health
             self._snapshot = None
 
-    def set_scraped(self, name: str, *, running: int | None, waiting: int | None,
-                    kv_usage: float | None, acceptance: float | None) -> None:
+    def set_scraped(
+        self,
+        name: str,
+        *,
+        running: int | None,
+        waiting: int | None,
+        kv_usage: float | None,
+        acceptance: float | None,
+    ) -> None:
         b = self.get(name)
         b.running, b.waiting, b.kv_usage, b.acceptance = running, waiting, kv_usage, acceptance
         self._snapshot = None
@@ -104,9 +112,17 @@ class LiveTracker:
     def snapshot(self) -> LiveState:
         if self._snapshot is None:
             self._snapshot = LiveState(
-                backends={n: BackendState(health=b.health, in_flight=b.in_flight,
-                                          running=b.running, waiting=b.waiting,
-                                          kv_usage=b.kv_usage, acceptance=b.acceptance)
-                          for n, b in self.backends.items()},
-                guards=dict(self.guards))
+                backends={
+                    n: BackendState(
+                        health=b.health,
+                        in_flight=b.in_flight,
+                        running=b.running,
+                        waiting=b.waiting,
+                        kv_usage=b.kv_usage,
+                        acceptance=b.acceptance,
+                    )
+                    for n, b in self.backends.items()
+                },
+                guards=dict(self.guards),
+            )
         return self._snapshot

@@ -71,14 +71,18 @@ class Repairer:
         self.gw.live.starting(name, now + backend.startup_s)
         st.down_since = None
         st.running = asyncio.get_running_loop().create_task(
-            self._run(attempt, action.command, action.timeout_s), name=f"repair-{name}")
+            self._run(attempt, action.command, action.timeout_s), name=f"repair-{name}"
+        )
 
     async def _run(self, attempt: Attempt, command: list[str], timeout: float) -> None:
         log.warning("repairing backend %s: %s", attempt.backend, " ".join(command))
         try:
             proc = await asyncio.create_subprocess_exec(
-                *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                stdin=asyncio.subprocess.DEVNULL)
+                *command,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+            )
         except OSError as exc:
             attempt.result, attempt.output = "failed", str(exc)
         else:
@@ -92,8 +96,13 @@ class Repairer:
                 proc.kill()
                 attempt.result = "timeout"
         self.gw.metrics.repairs.labels(attempt.backend, attempt.result).inc()
-        log.warning("repair of %s: %s (exit %s) %s", attempt.backend, attempt.result,
-                    attempt.returncode, attempt.output.strip()[-300:])
+        log.warning(
+            "repair of %s: %s (exit %s) %s",
+            attempt.backend,
+            attempt.result,
+            attempt.returncode,
+            attempt.output.strip()[-300:],
+        )
 
     async def aclose(self) -> None:
         for st in self._states.values():

@@ -60,8 +60,15 @@ class SessionTable:
         if row is None or not sid.continues or now - row.last_seen > self.idle_s:
             return SessionView(sid.key, sid.subagent, mean_turns=self.mean_turns())
         turns = row.turns
-        return SessionView(sid.key, sid.subagent, row.engine, row.prefix_tokens, turns,
-                           row.tokens_out / turns if turns else 0.0, self.mean_turns())
+        return SessionView(
+            sid.key,
+            sid.subagent,
+            row.engine,
+            row.prefix_tokens,
+            turns,
+            row.tokens_out / turns if turns else 0.0,
+            self.mean_turns(),
+        )
 
     def mean_turns(self) -> float | None:
         n = len(self._rows)
@@ -70,8 +77,9 @@ class SessionTable:
     def placed(self, sid: SessionId, client: str, engine: str, now: float) -> None:
         row = self._rows.get(sid.key)
         if row is None:
-            row = self._rows[sid.key] = SessionEntry(engine, now, client, sid.agent, sid.source,
-                                                     sid.subagent)
+            row = self._rows[sid.key] = SessionEntry(
+                engine, now, client, sid.agent, sid.source, sid.subagent
+            )
             self._evict()
         elif row.engine != engine:
             row.engine, row.prefix_tokens = engine, 0  # the new engine holds none of it
@@ -79,8 +87,17 @@ class SessionTable:
         row.last_seen = now
         self._rows.move_to_end(sid.key)
 
-    def finished(self, key: str, engine: str, now: float, *, prompt_tokens: int | None,
-                 completion_tokens: int, cached_tokens: int | None, decode_s: float) -> None:
+    def finished(
+        self,
+        key: str,
+        engine: str,
+        now: float,
+        *,
+        prompt_tokens: int | None,
+        completion_tokens: int,
+        cached_tokens: int | None,
+        decode_s: float,
+    ) -> None:
         """One turn ended on `engine` (a retry may have served it elsewhere than placed)."""
         row = self._rows.get(key)
         if row is None:

@@ -19,9 +19,11 @@ def _ms(seconds: float | None) -> str:
 
 def access_line(record: RequestRecord) -> str:
     m = record.m
-    return (f"{record.request_id} client={record.client} {record.endpoint} "
-            f"backend={record.backend or '-'} status={record.status} outcome={record.outcome} "
-            f"ttft={_ms(m.ttft)} tokens={m.completion_tokens} e2e={_ms(m.e2e)}")
+    return (
+        f"{record.request_id} client={record.client} {record.endpoint} "
+        f"backend={record.backend or '-'} status={record.status} outcome={record.outcome} "
+        f"ttft={_ms(m.ttft)} tokens={m.completion_tokens} e2e={_ms(m.e2e)}"
+    )
 
 
 def access_sink(record: RequestRecord) -> None:

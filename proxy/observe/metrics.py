@@ -27,19 +27,51 @@ from proxy.relay.measure import Measurement, TpsSource
 # too, in multiprocess mode).
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-OUTCOMES: Final = (
-    "ok", "client_gone", "client_error", "upstream_error", "timeout", "rejected")
+OUTCOMES: Final = ("ok", "client_gone", "client_error", "upstream_error", "timeout", "rejected")
 
 # Buckets sized for LLM traffic: TTFT up to minutes (100K-token prefills), ITL from 1 ms.
 TTFT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
-ITL_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
-                      0.2, 0.3, 0.5, 1, 2.5)
-STEP_BUCKETS: Final = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.3, 0.5, 1,
-                       2.5)
+ITL_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    1,
+    2.5,
+)
+STEP_BUCKETS: Final = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.15, 0.2, 0.3, 0.5, 1, 2.5)
 TOKENS_PER_STEP_BUCKETS: Final = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16)
 ACCEPTANCE_BUCKETS: Final = (1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 5.5, 6, 7, 8)
-PHASE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5,
-                        10, 30, 60, 120, 300)
+PHASE_BUCKETS: Final = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+)
 E2E_BUCKETS: Final = (0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 45, 60, 120, 300, 600, 1800)
 
 
@@ -77,8 +109,9 @@ class FastHistogram(Collector):
             acc += v
         total[0] += acc
 
-    def observe_weighted(self, key: tuple[str, ...], totals: Iterable[float],
-                         counts_of: Iterable[int]) -> None:
+    def observe_weighted(
+        self, key: tuple[str, ...], totals: Iterable[float], counts_of: Iterable[int]
+    ) -> None:
         """`n` samples of `total / n` for each pair: a decode chunk of n tokens gives each of
         its tokens the same inter-token latency, without building the per-token list."""
         counts, total = self._get(key)
@@ -108,91 +141,166 @@ class GatewayMetrics:
         self.registry = r = CollectorRegistry()
         rb = ("route", "backend")
         rbs = ("route", "backend", "source")  # source: measure.TpsSource
-        self.requests = Counter("specrouter_requests_total", "Requests finished, by outcome.",
-                                ("route", "backend", "client", "outcome"), registry=r)
-        self.ttft = FastHistogram("specrouter_ttft_seconds",
-                                  "Time to first token, streams only: request received to the "
-                                  "relay of the first frame carrying a generated token (text, "
-                                  "reasoning, tool-call arguments; not a role-only chunk, "
-                                  "`response.created`, `message_start`, a ping or a comment). "
-                                  "Non-streaming requests are in e2e only.", rb, TTFT_BUCKETS)
-        self.itl = FastHistogram("specrouter_itl_seconds",
-                                 "Inter-token latency, one sample per generated token: a decode "
-                                 "chunk's gap over its tokens; on Responses/Messages streams "
-                                 "(no per-event usage) the request average, decode time over "
-                                 "output tokens - 1.", rb, ITL_BUCKETS)
-        self.step = FastHistogram("specrouter_step_seconds",
-                                  "Chunk gap: time between decode chunks (one target step), per "
-                                  "chunk; not per token.", rb, STEP_BUCKETS)
-        self.tokens_per_step = FastHistogram("specrouter_tokens_per_step",
-                                             "Tokens per target step, per step: carried by one "
-                                             "decode chunk (source=chunks), or the request "
-                                             "average (source=average).", rbs,
-                                             TOKENS_PER_STEP_BUCKETS)
-        self.acceptance = FastHistogram("specrouter_request_acceptance_length",
-                                        "Tokens per target step, per request. source: engine "
-                                        "(its per-request report, exact), chunks (the "
-                                        "gateway's count per decode chunk), average ((output "
-                                        "tokens - 1) / (token events - 1)).", rbs,
-                                        ACCEPTANCE_BUCKETS)
-        self.e2e = FastHistogram("specrouter_e2e_seconds", "Request received to last byte "
-                                 "(for every request, streaming or not).", rb, E2E_BUCKETS)
-        self.phases = FastHistogram("specrouter_phase_seconds",
-                                    "A response's time by phase, each from the end of the one "
-                                    "before: gateway (before the engine was asked), "
-                                    "engine_headers (to the engine's headers), first_token "
-                                    "(streams), end (to the last byte); Server-Timing sends "
-                                    "the first two.", ("route", "backend", "phase"),
-                                    PHASE_BUCKETS)
-        for h in (self.ttft, self.itl, self.step, self.tokens_per_step, self.acceptance,
-                  self.e2e, self.phases):
+        self.requests = Counter(
+            "specrouter_requests_total",
+            "Requests finished, by outcome.",
+            ("route", "backend", "client", "outcome"),
+            registry=r,
+        )
+        self.ttft = FastHistogram(
+            "specrouter_ttft_seconds",
+            "Time to first token, streams only: request received to the "
+            "relay of the first frame carrying a generated token (text, "
+            "reasoning, tool-call arguments; not a role-only chunk, "
+            "`response.created`, `message_start`, a ping or a comment). "
+            "Non-streaming requests are in e2e only.",
+            rb,
+            TTFT_BUCKETS,
+        )
+        self.itl = FastHistogram(
+            "specrouter_itl_seconds",
+            "Inter-token latency, one sample per generated token: a decode "
+            "chunk's gap over its tokens; on Responses/Messages streams "
+            "(no per-event usage) the request average, decode time over "
+            "output tokens - 1.",
+            rb,
+            ITL_BUCKETS,
+        )
+        self.step = FastHistogram(
+            "specrouter_step_seconds",
+            "Chunk gap: time between decode chunks (one target step), per chunk; not per token.",
+            rb,
+            STEP_BUCKETS,
+        )
+        self.tokens_per_step = FastHistogram(
+            "specrouter_tokens_per_step",
+            "Tokens per target step, per step: carried by one "
+            "decode chunk (source=chunks), or the request "
+            "average (source=average).",
+            rbs,
+            TOKENS_PER_STEP_BUCKETS,
+        )
+        self.acceptance = FastHistogram(
+            "specrouter_request_acceptance_length",
+            "Tokens per target step, per request. source: engine "
+            "(its per-request report, exact), chunks (the "
+            "gateway's count per decode chunk), average ((output "
+            "tokens - 1) / (token events - 1)).",
+            rbs,
+            ACCEPTANCE_BUCKETS,
+        )
+        self.e2e = FastHistogram(
+            "specrouter_e2e_seconds",
+            "Request received to last byte (for every request, streaming or not).",
+            rb,
+            E2E_BUCKETS,
+        )
+        self.phases = FastHistogram(
+            "specrouter_phase_seconds",
+            "A response's time by phase, each from the end of the one "
+            "before: gateway (before the engine was asked), "
+            "engine_headers (to the engine's headers), first_token "
+            "(streams), end (to the last byte); Server-Timing sends "
+            "the first two.",
+            ("route", "backend", "phase"),
+            PHASE_BUCKETS,
+        )
+        for h in (
+            self.ttft,
+            self.itl,
+            self.step,
+            self.tokens_per_step,
+            self.acceptance,
+            self.e2e,
+            self.phases,
+        ):
             r.register(h)
-        self.tokens = Counter("specrouter_tokens_total",
-                              "Tokens by kind: prompt, cached (prompt tokens served from the "
-                              "prefix cache), completion.", ("route", "backend", "kind"),
-                              registry=r)
-        self.spec_steps = Counter("specrouter_spec_steps_total",
-                                  "Target steps of requests with acceptance measured "
-                                  "(source as for acceptance).", rbs, registry=r)
-        self.spec_accepted = Counter("specrouter_spec_accepted_tokens_total",
-                                     "Accepted draft tokens of those requests (bonus excluded).",
-                                     rbs, registry=r)
-        self.in_flight = Gauge("specrouter_in_flight", "Requests open to a backend.", rb,
-                               registry=r)
-        self.queued = Gauge("specrouter_queued", "Requests waiting for admission to a backend.",
-                            ("backend",), registry=r)
-        self.defaults_applied = Counter("specrouter_defaults_applied_total",
-                                        "Defaults injected because the client did not set them.",
-                                        ("route", "field"), registry=r)
-        self.upstream_errors = Counter("specrouter_upstream_errors_total",
-                                       "Upstream failures: connect, status, timeout, "
-                                       "midstream.", ("backend", "kind"), registry=r)
-        self.client_disconnects = Counter("specrouter_client_disconnects_total",
-                                          "Clients gone before the end of their response.", rb,
-                                          registry=r)
-        self.decisions = Counter("specrouter_decisions_total",
-                                 "Policy decisions by chosen variant and deciding rule.",
-                                 ("route", "variant", "reason"), registry=r)
-        self.rate_limited = Counter("specrouter_rate_limited_total",
-                                    "Requests refused with 429 by a client's limits.",
-                                    ("client",), registry=r)
-        self.repairs = Counter("specrouter_repairs_total",
-                               "Repair commands run for backends that stayed down, by result.",
-                               ("backend", "result"), registry=r)
-        self.continuations = Counter("specrouter_continuations_total",
-                                     "Streams finished by another variant after their engine "
-                                     "died mid-stream.", ("route", "from_backend", "to_backend"),
-                                     registry=r)
+        self.tokens = Counter(
+            "specrouter_tokens_total",
+            "Tokens by kind: prompt, cached (prompt tokens served from the "
+            "prefix cache), completion.",
+            ("route", "backend", "kind"),
+            registry=r,
+        )
+        self.spec_steps = Counter(
+            "specrouter_spec_steps_total",
+            "Target steps of requests with acceptance measured (source as for acceptance).",
+            rbs,
+            registry=r,
+        )
+        self.spec_accepted = Counter(
+            "specrouter_spec_accepted_tokens_total",
+            "Accepted draft tokens of those requests (bonus excluded).",
+            rbs,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "specrouter_in_flight", "Requests open to a backend.", rb, registry=r
+        )
+        self.queued = Gauge(
+            "specrouter_queued",
+            "Requests waiting for admission to a backend.",
+            ("backend",),
+            registry=r,
+        )
+        self.defaults_applied = Counter(
+            "specrouter_defaults_applied_total",
+            "Defaults injected because the client did not set them.",
+            ("route", "field"),
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "specrouter_upstream_errors_total",
+            "Upstream failures: connect, status, timeout, midstream.",
+            ("backend", "kind"),
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "specrouter_client_disconnects_total",
+            "Clients gone before the end of their response.",
+            rb,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "specrouter_decisions_total",
+            "Policy decisions by chosen variant and deciding rule.",
+            ("route", "variant", "reason"),
+            registry=r,
+        )
+        self.rate_limited = Counter(
+            "specrouter_rate_limited_total",
+            "Requests refused with 429 by a client's limits.",
+            ("client",),
+            registry=r,
+        )
+        self.repairs = Counter(
+            "specrouter_repairs_total",
+            "Repair commands run for backends that stayed down, by result.",
+            ("backend", "result"),
+            registry=r,
+        )
+        self.continuations = Counter(
+            "specrouter_continuations_total",
+            "Streams finished by another variant after their engine died mid-stream.",
+            ("route", "from_backend", "to_backend"),
+            registry=r,
+        )
         self.continuations_refused = Counter(
             "specrouter_continuations_refused_total",
             "Variants passed over for a continuation: another engine kind or other weights.",
-            ("route", "from_backend", "to_backend", "reason"), registry=r)
-        self.retries = Counter("specrouter_retries_total",
-                               "Requests sent to another backend before the first byte.",
-                               ("route", "backend"), registry=r)
+            ("route", "from_backend", "to_backend", "reason"),
+            registry=r,
+        )
+        self.retries = Counter(
+            "specrouter_retries_total",
+            "Requests sent to another backend before the first byte.",
+            ("route", "backend"),
+            registry=r,
+        )
 
-    def observe_request(self, route: str, backend: str, client: str, outcome: str,
-                        m: Measurement) -> None:
+    def observe_request(
+        self, route: str, backend: str, client: str, outcome: str, m: Measurement
+    ) -> None:
         key = (route, backend)
         self.requests.labels(route, backend, client, outcome).inc()
         if m.ttft is not None:
@@ -221,9 +329,9 @@ class GatewayMetrics:
         counted = m.accepted_and_steps
         if source == "average" and counted is not None:
             # one sample per step of the request's mean, so sum / count stays tokens per step
-            self.tokens_per_step.observe_weighted((route, backend, source),
-                                                  (float(counted[0] + counted[1]),),
-                                                  (counted[1],))
+            self.tokens_per_step.observe_weighted(
+                (route, backend, source), (float(counted[0] + counted[1]),), (counted[1],)
+            )
         acc = m.acceptance
         if acc is not None:
             self.acceptance.observe((route, backend, source), acc)
@@ -241,19 +349,28 @@ BACKEND_GAUGES: Final = {
 }
 BACKEND_COUNTERS: Final = {
     "drafts": ("specrouter_backend_spec_drafts", "vllm:spec_decode_num_drafts_total."),
-    "draft_tokens": ("specrouter_backend_spec_draft_tokens",
-                     "vllm:spec_decode_num_draft_tokens_total."),
-    "accepted": ("specrouter_backend_spec_accepted_tokens",
-                 "vllm:spec_decode_num_accepted_tokens_total (bonus excluded)."),
-    "generation_tokens": ("specrouter_backend_generation_tokens",
-                          "vllm:generation_tokens_total."),
-    "prefix_queries": ("specrouter_backend_prefix_cache_queries",
-                       "vllm:prefix_cache_queries_total (tokens)."),
-    "prefix_hits": ("specrouter_backend_prefix_cache_hits",
-                    "vllm:prefix_cache_hits_total (tokens)."),
+    "draft_tokens": (
+        "specrouter_backend_spec_draft_tokens",
+        "vllm:spec_decode_num_draft_tokens_total.",
+    ),
+    "accepted": (
+        "specrouter_backend_spec_accepted_tokens",
+        "vllm:spec_decode_num_accepted_tokens_total (bonus excluded).",
+    ),
+    "generation_tokens": ("specrouter_backend_generation_tokens", "vllm:generation_tokens_total."),
+    "prefix_queries": (
+        "specrouter_backend_prefix_cache_queries",
+        "vllm:prefix_cache_queries_total (tokens).",
+    ),
+    "prefix_hits": (
+        "specrouter_backend_prefix_cache_hits",
+        "vllm:prefix_cache_hits_total (tokens).",
+    ),
 }
-BACKEND_PER_POS: Final = ("specrouter_backend_spec_accepted_tokens_per_pos",
-                          "vllm:spec_decode_num_accepted_tokens_per_pos_total.")
+BACKEND_PER_POS: Final = (
+    "specrouter_backend_spec_accepted_tokens_per_pos",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total.",
+)
 BACKEND_UP: Final = ("specrouter_backend_up", "1 when the backend is up, 0 when down or starting.")
 
 
@@ -266,12 +383,16 @@ class BackendCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         readings = self._latest()
         up = GaugeMetricFamily(BACKEND_UP[0], BACKEND_UP[1], labels=("backend", "health"))
-        gauges = {k: GaugeMetricFamily(n, d, labels=("backend",))
-                  for k, (n, d) in BACKEND_GAUGES.items()}
-        counters = {k: CounterMetricFamily(n, d, labels=("backend",))
-                    for k, (n, d) in BACKEND_COUNTERS.items()}
-        per_pos = CounterMetricFamily(BACKEND_PER_POS[0], BACKEND_PER_POS[1],
-                                      labels=("backend", "position"))
+        gauges = {
+            k: GaugeMetricFamily(n, d, labels=("backend",)) for k, (n, d) in BACKEND_GAUGES.items()
+        }
+        counters = {
+            k: CounterMetricFamily(n, d, labels=("backend",))
+            for k, (n, d) in BACKEND_COUNTERS.items()
+        }
+        per_pos = CounterMetricFamily(
+            BACKEND_PER_POS[0], BACKEND_PER_POS[1], labels=("backend", "position")
+        )
         for name, reading in readings.items():
             up.add_metric([name, reading.health], 1.0 if reading.health == "up" else 0.0)
             for key, value in reading.values.items():
@@ -305,8 +426,10 @@ def markdown_table() -> str:
             continue
         suffix = "_total" if family.type == "counter" else ""
         labels = _labels_of(g, family.name)
-        lines.append(f"| `{family.name}{suffix}` | {family.type} | {', '.join(labels)} | "
-                     f"{family.documentation} |")
+        lines.append(
+            f"| `{family.name}{suffix}` | {family.type} | {', '.join(labels)} | "
+            f"{family.documentation} |"
+        )
     for name, doc in (BACKEND_UP, *BACKEND_GAUGES.values()):
         names = "backend, health" if name == BACKEND_UP[0] else "backend"
         lines.append(f"| `{name}` | gauge | {names} | {doc} |")

@@ -30,19 +30,51 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4  # 2: tps_source, gateway_s, engine_headers_s; 3: session, agent; 4: continued_from
+SCHEMA_VERSION = (
+    4  # 2: tps_source, gateway_s, engine_headers_s; 3: session, agent; 4: continued_from
+)
 
 # Column order is the row tuple's order; `report` reads them by these names.
 COLUMNS: tuple[str, ...] = (
-    "time", "request_id", "client", "route", "variant", "reason", "canary", "content_class",
-    "temperature", "temperature_defaulted", "concurrency", "prompt_tokens", "cached_tokens",
-    "completion_tokens", "ttft_s", "itl_p50_s", "itl_p95_s", "tokens_per_step",
-    "decode_tokens_per_s", "e2e_s", "finish_reason", "outcome", "policy_version",
-    "tps_source", "gateway_s", "engine_headers_s", "session", "agent", "continued_from",
+    "time",
+    "request_id",
+    "client",
+    "route",
+    "variant",
+    "reason",
+    "canary",
+    "content_class",
+    "temperature",
+    "temperature_defaulted",
+    "concurrency",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "ttft_s",
+    "itl_p50_s",
+    "itl_p95_s",
+    "tokens_per_step",
+    "decode_tokens_per_s",
+    "e2e_s",
+    "finish_reason",
+    "outcome",
+    "policy_version",
+    "tps_source",
+    "gateway_s",
+    "engine_headers_s",
+    "session",
+    "agent",
+    "continued_from",
 )
 # Columns after version 1's, with their types: an older file gets them on open.
-_ADDED = (("tps_source", "TEXT"), ("gateway_s", "REAL"), ("engine_headers_s", "REAL"),
-          ("session", "TEXT"), ("agent", "TEXT"), ("continued_from", "TEXT"))
+_ADDED = (
+    ("tps_source", "TEXT"),
+    ("gateway_s", "REAL"),
+    ("engine_headers_s", "REAL"),
+    ("session", "TEXT"),
+    ("agent", "TEXT"),
+    ("continued_from", "TEXT"),
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -83,8 +115,25 @@ _INSERT = f"INSERT INTO requests ({', '.join(COLUMNS)}) VALUES ({', '.join('?' *
 
 # What `sink` keeps: the record's scalars plus its Measurement, whose per-step lists are read
 # (not copied) by the writer thread. Nothing mutates a record after the gateway finished it.
-Pending = tuple[float, str, str, str, str, str, bool, str | None, float | None, bool, int, str,
-                str, Measurement, str, str, str]
+Pending = tuple[
+    float,
+    str,
+    str,
+    str,
+    str,
+    str,
+    bool,
+    str | None,
+    float | None,
+    bool,
+    int,
+    str,
+    str,
+    Measurement,
+    str,
+    str,
+    str,
+]
 Row = tuple[Any, ...]
 
 # The writer thread shares the GIL with the event loop; without hand-backs the loop waits up to
@@ -95,8 +144,10 @@ _ROWS_PER_INSERT_SLICE = 64  # rows bound and inserted (~4 us each) per hand-bac
 
 # --- per-request figures: pure functions -------------------------------------------------------
 
-def itl_quantiles(step_gaps: Sequence[float],
-                  step_tokens: Sequence[int]) -> tuple[float | None, float | None]:
+
+def itl_quantiles(
+    step_gaps: Sequence[float], step_tokens: Sequence[int]
+) -> tuple[float | None, float | None]:
     """(p50, p95) of the per-token inter-token latency: a step of gap g that produced t tokens
     counts as t tokens of g/t each (as `Measurement.itl_per_token`).
 
@@ -112,12 +163,15 @@ def itl_quantiles(step_gaps: Sequence[float],
         return None, None
     values = list(map(truediv, step_gaps, step_tokens))
     order = sorted(range(len(values)), key=values.__getitem__)
-    return (_weighted_quantile(values, step_tokens, order, total, 0.50),
-            _weighted_quantile(values, step_tokens, order, total, 0.95))
+    return (
+        _weighted_quantile(values, step_tokens, order, total, 0.50),
+        _weighted_quantile(values, step_tokens, order, total, 0.95),
+    )
 
 
-def _weighted_quantile(values: Sequence[float], weights: Sequence[int], order: Sequence[int],
-                       total: int, q: float) -> float:
+def _weighted_quantile(
+    values: Sequence[float], weights: Sequence[int], order: Sequence[int], total: int, q: float
+) -> float:
     """`quantile` of the sorted list where values[i] appears weights[i] times, not built."""
     pos = q * (total - 1)
     lo = math.floor(pos)
@@ -143,20 +197,63 @@ def decode_tokens_per_s(step_gaps: Sequence[float], step_tokens: Sequence[int]) 
 
 def row_of(p: Pending) -> Row:
     """The SQLite row for one pending record (run in the writer thread: it sorts ITLs)."""
-    wall, rid, client, route, variant, reason, canary, cclass, temp, tdef, conc, outcome, \
-        version, m, session, agent, continued_from = p
+    (
+        wall,
+        rid,
+        client,
+        route,
+        variant,
+        reason,
+        canary,
+        cclass,
+        temp,
+        tdef,
+        conc,
+        outcome,
+        version,
+        m,
+        session,
+        agent,
+        continued_from,
+    ) = p
     gaps, tokens = m.itl_steps()
     p50, p95 = itl_quantiles(gaps, tokens)
     phases = m.phases()
-    return (wall, rid, client, route, variant, reason, int(canary), cclass, temp, int(tdef), conc,
-            m.prompt_tokens, m.cached_tokens, m.completion_tokens, m.ttft, p50, p95,
-            m.acceptance, decode_tokens_per_s(gaps, tokens), m.e2e,
-            m.finish_reason, outcome, version, m.tps_source, phases.get("gateway"),
-            phases.get("engine_headers"), session or None, agent or None,
-            continued_from or None)
+    return (
+        wall,
+        rid,
+        client,
+        route,
+        variant,
+        reason,
+        int(canary),
+        cclass,
+        temp,
+        int(tdef),
+        conc,
+        m.prompt_tokens,
+        m.cached_tokens,
+        m.completion_tokens,
+        m.ttft,
+        p50,
+        p95,
+        m.acceptance,
+        decode_tokens_per_s(gaps, tokens),
+        m.e2e,
+        m.finish_reason,
+        outcome,
+        version,
+        m.tps_source,
+        phases.get("gateway"),
+        phases.get("engine_headers"),
+        session or None,
+        agent or None,
+        continued_from or None,
+    )
 
 
 # --- the database, used only from the writer thread (one call at a time) -----------------------
+
 
 def open_db(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
     """Open (creating if needed) the log database in WAL mode.
@@ -165,8 +262,9 @@ def open_db(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
     last batches on power loss, never corrupt the file, which is the right trade for a log.
     auto_vacuum must be set before the first table exists so retention can shrink the file.
     """
-    conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None,
-                           check_same_thread=False)
+    conn = sqlite3.connect(
+        path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+    )
     try:
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("PRAGMA journal_mode = WAL")
@@ -212,8 +310,9 @@ def _vacuum(conn: sqlite3.Connection) -> None:
     conn.executescript("PRAGMA incremental_vacuum")
 
 
-def apply_retention(conn: sqlite3.Connection, *, now: float, max_age_s: float,
-                    max_bytes: int) -> int:
+def apply_retention(
+    conn: sqlite3.Connection, *, now: float, max_age_s: float, max_bytes: int
+) -> int:
     """Delete rows older than max_age_s, then the oldest rows until under max_bytes.
 
     Size is brought to 90% of the bound so the next batches do not trigger it again at once.
@@ -231,7 +330,9 @@ def apply_retention(conn: sqlite3.Connection, *, now: float, max_age_s: float,
         n = max(1, math.ceil(count * share))
         deleted += conn.execute(
             "DELETE FROM requests WHERE rowid IN "
-            "(SELECT rowid FROM requests ORDER BY time LIMIT ?)", (n,)).rowcount
+            "(SELECT rowid FROM requests ORDER BY time LIMIT ?)",
+            (n,),
+        ).rowcount
         _vacuum(conn)
     _vacuum(conn)
     # Else the WAL keeps the size the deletions had; a reader mid-query may defer it to next time.
@@ -246,10 +347,18 @@ class RequestLog:
     `await log.stop()` at shutdown.
     """
 
-    def __init__(self, path: Path, *, max_age_s: float = 30 * 86400,
-                 max_bytes: int = 512 * 2**20, batch_interval_s: float = 0.5,
-                 max_buffered: int = 100_000, retention_interval_s: float = 300.0,
-                 busy_timeout_s: float = 2.0, error_log_interval_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_age_s: float = 30 * 86400,
+        max_bytes: int = 512 * 2**20,
+        batch_interval_s: float = 0.5,
+        max_buffered: int = 100_000,
+        retention_interval_s: float = 300.0,
+        busy_timeout_s: float = 2.0,
+        error_log_interval_s: float = 60.0,
+    ) -> None:
         self.path = path
         self.max_age_s = max_age_s
         self.max_bytes = max_bytes
@@ -284,11 +393,27 @@ class RequestLog:
                 self.dropped += 1
                 return
             r = record
-            self._buffer.append((r.started_wall, r.request_id, r.client, r.route, r.backend,
-                                 r.reason, r.canary, r.content_class, r.temperature,
-                                 r.temperature_defaulted, r.concurrency, r.outcome,
-                                 r.policy_version, r.m, r.session, r.agent,
-                                 r.continued_from))
+            self._buffer.append(
+                (
+                    r.started_wall,
+                    r.request_id,
+                    r.client,
+                    r.route,
+                    r.backend,
+                    r.reason,
+                    r.canary,
+                    r.content_class,
+                    r.temperature,
+                    r.temperature_defaulted,
+                    r.concurrency,
+                    r.outcome,
+                    r.policy_version,
+                    r.m,
+                    r.session,
+                    r.agent,
+                    r.continued_from,
+                )
+            )
         except Exception:  # a log must never fail the request that feeds it
             self.dropped += 1
 
@@ -311,8 +436,9 @@ class RequestLog:
             self._task = None
         await self.flush()
         if self._buffer:
-            log.error("request log: %d records not written at shutdown (%s)",
-                      len(self._buffer), self.path)
+            log.error(
+                "request log: %d records not written at shutdown (%s)", len(self._buffer), self.path
+            )
         async with self._lock:
             await asyncio.to_thread(self._close)
 
@@ -366,8 +492,14 @@ class RequestLog:
         self._unlogged_errors += 1
         now = time.monotonic()
         if now - self._last_error_log >= self.error_log_interval_s:  # a full disk repeats
-            log.error("request log %s: %d write error(s), %d buffered, %d dropped; last: %s",
-                      self.path, self._unlogged_errors, len(self._buffer), self.dropped, exc)
+            log.error(
+                "request log %s: %d write error(s), %d buffered, %d dropped; last: %s",
+                self.path,
+                self._unlogged_errors,
+                len(self._buffer),
+                self.dropped,
+                exc,
+            )
             self._last_error_log, self._unlogged_errors = now, 0
 
     # --- the writer thread --------------------------------------------------------------------
@@ -397,8 +529,9 @@ class RequestLog:
         return len(rows), bad
 
     def _retain(self, now: float) -> int:
-        return apply_retention(self._connection(), now=now, max_age_s=self.max_age_s,
-                               max_bytes=self.max_bytes)
+        return apply_retention(
+            self._connection(), now=now, max_age_s=self.max_age_s, max_bytes=self.max_bytes
+        )
 
     def _close(self) -> None:
         if self._conn is not None:

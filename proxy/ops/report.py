@@ -51,6 +51,7 @@ METRICS: tuple[Metric, ...] = (
 
 # --- statistics: pure functions -----------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class Stats:
     n: int
@@ -71,8 +72,12 @@ def summarize(values: Iterable[float | None]) -> Stats:
     ordered = sorted(v for v in values if v is not None)
     if not ordered:
         return Stats(0, None, None, None)
-    return Stats(len(ordered), sum(ordered) / len(ordered),
-                 quantile(ordered, 0.05, presorted=True), quantile(ordered, 0.95, presorted=True))
+    return Stats(
+        len(ordered),
+        sum(ordered) / len(ordered),
+        quantile(ordered, 0.05, presorted=True),
+        quantile(ordered, 0.95, presorted=True),
+    )
 
 
 def overlaps(a: Stats, b: Stats) -> bool:
@@ -185,23 +190,39 @@ def build_report(rows: Sequence[Row], keys: Sequence[str]) -> list[GroupReport]:
     for _, group in group_rows((r for r in rows if r["outcome"] != "ok"), keys):
         failed[tuple(GROUP_KEYS[k](group[0]) for k in keys)] = len(group)
     grouped = group_rows(ok, keys)
-    stats = [{m.column: summarize(r[m.column] for r in group) for m in METRICS}
-             for _, group in grouped]
+    stats = [
+        {m.column: summarize(r[m.column] for r in group) for m in METRICS} for _, group in grouped
+    ]
     out = []
     for i, (label, group) in enumerate(grouped):
-        metrics = {col: MetricReport(s, compare(s, stats[0][col], is_ref=i == 0))
-                   for col, s in stats[i].items()}
-        out.append(GroupReport(dict(zip(keys, label, strict=True)), len(group),
-                               failed.pop(label, 0), metrics))
+        metrics = {
+            col: MetricReport(s, compare(s, stats[0][col], is_ref=i == 0))
+            for col, s in stats[i].items()
+        }
+        out.append(
+            GroupReport(
+                dict(zip(keys, label, strict=True)), len(group), failed.pop(label, 0), metrics
+            )
+        )
     for label, n in failed.items():  # groups where nothing succeeded still show up
-        out.append(GroupReport(dict(zip(keys, label, strict=True)), 0, n,
-                               {m.column: MetricReport(Stats(0, None, None, None),
-                                                       Comparison(None, None, "too few"))
-                                for m in METRICS}))
+        out.append(
+            GroupReport(
+                dict(zip(keys, label, strict=True)),
+                0,
+                n,
+                {
+                    m.column: MetricReport(
+                        Stats(0, None, None, None), Comparison(None, None, "too few")
+                    )
+                    for m in METRICS
+                },
+            )
+        )
     return out
 
 
 # --- reading the log ----------------------------------------------------------------------------
+
 
 def load_rows(db: Path, since_s: float | None, now: float | None = None) -> list[Row]:
     """Rows of the last since_s seconds (all when None), read-only: the gateway keeps writing."""
@@ -219,6 +240,7 @@ def load_rows(db: Path, since_s: float | None, now: float | None = None) -> list
 
 
 # --- output -------------------------------------------------------------------------------------
+
 
 def _fmt(value: float | None, m: Metric) -> str:
     return "–" if value is None else f"{value * m.scale:.{m.digits}f}"
@@ -244,14 +266,19 @@ def format_text(groups: Sequence[GroupReport], *, header: Sequence[str]) -> str:
     lines += [f"  {_label(g):<{width}}  {g.requests:>6} ok  {g.failed:>6} failed" for g in groups]
     for m in METRICS:
         unit = f" ({m.unit})" if m.unit else ""
-        lines += ["", f"{m.title}{unit}",
-                  f"  {'group':<{width}}  {'n':>6}  {'mean':>9}  {'p5–p95':>19}  difference"]
+        lines += [
+            "",
+            f"{m.title}{unit}",
+            f"  {'group':<{width}}  {'n':>6}  {'mean':>9}  {'p5–p95':>19}  difference",
+        ]
         for g in groups:
             r = g.metrics[m.column]
             spread = f"{_fmt(r.stats.p5, m)}–{_fmt(r.stats.p95, m)}" if r.stats.n else "–"
             diff = " ".join(x for x in (_fmt_diff(r.comparison, m), r.comparison.note) if x)
-            lines.append(f"  {_label(g):<{width}}  {r.stats.n:>6}  {_fmt(r.stats.mean, m):>9}  "
-                         f"{spread:>19}  {diff}".rstrip())
+            lines.append(
+                f"  {_label(g):<{width}}  {r.stats.n:>6}  {_fmt(r.stats.mean, m):>9}  "
+                f"{spread:>19}  {diff}".rstrip()
+            )
     return "\n".join(lines)
 
 
@@ -270,13 +297,16 @@ def plot(rows: Sequence[Row], out: Path) -> None:
     ok = [r for r in rows if r["outcome"] == "ok"]
     grouped = group_rows(ok, ["variant"])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    panels = (("itl_p50_s", "ITL p50 per request (ms)", 1000.0),
-              ("tokens_per_step", "tokens per target step", 1.0))
+    panels = (
+        ("itl_p50_s", "ITL p50 per request (ms)", 1000.0),
+        ("tokens_per_step", "tokens per target step", 1.0),
+    )
     for ax, (col, title, scale) in zip(axes, panels, strict=True):
         data = [[r[col] * scale for r in g if r[col] is not None] for _, g in grouped]
         labels = [f"{key[0]}\nn={len(d)}" for (key, _), d in zip(grouped, data, strict=True)]
-        ax.boxplot([d or [float("nan")] for d in data], whis=(5, 95), showmeans=True,
-                   showfliers=False)
+        ax.boxplot(
+            [d or [float("nan")] for d in data], whis=(5, 95), showmeans=True, showfliers=False
+        )
         ax.set_xticks(range(1, len(labels) + 1), labels)
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
@@ -288,21 +318,34 @@ def plot(rows: Sequence[Row], out: Path) -> None:
 
 # --- command line -------------------------------------------------------------------------------
 
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specrouter report", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="specrouter report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--db", type=Path, help=f"the request log (default: STATE_DIR/{DB_NAME})")
-    where.add_argument("--state-dir", type=Path,
-                       default=Path(os.environ.get("SPECROUTER_STATE_DIR", ".state")),
-                       help="the gateway's state directory (default: $SPECROUTER_STATE_DIR "
-                            "or .state)")
+    where.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(os.environ.get("SPECROUTER_STATE_DIR", ".state")),
+        help="the gateway's state directory (default: $SPECROUTER_STATE_DIR or .state)",
+    )
     p.add_argument("--since", default="24h", help="window: 30m, 22h, 7d, or 'all' (default 24h)")
-    p.add_argument("--by", default="variant",
-                   help=f"comma-separated group keys: {', '.join(GROUP_KEYS)} (default variant)")
+    p.add_argument(
+        "--by",
+        default="variant",
+        help=f"comma-separated group keys: {', '.join(GROUP_KEYS)} (default variant)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--plot", type=Path, metavar="FILE.png",
-                   help="also draw ITL and tokens per step by variant (needs matplotlib)")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="also draw ITL and tokens per step by variant (needs matplotlib)",
+    )
     return p
 
 
@@ -329,23 +372,39 @@ def main(argv: list[str]) -> int:
     groups = build_report(rows, keys)
     window = "all time" if since is None else f"last {args.since}"
     if args.json:
-        print(to_json(groups, {"db": str(db), "since_s": since, "by": keys,
-                               "requests": len(rows), "min_runs": MIN_RUNS}))
+        print(
+            to_json(
+                groups,
+                {
+                    "db": str(db),
+                    "since_s": since,
+                    "by": keys,
+                    "requests": len(rows),
+                    "min_runs": MIN_RUNS,
+                },
+            )
+        )
     else:
         ok = sum(1 for r in rows if r["outcome"] == "ok")
-        print(format_text(groups, header=[
-            f"request log {db}, {window}: {len(rows)} requests, {ok} ok{_continued(rows)}",
-            "figures from ok requests: n, mean and p5–p95 of per-request values; difference from "
-            f"the reference; 'too few' under {MIN_RUNS} requests, 'not separable' when the "
-            "p5–p95 ranges overlap",
-        ]))
+        print(
+            format_text(
+                groups,
+                header=[
+                    f"request log {db}, {window}: {len(rows)} requests, {ok} ok{_continued(rows)}",
+                    "figures from ok requests: n, mean and p5–p95 of per-request values; difference from "
+                    f"the reference; 'too few' under {MIN_RUNS} requests, 'not separable' when the "
+                    "p5–p95 ranges overlap",
+                ],
+            )
+        )
     return _plot(rows, args.plot) if args.plot is not None else 0
 
 
 def _continued(rows: Sequence[Row]) -> str:
     """', N continued (a->b x2, ...)': streams finished by another engine, both named."""
-    pairs = Counter(f"{r['continued_from']}->{r['variant']}" for r in rows
-                    if r.get("continued_from"))
+    pairs = Counter(
+        f"{r['continued_from']}->{r['variant']}" for r in rows if r.get("continued_from")
+    )
     if not pairs:
         return ""
     detail = ", ".join(f"{p} x{n}" for p, n in pairs.most_common())
@@ -356,8 +415,9 @@ def _plot(rows: Sequence[Row], out: Path) -> int:
     try:
         plot(rows, out)
     except ImportError:
-        print("specrouter report: --plot needs matplotlib (pip install matplotlib)",
-              file=sys.stderr)
+        print(
+            "specrouter report: --plot needs matplotlib (pip install matplotlib)", file=sys.stderr
+        )
         return 2
     print(f"plot written to {out}", file=sys.stderr)
     return 0

@@ -70,14 +70,19 @@ class PublicApp:
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
             if method != "POST":
-                await respond_error(send, 405, f"{method} is not allowed on {path}",
-                                    headers=[(b"allow", b"POST")])
+                await respond_error(
+                    send, 405, f"{method} is not allowed on {path}", headers=[(b"allow", b"POST")]
+                )
                 return
             await self.generate(scope, receive, send, endpoint)
         elif path in _GET_PATHS:
             if method not in ("GET", "HEAD"):
-                await respond_error(send, 405, f"{method} is not allowed on {path}",
-                                    headers=[(b"allow", b"GET, HEAD")])
+                await respond_error(
+                    send,
+                    405,
+                    f"{method} is not allowed on {path}",
+                    headers=[(b"allow", b"GET, HEAD")],
+                )
             elif path == "/v1/models":
                 await self.models(scope, send)
             elif path == "/openapi.json":
@@ -88,7 +93,7 @@ class PublicApp:
                 await self.readyz(send)
         elif path.startswith("/v1/models/") and method in ("GET", "HEAD"):
             # The SDKs' models.retrieve(id); model ids may hold a slash.
-            await self.models(scope, send, path[len("/v1/models/"):])
+            await self.models(scope, send, path[len("/v1/models/") :])
         else:
             await respond_error(send, 404, f"no route for {method} {path}")
 
@@ -102,36 +107,63 @@ class PublicApp:
             scope.get("extensions", {}).get("specrouter.authenticated", _nothing)()
         return client
 
-    async def _throttled(self, scope: dict[str, Any], send: Send,
-                         headers: list[tuple[bytes, bytes]], *, anthropic: bool = False) -> bool:
+    async def _throttled(
+        self,
+        scope: dict[str, Any],
+        send: Send,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        anthropic: bool = False,
+    ) -> bool:
         """Answered 429 (before any key is checked): the source failed too often."""
         wait = self.throttle.retry_after(source_of(scope))
         if wait is None:
             return False
-        await respond(send, 429, error_body(
-            429, f"too many failed authentications from this address: retry in {wait}s",
-            type_="RateLimitError", anthropic=anthropic),
-            [*headers, (b"retry-after", str(wait).encode())])
+        await respond(
+            send,
+            429,
+            error_body(
+                429,
+                f"too many failed authentications from this address: retry in {wait}s",
+                type_="RateLimitError",
+                anthropic=anthropic,
+            ),
+            [*headers, (b"retry-after", str(wait).encode())],
+        )
         return True
 
-    async def models(self, scope: dict[str, Any], send: Send, model_id: str | None = None
-                     ) -> None:
+    async def models(self, scope: dict[str, Any], send: Send, model_id: str | None = None) -> None:
         if await self._throttled(scope, send, []):
             return
         if self._client(scope, dict(scope["headers"]), self.gw.policy.current) is None:
             await _unauthorized(send)
             return
         created = int(time.time())
-        data: list[dict[str, Any]] = [{"id": name, "object": "model", "created": created, "owned_by": "specrouter",
-                 "root": name, "parent": None, "max_model_len": None, "permission": []}
-                for name in self.gw.policy.current.model_names()]
+        data: list[dict[str, Any]] = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "specrouter",
+                "root": name,
+                "parent": None,
+                "max_model_len": None,
+                "permission": [],
+            }
+            for name in self.gw.policy.current.model_names()
+        ]
         if model_id is None:
             await respond(send, 200, orjson.dumps({"object": "list", "data": data}))
             return
         match = next((m for m in data if m["id"] == model_id), None)
         if match is None:
-            await respond_error(send, 404, f"The model `{model_id}` does not exist.",
-                                type_="NotFoundError", param="model")
+            await respond_error(
+                send,
+                404,
+                f"The model `{model_id}` does not exist.",
+                type_="NotFoundError",
+                param="model",
+            )
             return
         await respond(send, 200, orjson.dumps(match))
 
@@ -140,8 +172,9 @@ class PublicApp:
         ready, _ = readiness(self.gw)
         await respond(send, 200 if ready else 503, orjson.dumps({"ready": ready}))
 
-    async def generate(self, scope: dict[str, Any], receive: Receive, send: Send,
-                       endpoint: Endpoint) -> None:
+    async def generate(
+        self, scope: dict[str, Any], receive: Receive, send: Send, endpoint: Endpoint
+    ) -> None:
         gw = self.gw
         x: Exchange[Any] = Exchange(gw, scope, send, endpoint)
         if await self._throttled(scope, x.send, x.rid, anthropic=x.anthropic):
@@ -154,13 +187,15 @@ class PublicApp:
         if client.max_concurrent is None and client.requests_per_minute is None:
             await self._generate(x, scope, receive)
             return
-        wait = await gw.limits.enter(client.name, client.max_concurrent,
-                                     client.requests_per_minute)
+        wait = await gw.limits.enter(client.name, client.max_concurrent, client.requests_per_minute)
         if wait is not None:
             gw.metrics.rate_limited.labels(client.name).inc()
-            await x.error(429, f"rate limit for client {client.name!r}: retry in "
-                          f"{wait:.1f}s", type_="RateLimitError",
-                          headers=[*x.rid, (b"retry-after", str(max(1, round(wait))).encode())])
+            await x.error(
+                429,
+                f"rate limit for client {client.name!r}: retry in {wait:.1f}s",
+                type_="RateLimitError",
+                headers=[*x.rid, (b"retry-after", str(max(1, round(wait))).encode())],
+            )
             return
         try:
             await self._generate(x, scope, receive)
@@ -172,8 +207,11 @@ class PublicApp:
             return
         gw, rid = self.gw, x.rid
         if gw.draining:
-            await x.error(503, "the gateway is shutting down; retry",
-                          headers=[*rid, (b"retry-after", b"1"), (b"connection", b"close")])
+            await x.error(
+                503,
+                "the gateway is shutting down; retry",
+                headers=[*rid, (b"retry-after", b"1"), (b"connection", b"close")],
+            )
             return
         channel: PushChannel | None = scope.get("extensions", {}).get("specrouter.push")
         x.watch = watch = DisconnectWatch(receive, channel)
@@ -181,8 +219,12 @@ class PublicApp:
         # Push or pull, chosen here once: our server's channel carries event streams.
         x.channel = None
         x.relay = PULL
-        if x.body.get("stream") is True and x.endpoint != "embeddings" and \
-                gw.settings.relay == "push" and channel is not None:
+        if (
+            x.body.get("stream") is True
+            and x.endpoint != "embeddings"
+            and gw.settings.relay == "push"
+            and channel is not None
+        ):
             x.channel, x.relay = channel, PUSH
         try:
             await forward(x)
@@ -197,13 +239,16 @@ class PublicApp:
             async with asyncio.timeout(settings.body_timeout_s):
                 raw = await read_body(receive, settings.max_body_bytes)
         except TimeoutError:
-            await x.error(408, f"request body not received within "
-                          f"{settings.body_timeout_s:g}s",
-                          headers=[*rid, (b"connection", b"close")])
+            await x.error(
+                408,
+                f"request body not received within {settings.body_timeout_s:g}s",
+                headers=[*rid, (b"connection", b"close")],
+            )
             return False
         except BodyTooLarge:
-            await x.error(413, f"request body larger than "
-                          f"{settings.max_body_bytes} bytes", headers=rid)
+            await x.error(
+                413, f"request body larger than {settings.max_body_bytes} bytes", headers=rid
+            )
             return False
         except ConnectionResetError:
             return False
@@ -222,8 +267,12 @@ class PublicApp:
     async def _decide(self, x: Exchange[Any]) -> bool:
         """The policy's decision (`x.decision`, `x.record`, `x.extra`); False once answered."""
         gw, policy, body, rid = self.gw, x.policy, x.body, x.rid
-        record = RequestRecord(request_id=x.request_id, client=x.client.name,
-                               endpoint=x.endpoint, stream=body.get("stream") is True)
+        record = RequestRecord(
+            request_id=x.request_id,
+            client=x.client.name,
+            endpoint=x.endpoint,
+            stream=body.get("stream") is True,
+        )
         record.m.t_start = x.t0
         sid = session_of(x.client.name, body, x.headers) if x.endpoint != "embeddings" else None
         table = gw.sessions
@@ -247,13 +296,15 @@ class PublicApp:
                 retry = []
                 if rej.status in (429, 503):
                     retry = [(b"retry-after", str(int(rej.retry_after_s or 5)).encode())]
-                await x.error(rej.status, rej.message, param=rej.param,
-                              type_=rej.type, headers=[*rid, *retry])
+                await x.error(
+                    rej.status, rej.message, param=rej.param, type_=rej.type, headers=[*rid, *retry]
+                )
             else:
                 await x.error(503, "no backend available", headers=rid)
             record.m.t_end = time.perf_counter()
-            gw.metrics.observe_request(record.route or "none", "none", record.client,
-                                       record.outcome, record.m)
+            gw.metrics.observe_request(
+                record.route or "none", "none", record.client, record.outcome, record.m
+            )
             gw.finished(record)
             return False
         record.defaults_applied = decision.defaults_applied
@@ -285,10 +336,19 @@ def _client_for(policy: Any, headers: dict[bytes, bytes]) -> Any:
     return None if key is None else policy.client_by_key_hash(auth.hash_key(key))
 
 
-async def _unauthorized(send: Send, headers: list[tuple[bytes, bytes]] | None = None, *,
-                        anthropic: bool = False) -> None:
-    await respond(send, 401, error_body(
-        401, "invalid or missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY` "
-        "(one key, not two different ones)",
-        type_="AuthenticationError", code="invalid_api_key", anthropic=anthropic),
-        [*(headers or []), (b"www-authenticate", b"Bearer")])
+async def _unauthorized(
+    send: Send, headers: list[tuple[bytes, bytes]] | None = None, *, anthropic: bool = False
+) -> None:
+    await respond(
+        send,
+        401,
+        error_body(
+            401,
+            "invalid or missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY` "
+            "(one key, not two different ones)",
+            type_="AuthenticationError",
+            code="invalid_api_key",
+            anthropic=anthropic,
+        ),
+        [*(headers or []), (b"www-authenticate", b"Bearer")],
+    )

@@ -14,16 +14,24 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 _JSON = [(b"content-type", b"application/json")]
 
 
-async def respond(send: Send, status: int, body: bytes,
-                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [*_JSON, *(headers or [])]})
+async def respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [*_JSON, *(headers or [])]}
+    )
     await send({"type": "http.response.body", "body": body})
 
 
-async def respond_error(send: Send, status: int, message: str, *, param: str | None = None,
-                        type_: str | None = None,
-                        headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def respond_error(
+    send: Send,
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    type_: str | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     await respond(send, status, error_body(status, message, param=param, type_=type_), headers)
 
 

@@ -34,8 +34,16 @@ class ContinuableFilter(StreamFilter):
     continuation stream into the same response (same id, created and model; no second role
     chunk; token counts carried on)."""
 
-    __slots__ = ("eligible", "text", "orig_id", "orig_created", "cont_id", "offset",
-                 "prompt_tokens", "continuing")
+    __slots__ = (
+        "eligible",
+        "text",
+        "orig_id",
+        "orig_created",
+        "cont_id",
+        "offset",
+        "prompt_tokens",
+        "continuing",
+    )
 
     def __init__(self, m: Measurement, **kw: Any) -> None:
         super().__init__(m, **kw)
@@ -93,22 +101,30 @@ class ContinuableFilter(StreamFilter):
     def _splice(self, frame: bytes) -> bytes:
         if self.cont_id is None:
             start = frame.find(b'"id":"') + 6
-            self.cont_id = frame[start:frame.find(b'"', start)]
+            self.cont_id = frame[start : frame.find(b'"', start)]
         if _ROLE_CHUNK.search(frame):
             return b""  # the continuation's own role chunk: the client already has one
         if self.orig_id is not None and self.cont_id:
-            frame = frame.replace(b'"id":"' + self.cont_id + b'"',
-                                  b'"id":"' + self.orig_id + b'"', 1)
+            frame = frame.replace(
+                b'"id":"' + self.cont_id + b'"', b'"id":"' + self.orig_id + b'"', 1
+            )
         if self.orig_created is not None:
             frame = _CREATED.sub(self.orig_created, frame, count=1)
         span = sse.usage_span(frame)
         if span is not None and self.offset:
             usage = orjson.loads(frame[span[0] + _USAGE_OFFSET : span[1]])
             completion = int(usage.get("completion_tokens", 0)) + self.offset
-            prompt = self.prompt_tokens if self.prompt_tokens is not None \
+            prompt = (
+                self.prompt_tokens
+                if self.prompt_tokens is not None
                 else int(usage.get("prompt_tokens", 0))
-            fixed = {**usage, "prompt_tokens": prompt, "total_tokens": prompt + completion,
-                     "completion_tokens": completion}
+            )
+            fixed = {
+                **usage,
+                "prompt_tokens": prompt,
+                "total_tokens": prompt + completion,
+                "completion_tokens": completion,
+            }
             frame = frame[: span[0]] + b',"usage":' + orjson.dumps(fixed) + frame[span[1] :]
         return frame
 
@@ -129,9 +145,16 @@ def can_continue(body: dict[str, Any], filt: StreamFilter) -> bool:
     # Without a count of the tokens sent (an engine that reports none per chunk) a continuation
     # could not honour max_tokens: it would grant the whole budget again.
     counted = filt.m.completion_tokens > 0 or not any(
-        isinstance(body.get(k), int) for k in ("max_tokens", "max_completion_tokens"))
-    return (isinstance(filt, ContinuableFilter) and filt.eligible and bool(filt.text) and counted
-            and body.get("n", 1) in (1, None) and isinstance(body.get("messages"), list))
+        isinstance(body.get(k), int) for k in ("max_tokens", "max_completion_tokens")
+    )
+    return (
+        isinstance(filt, ContinuableFilter)
+        and filt.eligible
+        and bool(filt.text)
+        and counted
+        and body.get("n", 1) in (1, None)
+        and isinstance(body.get("messages"), list)
+    )
 
 
 def continuation_refused(failed: BackendSpec, other: BackendSpec) -> str | None:

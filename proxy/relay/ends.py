@@ -14,13 +14,15 @@ CR_DONE = CRLF_DONE.replace(b"\r\n", b"\r")  # an upstream framing with CR alone
 # How a complete stream ends: vLLM's `[DONE]`, or on /v1/responses a terminal event; on
 # /v1/messages `message_stop`, or vLLM's `error` event (it sends nothing after one).
 CHAT_ENDS = (DONE,)
-RESPONSES_ENDS = (b"event: response.completed", b"event: response.incomplete",
-                  b"event: response.failed")
+RESPONSES_ENDS = (
+    b"event: response.completed",
+    b"event: response.incomplete",
+    b"event: response.failed",
+)
 MESSAGES_ENDS = (b"event: message_stop", b"event: error")
 
 
-def filter_read(splitter: sse.FrameSplitter, filt: StreamFilter, data: bytes, now: float
-                ) -> bytes:
+def filter_read(splitter: sse.FrameSplitter, filt: StreamFilter, data: bytes, now: float) -> bytes:
     """One upstream read: its complete frames, through the filter; what the client gets. The
     first frame that is not a comment (vLLM's `: keep-alive`) is the stream's first byte."""
     frames = splitter.feed(data)
@@ -54,13 +56,17 @@ def body_outcome(status: int) -> str:
     return "client_error" if status < 500 and status not in (408, 429) else "upstream_error"
 
 
-def check_end(outcome: str, error: bytes, ended: bool, m: Measurement, responses: bool,
-              messages: bool = False) -> tuple[str, bytes]:
+def check_end(
+    outcome: str, error: bytes, ended: bool, m: Measurement, responses: bool, messages: bool = False
+) -> tuple[str, bytes]:
     """A stream that stopped cleanly but without its end event was cut short all the same."""
     if outcome == "ok" and not ended and m.error is None:
         return "upstream_error", sse_error_event(
-            502, "upstream stream ended before its end event", responses=responses,
-            messages=messages)
+            502,
+            "upstream stream ended before its end event",
+            responses=responses,
+            messages=messages,
+        )
     return outcome, error
 
 
@@ -71,14 +77,14 @@ async def end_stream(send: Send, filt: StreamFilter, outcome: str, error: bytes)
         m.error = m.error or error.decode(errors="replace")
     elif m.error is not None:
         outcome = "upstream_error"
-    await send({"type": "http.response.body", "body": filt.release() + error,
-                "more_body": False})
+    await send({"type": "http.response.body", "body": filt.release() + error, "more_body": False})
     return outcome
 
 
 async def end_with_error(send: Send, endpoint: str, status: int, message: str) -> None:
     """A stream whose headers went out (keepalive pings) and that no engine could serve: the
     engine-style error event (with `[DONE]` on chat and completions) ends it."""
-    error = sse_error_event(status, message, responses=endpoint == "responses",
-                            messages=endpoint == "messages")
+    error = sse_error_event(
+        status, message, responses=endpoint == "responses", messages=endpoint == "messages"
+    )
     await send({"type": "http.response.body", "body": error, "more_body": False})

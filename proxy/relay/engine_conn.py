@@ -108,8 +108,11 @@ class EngineStream:
                 self._release()
             elif not self.head.done() and self.received > self.max_head:
                 # Checked after the read: one read may hold a small head and a large body.
-                self.abort(UpstreamError(
-                    "protocol", f"engine response head larger than {self.max_head} bytes"))
+                self.abort(
+                    UpstreamError(
+                        "protocol", f"engine response head larger than {self.max_head} bytes"
+                    )
+                )
 
     def lost(self) -> None:
         self._conn = None
@@ -125,8 +128,9 @@ class EngineStream:
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
-        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                        for k, v in self.raw_headers}
+        self.headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.raw_headers
+        }
         if not self.head.done():
             self.head.set_result(None)
 
@@ -223,8 +227,14 @@ class EnginePool:
     gives another context.
     """
 
-    def __init__(self, *, max_idle_s: float = 2.0, max_idle_per_engine: int = 256,
-                 max_head_bytes: int = 64 * 1024, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_idle_s: float = 2.0,
+        max_idle_per_engine: int = 256,
+        max_head_bytes: int = 64 * 1024,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self._tls = tls
         self.max_head_bytes = max_head_bytes
         self.max_idle_s = max_idle_s
@@ -286,16 +296,20 @@ class EnginePool:
         self._idle.clear()
 
 
-async def open_engine_stream(pool: EnginePool, url: str, payload: bytes,
-                             headers: dict[str, str], connect_timeout: float) -> EngineStream:
+async def open_engine_stream(
+    pool: EnginePool, url: str, payload: bytes, headers: dict[str, str], connect_timeout: float
+) -> EngineStream:
     """Send the request (on a kept-alive connection when one is idle); wait for the head."""
     parts = urlsplit(url)
     scheme = parts.scheme or "http"
     host = parts.hostname or "127.0.0.1"
     port = parts.port or (443 if scheme == "https" else 80)
     # Never userinfo in the Host header (policy URLs refuse it; this holds for any caller).
-    lines = [f"POST {parts.path or '/'} HTTP/1.1", f"host: {parts.netloc.rpartition('@')[2]}",
-             f"content-length: {len(payload)}"]
+    lines = [
+        f"POST {parts.path or '/'} HTTP/1.1",
+        f"host: {parts.netloc.rpartition('@')[2]}",
+        f"content-length: {len(payload)}",
+    ]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
     loop = asyncio.get_running_loop()
@@ -335,7 +349,8 @@ async def _connect(pool: EnginePool, key: Key, timeout: float) -> EngineConnecti
     try:
         async with asyncio.timeout(timeout):
             await asyncio.get_running_loop().create_connection(
-                lambda: conn, host, port, ssl=tls, server_hostname=host if tls else None)
+                lambda: conn, host, port, ssl=tls, server_hostname=host if tls else None
+            )
     except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError: a bad certificate too
         raise UpstreamError("connect", describe(exc)) from exc
     return conn

@@ -40,8 +40,9 @@ _ANTHROPIC_TYPES = {
 
 
 def anthropic_type(status: int) -> str:
-    return _ANTHROPIC_TYPES.get(status) or ("invalid_request_error" if status < 500
-                                            else "api_error")
+    return _ANTHROPIC_TYPES.get(status) or (
+        "invalid_request_error" if status < 500 else "api_error"
+    )
 
 
 def anthropic_error(status: int, message: str) -> dict[str, object]:
@@ -65,12 +66,21 @@ def error_body(
     when `anthropic` (its type names come from the status; `type_`, `param`, `code` go)."""
     if anthropic:
         return orjson.dumps(anthropic_error(status, message))
-    return orjson.dumps(vllm_wire.error_body(
-        message, type_ or error_type(status), status if code is None else code, param))
+    return orjson.dumps(
+        vllm_wire.error_body(
+            message, type_ or error_type(status), status if code is None else code, param
+        )
+    )
 
 
-def sse_error_event(status: int, message: str, *, type_: str | None = None,
-                    responses: bool = False, messages: bool = False) -> bytes:
+def sse_error_event(
+    status: int,
+    message: str,
+    *,
+    type_: str | None = None,
+    responses: bool = False,
+    messages: bool = False,
+) -> bytes:
     """vLLM's mid-stream error form: an error event then `[DONE]` (json.dumps spacing).
 
     On /v1/responses the stream has typed events and no `[DONE]`: an `error` event ends it.

@@ -49,11 +49,18 @@ class ResponsesReader:
     0.33 when cut by max_output_tokens, `response.failed`) with the usage and the status."""
 
     __slots__ = ("m",)
-    TOKENS = frozenset((
-        b"response.output_text.delta", b"response.reasoning_text.delta",
-        b"response.reasoning_summary_text.delta", b"response.function_call_arguments.delta",
-        b"response.refusal.delta", b"response.custom_tool_call_input.delta",
-        b"response.mcp_call_arguments.delta", b"response.code_interpreter_call_code.delta"))
+    TOKENS = frozenset(
+        (
+            b"response.output_text.delta",
+            b"response.reasoning_text.delta",
+            b"response.reasoning_summary_text.delta",
+            b"response.function_call_arguments.delta",
+            b"response.refusal.delta",
+            b"response.custom_tool_call_input.delta",
+            b"response.mcp_call_arguments.delta",
+            b"response.code_interpreter_call_code.delta",
+        )
+    )
     FINAL = frozenset((b"response.completed", b"response.incomplete", b"response.failed"))
 
     def __init__(self, m: Measurement) -> None:
@@ -71,8 +78,11 @@ class ResponsesReader:
         elif kind == b"error":
             obj = event_data(frame)
             err = obj.get("error") if obj is not None else None
-            self.m.error = str(err.get("message") if isinstance(err, dict) else
-                               (obj or {}).get("message", "error event"))
+            self.m.error = str(
+                err.get("message")
+                if isinstance(err, dict)
+                else (obj or {}).get("message", "error event")
+            )
 
     def final(self, resp: dict[str, Any]) -> None:
         """The final response object (also a non-streaming body)."""
@@ -83,8 +93,9 @@ class ResponsesReader:
         details = resp.get("incomplete_details")
         reason = details.get("reason") if isinstance(details, dict) else None
         status = resp.get("status")
-        m.finish_reason = reason if isinstance(reason, str) else \
-            status if isinstance(status, str) else None
+        m.finish_reason = (
+            reason if isinstance(reason, str) else status if isinstance(status, str) else None
+        )
         err = resp.get("error")
         if status == "failed":
             m.error = str(err.get("message") if isinstance(err, dict) else "response failed")

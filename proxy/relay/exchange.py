@@ -56,11 +56,36 @@ class Exchange(Generic[R]):
     """The request's state, read and written by every step of the path. `__init__` sets what
     is known on arrival; the annotated fields below are set as the request gets that far."""
 
-    __slots__ = ("gw", "send", "_send", "t0", "policy", "headers", "request_id", "rid", "endpoint",
-                 "path", "anthropic",
-                 "client", "body", "model", "record", "decision", "extra", "watch", "channel",
-                 "relay", "lease", "resp", "first", "filt", "ends", "rename", "continuable",
-                 "pinger")
+    __slots__ = (
+        "gw",
+        "send",
+        "_send",
+        "t0",
+        "policy",
+        "headers",
+        "request_id",
+        "rid",
+        "endpoint",
+        "path",
+        "anthropic",
+        "client",
+        "body",
+        "model",
+        "record",
+        "decision",
+        "extra",
+        "watch",
+        "channel",
+        "relay",
+        "lease",
+        "resp",
+        "first",
+        "filt",
+        "ends",
+        "rename",
+        "continuable",
+        "pinger",
+    )
 
     # once authenticated and decided (app.py)
     client: ClientSpec
@@ -77,8 +102,7 @@ class Exchange(Generic[R]):
     filt: StreamFilter
     ends: tuple[bytes, ...]
 
-    def __init__(self, gw: Gateway, scope: dict[str, Any], send: Send,
-                 endpoint: Endpoint) -> None:
+    def __init__(self, gw: Gateway, scope: dict[str, Any], send: Send, endpoint: Endpoint) -> None:
         self.gw, self.endpoint = gw, endpoint
         self._send = send
         self.send: Send = self._start  # the response start gets Server-Timing, then `send`
@@ -87,8 +111,7 @@ class Exchange(Generic[R]):
         self.t0 = time.perf_counter()
         self.policy: CompiledPolicy = gw.policy.current  # whatever is applied meanwhile
         self.headers: dict[bytes, bytes] = dict(scope["headers"])
-        self.request_id = client_request_id(self.headers.get(b"x-request-id")) \
-            or uuid.uuid4().hex
+        self.request_id = client_request_id(self.headers.get(b"x-request-id")) or uuid.uuid4().hex
         self.rid: Headers = [(b"x-request-id", self.request_id.encode("latin-1"))]
         self.lease: Lease | None = None  # the engine slot held now
         self.resp: R | None = None  # the engine's answer being relayed now
@@ -105,23 +128,35 @@ class Exchange(Generic[R]):
             now = time.perf_counter()
             m = record.m if record is not None else Measurement(self.t0)
             timing = m.server_timing(now)
-            message = {**message, "headers": [*message.get("headers", ()),
-                                              (b"server-timing", timing)]}
+            message = {
+                **message,
+                "headers": [*message.get("headers", ()), (b"server-timing", timing)],
+            }
         await self._send(message)
 
-    async def error(self, status: int, message: str, *, param: str | None = None,
-                    type_: str | None = None, headers: Headers | None = None) -> None:
+    async def error(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type_: str | None = None,
+        headers: Headers | None = None,
+    ) -> None:
         """Answer with the gateway's own error, in the shape of the request's API."""
-        await respond(self.send, status, error_body(status, message, param=param, type_=type_,
-                                                    anthropic=self.anthropic), headers)
+        await respond(
+            self.send,
+            status,
+            error_body(status, message, param=param, type_=type_, anthropic=self.anthropic),
+            headers,
+        )
 
     async def resume(self) -> tuple[R, bytes] | None:
         """Continue a broken chat stream on another variant of the same weights; the relays
         ask once per request."""
         gw, policy, record, body, filt = self.gw, self.policy, self.record, self.body, self.filt
         route = policy.routes[record.route]
-        if not route.spec.continuation or self.endpoint != "chat" or \
-                not can_continue(body, filt):
+        if not route.spec.continuation or self.endpoint != "chat" or not can_continue(body, filt):
             return None
         failed = record.backend
         state = gw.live.snapshot()
@@ -133,13 +168,15 @@ class Exchange(Generic[R]):
                 continue
             refused = continuation_refused(before, backend)
             if refused is not None:
-                gw.metrics.continuations_refused.labels(record.route, failed, name,
-                                                        refused).inc()
+                gw.metrics.continuations_refused.labels(record.route, failed, name, refused).inc()
                 continue
             if not gw.admission.try_acquire(name, backend.max_concurrency):
                 continue  # a continuation does not queue
-            base = backend.engine_urls[0] if len(backend.engine_urls) == 1 else \
-                gw.engine_table.pick(backend.engine_urls, prefix_affinity(body))
+            base = (
+                backend.engine_urls[0]
+                if len(backend.engine_urls) == 1
+                else gw.engine_table.pick(backend.engine_urls, prefix_affinity(body))
+            )
             new_lease = Lease.begin(self, name, base, backend.max_concurrency)
             assert isinstance(filt, ContinuableFilter)
             cont = continuation_body(body, filt.partial(), filt.m.completion_tokens)

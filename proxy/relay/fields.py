@@ -48,12 +48,16 @@ class Field:
         """The field as an OpenAPI 3.0 schema (limits at their defaults)."""
         out: Schema = {} if self.type is None else {"type": self.type}
         most = None if self.limit is None else getattr(DEFAULT_LIMITS, self.limit)
-        for key, value in (("minLength", self.min_length), ("minimum", self.minimum),
-                           ("exclusiveMinimum", self.exclusive_minimum or None),
-                           ("maximum", most if self.type == "integer" else self.maximum),
-                           ("maxItems", most if self.type != "integer" else None),
-                           ("enum", None if self.enum is None else list(self.enum)),
-                           ("default", self.default), ("description", self.description)):
+        for key, value in (
+            ("minLength", self.min_length),
+            ("minimum", self.minimum),
+            ("exclusiveMinimum", self.exclusive_minimum or None),
+            ("maximum", most if self.type == "integer" else self.maximum),
+            ("maxItems", most if self.type != "integer" else None),
+            ("enum", None if self.enum is None else list(self.enum)),
+            ("default", self.default),
+            ("description", self.description),
+        ):
             if value is not None:
                 out[key] = value
         out.update(self.extra)
@@ -87,27 +91,49 @@ def ref(name: str) -> Schema:
 _TOKEN_IDS: Schema = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 _OPEN_OBJECTS: Schema = {"type": "array", "items": {"type": "object", "additionalProperties": True}}
 
-MODEL = Field("model", "string", required=True, checked=True, min_length=1,
-              description="A model name the policy serves (`GET /v1/models`). The client sees "
-                          "this name in the response, whatever the backend's served name is.")
-STREAM = Field("stream", "boolean", nullable=True, default=False,
-               description="Answer with server-sent events (`text/event-stream`).")
+MODEL = Field(
+    "model",
+    "string",
+    required=True,
+    checked=True,
+    min_length=1,
+    description="A model name the policy serves (`GET /v1/models`). The client sees "
+    "this name in the response, whatever the backend's served name is.",
+)
+STREAM = Field(
+    "stream",
+    "boolean",
+    nullable=True,
+    default=False,
+    description="Answer with server-sent events (`text/event-stream`).",
+)
 STREAM_OPTIONS = Field(
-    "stream_options", "object", nullable=True,
+    "stream_options",
+    "object",
+    nullable=True,
     description="Only with `stream: true`. The gateway asks the backend for per-chunk usage to "
-                "measure each request and removes it again, so the client receives exactly the "
-                "usage it asked for here.",
-    extra={"properties": {"include_usage": {"type": "boolean", "nullable": True},
-                          "continuous_usage_stats": {"type": "boolean", "nullable": True}},
-           "additionalProperties": True})
-TEMPERATURE = Field("temperature", "number", nullable=True, minimum=0,
-                    description="When absent, the route's policy may set a default (reported in "
-                                "the `X-Specrouter-Defaults` response header).")
+    "measure each request and removes it again, so the client receives exactly the "
+    "usage it asked for here.",
+    extra={
+        "properties": {
+            "include_usage": {"type": "boolean", "nullable": True},
+            "continuous_usage_stats": {"type": "boolean", "nullable": True},
+        },
+        "additionalProperties": True,
+    },
+)
+TEMPERATURE = Field(
+    "temperature",
+    "number",
+    nullable=True,
+    minimum=0,
+    description="When absent, the route's policy may set a default (reported in "
+    "the `X-Specrouter-Defaults` response header).",
+)
 TOP_P = Field("top_p", "number", nullable=True, minimum=0, exclusive_minimum=True, maximum=1)
 SEED = Field("seed", "integer", nullable=True)
 
-TOP_LOGPROBS = Field("top_logprobs", "integer", nullable=True, minimum=0,
-                     limit="max_top_logprobs")
+TOP_LOGPROBS = Field("top_logprobs", "integer", nullable=True, minimum=0, limit="max_top_logprobs")
 
 SAMPLING: tuple[Field, ...] = (
     Field("max_tokens", "integer", nullable=True, minimum=1),
@@ -118,66 +144,124 @@ SAMPLING: tuple[Field, ...] = (
     Field("top_k", "integer", nullable=True),
     Field("min_p", "number", nullable=True, minimum=0, maximum=1),
     SEED,
-    Field("stop", None, nullable=True, extra={"oneOf": [
-        {"type": "string"}, {"type": "array", "items": {"type": "string"}}]}),
-    Field("logit_bias", "object", nullable=True, extra={"additionalProperties": {"type": "number"}}),
+    Field(
+        "stop",
+        None,
+        nullable=True,
+        extra={"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+    ),
+    Field(
+        "logit_bias", "object", nullable=True, extra={"additionalProperties": {"type": "number"}}
+    ),
     Field("user", "string", description="The end user: keeps canary assignment sticky."),
 )
 
 FIELDS: dict[Endpoint, tuple[Field, ...]] = {
     "chat": (
         MODEL,
-        Field("messages", "array", required=True, extra={"items": ref("ChatMessage")},
-              limit="max_messages"),
-        STREAM, STREAM_OPTIONS,
+        Field(
+            "messages",
+            "array",
+            required=True,
+            extra={"items": ref("ChatMessage")},
+            limit="max_messages",
+        ),
+        STREAM,
+        STREAM_OPTIONS,
         Field("max_completion_tokens", "integer", nullable=True, minimum=1),
-        Field("logprobs", "boolean", nullable=True), TOP_LOGPROBS,
+        Field("logprobs", "boolean", nullable=True),
+        TOP_LOGPROBS,
         Field("tools", "array", nullable=True, extra={"items": _OPEN_OBJECTS["items"]}),
         *SAMPLING,
     ),
     "completions": (
         MODEL,
-        Field("prompt", None, required=True, extra={"oneOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "items": {"type": "string"}, "minItems": 1},
-            {**_TOKEN_IDS, "minItems": 1},
-            {"type": "array", "items": _TOKEN_IDS, "minItems": 1}]}),
-        STREAM, STREAM_OPTIONS,
+        Field(
+            "prompt",
+            None,
+            required=True,
+            extra={
+                "oneOf": [
+                    {"type": "string", "minLength": 1},
+                    {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                    {**_TOKEN_IDS, "minItems": 1},
+                    {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
+                ]
+            },
+        ),
+        STREAM,
+        STREAM_OPTIONS,
         Field("echo", "boolean"),
         Field("logprobs", "integer", nullable=True, minimum=0, limit="max_logprobs"),
         *SAMPLING,
     ),
     "embeddings": (
         MODEL,
-        Field("input", None, required=True, extra={"oneOf": [
-            {"type": "string"}, {"type": "array", "items": {"type": "string"}},
-            _TOKEN_IDS, {"type": "array", "items": _TOKEN_IDS}]}),
+        Field(
+            "input",
+            None,
+            required=True,
+            extra={
+                "oneOf": [
+                    {"type": "string"},
+                    {"type": "array", "items": {"type": "string"}},
+                    _TOKEN_IDS,
+                    {"type": "array", "items": _TOKEN_IDS},
+                ]
+            },
+        ),
         Field("encoding_format", "string", enum=("float", "base64"), default="float"),
         Field("dimensions", "integer", nullable=True, minimum=1),
         Field("user", "string"),
     ),
     "responses": (
         MODEL,
-        Field("input", None, required=True, extra={"oneOf": [{"type": "string"}, _OPEN_OBJECTS]},
-              limit="max_messages"),
+        Field(
+            "input",
+            None,
+            required=True,
+            extra={"oneOf": [{"type": "string"}, _OPEN_OBJECTS]},
+            limit="max_messages",
+        ),
         Field("instructions", "string", nullable=True),
         Field("max_output_tokens", "integer", nullable=True, minimum=1),
-        STREAM, TEMPERATURE, TOP_P, SEED, TOP_LOGPROBS,
+        STREAM,
+        TEMPERATURE,
+        TOP_P,
+        SEED,
+        TOP_LOGPROBS,
     ),
     "messages": (
         MODEL,
-        Field("messages", "array", required=True, extra={"items": _OPEN_OBJECTS["items"]},
-              limit="max_messages"),
+        Field(
+            "messages",
+            "array",
+            required=True,
+            extra={"items": _OPEN_OBJECTS["items"]},
+            limit="max_messages",
+        ),
         # Required by /v1/messages, not by /v1/messages/count_tokens (one field list serves both):
         # vLLM answers a missing one itself, with its own bytes (the golden anth_err_400 files).
         Field("max_tokens", "integer", nullable=True, minimum=1),
         Field("system", None, nullable=True, extra={"oneOf": [{"type": "string"}, _OPEN_OBJECTS]}),
-        Field("stream", "boolean", nullable=True, default=False,
-              description="Answer with Anthropic's server-sent events (`event:` lines)."),
+        Field(
+            "stream",
+            "boolean",
+            nullable=True,
+            default=False,
+            description="Answer with Anthropic's server-sent events (`event:` lines).",
+        ),
         Field("stop_sequences", "array", nullable=True, extra={"items": {"type": "string"}}),
         # Anthropic's range, which vLLM does not enforce on this route: the gateway does.
-        Field("temperature", "number", nullable=True, checked=True, minimum=0, maximum=1,
-              description=TEMPERATURE.description),
+        Field(
+            "temperature",
+            "number",
+            nullable=True,
+            checked=True,
+            minimum=0,
+            maximum=1,
+            description=TEMPERATURE.description,
+        ),
         TOP_P,
         Field("top_k", "integer", nullable=True),
         Field("tools", "array", nullable=True, extra={"items": _OPEN_OBJECTS["items"]}),
@@ -190,16 +274,25 @@ FIELDS: dict[Endpoint, tuple[Field, ...]] = {
 def request_schema(endpoint: Endpoint) -> Schema:
     """The endpoint's request body: its fields, every other field allowed (passed through)."""
     fields = FIELDS[endpoint]
-    return {"type": "object", "required": [f.name for f in fields if f.required],
-            "properties": {f.name: f.schema() for f in fields}, "additionalProperties": True}
+    return {
+        "type": "object",
+        "required": [f.name for f in fields if f.required],
+        "properties": {f.name: f.schema() for f in fields},
+        "additionalProperties": True,
+    }
 
 
 # -- the gateway's own checks ----------------------------------------------------------------------
 
 # JSON types as orjson returns them: exact types, so `true` is no integer and `1.0` no integer.
 _PY_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "boolean": (bool,), "object": (dict,), "array": (list,),
-    "integer": (int,), "number": (int, float)}
+    "string": (str,),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "integer": (int,),
+    "number": (int, float),
+}
 _ARTICLE = {"integer": "an integer", "array": "an array", "object": "an object"}
 _NOT_AN_OBJECT = ("request body must be a JSON object", None)
 _CONTAINERS = (dict, list)
@@ -235,8 +328,11 @@ class _Check:
 
 
 def _check(f: Field, limits: Limits) -> _Check:
-    names = [f.type] if f.type is not None else \
-        list(dict.fromkeys(o["type"] for o in f.extra.get("oneOf", ())))
+    names = (
+        [f.type]
+        if f.type is not None
+        else list(dict.fromkeys(o["type"] for o in f.extra.get("oneOf", ())))
+    )
     assert names, f"field {f.name} needs a JSON type"
     kinds = tuple(k for n in names for k in _PY_TYPES[n])
     said = " or ".join(_ARTICLE.get(n, f"a {n}") for n in names)
@@ -245,17 +341,26 @@ def _check(f: Field, limits: Limits) -> _Check:
     unit = "" if f.type == "integer" else " items"
     bounds = None
     if f.checked and (f.minimum is not None or f.maximum is not None):
-        bounds = (-math.inf if f.minimum is None else f.minimum,
-                  math.inf if f.maximum is None else f.maximum)
-    return _Check(kinds, message, bool(f.min_length), most,
-                  f"`{f.name}` must be at most {most}{unit} (`{f.limit}`)", bounds)
+        bounds = (
+            -math.inf if f.minimum is None else f.minimum,
+            math.inf if f.maximum is None else f.maximum,
+        )
+    return _Check(
+        kinds,
+        message,
+        bool(f.min_length),
+        most,
+        f"`{f.name}` must be at most {most}{unit} (`{f.limit}`)",
+        bounds,
+    )
 
 
 @functools.lru_cache(maxsize=8)
 def _compiled(limits: Limits) -> dict[Endpoint, tuple[dict[str, _Check], tuple[str, ...]]]:
-    return {endpoint: ({f.name: _check(f, limits) for f in fs},
-                       tuple(f.name for f in fs if f.required))
-            for endpoint, fs in FIELDS.items()}
+    return {
+        endpoint: ({f.name: _check(f, limits) for f in fs}, tuple(f.name for f in fs if f.required))
+        for endpoint, fs in FIELDS.items()
+    }
 
 
 def check_fields(endpoint: Endpoint, body: Any, limits: Limits = DEFAULT_LIMITS) -> Problem | None:

@@ -59,8 +59,9 @@ async def forward(x: Exchange[R]) -> None:
         record.m.t_end = time.perf_counter()
         if record.outcome == "client_gone" and record.backend:
             gw.metrics.client_disconnects.labels(record.route, record.backend).inc()
-        gw.metrics.observe_request(record.route, record.backend or "none", record.client,
-                                   record.outcome, record.m)
+        gw.metrics.observe_request(
+            record.route, record.backend or "none", record.client, record.outcome, record.m
+        )
         gw.finished(record)
 
 
@@ -80,9 +81,14 @@ async def _connect(x: Exchange[R]) -> bool:
         if not gw.admission.try_acquire(backend_name, backend.max_concurrency):
             try:
                 gw.metrics.queued.labels(backend_name).inc()
-                await watch.wait(gw.admission.acquire(
-                    backend_name, backend.max_concurrency, record.client,
-                    policy.document.admission.queue_timeout_s))
+                await watch.wait(
+                    gw.admission.acquire(
+                        backend_name,
+                        backend.max_concurrency,
+                        record.client,
+                        policy.document.admission.queue_timeout_s,
+                    )
+                )
             except AdmissionTimeout as exc:
                 record.outcome, record.status = "rejected", 503
                 await _refuse(x, 503, f"backend busy: {exc}", b"2")
@@ -128,8 +134,12 @@ async def _connect(x: Exchange[R]) -> bool:
         if last_error is not None and last_error.status == 503:
             status = 503
         record.outcome, record.status = "upstream_error", status
-        await _refuse(x, status, f"no backend could serve the request: "
-                      f"backend {record.backend!r}: {last_error}", b"5")
+        await _refuse(
+            x,
+            status,
+            f"no backend could serve the request: backend {record.backend!r}: {last_error}",
+            b"5",
+        )
         return False
     return True
 
@@ -139,8 +149,13 @@ def _pinger(x: Exchange[R]) -> Pinger | None:
     every = x.policy.routes[x.record.route].spec.keepalive_s
     if every is None or x.body.get("stream") is not True or x.endpoint == "embeddings":
         return None
-    return Pinger(x.send, every, x.t0, PINGS.get(x.endpoint, COMMENT_PING),
-                  lambda: [*SSE_HEADERS, *_our_headers(x)])
+    return Pinger(
+        x.send,
+        every,
+        x.t0,
+        PINGS.get(x.endpoint, COMMENT_PING),
+        lambda: [*SSE_HEADERS, *_our_headers(x)],
+    )
 
 
 async def _refuse(x: Exchange[R], status: int, message: str, retry_after: bytes) -> None:
@@ -152,8 +167,9 @@ async def _refuse(x: Exchange[R], status: int, message: str, retry_after: bytes)
     await x.error(status, message, headers=[*x.extra, (b"retry-after", retry_after)])
 
 
-async def open_engine(x: Exchange[R], body: dict[str, Any], backend: BackendSpec, base: str,
-                      check_status: bool) -> tuple[R, bytes]:
+async def open_engine(
+    x: Exchange[R], body: dict[str, Any], backend: BackendSpec, base: str, check_status: bool
+) -> tuple[R, bytes]:
     """Send `body` (the request, or its continuation) to one engine; its answer and first
     body bytes."""
     usage = plan_usage(x.body, x.endpoint, backend.kind)
@@ -162,13 +178,13 @@ async def open_engine(x: Exchange[R], body: dict[str, Any], backend: BackendSpec
     if decision.priority is not None and backend.priority_scheduling:
         inject.setdefault("priority", decision.priority)
     payload = upstream_body(body, inject, backend.served_model_name, usage)
-    up_headers = _upstream_headers(x.headers, x.request_id, x.gw.operator.secret(backend.api_key),
-                                   x.record.session)
+    up_headers = _upstream_headers(
+        x.headers, x.request_id, x.gw.operator.secret(backend.api_key), x.record.session
+    )
     if x.resp is None:  # not a continuation: this attempt is the one the timings describe
         m = x.record.m
         m.t_engine, m.t_headers = time.perf_counter(), None
-    resp, first = await x.relay.open(x, base + x.path, payload, up_headers,
-                                     check_status)
+    resp, first = await x.relay.open(x, base + x.path, payload, up_headers, check_status)
     refused = not_an_answer(resp.status, resp.headers)
     if refused is not None:  # before the first byte went out: another engine may answer
         resp.close()
@@ -186,29 +202,38 @@ async def _relay(x: Exchange[R]) -> None:
     if served != model and not encoded:
         x.rename = (b'"model":"' + served.encode() + b'"', b'"model":"' + model.encode() + b'"')
     # Raw header bytes: a value outside latin-1 passes through rather than failing here.
-    out_headers = [(k.lower(), v) for k, v in resp.raw_headers
-                   if k.lower().decode("latin-1") in RESPONSE_ALLOW]
+    out_headers = [
+        (k.lower(), v) for k, v in resp.raw_headers if k.lower().decode("latin-1") in RESPONSE_ALLOW
+    ]
     if resp.status in (429, 503) and "retry-after" not in resp.headers:
         out_headers.append((b"retry-after", b"5"))
     # A compressed stream (the backend ignored `accept-encoding: identity`) cannot be read
     # frame by frame: it goes through as a plain body, with its content-encoding.
-    is_sse = not encoded and \
-        resp.headers.get("content-type", "").startswith("text/event-stream")
+    is_sse = not encoded and resp.headers.get("content-type", "").startswith("text/event-stream")
     if is_sse:  # each set once: llama.cpp sends its own x-accel-buffering
         present = {k for k, _ in out_headers}
-        out_headers += [(k, v) for k, v in ((b"cache-control", b"no-cache"),
-                                            (b"x-accel-buffering", b"no")) if k not in present]
+        out_headers += [
+            (k, v)
+            for k, v in ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
+            if k not in present
+        ]
     if x.pinger is not None and await x.pinger.stop():
         record.status = 200  # sent with the pings; the engine's own headers stay here
         if not is_sse:  # an error answer: its message, as the engine-style error event
             record.outcome = "upstream_error"
-            await end_with_error(x.send, endpoint, resp.status,
-                                 _engine_message(x.first, resp.status))
+            await end_with_error(
+                x.send, endpoint, resp.status, _engine_message(x.first, resp.status)
+            )
             return
     else:
         record.status = resp.status
-        await x.send({"type": "http.response.start", "status": resp.status,
-                      "headers": out_headers + _our_headers(x)})
+        await x.send(
+            {
+                "type": "http.response.start",
+                "status": resp.status,
+                "headers": out_headers + _our_headers(x),
+            }
+        )
     if is_sse:
         usage = plan_usage(x.body, endpoint, backend.kind)
         x.continuable = endpoint == "chat" and x.policy.routes[record.route].spec.continuation
@@ -216,10 +241,14 @@ async def _relay(x: Exchange[R]) -> None:
         record.m.stream = True
         spec = backend.speculative
         withhold_estimate(record.m, x.body, spec.num_speculative_tokens if spec else None)
-        x.filt = cls(record.m, strip_usage=usage.strip_usage,
-                     drop_usage_chunk=usage.drop_usage_chunk, rename=x.rename,
-                     engine_timings="timings" in capabilities(backend.kind).per_request,
-                     events=reader_for(endpoint, record.m))
+        x.filt = cls(
+            record.m,
+            strip_usage=usage.strip_usage,
+            drop_usage_chunk=usage.drop_usage_chunk,
+            rename=x.rename,
+            engine_timings="timings" in capabilities(backend.kind).per_request,
+            events=reader_for(endpoint, record.m),
+        )
         x.ends = _ENDS.get(endpoint, CHAT_ENDS)
         record.outcome = await x.relay.sse(x)
     else:
@@ -239,8 +268,7 @@ def _our_headers(x: Exchange[R]) -> list[tuple[bytes, bytes]]:
     chosen = record.backend.encode()
     reason = record.reason + (f"+retry{record.retries}" if record.retries else "")
     # One header names what served: the variant (the policy's backend), as the pin header does.
-    return [*x.extra, (b"x-specrouter-variant", chosen),
-            (b"x-specrouter-reason", reason.encode())]
+    return [*x.extra, (b"x-specrouter-variant", chosen), (b"x-specrouter-reason", reason.encode())]
 
 
 def _engine_message(first: bytes, status: int) -> str:
@@ -278,10 +306,14 @@ class Lease:
         gw.admission.release(self.backend, self.limit)
 
 
-def _upstream_headers(headers: dict[bytes, bytes], request_id: str,
-                      key: str | None, session: str) -> dict[str, str]:
-    out = {"content-type": "application/json", "accept-encoding": "identity",
-           "x-request-id": request_id}
+def _upstream_headers(
+    headers: dict[bytes, bytes], request_id: str, key: str | None, session: str
+) -> dict[str, str]:
+    out = {
+        "content-type": "application/json",
+        "accept-encoding": "identity",
+        "x-request-id": request_id,
+    }
     for name in _FORWARD_HEADERS:
         value = headers.get(name)
         if value is not None:
@@ -291,4 +323,3 @@ def _upstream_headers(headers: dict[bytes, bytes], request_id: str,
     if key:
         out["authorization"] = f"Bearer {key}"
     return out
-

@@ -22,8 +22,11 @@ MESSAGES_PING = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's own pi
 # By API kind; chat, completions and Responses streams get the comment.
 PINGS: dict[str, bytes] = {"messages": MESSAGES_PING}
 # What the engine's event-stream answer carries; vLLM's content type, as Starlette writes it.
-SSE_HEADERS: Headers = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                        (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+SSE_HEADERS: Headers = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
 
 
 class Pinger:
@@ -32,8 +35,9 @@ class Pinger:
 
     __slots__ = ("_send", "_every", "_frame", "_headers", "_stop", "_task", "started")
 
-    def __init__(self, send: Send, every: float, t0: float, frame: bytes,
-                 headers: Callable[[], Headers]) -> None:
+    def __init__(
+        self, send: Send, every: float, t0: float, frame: bytes, headers: Callable[[], Headers]
+    ) -> None:
         self._send, self._every, self._frame, self._headers = send, every, frame, headers
         self._stop = asyncio.Event()
         self.started = False  # the response start has gone to the client
@@ -53,10 +57,10 @@ class Pinger:
                 pass
             if not self.started:
                 self.started = True
-                await self._send({"type": "http.response.start", "status": 200,
-                                  "headers": self._headers()})
-            await self._send({"type": "http.response.body", "body": self._frame,
-                              "more_body": True})
+                await self._send(
+                    {"type": "http.response.start", "status": 200, "headers": self._headers()}
+                )
+            await self._send({"type": "http.response.body", "body": self._frame, "more_body": True})
             due = max(due + self._every, loop.time())
 
     async def stop(self) -> bool:

@@ -14,8 +14,7 @@ BURST_S = 60.0  # a per-minute limit may be used in one burst, then paces at its
 
 
 class Limits(Protocol):
-    async def enter(self, client: str, max_concurrent: int | None, rpm: int | None
-                    ) -> float | None:
+    async def enter(self, client: str, max_concurrent: int | None, rpm: int | None) -> float | None:
         """None when admitted (then `leave` must follow), else seconds to wait."""
 
     async def leave(self, client: str) -> None: ...
@@ -28,8 +27,7 @@ class MemoryLimits:
         self._open: dict[str, int] = {}
         self._tat: dict[str, float] = {}  # GCRA's theoretical arrival time, per client
 
-    async def enter(self, client: str, max_concurrent: int | None, rpm: int | None
-                    ) -> float | None:
+    async def enter(self, client: str, max_concurrent: int | None, rpm: int | None) -> float | None:
         if max_concurrent is not None and self._open.get(client, 0) >= max_concurrent:
             return 1.0
         if rpm is not None:
@@ -91,13 +89,13 @@ class RedisLimits:
     def _keys(self, client: str) -> list[str]:
         return [f"{self._prefix}:rate:{client}", f"{self._prefix}:open:{client}"]
 
-    async def enter(self, client: str, max_concurrent: int | None, rpm: int | None
-                    ) -> float | None:
+    async def enter(self, client: str, max_concurrent: int | None, rpm: int | None) -> float | None:
         if max_concurrent is None and rpm is None:
             return None
         interval_ms = 0 if rpm is None else 60_000 / rpm
-        wait_ms = await self._enter(keys=self._keys(client),
-                                    args=[max_concurrent or 0, interval_ms, BURST_S * 1000])
+        wait_ms = await self._enter(
+            keys=self._keys(client), args=[max_concurrent or 0, interval_ms, BURST_S * 1000]
+        )
         return None if int(wait_ms) < 0 else int(wait_ms) / 1000
 
     async def leave(self, client: str) -> None:

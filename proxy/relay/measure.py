@@ -160,9 +160,12 @@ class Measurement:
         token (streams), to the end."""
         out: dict[str, float] = {}
         last = self.t_start
-        for name, t in (("gateway", self.t_engine), ("engine_headers", self.t_headers),
-                        ("first_token", self.t_first_token if self.stream else None),
-                        ("end", self.t_end)):
+        for name, t in (
+            ("gateway", self.t_engine),
+            ("engine_headers", self.t_headers),
+            ("first_token", self.t_first_token if self.stream else None),
+            ("end", self.t_end),
+        ):
             if t is not None and t >= last:
                 out[name], last = t - last, t
         return out
@@ -235,8 +238,9 @@ class Measurement:
             reason = choices[0].get("finish_reason")
         else:  # Messages' stop_reason, Responses' incomplete reason or status
             details = obj.get("incomplete_details")
-            reason = obj.get("stop_reason") or \
-                (details.get("reason") if isinstance(details, dict) else obj.get("status"))
+            reason = obj.get("stop_reason") or (
+                details.get("reason") if isinstance(details, dict) else obj.get("status")
+            )
         self.finish_reason = reason if isinstance(reason, str) else None
         self._record_metrics(obj)
         if isinstance(obj.get("error"), dict):
@@ -264,8 +268,15 @@ class StreamFilter:
     that is not a `data:` object; it only reads.
     """
 
-    __slots__ = ("m", "strip_usage", "drop_usage_chunk", "rename", "engine_timings", "events",
-                 "_held")
+    __slots__ = (
+        "m",
+        "strip_usage",
+        "drop_usage_chunk",
+        "rename",
+        "engine_timings",
+        "events",
+        "_held",
+    )
 
     def __init__(
         self,
@@ -407,8 +418,12 @@ def _carries_token(frame: bytes) -> bool:
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
-        if isinstance(delta, dict) and (delta.get("content") or delta.get("reasoning_content")
-                                        or delta.get("reasoning") or delta.get("tool_calls")):
+        if isinstance(delta, dict) and (
+            delta.get("content")
+            or delta.get("reasoning_content")
+            or delta.get("reasoning")
+            or delta.get("tool_calls")
+        ):
             return True
         if choice.get("text"):
             return True

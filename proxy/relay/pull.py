@@ -37,9 +37,13 @@ if TYPE_CHECKING:
 _BODY_COPY_LIMIT = 4 * 1024 * 1024  # non-streaming bodies kept for measurement up to this
 
 
-async def open_pulled(x: Exchange[PulledResponse], url: str, payload: bytes,
-                      headers: dict[str, str], check_status: bool
-                      ) -> tuple[PulledResponse, bytes]:
+async def open_pulled(
+    x: Exchange[PulledResponse],
+    url: str,
+    payload: bytes,
+    headers: dict[str, str],
+    check_status: bool,
+) -> tuple[PulledResponse, bytes]:
     """The request through the aiohttp session; the response and its first body bytes."""
     watch = x.watch
     resp = await watch.wait(x.gw.upstream.post(url, payload, headers))
@@ -84,8 +88,7 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
                     out = filter_read(splitter, filt, data, now)
                     if out:
                         saw_done = at_end(out, ends)
-                        await send({"type": "http.response.body", "body": out,
-                                    "more_body": True})
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
                     if watch.gone:
                         return "client_gone"
                     t = loop.time()
@@ -102,8 +105,12 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
             error = sse_error_event(502, f"upstream {exc}", responses=responses)
         except TimeoutError:
             outcome = "timeout"
-            error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s",
-                                    responses=responses, messages=messages)
+            error = sse_error_event(
+                504,
+                f"upstream sent nothing for {idle_timeout:g}s",
+                responses=responses,
+                messages=messages,
+            )
         except (aiohttp.ClientError, OSError) as exc:
             if watch.gone:
                 return "client_gone"
@@ -111,8 +118,12 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
             if watch.closing is not None:
                 error = sse_error_event(503, watch.closing, responses=responses, messages=messages)
             else:
-                error = sse_error_event(502, f"upstream connection lost: {type(exc).__name__}",
-                                        responses=responses, messages=messages)
+                error = sse_error_event(
+                    502,
+                    f"upstream connection lost: {type(exc).__name__}",
+                    responses=responses,
+                    messages=messages,
+                )
         if watch.gone:
             return "client_gone"
         outcome, error = check_end(outcome, error, saw_done, m, responses, messages)

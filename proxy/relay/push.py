@@ -80,9 +80,9 @@ class PushChannel:
 Sink = Callable[[bytes], None]
 
 
-async def open_pushed(x: Exchange[EngineStream], url: str, payload: bytes,
-                      headers: dict[str, str], check_status: bool
-                      ) -> tuple[EngineStream, bytes]:
+async def open_pushed(
+    x: Exchange[EngineStream], url: str, payload: bytes, headers: dict[str, str], check_status: bool
+) -> tuple[EngineStream, bytes]:
     """The request on a kept-alive engine connection; the response and its first body bytes."""
     watch = x.watch
     stream, first = await watch.wait(_open_stream(x, url, payload, headers, check_status))
@@ -90,29 +90,34 @@ async def open_pushed(x: Exchange[EngineStream], url: str, payload: bytes,
     return stream, first
 
 
-async def _open_stream(x: Exchange[EngineStream], url: str, payload: bytes,
-                       headers: dict[str, str], check_status: bool
-                       ) -> tuple[EngineStream, bytes]:
+async def _open_stream(
+    x: Exchange[EngineStream], url: str, payload: bytes, headers: dict[str, str], check_status: bool
+) -> tuple[EngineStream, bytes]:
     gw = x.gw
     settings = gw.settings
     stream: EngineStream | None = None
     try:
         async with asyncio.timeout(settings.first_byte_timeout_s):
-            stream = await open_engine_stream(gw.conns, url, payload, headers,
-                                              settings.connect_timeout_s)
+            stream = await open_engine_stream(
+                gw.conns, url, payload, headers, settings.connect_timeout_s
+            )
             x.record.m.t_headers = time.perf_counter()
             try:
                 if stream.status >= 500 and check_status:
-                    raise UpstreamError("status", f"backend answered {stream.status}",
-                                        stream.status)
+                    raise UpstreamError(
+                        "status", f"backend answered {stream.status}", stream.status
+                    )
                 return stream, await stream.first_bytes()
             except BaseException:
                 stream.close()
                 raise
     except TimeoutError as exc:
         # After the engine's headers the request is the engine's: it is not sent again.
-        raise UpstreamError("timeout", f"no first byte in {settings.first_byte_timeout_s:g}s",
-                            accepted=stream is not None) from exc
+        raise UpstreamError(
+            "timeout",
+            f"no first byte in {settings.first_byte_timeout_s:g}s",
+            accepted=stream is not None,
+        ) from exc
 
 
 async def relay_sse_push(x: Exchange[EngineStream]) -> str:
@@ -130,13 +135,18 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
         ended = [False]
         draining: list[asyncio.Task[None]] = []
 
-        def sink(data: bytes, stream: EngineStream = stream, splitter: Any = splitter,
-                 ended: list[bool] = ended, draining: list[asyncio.Task[None]] = draining
-                 ) -> None:
+        def sink(
+            data: bytes,
+            stream: EngineStream = stream,
+            splitter: Any = splitter,
+            ended: list[bool] = ended,
+            draining: list[asyncio.Task[None]] = draining,
+        ) -> None:
             t = time.perf_counter()
             try:
-                out = filter_read(splitter, filt, data, t) if data else \
-                    finish_read(splitter, filt, t)
+                out = (
+                    filter_read(splitter, filt, data, t) if data else finish_read(splitter, filt, t)
+                )
             except sse.FrameTooLarge as exc:
                 stream.abort(UpstreamError("frame", str(exc)))
                 return
@@ -166,14 +176,22 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
             sink(b"")  # the clean end: a last frame held back for a `\n` that never came
         except TimeoutError:
             outcome = "timeout"
-            error = sse_error_event(504, f"upstream sent nothing for {idle_timeout:g}s",
-                                    responses=responses, messages=messages)
+            error = sse_error_event(
+                504,
+                f"upstream sent nothing for {idle_timeout:g}s",
+                responses=responses,
+                messages=messages,
+            )
         except UpstreamError as exc:
             outcome = "upstream_error"
             if not watch.gone:
                 status = 503 if watch.closing is not None else 502
-                error = sse_error_event(status, watch.closing or f"upstream {exc}",
-                                        responses=responses, messages=messages)
+                error = sse_error_event(
+                    status,
+                    watch.closing or f"upstream {exc}",
+                    responses=responses,
+                    messages=messages,
+                )
         finally:
             for task in draining:
                 task.cancel()
@@ -191,8 +209,9 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
     return await end_stream(send, filt, outcome, error)
 
 
-async def _resume_after_drain(channel: PushChannel, stream: EngineStream,
-                              draining: list[asyncio.Task[None]]) -> None:
+async def _resume_after_drain(
+    channel: PushChannel, stream: EngineStream, draining: list[asyncio.Task[None]]
+) -> None:
     try:
         await channel.drain()
         stream.last_activity = asyncio.get_running_loop().time()

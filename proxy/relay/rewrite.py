@@ -50,8 +50,9 @@ def plan_usage(body: dict[str, Any], endpoint: Endpoint, backend_kind: EngineKin
     return UsagePlan(injected=True, strip_usage=True, drop_usage_chunk=not include)
 
 
-def upstream_body(body: dict[str, Any], inject: dict[str, Any], served_model: str,
-                  usage: UsagePlan) -> bytes:
+def upstream_body(
+    body: dict[str, Any], inject: dict[str, Any], served_model: str, usage: UsagePlan
+) -> bytes:
     out = dict(body)
     out.update(inject)
     out["model"] = served_model

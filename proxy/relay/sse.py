@@ -38,8 +38,12 @@ class FrameSplitter:
 
     def feed(self, data: bytes) -> list[bytes]:
         # The common case, one read holding exactly one `\n\n` frame: no search loop, no copy.
-        if not self._buf and len(data) > 2 and data.find(FRAME_END) == len(data) - 2 \
-                and b"\r" not in data:
+        if (
+            not self._buf
+            and len(data) > 2
+            and data.find(FRAME_END) == len(data) - 2
+            and b"\r" not in data
+        ):
             return [data]
         if self._buf:
             self._buf += data
@@ -116,8 +120,12 @@ def object_end(data: bytes, start: int) -> int:
     # string that could hide one (even quotes, no escapes). C-speed finds instead of a Python
     # loop over every byte (~1 us instead of ~6 us a frame).
     close = data.find(b"}", start)
-    if (close > 0 and data.find(b"{", start + 1, close) < 0
-            and data.count(b'"', start, close) % 2 == 0 and data.find(b"\\", start, close) < 0):
+    if (
+        close > 0
+        and data.find(b"{", start + 1, close) < 0
+        and data.count(b'"', start, close) % 2 == 0
+        and data.find(b"\\", start, close) < 0
+    ):
         return close + 1
     depth = 0
     i = start

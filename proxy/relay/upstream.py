@@ -13,21 +13,42 @@ from typing import Protocol, runtime_checkable
 import aiohttp
 
 # Request headers never forwarded: hop-by-hop ones, and the client's own credentials.
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length", "authorization",
-    "accept-encoding", "expect",
-})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "authorization",
+        "accept-encoding",
+        "expect",
+    }
+)
 # Engine response headers a client gets; any other is dropped (an engine's set-cookie, its
 # server or x-specrouter-* claims never reach clients). Not here: framing (content-length,
 # transfer-encoding: the gateway frames the body itself), x-request-id (the gateway's own
 # goes out, and the engine's echo is checked against it), cache-control and
 # x-accel-buffering (set on event streams by the gateway).
-RESPONSE_ALLOW = frozenset({
-    "content-type", "content-encoding", "retry-after", "openai-processing-ms",
-    "x-ratelimit-limit-requests", "x-ratelimit-limit-tokens", "x-ratelimit-remaining-requests",
-    "x-ratelimit-remaining-tokens", "x-ratelimit-reset-requests", "x-ratelimit-reset-tokens",
-})
+RESPONSE_ALLOW = frozenset(
+    {
+        "content-type",
+        "content-encoding",
+        "retry-after",
+        "openai-processing-ms",
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-limit-tokens",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-remaining-tokens",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-reset-tokens",
+    }
+)
 # What a 200 may carry to be relayed as success: an HTML page from a proxy in front of the
 # engine, say, is a failure of the engine, not an answer.
 SUCCESS_TYPES = ("application/json", "text/event-stream")
@@ -37,8 +58,9 @@ class UpstreamError(Exception):
     """A backend failed before answering: `kind` is connect, timeout or status. `accepted`: it
     timed out after its response headers, so the engine has the request (not sent again)."""
 
-    def __init__(self, kind: str, message: str, status: int | None = None, *,
-                 accepted: bool = False) -> None:
+    def __init__(
+        self, kind: str, message: str, status: int | None = None, *, accepted: bool = False
+    ) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
@@ -52,7 +74,6 @@ def describe(exc: BaseException) -> str:
     cause = os_error if isinstance(os_error, OSError) else exc
     reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else ""
     return f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
-
 
 
 def echo_mismatch(got: Mapping[str, str], sent: Mapping[str, str]) -> UpstreamError | None:
@@ -122,8 +143,7 @@ class PulledResponse:
             async with asyncio.timeout(timeout):
                 data = await self.content.readany()
         except TimeoutError as exc:
-            raise UpstreamError("timeout", f"no first byte in {timeout:g}s",
-                                accepted=True) from exc
+            raise UpstreamError("timeout", f"no first byte in {timeout:g}s", accepted=True) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError("connect", describe(exc)) from exc
         if not data and self.status == 200 and self._resp.content_length != 0:
@@ -141,8 +161,9 @@ class PulledResponse:
 
 
 class Upstream:
-    def __init__(self, *, connect_timeout: float, first_byte_timeout: float,
-                 max_head_bytes: int = 64 * 1024) -> None:
+    def __init__(
+        self, *, connect_timeout: float, first_byte_timeout: float, max_head_bytes: int = 64 * 1024
+    ) -> None:
         self._connect_timeout = connect_timeout
         self._first_byte_timeout = first_byte_timeout
         self.max_head_bytes = max_head_bytes
@@ -151,15 +172,20 @@ class Upstream:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30,
-                                             enable_cleanup_closed=True)
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=0, keepalive_timeout=30, enable_cleanup_closed=True
+            )
             # No total timeout: a stream lasts as long as generation does; the relay enforces
             # the first-byte and idle timeouts itself.
-            timeout = aiohttp.ClientTimeout(total=None, connect=self._connect_timeout,
-                                            sock_connect=self._connect_timeout)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                                  auto_decompress=False,
-                                                  skip_auto_headers=("User-Agent",))
+            timeout = aiohttp.ClientTimeout(
+                total=None, connect=self._connect_timeout, sock_connect=self._connect_timeout
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=timeout,
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+            )
         return self._session
 
     async def aclose(self) -> None:
@@ -171,25 +197,31 @@ class Upstream:
         """Send the request and wait for the response headers (the first-byte timeout)."""
         try:
             async with asyncio.timeout(self._first_byte_timeout):
-                resp = await self.session.post(url, data=body, headers=headers,
-                                               allow_redirects=False)
+                resp = await self.session.post(
+                    url, data=body, headers=headers, allow_redirects=False
+                )
         except TimeoutError as exc:
-            raise UpstreamError("timeout", f"no response in "
-                                f"{self._first_byte_timeout:g}s") from exc
+            raise UpstreamError("timeout", f"no response in {self._first_byte_timeout:g}s") from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError("connect", describe(exc)) from exc
         # aiohttp bounds each header line (8 KiB), not their sum.
         refused = echo_mismatch(resp.headers, headers)
         if head_size(resp.raw_headers) > self.max_head_bytes:
             refused = UpstreamError(
-                "protocol", f"engine response head larger than {self.max_head_bytes} bytes")
+                "protocol", f"engine response head larger than {self.max_head_bytes} bytes"
+            )
         if refused is not None:
             resp.close()
             raise refused
         return PulledResponse(resp, self._first_byte_timeout)
 
-    async def get(self, url: str, timeout: float, headers: dict[str, str] | None = None,
-                  max_bytes: int = 64 * 1024) -> tuple[int, bytes]:
+    async def get(
+        self,
+        url: str,
+        timeout: float,
+        headers: dict[str, str] | None = None,
+        max_bytes: int = 64 * 1024,
+    ) -> tuple[int, bytes]:
         """A short GET, for health checks and metric scrapes (with the engine's key); a body
         past `max_bytes` raises UpstreamError, read no further."""
         async with asyncio.timeout(timeout), self.session.get(url, headers=headers) as resp:

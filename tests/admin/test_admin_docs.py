@@ -18,11 +18,22 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def test_admin_docs_render_every_operation_offline(certs, artifacts: Path) -> None:
     from playwright.sync_api import Route, sync_playwright
 
-    with GatewayServer(coder_policy({"a": "http://127.0.0.1:9"}), certs=certs) as gw, \
-            sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+    with (
+        GatewayServer(coder_policy({"a": "http://127.0.0.1:9"}), certs=certs) as gw,
+        sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         requested: list[str] = []
         outside: list[str] = []
@@ -42,8 +53,14 @@ def test_admin_docs_render_every_operation_offline(certs, artifacts: Path) -> No
         page.goto(f"{gw.admin}/admin/docs")
         page.wait_for_selector(".opblock", timeout=15_000)
         text = page.inner_text("#swagger-ui")
-        for path in ("/admin/policy", "/admin/policy/validate", "/admin/policy/explain",
-                     "/admin/policy/history", "/admin/policy/rollback", "/admin/status"):
+        for path in (
+            "/admin/policy",
+            "/admin/policy/validate",
+            "/admin/policy/explain",
+            "/admin/policy/history",
+            "/admin/policy/rollback",
+            "/admin/status",
+        ):
             assert path in text
         assert page.locator(".opblock-put").count() == 1
         assert page.locator(".opblock-post").count() == 3

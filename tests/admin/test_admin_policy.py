@@ -26,8 +26,9 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 @pytest.fixture
 def setup(tmp_path: Path):
     config = tmp_path / "policy.yaml"
-    config.write_text(yaml.safe_dump(coder_policy({"a": "http://127.0.0.1:9",
-                                                   "b": "http://127.0.0.1:10"})))
+    config.write_text(
+        yaml.safe_dump(coder_policy({"a": "http://127.0.0.1:9", "b": "http://127.0.0.1:10"}))
+    )
     settings = Settings(config=config, state_dir=tmp_path / "state", admin_token=TOKEN)
     gw = Gateway(settings, compile_policy(load_policy(config)))
     store = PolicyStore(gw.policy, config, settings.state_dir)
@@ -45,8 +46,9 @@ def _edited(config: Path, **route_changes) -> bytes:
 async def test_admin_needs_the_token(setup) -> None:
     _, _, client, _ = setup
     assert (await client.get("/admin/policy")).status_code == 401
-    assert (await client.get("/admin/policy", headers={"authorization": "Bearer no"})
-            ).status_code == 401
+    assert (
+        await client.get("/admin/policy", headers={"authorization": "Bearer no"})
+    ).status_code == 401
     assert (await client.get("/metrics")).status_code == 200
 
 
@@ -61,8 +63,7 @@ async def test_get_put_with_etag(setup) -> None:
     assert r.status_code == 200, r.text
     assert any("routes.coder.defaults.temperature" in c for c in r.json()["changes"])
     assert gw.policy.current.version == r.json()["version"] != etag.strip('"')
-    assert yaml.safe_load(config.read_text())["routes"]["coder"]["defaults"] == {
-        "temperature": 0.6}
+    assert yaml.safe_load(config.read_text())["routes"]["coder"]["defaults"] == {"temperature": 0.6}
     # The old ETag is stale now.
     r = await client.put("/admin/policy", content=new, headers={**AUTH, "if-match": etag})
     assert r.status_code == 412
@@ -72,23 +73,30 @@ async def test_concurrent_puts_with_the_same_etag(setup) -> None:
     _, _, client, config = setup
     etag = (await client.get("/admin/policy", headers=AUTH)).headers["etag"]
     bodies = [_edited(config, defaults={"temperature": t}) for t in (0.5, 0.6)]
-    results = await asyncio.gather(*(client.put("/admin/policy", content=b,
-                                                headers={**AUTH, "if-match": etag})
-                                     for b in bodies))
+    results = await asyncio.gather(
+        *(
+            client.put("/admin/policy", content=b, headers={**AUTH, "if-match": etag})
+            for b in bodies
+        )
+    )
     assert sorted(r.status_code for r in results) == [200, 412]
 
 
-@pytest.mark.parametrize(("change", "needle"), [
-    ({"variants": ["a", "nope"]}, "nope"),
-    ({"defaults": {"temperature": "hot"}}, "temperature"),
-    ({"rules": [{"name": "x", "kind": "load", "use": "zz", "max_in_flight": 2}]}, "zz"),
-])
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"variants": ["a", "nope"]}, "nope"),
+        ({"defaults": {"temperature": "hot"}}, "temperature"),
+        ({"rules": [{"name": "x", "kind": "load", "use": "zz", "max_in_flight": 2}]}, "zz"),
+    ],
+)
 async def test_invalid_put_changes_nothing(setup, change, needle) -> None:
     gw, store, client, config = setup
     before_file, before_version = config.read_bytes(), gw.policy.current.version
     etag = (await client.get("/admin/policy", headers=AUTH)).headers["etag"]
-    r = await client.put("/admin/policy", content=_edited(config, **change),
-                         headers={**AUTH, "if-match": etag})
+    r = await client.put(
+        "/admin/policy", content=_edited(config, **change), headers={**AUTH, "if-match": etag}
+    )
     assert r.status_code == 422
     assert needle in r.json()["error"]["message"]
     assert config.read_bytes() == before_file
@@ -100,23 +108,31 @@ async def test_validate_explain_history_rollback(setup) -> None:
     gw, store, client, config = setup
     r = await client.post("/admin/policy/validate", content=b"schema: 1\n", headers=AUTH)
     assert r.status_code == 422
-    r = await client.post("/admin/policy/explain", headers=AUTH, json={
-        "request": {"model": "coder", "messages": [{"role": "user", "content": "hi"}]},
-        "client": "agent", "state": {"backends": {"a": {"health": "down"}}}})
+    r = await client.post(
+        "/admin/policy/explain",
+        headers=AUTH,
+        json={
+            "request": {"model": "coder", "messages": [{"role": "user", "content": "hi"}]},
+            "client": "agent",
+            "state": {"backends": {"a": {"health": "down"}}},
+        },
+    )
     decision = r.json()["decision"]
     assert decision["backend"] == "b" and decision["verdicts"]
     first = gw.policy.current.version
     etag = (await client.get("/admin/policy", headers=AUTH)).headers["etag"]
-    await client.put("/admin/policy", content=_edited(config, defaults={}),
-                     headers={**AUTH, "if-match": etag})
+    await client.put(
+        "/admin/policy", content=_edited(config, defaults={}), headers={**AUTH, "if-match": etag}
+    )
     history = (await client.get("/admin/policy/history", headers=AUTH)).json()["history"]
     assert [h["number"] for h in history] == [1, 2]
     # Rollback is a conditional change like PUT (test_admin_semantics: 428 without If-Match).
     anyv = {**AUTH, "if-match": "*"}
     r = await client.post("/admin/policy/rollback", json={"version": 1}, headers=anyv)
     assert r.status_code == 200 and gw.policy.current.version == first
-    assert (await client.post("/admin/policy/rollback", json={"version": 99},
-                              headers=anyv)).status_code == 404
+    assert (
+        await client.post("/admin/policy/rollback", json={"version": 99}, headers=anyv)
+    ).status_code == 404
 
 
 async def test_file_edits_are_applied_or_refused(setup) -> None:

@@ -28,8 +28,9 @@ AUTH = {"authorization": f"Bearer {TOKEN}"}
 @pytest.fixture
 def admin(tmp_path: Path):
     config = tmp_path / "policy.yaml"
-    config.write_text(yaml.safe_dump(coder_policy({"a": "http://127.0.0.1:9",
-                                                   "b": "http://127.0.0.1:10"})))
+    config.write_text(
+        yaml.safe_dump(coder_policy({"a": "http://127.0.0.1:9", "b": "http://127.0.0.1:10"}))
+    )
     settings = Settings(config=config, state_dir=tmp_path / "state", admin_token=TOKEN)
     gw = Gateway(settings, compile_policy(load_policy(config)))
     store = PolicyStore(gw.policy, config, settings.state_dir)
@@ -47,8 +48,9 @@ async def _get(client: httpx.AsyncClient) -> httpx.Response:
 async def test_get_body_round_trips_through_put(admin) -> None:
     gw, store, client = admin
     got = await _get(client)
-    r = await client.put("/admin/policy", content=got.content,
-                         headers={**AUTH, "if-match": got.headers["etag"]})
+    r = await client.put(
+        "/admin/policy", content=got.content, headers={**AUTH, "if-match": got.headers["etag"]}
+    )
     assert r.status_code == 200, r.text
     assert r.json()["version"] == got.json()["version"] == gw.policy.current.version
     assert r.json()["changes"] == [] and r.headers["etag"] == got.headers["etag"]
@@ -56,12 +58,14 @@ async def test_get_body_round_trips_through_put(admin) -> None:
     # The wrapper edited: its document is what gets applied.
     edited = got.json()
     edited["document"]["routes"]["coder"]["defaults"] = {"temperature": 0.4}
-    r = await client.put("/admin/policy", json=edited,
-                         headers={**AUTH, "if-match": got.headers["etag"]})
+    r = await client.put(
+        "/admin/policy", json=edited, headers={**AUTH, "if-match": got.headers["etag"]}
+    )
     assert r.status_code == 200, r.text
     assert gw.policy.current.document.routes["coder"].defaults == {"temperature": 0.4}
     assert yaml.safe_load(store.config.read_text())["routes"]["coder"]["defaults"] == {
-        "temperature": 0.4}
+        "temperature": 0.4
+    }
     # validate takes the same bodies.
     r = await client.post("/admin/policy/validate", content=got.content, headers=AUTH)
     assert r.json() == {"valid": True, "version": got.json()["version"]}
@@ -78,8 +82,9 @@ async def test_a_stale_if_match_answers_412_before_the_body_is_judged(admin) -> 
     assert r.status_code == 412
     # With a current ETag the same invalid body is judged: 422, nothing applied.
     etag = (await _get(client)).headers["etag"]
-    r = await client.put("/admin/policy", content=b"routes: [broken",
-                         headers={**AUTH, "if-match": etag})
+    r = await client.put(
+        "/admin/policy", content=b"routes: [broken", headers={**AUTH, "if-match": etag}
+    )
     assert r.status_code == 422 and "YAML" in r.json()["error"]["message"]
     assert len(store.history()) == 1
 
@@ -90,19 +95,28 @@ async def test_rollback_needs_if_match_and_is_a_no_op_onto_the_running_version(a
     r = await client.post("/admin/policy/rollback", json={"version": 1}, headers=AUTH)
     assert r.status_code == 428
     # #1 is running: 200 with it, no new history entry, nothing written.
-    r = await client.post("/admin/policy/rollback", json={"version": 1},
-                          headers={**AUTH, "if-match": first.headers["etag"]})
+    r = await client.post(
+        "/admin/policy/rollback",
+        json={"version": 1},
+        headers={**AUTH, "if-match": first.headers["etag"]},
+    )
     assert r.status_code == 200, r.text
     assert r.json() == {"version": first.json()["version"], "number": 1, "changes": []}
     assert [h["number"] for h in store.history()] == [1]
     # A real change, then rolling back to #1 applies it again as #3.
     doc = first.json()["document"]
     doc["routes"]["coder"]["defaults"] = {"temperature": 0.3}
-    r = await client.put("/admin/policy", content=yaml.safe_dump(doc),
-                         headers={**AUTH, "if-match": first.headers["etag"]})
+    r = await client.put(
+        "/admin/policy",
+        content=yaml.safe_dump(doc),
+        headers={**AUTH, "if-match": first.headers["etag"]},
+    )
     assert r.status_code == 200
-    r = await client.post("/admin/policy/rollback", json={"version": 1},
-                          headers={**AUTH, "if-match": r.headers["etag"]})
+    r = await client.post(
+        "/admin/policy/rollback",
+        json={"version": 1},
+        headers={**AUTH, "if-match": r.headers["etag"]},
+    )
     assert r.status_code == 200 and r.json()["number"] == 3 and r.json()["changes"]
     assert gw.policy.current.version == first.json()["version"]
     assert r.headers["etag"] == first.headers["etag"]
@@ -137,10 +151,15 @@ async def test_the_admin_openapi_describes_every_operation(admin) -> None:
     assert r.status_code == 200
     spec = r.json()
     ops = {(m.upper(), p) for p, item in spec["paths"].items() for m in item}
-    assert {("GET", "/admin/policy"), ("PUT", "/admin/policy"),
-            ("POST", "/admin/policy/validate"), ("POST", "/admin/policy/explain"),
-            ("GET", "/admin/policy/history"), ("POST", "/admin/policy/rollback"),
-            ("GET", "/admin/status")} <= ops
+    assert {
+        ("GET", "/admin/policy"),
+        ("PUT", "/admin/policy"),
+        ("POST", "/admin/policy/validate"),
+        ("POST", "/admin/policy/explain"),
+        ("GET", "/admin/policy/history"),
+        ("POST", "/admin/policy/rollback"),
+        ("GET", "/admin/status"),
+    } <= ops
     put = spec["paths"]["/admin/policy"]["put"]
     assert {"401", "412", "422", "428"} <= put["responses"].keys()
     assert put["security"] == [{"HTTPBearer": []}]
@@ -170,7 +189,8 @@ async def test_a_file_poll_while_a_put_is_applied_records_it_once(admin, monkeyp
 
     put, polled = await asyncio.gather(
         client.put("/admin/policy", json=doc, headers={**AUTH, "if-match": got.headers["etag"]}),
-        poll_meanwhile())
+        poll_meanwhile(),
+    )
     assert put.status_code == 200 and polled is False
     assert [h["who"] for h in store.history()] == ["startup", "admin"]
     assert gw.policy.current.version == put.json()["version"]

@@ -18,8 +18,10 @@ SERVED = "qwen3.8-27b"
 
 
 def test_snapshot_needs_a_token(certs) -> None:
-    with SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as sim, \
-            GatewayServer(coder_policy({"a": sim.url}), certs=certs) as gw:
+    with (
+        SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as sim,
+        GatewayServer(coder_policy({"a": sim.url}), certs=certs) as gw,
+    ):
         assert httpx.get(gw.admin + "/dashboard/snapshot").status_code == 401
         assert httpx.get(gw.admin + "/dashboard").status_code == 401
         snap = gw.admin_get("/dashboard/snapshot").json()
@@ -31,14 +33,27 @@ def test_snapshot_needs_a_token(certs) -> None:
 def test_dashboard_shows_requests_live_in_chromium(certs, artifacts: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.25,
-                   spec_metrics="summary") as sim, \
-            GatewayServer(coder_policy({"coder-dflash7": sim.url}), certs=certs,
-                          args=("--admin-tls",)) as gw, \
-            sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+    with (
+        SimServer(
+            "dflash7-prob-block", served_model_name=SERVED, time_scale=0.25, spec_metrics="summary"
+        ) as sim,
+        GatewayServer(
+            coder_policy({"coder-dflash7": sim.url}), certs=certs, args=("--admin-tls",)
+        ) as gw,
+        sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1440, "height": 900}, ignore_https_errors=True)
         urls: list[str] = []
         page.on("request", lambda req: urls.append(req.url))
@@ -57,9 +72,20 @@ def test_dashboard_shows_requests_live_in_chromium(certs, artifacts: Path) -> No
         page.on("pageerror", lambda exc: errors.append(str(exc)))
 
         def stream(i: int) -> None:
-            with gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
-                    "model": "coder", "stream": True, "max_tokens": 160, "seed": i,
-                    "messages": [{"role": "user", "content": f"Refactor `lib/m{i}.py`."}]}) as r:
+            with (
+                gw.client() as c,
+                c.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json={
+                        "model": "coder",
+                        "stream": True,
+                        "max_tokens": 160,
+                        "seed": i,
+                        "messages": [{"role": "user", "content": f"Refactor `lib/m{i}.py`."}],
+                    },
+                ) as r,
+            ):
                 r.read()
 
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
@@ -67,18 +93,22 @@ def test_dashboard_shows_requests_live_in_chromium(certs, artifacts: Path) -> No
             t.start()
         # In flight first, with the variant that serves them...
         page.wait_for_function(
-            "document.querySelectorAll('#inflight tbody tr').length >= 1", timeout=10_000)
+            "document.querySelectorAll('#inflight tbody tr').length >= 1", timeout=10_000
+        )
         assert "coder-dflash7" in page.inner_text("#inflight")
         for t in threads:
             t.join(timeout=60)
         # ...then completed, with their TTFT and tokens per step.
         page.wait_for_function(
             "document.querySelectorAll('#recent tbody tr').length >= 3 && "
-            "document.querySelectorAll('#inflight tbody tr').length === 0", timeout=10_000)
+            "document.querySelectorAll('#inflight tbody tr').length === 0",
+            timeout=10_000,
+        )
         first = page.locator("#recent tbody tr").first.inner_text()
         assert " ms" in first and "ok" in first
         page.wait_for_function(
-            "document.querySelector('#backends tbody .bars') !== null", timeout=15_000)
+            "document.querySelector('#backends tbody .bars') !== null", timeout=15_000
+        )
         page.screenshot(path=str(artifacts / "dashboard.png"), full_page=True)
         assert errors == []
         # Logging out ends the session on the server, not only in this browser.
@@ -86,8 +116,12 @@ def test_dashboard_shows_requests_live_in_chromium(certs, artifacts: Path) -> No
         page.wait_for_selector("input[name=token]", timeout=10_000)
         assert page.context.cookies() == []
         ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
-        stale = httpx.get(gw.admin + "/dashboard/snapshot", verify=ctx, timeout=10,
-                          cookies={cookie["name"]: cookie["value"]})
+        stale = httpx.get(
+            gw.admin + "/dashboard/snapshot",
+            verify=ctx,
+            timeout=10,
+            cookies={cookie["name"]: cookie["value"]},
+        )
         assert stale.status_code == 401
         browser.close()
         assert not any(ADMIN_TOKEN in url for url in urls), urls

@@ -13,11 +13,19 @@ from proxy.throttle import AuthThrottle
 T = "t" * 40
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (T, ("admin", T)), (f"alice={T}", ("alice", T)),
-    ("YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXo==", ("admin", "YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXo==")),
-    (f"=x{T}", ("admin", f"=x{T}")), (f"a b={T}", ("admin", f"a b={T}")),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (T, ("admin", T)),
+        (f"alice={T}", ("alice", T)),
+        (
+            "YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXo==",
+            ("admin", "YWJjZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXo=="),
+        ),
+        (f"=x{T}", ("admin", f"=x{T}")),
+        (f"a b={T}", ("admin", f"a b={T}")),
+    ],
+)
 def test_a_token_setting_names_its_token(value: str, expected: tuple[str, str]) -> None:
     assert named_token(value, "admin") == expected
 
@@ -31,8 +39,12 @@ def test_settings_take_one_token_or_several_with_unique_names() -> None:
 
 def test_token_name_finds_the_matching_name_only() -> None:
     digests = {"admin": hash_key("one"), "ci": hash_key("two")}
-    assert [token_name(t, digests) for t in ("one", "two", "three", None)] == \
-        ["admin", "ci", None, None]
+    assert [token_name(t, digests) for t in ("one", "two", "three", None)] == [
+        "admin",
+        "ci",
+        None,
+        None,
+    ]
 
 
 def test_throttle_counts_a_minute_of_failures_and_forgets_the_oldest_source() -> None:

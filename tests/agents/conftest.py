@@ -21,6 +21,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
 @pytest.fixture(scope="session")
 def agents() -> Path:
     """The agents' install cache (scripts/agents.sh installs what is missing)."""
-    done = subprocess.run([str(ROOT / "scripts" / "agents.sh")], capture_output=True, text=True,
-                          timeout=900, check=True)
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "agents.sh")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
     return Path(done.stdout.strip().splitlines()[-1])

@@ -77,8 +77,12 @@ class Demo:
 
     def env(self) -> dict[str, str]:
         """What README.md's Clients section exports, for this demo."""
-        return {**os.environ, "SPECROUTER_URL": self.base, "SPECROUTER_CA": self.ca,
-                "SPECROUTER_KEY": self.key}
+        return {
+            **os.environ,
+            "SPECROUTER_URL": self.base,
+            "SPECROUTER_CA": self.ca,
+            "SPECROUTER_KEY": self.key,
+        }
 
     def rows(self, since: float) -> list[sqlite3.Row]:
         """Request-log rows of requests that arrived after `since` (waits for the writer)."""
@@ -86,8 +90,9 @@ class Demo:
         conn = sqlite3.connect(self.state / "requests.sqlite3")
         conn.row_factory = sqlite3.Row
         try:
-            return conn.execute("SELECT * FROM requests WHERE time >= ? ORDER BY time",
-                                (since,)).fetchall()
+            return conn.execute(
+                "SELECT * FROM requests WHERE time >= ? ORDER BY time", (since,)
+            ).fetchall()
         finally:
             conn.close()
 
@@ -98,12 +103,26 @@ class Demo:
 def start_demo(tmp: Path, *, time_scale: float = 0.1, timeout: float = 60.0) -> Demo:
     port, admin_port = free_port(), free_port()
     state = tmp / "state"
-    cmd = [sys.executable, "-m", "proxy.cli", "demo", "--state-dir", str(state),
-           "--policy", str(policy_on_free_ports(tmp / "demo.yaml")),
-           "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
-           "--time-scale", str(time_scale), "--access-log"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "proxy.cli",
+        "demo",
+        "--state-dir",
+        str(state),
+        "--policy",
+        str(policy_on_free_ports(tmp / "demo.yaml")),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--admin-listen",
+        f"127.0.0.1:{admin_port}",
+        "--time-scale",
+        str(time_scale),
+        "--access-log",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     assert proc.stdout is not None
     lines: list[str] = []
     deadline = time.monotonic() + timeout

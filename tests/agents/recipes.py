@@ -16,11 +16,23 @@ def recipes() -> dict[str, str]:
     return dict(_RECIPE.findall((ROOT / "README.md").read_text()))
 
 
-def run_recipe(name: str, demo: Demo, cwd: Path, *, extra_path: tuple[Path, ...] = (),
-               env: dict[str, str] | None = None, timeout: float = 60
-               ) -> subprocess.CompletedProcess[str]:
+def run_recipe(
+    name: str,
+    demo: Demo,
+    cwd: Path,
+    *,
+    extra_path: tuple[Path, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
     """The recipe through bash, with the demo's three exports; bounded to `timeout` seconds."""
     full = {**demo.env(), **(env or {})}
     full["PATH"] = os.pathsep.join([*map(str, extra_path), full["PATH"]])
-    return subprocess.run(["bash", "-c", recipes()[name]], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", "-c", recipes()[name]],
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

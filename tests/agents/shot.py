@@ -46,10 +46,20 @@ def drive(demo: Demo, keys: dict[str, str], tmp: Path, agents: Path) -> None:
     (home / "config.toml").write_text(config)
     (tmp / "hello.py").write_text("def hello():\n    return 'hi'\n")
     for _ in range(2):
-        run_recipe("codex", demo, tmp, extra_path=(npm_bin,),
-                   env={"CODEX_HOME": str(home), "SPECROUTER_KEY": keys["codex"]})
-        run_recipe("aider", demo, tmp, extra_path=(aider_bin,),
-                   env={"HOME": str(tmp), "SPECROUTER_KEY": keys["aider"]})
+        run_recipe(
+            "codex",
+            demo,
+            tmp,
+            extra_path=(npm_bin,),
+            env={"CODEX_HOME": str(home), "SPECROUTER_KEY": keys["codex"]},
+        )
+        run_recipe(
+            "aider",
+            demo,
+            tmp,
+            extra_path=(aider_bin,),
+            env={"HOME": str(tmp), "SPECROUTER_KEY": keys["aider"]},
+        )
         # Streaming without tools: the simulator's /v1/messages refuses tools (test_anthropic.py).
         script = recipes()["anthropic-python"].replace("tools=[bash],", "")
         env = {**demo.env(), "SPECROUTER_KEY": keys["anthropic-sdk"]}
@@ -62,15 +72,23 @@ def photograph(demo: Demo, out: Path) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     admin = f"http://127.0.0.1:{demo.admin_port}"
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, args=[
-            "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
+        browser = pw.chromium.launch(
+            executable_path=chromium,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1440, "height": 900})
         page.goto(f"{admin}/dashboard")
         page.fill("input[name=token]", demo.admin_token)
         page.click("button[type=submit]")
         page.wait_for_selector("#status.live", timeout=10_000)
-        page.wait_for_function("document.querySelectorAll('#recent tbody tr').length >= 6",
-                               timeout=20_000)
+        page.wait_for_function(
+            "document.querySelectorAll('#recent tbody tr').length >= 6", timeout=20_000
+        )
         time.sleep(2)
         page.screenshot(path=str(out), full_page=True)
         browser.close()
@@ -78,8 +96,11 @@ def photograph(demo: Demo, out: Path) -> None:
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else ROOT / "docs" / "dashboard-agents.png"
-    agents = Path(subprocess.run([str(ROOT / "scripts" / "agents.sh")], capture_output=True,
-                                 text=True, check=True).stdout.split()[-1])
+    agents = Path(
+        subprocess.run(
+            [str(ROOT / "scripts" / "agents.sh")], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+    )
     with tempfile.TemporaryDirectory() as tmp:
         demo = start_demo(Path(tmp), time_scale=0.5)
         try:

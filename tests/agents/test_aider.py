@@ -19,8 +19,9 @@ def test_aider_completes_on_a_scratch_file(demo: Demo, agents: Path, tmp_path: P
         pytest.skip(f"aider is not installed in {bin_dir} (scripts/agents.sh)")
     (tmp_path / "hello.py").write_text("def hello():\n    return 'hi'\n")
     since = time.time()
-    done = run_recipe("aider", demo, tmp_path, extra_path=(bin_dir,),
-                      env={"HOME": str(tmp_path)})  # aider writes its caches under HOME
+    done = run_recipe(
+        "aider", demo, tmp_path, extra_path=(bin_dir,), env={"HOME": str(tmp_path)}
+    )  # aider writes its caches under HOME
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     rows = demo.rows(since)

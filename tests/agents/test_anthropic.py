@@ -24,8 +24,9 @@ AUTO_TOOLS_400 = '"auto" tool choice requires --enable-auto-tool-choice and --to
 
 def _known_sim_gap(returncode: int, output: str) -> None:
     if returncode != 0 and AUTO_TOOLS_400 in output:
-        pytest.xfail("the simulator's /v1/messages refuses every request with tools: "
-                     + AUTO_TOOLS_400)
+        pytest.xfail(
+            "the simulator's /v1/messages refuses every request with tools: " + AUTO_TOOLS_400
+        )
 
 
 def _logged_ok(demo: Demo, since: float) -> None:
@@ -51,8 +52,9 @@ def test_claude_code_print_mode(demo: Demo, agents: Path, tmp_path: Path) -> Non
     if not (bin_dir / "claude").exists():
         pytest.skip(f"claude is not installed in {bin_dir} (scripts/agents.sh)")
     since = time.time()
-    done = run_recipe("claude-code", demo, tmp_path, extra_path=(bin_dir,),
-                      env={"HOME": str(tmp_path)})  # its settings and sessions: not the user's
+    done = run_recipe(
+        "claude-code", demo, tmp_path, extra_path=(bin_dir,), env={"HOME": str(tmp_path)}
+    )  # its settings and sessions: not the user's
     _known_sim_gap(done.returncode, done.stdout + done.stderr)
     assert done.returncode == 0, done.stdout + done.stderr
     _logged_ok(demo, since)

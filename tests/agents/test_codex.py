@@ -25,8 +25,7 @@ def test_codex_exec_runs_an_agent_loop(demo: Demo, agents: Path, tmp_path: Path)
     config = recipes()["codex-config"].replace("https://127.0.0.1:8443/v1", demo.base)
     (home / "config.toml").write_text(config)
     since = time.time()
-    done = run_recipe("codex", demo, work, extra_path=(bin_dir,),
-                      env={"CODEX_HOME": str(home)})
+    done = run_recipe("codex", demo, work, extra_path=(bin_dir,), env={"CODEX_HOME": str(home)})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert "sandbox: workspace-write" in out
@@ -36,8 +35,9 @@ def test_codex_exec_runs_an_agent_loop(demo: Demo, agents: Path, tmp_path: Path)
     for row in rows:
         # Seen under load: Codex sometimes hangs up before the stream's own end; the gateway
         # logs client_gone, which counts here only once the answer's finish was relayed.
-        assert row["outcome"] == "ok" or (row["outcome"] == "client_gone"
-                                          and row["finish_reason"] is not None), dict(row)
+        assert row["outcome"] == "ok" or (
+            row["outcome"] == "client_gone" and row["finish_reason"] is not None
+        ), dict(row)
         assert row["completion_tokens"] > 0
         # TTFT at the first generated token: after the engine was asked, before the end.
         assert row["ttft_s"] is not None and 0 < row["ttft_s"] <= row["e2e_s"]

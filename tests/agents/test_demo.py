@@ -47,10 +47,17 @@ def test_banner_commands_run_as_printed(demo: Demo) -> None:
 
 
 def test_access_log_has_one_line_per_request_without_content(demo: Demo) -> None:
-    body = {"model": "coder", "max_tokens": 8,
-            "messages": [{"role": "user", "content": "secret-prompt-words"}]}
-    resp = httpx.post(demo.base + "/chat/completions", json=body, verify=_ctx(demo),
-                      headers={"authorization": f"Bearer {demo.key}", "x-request-id": "acc-1"})
+    body = {
+        "model": "coder",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "secret-prompt-words"}],
+    }
+    resp = httpx.post(
+        demo.base + "/chat/completions",
+        json=body,
+        verify=_ctx(demo),
+        headers={"authorization": f"Bearer {demo.key}", "x-request-id": "acc-1"},
+    )
     assert resp.status_code == 200
     wait_for(lambda: "acc-1 client=demo-agent chat " in demo.terminal(), "access line", demo)
     line = next(x for x in demo.terminal().splitlines() if "acc-1 client=demo-agent" in x)
@@ -64,12 +71,24 @@ def test_terminal_shows_backend_down_and_up(demo: Demo) -> None:
     httpx.post(url.group(1) + "/_sim/faults", json={"mode": "health_fail"}).raise_for_status()
     try:
         # Within its startup window a failing engine is "starting" (still loading), then "down".
-        wait_for(lambda: re.search(r"backend coder-mtp3 is (down|starting) \(was up\)",
-                                   demo.terminal()) is not None, "down", demo)
+        wait_for(
+            lambda: (
+                re.search(r"backend coder-mtp3 is (down|starting) \(was up\)", demo.terminal())
+                is not None
+            ),
+            "down",
+            demo,
+        )
     finally:
         httpx.delete(url.group(1) + "/_sim/faults").raise_for_status()
-    wait_for(lambda: re.search(r"backend coder-mtp3 is up \(was (down|starting)\)",
-                               demo.terminal()) is not None, "up", demo)
+    wait_for(
+        lambda: (
+            re.search(r"backend coder-mtp3 is up \(was (down|starting)\)", demo.terminal())
+            is not None
+        ),
+        "up",
+        demo,
+    )
 
 
 def test_terminal_shows_a_refused_policy_file(demo: Demo) -> None:
@@ -77,8 +96,11 @@ def test_terminal_shows_a_refused_policy_file(demo: Demo) -> None:
     good = policy.read_bytes()
     policy.write_text("schema: 1\nbackends: {}\nroutes: nonsense\n")
     try:
-        wait_for(lambda: f"edited policy file {policy} refused" in demo.terminal(),
-                 "refused policy file", demo)
+        wait_for(
+            lambda: f"edited policy file {policy} refused" in demo.terminal(),
+            "refused policy file",
+            demo,
+        )
     finally:
         policy.write_bytes(good)
 

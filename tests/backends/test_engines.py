@@ -29,12 +29,15 @@ def test_same_conversation_same_engine_and_different_ones_spread() -> None:
     assert set(picks) == set(URLS) and min(picks.values()) > 60
 
 
-@pytest.mark.parametrize(("loads", "expected"), [
-    ({"http://a:1": 0, "http://b:1": 0, "http://c:1": 0}, "preferred"),
-    ({"http://a:1": 2, "http://b:1": 2, "http://c:1": 2}, "preferred"),
-    # The preferred engine is clearly busier than the others: go to the least loaded.
-    ({"http://a:1": 9, "http://b:1": 9, "http://c:1": 0}, "least"),
-])
+@pytest.mark.parametrize(
+    ("loads", "expected"),
+    [
+        ({"http://a:1": 0, "http://b:1": 0, "http://c:1": 0}, "preferred"),
+        ({"http://a:1": 2, "http://b:1": 2, "http://c:1": 2}, "preferred"),
+        # The preferred engine is clearly busier than the others: go to the least loaded.
+        ({"http://a:1": 9, "http://b:1": 9, "http://c:1": 0}, "least"),
+    ],
+)
 def test_bounded_load(loads, expected) -> None:
     eps = EngineTable()
     key = prefix_affinity({"prompt": "def f():"})
@@ -60,19 +63,27 @@ def test_down_engines_are_skipped_and_no_affinity_means_least_loaded() -> None:
 
 
 def test_two_engines_behind_one_variant(certs) -> None:
-    with SimServer("mtp3", served_model_name="m", time_scale=0.02) as e1, \
-            SimServer("mtp3", served_model_name="m", time_scale=0.02) as e2:
+    with (
+        SimServer("mtp3", served_model_name="m", time_scale=0.02) as e1,
+        SimServer("mtp3", served_model_name="m", time_scale=0.02) as e2,
+    ):
         policy = coder_policy({"coder": e1.url}, served="m")
-        policy["backends"]["coder"] = {"urls": [e1.url, e2.url], "task": "generate",
-                                       "served_model_name": "m"}
+        policy["backends"]["coder"] = {
+            "urls": [e1.url, e2.url],
+            "task": "generate",
+            "served_model_name": "m",
+        }
         with GatewayServer(policy, certs=certs) as gw, gw.client() as c:
+
             def ask(i: int, turn: int = 0) -> int:
                 msgs = [{"role": "user", "content": f"conversation {i}"}]
                 msgs += [{"role": "assistant", "content": "ok"}] * turn
-                r = c.post("/v1/chat/completions", json={"model": "m", "messages": msgs,
-                                                         "max_tokens": 2})
+                r = c.post(
+                    "/v1/chat/completions", json={"model": "m", "messages": msgs, "max_tokens": 2}
+                )
                 assert r.status_code == 200
                 return 0
+
             before = (e1.stats()["requests"], e2.stats()["requests"])
             for i in range(20):
                 ask(i)

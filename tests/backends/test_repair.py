@@ -34,17 +34,32 @@ def _health(gw: GatewayServer, name: str) -> str:
 
 def test_repair_restarts_a_dead_backend_within_limits(certs, tmp_path) -> None:
     pidfile = tmp_path / "pids"
-    with SimServer("dflash7-prob-block", served_model_name="qwen3.8-27b",
-                   time_scale=0.02) as deep, \
-            SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.02) as shallow:
+    with (
+        SimServer("dflash7-prob-block", served_model_name="qwen3.8-27b", time_scale=0.02) as deep,
+        SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.02) as shallow,
+    ):
         port = str(urlsplit(deep.url).port)
         policy = coder_policy({"deep": deep.url, "shallow": shallow.url})
-        policy["backends"]["deep"].update({
-            "startup_s": 5,
-            "repair": {"action": "restart-deep", "after_down_s": 0.5, "max_per_hour": 2}})
+        policy["backends"]["deep"].update(
+            {
+                "startup_s": 5,
+                "repair": {"action": "restart-deep", "after_down_s": 0.5, "max_per_hour": 2},
+            }
+        )
         # The command is the operator's (a server-side file); the policy only names it.
-        operator = {"actions": {"restart-deep": {"command": [
-            sys.executable, str(RESTART_SIM), port, str(pidfile), "dflash7-prob-block"]}}}
+        operator = {
+            "actions": {
+                "restart-deep": {
+                    "command": [
+                        sys.executable,
+                        str(RESTART_SIM),
+                        port,
+                        str(pidfile),
+                        "dflash7-prob-block",
+                    ]
+                }
+            }
+        }
         policy["health"] = {"fail_after": 2, "recover_after": 1}
         try:
             with GatewayServer(policy, certs=certs, operator=operator) as gw:
@@ -56,9 +71,14 @@ def test_repair_restarts_a_dead_backend_within_limits(certs, tmp_path) -> None:
                 def traffic() -> None:
                     with gw.client() as c:
                         while not stop.is_set():
-                            r = c.post("/v1/chat/completions", json={
-                                "model": "coder", "max_tokens": 4,
-                                "messages": [{"role": "user", "content": "x"}]})
+                            r = c.post(
+                                "/v1/chat/completions",
+                                json={
+                                    "model": "coder",
+                                    "max_tokens": 4,
+                                    "messages": [{"role": "user", "content": "x"}],
+                                },
+                            )
                             statuses[r.status_code] += 1
 
                 t = threading.Thread(target=traffic)
@@ -80,8 +100,9 @@ def test_repair_restarts_a_dead_backend_within_limits(certs, tmp_path) -> None:
                 t.join(timeout=30)
                 assert set(statuses) == {200}, statuses  # the fallback served meanwhile
                 metrics = gw.metrics()
-                assert re.search(r'specrouter_repairs_total\{backend="deep",result="ok"\} 2',
-                                 metrics)
+                assert re.search(
+                    r'specrouter_repairs_total\{backend="deep",result="ok"\} 2', metrics
+                )
                 snap = gw.admin_get("/dashboard/snapshot").json()
                 assert [r["result"] for r in snap["repairs"]] == ["ok", "ok"]
         finally:

@@ -14,8 +14,15 @@ def test_placed_then_finished_builds_the_view() -> None:
     t = SessionTable()
     assert t.view(sid(1), 0.0).engine is None
     t.placed(sid(1), "agent", "a", 1.0)
-    t.finished(sid(1).key, "a", 2.0, prompt_tokens=4000, completion_tokens=500,
-               cached_tokens=3000, decode_s=5.0)
+    t.finished(
+        sid(1).key,
+        "a",
+        2.0,
+        prompt_tokens=4000,
+        completion_tokens=500,
+        cached_tokens=3000,
+        decode_s=5.0,
+    )
     v = t.view(sid(1), 3.0)
     assert (v.engine, v.prefix_tokens, v.turns, v.out_tokens_per_turn) == ("a", 4500, 1, 500.0)
     assert v.mean_turns is None  # too few sessions for a mean
@@ -24,8 +31,9 @@ def test_placed_then_finished_builds_the_view() -> None:
 def test_a_move_forgets_the_prefix_and_counts() -> None:
     t = SessionTable()
     t.placed(sid(1), "agent", "a", 1.0)
-    t.finished(sid(1).key, "a", 2.0, prompt_tokens=4000, completion_tokens=0, cached_tokens=0,
-               decode_s=0.0)
+    t.finished(
+        sid(1).key, "a", 2.0, prompt_tokens=4000, completion_tokens=0, cached_tokens=0, decode_s=0.0
+    )
     t.placed(sid(1), "agent", "b", 3.0)
     row = t.get(sid(1).key)
     assert row is not None and (row.engine, row.prefix_tokens, row.moves) == ("b", 0, 1)
@@ -36,14 +44,23 @@ def test_bounded_least_recent_dropped_and_mean_kept() -> None:
     for n in range(MIN_SESSIONS_FOR_MEAN + 5):
         t.placed(sid(n), "agent", "a", float(n))
         for _ in range(n % 3):
-            t.finished(sid(n).key, "a", float(n), prompt_tokens=1, completion_tokens=1,
-                       cached_tokens=None, decode_s=0.0)
+            t.finished(
+                sid(n).key,
+                "a",
+                float(n),
+                prompt_tokens=1,
+                completion_tokens=1,
+                cached_tokens=None,
+                decode_s=0.0,
+            )
     assert len(t) == MIN_SESSIONS_FOR_MEAN
     assert t.get(sid(0).key) is None and t.get(sid(MIN_SESSIONS_FOR_MEAN + 4).key) is not None
     kept = [n % 3 for n in range(5, MIN_SESSIONS_FOR_MEAN + 5)]
     assert t.mean_turns() == sum(kept) / len(kept)
-    assert [k for k, _ in t.recent(2)] == [sid(MIN_SESSIONS_FOR_MEAN + 4).key,
-                                          sid(MIN_SESSIONS_FOR_MEAN + 3).key]
+    assert [k for k, _ in t.recent(2)] == [
+        sid(MIN_SESSIONS_FOR_MEAN + 4).key,
+        sid(MIN_SESSIONS_FOR_MEAN + 3).key,
+    ]
 
 
 def test_idle_and_fresh_fingerprints_are_new() -> None:

@@ -58,10 +58,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[dict[str, SimServer]]:
-    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05,
-                   max_num_seqs=64) as deep, \
-            SimServer("mtp3", served_model_name=SERVED, time_scale=0.05,
-                      max_num_seqs=64) as shallow:
+    with (
+        SimServer(
+            "dflash7-prob-block", served_model_name=SERVED, time_scale=0.05, max_num_seqs=64
+        ) as deep,
+        SimServer("mtp3", served_model_name=SERVED, time_scale=0.05, max_num_seqs=64) as shallow,
+    ):
         yield {"deep": deep, "shallow": shallow}
 
 
@@ -72,15 +74,19 @@ def pair(sims: dict[str, SimServer]) -> tuple[SimServer, SimServer]:
         if sim.proc is None or sim.proc.poll() is not None:
             sim.restart()
         sim.clear_faults()
-    _wait(lambda: all(s.stats()["running"] == 0 and s.stats()["waiting"] == 0
-                      for s in sims.values()), 15, "engines idle")
+    _wait(
+        lambda: all(s.stats()["running"] == 0 and s.stats()["waiting"] == 0 for s in sims.values()),
+        15,
+        "engines idle",
+    )
     return sims["deep"], sims["shallow"]
 
 
 def _policy(deep: SimServer, shallow: SimServer, *, continuation: bool = False) -> dict[str, Any]:
-    doc = coder_policy({"deep": deep.url, "shallow": shallow.url},
-                       rules=[{"name": "other-shallow", "kind": "client", "clients": ["other"],
-                               "use": "shallow"}])
+    doc = coder_policy(
+        {"deep": deep.url, "shallow": shallow.url},
+        rules=[{"name": "other-shallow", "kind": "client", "clients": ["other"], "use": "shallow"}],
+    )
     for backend in doc["backends"].values():
         backend.update({"startup_s": 0, "max_concurrency": 64})
     doc["routes"]["coder"]["continuation"] = continuation
@@ -145,11 +151,17 @@ def _served_again(gw: GatewayServer, key: str, backend: str, timeout: float = 10
 
 # -- scenarios ----------------------------------------------------------------------------------
 
+
 def test_backend_killed_under_16_stream_load(certs, pair) -> None:
     deep, shallow = pair
-    with GatewayServer(_policy(deep, shallow), certs=certs,
-                       args=("--first-byte-timeout", "5", "--idle-timeout", "5")) as gw, \
-            HealthWatch(gw) as watch:
+    with (
+        GatewayServer(
+            _policy(deep, shallow),
+            certs=certs,
+            args=("--first-byte-timeout", "5", "--idle-timeout", "5"),
+        ) as gw,
+        HealthWatch(gw) as watch,
+    ):
         load = Load(_target(gw), KEYS, workers=STREAMS, deadline_s=20).start()
         try:
             _wait(lambda: len(load.outcomes) >= STREAMS, 15, "warm-up")
@@ -167,8 +179,7 @@ def test_backend_killed_under_16_stream_load(certs, pair) -> None:
         # Only the streams open on deep when it died: each ends with an error event + [DONE].
         assert all(o.kind == "error_event" and o.t0 < t_down for o in errors), errors
         assert len(errors) <= STREAMS
-        assert any(o.kind == "ok" and o.backend == "shallow" and t_kill < o.t0 < t_up
-                   for o in outs)
+        assert any(o.kind == "ok" and o.backend == "shallow" and t_kill < o.t0 < t_up for o in outs)
         after = [o for o in outs if o.t0 > t_up + 0.5]
         assert after and all(o.kind == "ok" for o in after), _describe(after)
         _clean(gw, (deep, shallow))
@@ -180,9 +191,11 @@ RELAYS = pytest.mark.parametrize("relay", ["push", "pull"])
 @RELAYS
 def test_backend_hangs_mid_stream_is_cut_by_the_idle_timeout(certs, pair, relay: str) -> None:
     deep, shallow = pair
-    with GatewayServer(_policy(deep, shallow), certs=certs,
-                       args=("--idle-timeout", "1", "--first-byte-timeout", "2",
-                             "--relay", relay)) as gw:
+    with GatewayServer(
+        _policy(deep, shallow),
+        certs=certs,
+        args=("--idle-timeout", "1", "--first-byte-timeout", "2", "--relay", relay),
+    ) as gw:
         aborted0 = deep.stats()["aborted"]
         load = Load(_target(gw), KEYS, workers=STREAMS, deadline_s=20).start()
         try:
@@ -198,8 +211,11 @@ def test_backend_hangs_mid_stream_is_cut_by_the_idle_timeout(certs, pair, relay:
             outs = load.stop()
         # A request whose headers had come from the hung engine is not sent again (it would
         # double a slow engine's load): a 504 after the first-byte timeout, never shallow's.
-        unsent = [o for o in outs if o.kind == "http_error" and o.status == 504
-                  and "no first byte" in o.detail]
+        unsent = [
+            o
+            for o in outs
+            if o.kind == "http_error" and o.status == 504 and "no first byte" in o.detail
+        ]
         errors = _only_on([o for o in outs if o not in unsent], "deep")
         assert errors, "streams open on the hung engine must end"
         for o in errors:
@@ -207,11 +223,19 @@ def test_backend_hangs_mid_stream_is_cut_by_the_idle_timeout(certs, pair, relay:
             assert o.kind == "error_event" and "sent nothing" in o.detail, o
             assert t_hang < o.t1 < t_clear + 0.5 and o.t1 - t_hang < 1 + 2.0, o
         # Once deep's timeouts marked it down, new requests went to shallow instead.
-        assert any(o.kind == "ok" and o.backend == "shallow" and o.worker % 2 == 0
-                   and t_hang < o.t0 < t_clear for o in outs)
+        assert any(
+            o.kind == "ok"
+            and o.backend == "shallow"
+            and o.worker % 2 == 0
+            and t_hang < o.t0 < t_clear
+            for o in outs
+        )
         # The gateway closed the hung streams: the engine aborted them, nothing left running.
-        _wait(lambda: deep.stats()["running"] == 0 and deep.stats()["waiting"] == 0, 10,
-              "hung requests aborted upstream")
+        _wait(
+            lambda: deep.stats()["running"] == 0 and deep.stats()["waiting"] == 0,
+            10,
+            "hung requests aborted upstream",
+        )
         assert deep.stats()["aborted"] - aborted0 >= len(errors)
         _clean(gw, (deep, shallow))
 
@@ -241,8 +265,9 @@ def test_500_and_503_before_the_first_byte(certs, pair) -> None:
         _no_loss(outs)
         assert not [o for o in outs if o.kind == "error_event"]  # failures before any byte
         one_failing = [o for o in outs if t_a <= o.t0 and o.t1 < t_b]
-        assert one_failing and all(o.kind == "ok" and o.backend == "shallow"
-                                   for o in one_failing), _describe(one_failing)
+        assert one_failing and all(
+            o.kind == "ok" and o.backend == "shallow" for o in one_failing
+        ), _describe(one_failing)
         both = [o for o in outs if t_b <= o.t0 and o.t1 < t_c]
         assert both, "requests while both engines fail"
         for o in both:
@@ -260,10 +285,13 @@ def test_500_and_503_before_the_first_byte(certs, pair) -> None:
 @pytest.mark.parametrize("continuation", [False, True], ids=["error-event", "continued"])
 def test_backend_dies_mid_stream(certs, pair, continuation: bool, relay: str) -> None:
     deep, shallow = pair
-    with GatewayServer(_policy(deep, shallow, continuation=continuation), certs=certs,
-                       args=("--relay", relay)) as gw, HealthWatch(gw) as watch:
-        load = Load(_target(gw), KEYS, workers=STREAMS, deadline_s=20,
-                    keep_bodies=True).start()
+    with (
+        GatewayServer(
+            _policy(deep, shallow, continuation=continuation), certs=certs, args=("--relay", relay)
+        ) as gw,
+        HealthWatch(gw) as watch,
+    ):
+        load = Load(_target(gw), KEYS, workers=STREAMS, deadline_s=20, keep_bodies=True).start()
         try:
             _wait(lambda: len(load.outcomes) >= STREAMS, 15, "warm-up")
             t_die = time.monotonic()
@@ -279,23 +307,29 @@ def test_backend_dies_mid_stream(certs, pair, continuation: bool, relay: str) ->
             outs = load.stop()
         errors = _only_on(outs, "deep")
         continued = metric_sum(gw.metrics(), "specrouter_continuations_total")
-        hit = [o for o in outs if o.backend == "deep" and o.stream and o.t0 < t_clear
-               and o.t1 > t_die]
+        hit = [
+            o for o in outs if o.backend == "deep" and o.stream and o.t0 < t_clear and o.t1 > t_die
+        ]
         if continuation:
             assert not errors, [(o.kind, o.detail) for o in errors[:5]]
             assert continued >= 1
             for o in hit:  # one complete answer each: one role chunk, one finish reason
                 assert o.body is not None
-                chunks = [orjson.loads(line[6:]) for line in o.body.split(b"\n\n")
-                          if line.startswith(b"data: {")]
-                finishes = [c for c in chunks if c["choices"]
-                            and c["choices"][0].get("finish_reason")]
+                chunks = [
+                    orjson.loads(line[6:])
+                    for line in o.body.split(b"\n\n")
+                    if line.startswith(b"data: {")
+                ]
+                finishes = [
+                    c for c in chunks if c["choices"] and c["choices"][0].get("finish_reason")
+                ]
                 assert len(finishes) == 1, o.body[-400:]
                 assert len({c["id"] for c in chunks}) == 1
         else:
             assert errors and continued == 0
-            assert all(o.kind == "error_event" and "connection lost" in o.detail
-                       for o in errors), errors
+            assert all(o.kind == "error_event" and "connection lost" in o.detail for o in errors), (
+                errors
+            )
             assert all(t_die < o.t1 for o in errors)
         _clean(gw, (deep, shallow))
 
@@ -343,18 +377,29 @@ def test_policy_changes_during_load(certs, pair) -> None:
                     route["variants"] = ["deep", "shallow"] if i % 2 else ["shallow", "deep"]
                     route["rules"][0]["use"] = "deep" if i % 4 == 1 else "shallow"
                     route["continuation"] = i % 3 != 0
-                    r = admin.put("/admin/policy", content=yaml.safe_dump(doc),
-                                  headers={"if-match": cur.headers["etag"]})
+                    r = admin.put(
+                        "/admin/policy",
+                        content=yaml.safe_dump(doc),
+                        headers={"if-match": cur.headers["etag"]},
+                    )
                     statuses[r.status_code] += 1
                     if i == 7:  # a stale ETag and an invalid document change nothing
-                        statuses[admin.put("/admin/policy", content=yaml.safe_dump(doc),
-                                           headers={"if-match": cur.headers["etag"]}
-                                           ).status_code] += 1
+                        statuses[
+                            admin.put(
+                                "/admin/policy",
+                                content=yaml.safe_dump(doc),
+                                headers={"if-match": cur.headers["etag"]},
+                            ).status_code
+                        ] += 1
                         now = admin.get("/admin/policy")
                         bad = dict(doc, routes={"coder": dict(route, variants=["gone"])})
-                        statuses[admin.put("/admin/policy", content=yaml.safe_dump(bad),
-                                           headers={"if-match": now.headers["etag"]}
-                                           ).status_code] += 1
+                        statuses[
+                            admin.put(
+                                "/admin/policy",
+                                content=yaml.safe_dump(bad),
+                                headers={"if-match": now.headers["etag"]},
+                            ).status_code
+                        ] += 1
                     if i == 10:
                         gw.hup()  # certificate and policy file reloaded meanwhile
                     time.sleep(0.15)
@@ -399,14 +444,16 @@ def test_1000_client_disconnects_give_1000_upstream_aborts(certs, pair, lean_mal
         gone0 = metric_sum(gw.metrics(), "specrouter_client_disconnects_total")
         seen = run_async(disconnects(target, CLIENT_KEY, 1000, concurrency=32), 90)
         assert seen == {"dropped": 1000}, seen  # each saw its stream begin, then dropped it
-        _wait(lambda: deep.stats()["aborted"] - before["aborted"] >= 1000, 20,
-              "1,000 upstream aborts")
+        _wait(
+            lambda: deep.stats()["aborted"] - before["aborted"] >= 1000, 20, "1,000 upstream aborts"
+        )
         after = deep.stats()
         assert after["aborted"] - before["aborted"] == 1000
         assert after["requests"] - before["requests"] == 1000
         assert after["completed"] == before["completed"]  # none ran on to the end
-        _wait(lambda: deep.stats()["running"] == 0 and deep.stats()["waiting"] == 0, 10,
-              "engine idle")
+        _wait(
+            lambda: deep.stats()["running"] == 0 and deep.stats()["waiting"] == 0, 10, "engine idle"
+        )
         state = _clean(gw, (deep, shallow), open_max=0)  # an aborted connection is not pooled
         gone = metric_sum(gw.metrics(), "specrouter_client_disconnects_total") - gone0
         assert gone == 1000
@@ -424,8 +471,9 @@ def test_pull_relay_disconnects_do_not_pin_memory(certs, pair, lean_malloc) -> N
         rss0 = settle(gw, [deep.port, shallow.port]).rss_kb
         seen = run_async(disconnects(target, CLIENT_KEY, 1000, concurrency=32), 90)
         assert seen == {"dropped": 1000}, seen
-        _wait(lambda: deep.stats()["running"] == 0 and deep.stats()["waiting"] == 0, 20,
-              "engine idle")
+        _wait(
+            lambda: deep.stats()["running"] == 0 and deep.stats()["waiting"] == 0, 20, "engine idle"
+        )
         state = _clean(gw, (deep, shallow), open_max=0)
         assert state.rss_kb - rss0 < 1000 * LEAK_KB_PER_REQUEST, (rss0, state.rss_kb)
 
@@ -434,17 +482,26 @@ def test_pull_relay_disconnects_do_not_pin_memory(certs, pair, lean_malloc) -> N
 def test_sigterm_drains_open_streams(certs, pair, relay: str) -> None:
     deep, shallow = pair
     drain = 2.5
-    with GatewayServer(_policy(deep, shallow), certs=certs,
-                       args=("--drain-timeout", str(drain), "--relay", relay)) as gw:
+    with GatewayServer(
+        _policy(deep, shallow), certs=certs, args=("--drain-timeout", str(drain), "--relay", relay)
+    ) as gw:
         target = _target(gw)
         msg = [{"role": "user", "content": "Write `drain.py`."}]
         short = {"model": "coder", "stream": True, "max_tokens": 250, "messages": msg}
-        long = {"model": "coder", "stream": True, "max_tokens": 4000, "ignore_eos": True,
-                "messages": msg}
+        long = {
+            "model": "coder",
+            "stream": True,
+            "max_tokens": 4000,
+            "ignore_eos": True,
+            "messages": msg,
+        }
         requests = [(KEYS[i % 2], short if i < 8 else long) for i in range(STREAMS)]
         job = Background(burst(target, requests, deadline_s=30), 40)
-        _wait(lambda: gw.admin_get("/admin/status").json()["in_flight"] == STREAMS, 10,
-              "16 streams open")
+        _wait(
+            lambda: gw.admin_get("/admin/status").json()["in_flight"] == STREAMS,
+            10,
+            "16 streams open",
+        )
         t_term = time.monotonic()
         assert gw.proc is not None
         gw.proc.send_signal(signal.SIGTERM)
@@ -472,8 +529,7 @@ def test_memory_and_connections_stay_flat_over_repeated_rounds(certs, pair, lean
     rather than TLS buffers (see lean_malloc; TLS churn is bounded by the 1,000-disconnect
     test above)."""
     deep, shallow = pair
-    with GatewayServer(_policy(deep, shallow, continuation=True), certs=certs,
-                       insecure=True) as gw:
+    with GatewayServer(_policy(deep, shallow, continuation=True), certs=certs, insecure=True) as gw:
         target = _target(gw)
         rounds: list[Settled] = []
         outs: list[Outcome] = []
@@ -509,8 +565,12 @@ def test_a_request_on_a_dead_only_backend_gets_a_clear_error(certs, pair, stream
     doc["backends"]["deep"]["startup_s"] = 0
     with GatewayServer(doc, certs=certs) as gw:
         deep.kill()
-        body = {"model": "coder", "stream": stream, "max_tokens": 8,
-                "messages": [{"role": "user", "content": "hi"}]}
+        body = {
+            "model": "coder",
+            "stream": stream,
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         out = run_async(burst(_target(gw), [(CLIENT_KEY, body)], deadline_s=10), 15)[0]
         assert out.kind == "http_error" and out.status in (502, 503), out
         assert out.retry_after, out
@@ -523,8 +583,9 @@ def test_http_layer_refusals_are_openai_errors(certs, pair) -> None:
     deep, shallow = pair
     with GatewayServer(_policy(deep, shallow), certs=certs) as gw:
         target = _target(gw)
-        request = target.request("/v1/chat/completions", b"{}", CLIENT_KEY,
-                                 headers=[("x-pad", "a" * 100_000)])
+        request = target.request(
+            "/v1/chat/completions", b"{}", CLIENT_KEY, headers=[("x-pad", "a" * 100_000)]
+        )
 
         async def send() -> tuple[int, str, bytes]:
             conn = await Conn.open(target)

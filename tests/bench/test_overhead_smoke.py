@@ -12,15 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from loadtests.bench.overhead import (
-    BENCH_KEY,
-    Bench,
-    Spec,
-    Stack,
-    iter_frames,
-    render,
-    summarize,
-)
+from loadtests.bench.overhead import BENCH_KEY, Bench, Spec, Stack, iter_frames, render, summarize
 
 ROLE_KEYS = ["id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"]
 CHOICE_KEYS = ["index", "delta", "logprobs", "finish_reason", "token_ids"]
@@ -34,10 +26,15 @@ def stack() -> Iterator[Stack]:
         yield s
 
 
-def stream(base: str, body: dict[str, Any], *, headers: dict[str, str] | None = None,
-           verify: Any = True) -> bytes:
-    payload = {"model": "pacer", "messages": [{"role": "user", "content": "hi"}],
-               "stream": True, **body}
+def stream(
+    base: str, body: dict[str, Any], *, headers: dict[str, str] | None = None, verify: Any = True
+) -> bytes:
+    payload = {
+        "model": "pacer",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        **body,
+    }
     with httpx.Client(base_url=base, verify=verify, timeout=10) as client:
         resp = client.post("/v1/chat/completions", json=payload, headers=headers or {})
         assert resp.status_code == 200, resp.text
@@ -59,8 +56,11 @@ def pacer_url(stack: Stack) -> str:
 
 
 def test_pacer_plain_stream_shapes(stack: Stack) -> None:
-    raw = stream(pacer_url(stack), {"max_tokens": 5, "vllm_xargs": {"pacer_step_ms": 1}},
-                 headers={"x-request-id": "abc"})
+    raw = stream(
+        pacer_url(stack),
+        {"max_tokens": 5, "vllm_xargs": {"pacer_step_ms": 1}},
+        headers={"x-request-id": "abc"},
+    )
     evs = events(raw)
     assert evs[-1] == "[DONE]"
     chunks = [e for e in evs if isinstance(e, dict)]
@@ -68,8 +68,14 @@ def test_pacer_plain_stream_shapes(stack: Stack) -> None:
     role, *content = chunks
     assert list(role) == ROLE_KEYS
     assert role["id"] == "chatcmpl-abc" and role["object"] == "chat.completion.chunk"
-    assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None}]
+    assert role["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+    ]
     for c in content[:-1]:
         assert list(c) == ["id", "object", "created", "model", "choices"]
         assert list(c["choices"][0]) == CHOICE_KEYS
@@ -82,22 +88,40 @@ def test_pacer_plain_stream_shapes(stack: Stack) -> None:
 
 
 def test_pacer_usage_shapes(stack: Stack) -> None:
-    only = events(stream(pacer_url(stack), {"max_tokens": 3,
-                                            "stream_options": {"include_usage": True}}))
+    only = events(
+        stream(pacer_url(stack), {"max_tokens": 3, "stream_options": {"include_usage": True}})
+    )
     *chunks, usage, done = only
     assert done == "[DONE]"
     assert isinstance(usage, dict) and usage["choices"] == []
-    assert list(usage) == ["id", "object", "created", "model", "choices", "usage",
-                           "system_fingerprint"]
-    assert usage["usage"] == {"prompt_tokens": usage["usage"]["prompt_tokens"],
-                              "total_tokens": usage["usage"]["prompt_tokens"] + 3,
-                              "completion_tokens": 3}
-    assert all(isinstance(c, dict) and "usage" not in c and "system_fingerprint" not in c
-               for c in chunks)
+    assert list(usage) == [
+        "id",
+        "object",
+        "created",
+        "model",
+        "choices",
+        "usage",
+        "system_fingerprint",
+    ]
+    assert usage["usage"] == {
+        "prompt_tokens": usage["usage"]["prompt_tokens"],
+        "total_tokens": usage["usage"]["prompt_tokens"] + 3,
+        "completion_tokens": 3,
+    }
+    assert all(
+        isinstance(c, dict) and "usage" not in c and "system_fingerprint" not in c for c in chunks
+    )
 
-    cont = events(stream(pacer_url(stack), {
-        "max_tokens": 5, "vllm_xargs": {"pacer_tokens_per_chunk": 2},
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}))
+    cont = events(
+        stream(
+            pacer_url(stack),
+            {
+                "max_tokens": 5,
+                "vllm_xargs": {"pacer_tokens_per_chunk": 2},
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            },
+        )
+    )
     dicts = [e for e in cont if isinstance(e, dict)]
     completion = [d["usage"]["completion_tokens"] for d in dicts]
     assert completion == [0, 1, 3, 5, 5]  # role, prefill token, 2 per step, last step, usage
@@ -121,9 +145,12 @@ def test_gateway_relays_pacer_bytes(stack: Stack) -> None:
     assert stack.certs is not None
     body = {"max_tokens": 6, "vllm_xargs": {"pacer_step_ms": 1}}
     direct = stream(pacer_url(stack), body, headers={"x-request-id": "same"})
-    relayed = stream(f"https://127.0.0.1:{gw.port}", body,
-                     headers={"x-request-id": "same", "authorization": f"Bearer {BENCH_KEY}"},
-                     verify=ssl.create_default_context(cafile=str(stack.certs.ca_cert)))
+    relayed = stream(
+        f"https://127.0.0.1:{gw.port}",
+        body,
+        headers={"x-request-id": "same", "authorization": f"Bearer {BENCH_KEY}"},
+        verify=ssl.create_default_context(cafile=str(stack.certs.ca_cert)),
+    )
     created = re.compile(rb'"created":\d+')
     assert created.sub(b"", relayed) == created.sub(b"", direct)
 

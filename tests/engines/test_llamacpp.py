@@ -113,14 +113,14 @@ def test_chat_completion(server_name: str, request: pytest.FixtureRequest) -> No
 
 
 @pytest.mark.parametrize("server_name", ["spec", "plain"])
-def test_chat_stream_matches_non_streaming(server_name: str, request: pytest.FixtureRequest) -> None:
+def test_chat_stream_matches_non_streaming(
+    server_name: str, request: pytest.FixtureRequest
+) -> None:
     server: LlamaCppServer = request.getfixturevalue(server_name)
     whole = chat(server)["choices"][0]["message"]["content"]
     chunks = stream(server, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 32, **GREEDY})
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
-    text = "".join(
-        c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
-    )
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == whole
     finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
     assert finish[-1] == "length"
@@ -202,8 +202,9 @@ def test_timings_and_tokens_per_target_step(spec: LlamaCppServer, plain: LlamaCp
 
 
 def test_speculative_output_is_the_targets_own(spec: LlamaCppServer, plain: LlamaCppServer) -> None:
-    assert complete(spec, max_tokens=96)["choices"][0]["text"] == (
-        complete(plain, max_tokens=96)["choices"][0]["text"]
+    assert (
+        complete(spec, max_tokens=96)["choices"][0]["text"]
+        == (complete(plain, max_tokens=96)["choices"][0]["text"])
     )
 
 

@@ -82,36 +82,56 @@ def embed(models: tuple[Path, Path]) -> Iterator[LlamaCppServer]:
         yield server
 
 
-def policy(backends: dict[str, dict[str, Any]], routes: dict[str, dict[str, Any]]
-           ) -> dict[str, Any]:
+def policy(
+    backends: dict[str, dict[str, Any]], routes: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "schema": 1,
-        "backends": {name: {"kind": "llamacpp", "served_model_name": "tiny",
-                            "api_key": "engine-key", "max_concurrency": 4, "startup_s": 0, **b}
-                     for name, b in backends.items()},
+        "backends": {
+            name: {
+                "kind": "llamacpp",
+                "served_model_name": "tiny",
+                "api_key": "engine-key",
+                "max_concurrency": 4,
+                "startup_s": 0,
+                **b,
+            }
+            for name, b in backends.items()
+        },
         "routes": routes,
         "clients": [{"name": "agent", "key_sha256": auth.hash_key(CLIENT_KEY)}],
     }
 
 
 @pytest.fixture(scope="module")
-def gw(spec: LlamaCppServer, plain: LlamaCppServer, embed: LlamaCppServer, certs: CertFiles
-       ) -> Iterator[GatewayServer]:
+def gw(
+    spec: LlamaCppServer, plain: LlamaCppServer, embed: LlamaCppServer, certs: CertFiles
+) -> Iterator[GatewayServer]:
     doc = policy(
-        {"lc-spec": {"url": spec.url, "speculative": DRAFT}, "lc-plain": {"url": plain.url},
-         "lc-dead": {"url": "http://127.0.0.1:9"},
-         "lc-embed": {"url": embed.url, "task": "embed", "served_model_name": "tiny-embed"}},
-        {"tiny": {"models": ["tiny"], "variants": ["lc-spec", "lc-plain"], "defaults": {}},
-         "tiny-plain": {"models": ["tiny-plain"], "variants": ["lc-plain"], "defaults": {}},
-         "failover": {"models": ["tiny-fo"], "variants": ["lc-dead", "lc-plain"],
-                      "defaults": {}},
-         "embed": {"models": ["tiny-embed"], "task": "embed", "variants": ["lc-embed"]}})
+        {
+            "lc-spec": {"url": spec.url, "speculative": DRAFT},
+            "lc-plain": {"url": plain.url},
+            "lc-dead": {"url": "http://127.0.0.1:9"},
+            "lc-embed": {"url": embed.url, "task": "embed", "served_model_name": "tiny-embed"},
+        },
+        {
+            "tiny": {"models": ["tiny"], "variants": ["lc-spec", "lc-plain"], "defaults": {}},
+            "tiny-plain": {"models": ["tiny-plain"], "variants": ["lc-plain"], "defaults": {}},
+            "failover": {
+                "models": ["tiny-fo"],
+                "variants": ["lc-dead", "lc-plain"],
+                "defaults": {},
+            },
+            "embed": {"models": ["tiny-embed"], "task": "embed", "variants": ["lc-embed"]},
+        },
+    )
     with GatewayServer(doc, certs=certs, operator=OPERATOR) as server:
         yield server
 
 
-def pair(gw: GatewayServer, engine: LlamaCppServer, path: str, body: dict[str, Any]
-         ) -> tuple[httpx.Response, httpx.Response]:
+def pair(
+    gw: GatewayServer, engine: LlamaCppServer, path: str, body: dict[str, Any]
+) -> tuple[httpx.Response, httpx.Response]:
     """The same request direct and through the gateway (direct first: both find it cached)."""
     direct = engine.post(path, body)
     with gw.client() as c:
@@ -124,8 +144,9 @@ def pair(gw: GatewayServer, engine: LlamaCppServer, path: str, body: dict[str, A
 
 @pytest.mark.parametrize("stream_options", [None, {"include_usage": True}])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
-def test_streams_are_byte_identical(gw: GatewayServer, spec: LlamaCppServer, path: str,
-                                    stream_options: dict[str, Any] | None) -> None:
+def test_streams_are_byte_identical(
+    gw: GatewayServer, spec: LlamaCppServer, path: str, stream_options: dict[str, Any] | None
+) -> None:
     body: dict[str, Any] = {"model": "tiny", "max_tokens": 24, "stream": True, **GREEDY}
     body |= {"messages": CHAT} if "chat" in path else {"prompt": PROMPT}
     if stream_options is not None:
@@ -137,30 +158,40 @@ def test_streams_are_byte_identical(gw: GatewayServer, spec: LlamaCppServer, pat
     assert relayed.headers.get_list("x-accel-buffering") == ["no"]  # once, not twice
 
 
-@pytest.mark.parametrize(("path", "body"), [
-    ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 16}),
-    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 16}),
-    ("/v1/responses", {"input": "def f(x):", "max_output_tokens": 16}),
-])
-def test_bodies_are_byte_identical(gw: GatewayServer, spec: LlamaCppServer, path: str,
-                                   body: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 16}),
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 16}),
+        ("/v1/responses", {"input": "def f(x):", "max_output_tokens": 16}),
+    ],
+)
+def test_bodies_are_byte_identical(
+    gw: GatewayServer, spec: LlamaCppServer, path: str, body: dict[str, Any]
+) -> None:
     direct, relayed = pair(gw, spec, path, {"model": "tiny", **body, **GREEDY})
     assert (direct.status_code, relayed.status_code) == (200, 200), relayed.text
     assert normalise(relayed.content) == normalise(direct.content)
 
 
 def test_embeddings_are_byte_identical(gw: GatewayServer, embed: LlamaCppServer) -> None:
-    direct, relayed = pair(gw, embed, "/v1/embeddings",
-                           {"model": "tiny-embed", "input": ["def f(x):", "return x"]})
+    direct, relayed = pair(
+        gw, embed, "/v1/embeddings", {"model": "tiny-embed", "input": ["def f(x):", "return x"]}
+    )
     assert relayed.status_code == 200, relayed.text
     assert relayed.content == direct.content
 
 
 def test_engine_4xx_is_the_clients_error(gw: GatewayServer) -> None:
     with gw.client() as c:
-        r = c.post("/v1/chat/completions", json={
-            "model": "tiny-plain", "max_tokens": 4,
-            "messages": [{"role": "user", "content": "x " * 2000}]})
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "model": "tiny-plain",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "x " * 2000}],
+            },
+        )
     assert r.status_code == 400
     assert r.json()["error"]["type"] == "exceed_context_size_error"
     page = gw.metrics()
@@ -180,8 +211,9 @@ def logged(gw: GatewayServer, request_id: str, timeout: float = 5.0) -> sqlite3.
             conn = sqlite3.connect(db)
             conn.row_factory = sqlite3.Row
             try:
-                row = conn.execute("SELECT * FROM requests WHERE request_id = ?",
-                                   (request_id,)).fetchone()
+                row = conn.execute(
+                    "SELECT * FROM requests WHERE request_id = ?", (request_id,)
+                ).fetchone()
             except sqlite3.OperationalError:  # the gateway has not created its table yet
                 row = None
             finally:
@@ -193,8 +225,9 @@ def logged(gw: GatewayServer, request_id: str, timeout: float = 5.0) -> sqlite3.
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_tokens_per_step_match_the_engines_counters(gw: GatewayServer, spec: LlamaCppServer,
-                                                    stream: bool) -> None:
+def test_tokens_per_step_match_the_engines_counters(
+    gw: GatewayServer, spec: LlamaCppServer, stream: bool
+) -> None:
     before = metric_values(spec.metrics_text())
     rid = f"tps-{stream}"
     body = {"model": "tiny", "messages": CHAT, "max_tokens": 96, "stream": stream, **GREEDY}
@@ -237,21 +270,23 @@ def _timed_stream(gw: GatewayServer, rid: str) -> tuple[float, float, sqlite3.Ro
     with gw.client() as c:
         c.get("/v1/models")  # the TLS handshake is not the request's
         t0 = time.perf_counter()
-        with c.stream("POST", "/v1/chat/completions", json=body,
-                      headers={"x-request-id": rid}) as r:
+        with c.stream(
+            "POST", "/v1/chat/completions", json=body, headers={"x-request-id": rid}
+        ) as r:
             for line in r.iter_lines():
                 now = time.perf_counter()
                 first = first or now
-                if line.startswith('data: {"choices":[{"finish_reason":null') and \
-                        '"role":' not in line:
+                if (
+                    line.startswith('data: {"choices":[{"finish_reason":null')
+                    and '"role":' not in line
+                ):
                     arrivals.append(now)
     assert first is not None and len(arrivals) == 64
     gaps = sorted(b - a for a, b in zip(arrivals, arrivals[1:], strict=False))
     return first - t0, gaps[len(gaps) // 2], logged(gw, rid)
 
 
-def test_scrapes_send_the_key_and_map_the_counters(gw: GatewayServer,
-                                                   spec: LlamaCppServer) -> None:
+def test_scrapes_send_the_key_and_map_the_counters(gw: GatewayServer, spec: LlamaCppServer) -> None:
     with gw.client() as c:
         c.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 32})
     engine = metric_values(spec.metrics_text())
@@ -259,8 +294,9 @@ def test_scrapes_send_the_key_and_map_the_counters(gw: GatewayServer,
     deadline = time.monotonic() + 5
     seen = None
     while time.monotonic() < deadline:
-        found = re.search(r'specrouter_backend_spec_drafts_total\{backend="lc-spec"\} (\S+)',
-                          gw.metrics())
+        found = re.search(
+            r'specrouter_backend_spec_drafts_total\{backend="lc-spec"\} (\S+)', gw.metrics()
+        )
         seen = float(found.group(1)) if found else None
         if seen == want:
             break
@@ -275,8 +311,10 @@ def test_scrapes_send_the_key_and_map_the_counters(gw: GatewayServer,
 
 def test_failover_between_llamacpp_engines(gw: GatewayServer) -> None:
     with gw.client() as c:
-        r = c.post("/v1/chat/completions",
-                   json={"model": "tiny-fo", "messages": CHAT, "max_tokens": 8, **GREEDY})
+        r = c.post(
+            "/v1/chat/completions",
+            json={"model": "tiny-fo", "messages": CHAT, "max_tokens": 8, **GREEDY},
+        )
     assert r.status_code == 200, r.text
     assert r.headers["x-specrouter-variant"] == "lc-plain"
 
@@ -297,19 +335,30 @@ def test_disconnect_aborts_the_engines_request(gw: GatewayServer, plain: LlamaCp
     assert processing == 0
 
 
-def test_continuation_between_llamacpp_engines(models: tuple[Path, Path], certs: CertFiles
-                                               ) -> None:
+def test_continuation_between_llamacpp_engines(models: tuple[Path, Path], certs: CertFiles) -> None:
     """The first engine dies mid-stream; the second (same kind, same weights) finishes it: one
     role chunk, one id, max_tokens honoured across the splice, every token counted. A
     speculative vLLM variant on the route is passed over (another kind), and counted."""
     target = models[0]
-    with LlamaCppServer(target, api_key=API_KEY) as victim, \
-            LlamaCppServer(target, api_key=API_KEY) as heir:
-        doc = policy({"victim": {"url": victim.url}, "other-kind": {"url": "http://127.0.0.1:9",
-                                                                   "kind": "vllm"},
-                      "heir": {"url": heir.url}},
-                     {"cont": {"models": ["tiny"], "variants": ["victim", "other-kind", "heir"],
-                               "defaults": {}, "continuation": True}})
+    with (
+        LlamaCppServer(target, api_key=API_KEY) as victim,
+        LlamaCppServer(target, api_key=API_KEY) as heir,
+    ):
+        doc = policy(
+            {
+                "victim": {"url": victim.url},
+                "other-kind": {"url": "http://127.0.0.1:9", "kind": "vllm"},
+                "heir": {"url": heir.url},
+            },
+            {
+                "cont": {
+                    "models": ["tiny"],
+                    "variants": ["victim", "other-kind", "heir"],
+                    "defaults": {},
+                    "continuation": True,
+                }
+            },
+        )
         doc["backends"]["other-kind"].pop("api_key")
         with GatewayServer(doc, certs=certs, operator=OPERATOR) as gw:
             frames = _stream_killing(gw, victim, after=10, rid="cont")
@@ -324,19 +373,33 @@ def test_continuation_between_llamacpp_engines(models: tuple[Path, Path], certs:
     assert frames[-1] == "data: [DONE]"
     assert row["completion_tokens"] == 900
     assert (row["continued_from"], row["variant"]) == ("victim", "heir")  # both engines logged
-    assert 'specrouter_continuations_total{from_backend="victim",route="cont",' \
-           'to_backend="heir"} 1.0' in page
-    assert re.search(r'specrouter_continuations_refused_total\{[^}]*reason="other-kind"'
-                     r'[^}]*to_backend="other-kind"\} 1', page)
+    assert (
+        'specrouter_continuations_total{from_backend="victim",route="cont",'
+        'to_backend="heir"} 1.0' in page
+    )
+    assert re.search(
+        r'specrouter_continuations_refused_total\{[^}]*reason="other-kind"'
+        r'[^}]*to_backend="other-kind"\} 1',
+        page,
+    )
 
 
-def _stream_killing(gw: GatewayServer, victim: LlamaCppServer, *, after: int, rid: str
-                    ) -> list[str]:
-    body = {"model": "tiny", "messages": CHAT, "max_tokens": 900, "stream": True,
-            "stream_options": {"include_usage": True}, **GREEDY}
+def _stream_killing(
+    gw: GatewayServer, victim: LlamaCppServer, *, after: int, rid: str
+) -> list[str]:
+    body = {
+        "model": "tiny",
+        "messages": CHAT,
+        "max_tokens": 900,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **GREEDY,
+    }
     lines: list[str] = []
-    with gw.client() as c, c.stream("POST", "/v1/chat/completions", json=body,
-                                    headers={"x-request-id": rid}) as r:
+    with (
+        gw.client() as c,
+        c.stream("POST", "/v1/chat/completions", json=body, headers={"x-request-id": rid}) as r,
+    ):
         assert r.status_code == 200
         for line in r.iter_lines():
             if not line:

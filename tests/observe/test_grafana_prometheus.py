@@ -39,7 +39,8 @@ DFLASH, MTP = "coder-dflash7", "coder-mtp3"
 
 needs_prometheus = pytest.mark.skipif(
     PROMETHEUS is None or PROMTOOL is None,
-    reason="Debian's prometheus is installed by `make test` (scripts/system-deps.sh)")
+    reason="Debian's prometheus is installed by `make test` (scripts/system-deps.sh)",
+)
 
 # Grafana's variables, as the test evaluates them: every variable matches everything.
 _GRAFANA_VARS = {"$__rate_interval": "1m", "$__range": "1m", "$__interval": "5s"}
@@ -87,15 +88,24 @@ def test_dashboard_json_is_well_formed() -> None:
             assert used <= variables, (panel["title"], used)
     # The panels issue 5 asks for, by the metrics they read.
     exprs = " ".join(e for _, _, e in panel_queries(dash))
-    for needle in ("specrouter_ttft_seconds_bucket", "specrouter_itl_seconds_bucket",
-                   "specrouter_spec_accepted_tokens_total", "specrouter_spec_steps_total",
-                   "specrouter_backend_spec_accepted_tokens_total",
-                   "specrouter_backend_spec_accepted_tokens_per_pos_total",
-                   "specrouter_in_flight", "specrouter_queued",
-                   "specrouter_defaults_applied_total", "specrouter_upstream_errors_total",
-                   "specrouter_client_disconnects_total", "specrouter_decisions_total",
-                   'backend=~"$canary"', 'backend=~"$baseline"',
-                   "specrouter_backend_kv_cache_usage", "specrouter_backend_prefix_cache_hits"):
+    for needle in (
+        "specrouter_ttft_seconds_bucket",
+        "specrouter_itl_seconds_bucket",
+        "specrouter_spec_accepted_tokens_total",
+        "specrouter_spec_steps_total",
+        "specrouter_backend_spec_accepted_tokens_total",
+        "specrouter_backend_spec_accepted_tokens_per_pos_total",
+        "specrouter_in_flight",
+        "specrouter_queued",
+        "specrouter_defaults_applied_total",
+        "specrouter_upstream_errors_total",
+        "specrouter_client_disconnects_total",
+        "specrouter_decisions_total",
+        'backend=~"$canary"',
+        'backend=~"$baseline"',
+        "specrouter_backend_kv_cache_usage",
+        "specrouter_backend_prefix_cache_hits",
+    ):
         assert needle in exprs, needle
 
 
@@ -114,11 +124,20 @@ class Prometheus:
         self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-prom-")
         self.dir = Path(self._tmp.name)
         self.config = self.dir / "prometheus.yml"
-        self.config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "specrouter", "metrics_path": "/metrics",
-                                "static_configs": [{"targets": [target]}]}],
-        }))
+        self.config.write_text(
+            yaml.safe_dump(
+                {
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                    "scrape_configs": [
+                        {
+                            "job_name": "specrouter",
+                            "metrics_path": "/metrics",
+                            "static_configs": [{"targets": [target]}],
+                        }
+                    ],
+                }
+            )
+        )
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -128,11 +147,17 @@ class Prometheus:
         assert PROMETHEUS is not None
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={self.config}",
-                 f"--storage.tsdb.path={self.dir / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}",
-                 "--storage.tsdb.retention.time=1h", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT)
+                [
+                    PROMETHEUS,
+                    f"--config.file={self.config}",
+                    f"--storage.tsdb.path={self.dir / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                    "--storage.tsdb.retention.time=1h",
+                    "--log.level=warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -174,23 +199,32 @@ class Prometheus:
 def test_promtool_checks_the_deployed_config() -> None:
     if PROMTOOL is None:
         pytest.skip("promtool is installed by `make test` (scripts/system-deps.sh)")
-    out = subprocess.run([PROMTOOL, "check", "config", str(DEPLOY / "prometheus" /
-                                                          "prometheus.yml")],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [PROMTOOL, "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 @pytest.fixture
 def loaded_stack(certs: CertFiles) -> Iterator[tuple[Prometheus, GatewayServer]]:
-    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05,
-                   spec_metrics="summary") as dflash, \
-            SimServer("mtp3", served_model_name=SERVED, time_scale=0.05,
-                      spec_metrics="summary") as mtp:
-        policy = coder_policy({DFLASH: dflash.url, MTP: mtp.url}, rules=[
-            {"name": "canary-mtp3", "kind": "canary", "use": MTP, "percent": 50}])
+    with (
+        SimServer(
+            "dflash7-prob-block", served_model_name=SERVED, time_scale=0.05, spec_metrics="summary"
+        ) as dflash,
+        SimServer("mtp3", served_model_name=SERVED, time_scale=0.05, spec_metrics="summary") as mtp,
+    ):
+        policy = coder_policy(
+            {DFLASH: dflash.url, MTP: mtp.url},
+            rules=[{"name": "canary-mtp3", "kind": "canary", "use": MTP, "percent": 50}],
+        )
         policy["backends"][MTP]["max_concurrency"] = 2  # so that some requests queue
-        with GatewayServer(policy, certs=certs) as gw, \
-                Prometheus(urlsplit(gw.admin).netloc) as prom:
+        with (
+            GatewayServer(policy, certs=certs) as gw,
+            Prometheus(urlsplit(gw.admin).netloc) as prom,
+        ):
             prom.wait_for('up{job="specrouter"} == 1')
             _drive(gw, dflash)
             yield prom, gw
@@ -198,8 +232,15 @@ def loaded_stack(certs: CertFiles) -> Iterator[tuple[Prometheus, GatewayServer]]
 
 def _stream(gw: GatewayServer, body: dict[str, Any], pin: str | None = None) -> None:
     headers = {"x-specrouter-variant": pin} if pin else {}
-    with gw.client() as c, c.stream("POST", "/v1/chat/completions", headers=headers,
-                                    json={"model": "coder", "stream": True, **body}) as r:
+    with (
+        gw.client() as c,
+        c.stream(
+            "POST",
+            "/v1/chat/completions",
+            headers=headers,
+            json={"model": "coder", "stream": True, **body},
+        ) as r,
+    ):
         r.read()
 
 
@@ -208,8 +249,11 @@ def _drive(gw: GatewayServer, dflash: SimServer) -> None:
     # An upstream error retried on the other engine before the first byte.
     dflash.fault("http_500", count=1)
     with gw.client() as c:
-        r = c.post("/v1/chat/completions", headers={"x-specrouter-variant": DFLASH},
-                   json={"model": "coder", "messages": messages, "max_tokens": 8})
+        r = c.post(
+            "/v1/chat/completions",
+            headers={"x-specrouter-variant": DFLASH},
+            json={"model": "coder", "messages": messages, "max_tokens": 8},
+        )
         assert r.status_code in (200, 500, 502, 503), r.text
     dflash.clear_faults()
     # Streams on both variants, some without a temperature (the route's default applies),
@@ -217,14 +261,29 @@ def _drive(gw: GatewayServer, dflash: SimServer) -> None:
     jobs: list[tuple[dict[str, Any], str | None]] = []
     for i in range(4):
         jobs.append(({"messages": messages, "max_tokens": 60, "seed": i}, MTP))
-        jobs.append(({"messages": messages, "max_tokens": 60, "seed": 10 + i,
-                      **({"temperature": 0.7} if i % 2 else {})}, DFLASH if i % 2 else None))
+        jobs.append(
+            (
+                {
+                    "messages": messages,
+                    "max_tokens": 60,
+                    "seed": 10 + i,
+                    **({"temperature": 0.7} if i % 2 else {}),
+                },
+                DFLASH if i % 2 else None,
+            )
+        )
     threads = [threading.Thread(target=_stream, args=(gw, body, pin)) for body, pin in jobs]
     for t in threads:
         t.start()
     # A client that goes away mid-stream.
-    with gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
-            "model": "coder", "stream": True, "messages": messages, "max_tokens": 2000}) as r:
+    with (
+        gw.client() as c,
+        c.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": "coder", "stream": True, "messages": messages, "max_tokens": 2000},
+        ) as r,
+    ):
         chunks = r.iter_raw()
         for _ in range(3):
             next(chunks)
@@ -236,7 +295,8 @@ def _drive(gw: GatewayServer, dflash: SimServer) -> None:
 @needs_prometheus
 @pytest.mark.timeout(60)
 def test_every_panel_query_parses_and_returns_data(
-        loaded_stack: tuple[Prometheus, GatewayServer]) -> None:
+    loaded_stack: tuple[Prometheus, GatewayServer],
+) -> None:
     prom, gw = loaded_stack
     started = time.monotonic()
     dash = json.loads(DASHBOARD.read_text())

@@ -26,15 +26,15 @@ TRIES = 3
 @pytest.fixture(scope="module")
 def stack(certs: Any) -> Iterator[GatewayServer]:
     with SimServer("mtp3", served_model_name=SERVED, time_scale=0.05, faults=False) as sim:
-        with GatewayServer(coder_policy({"coder-a": sim.url}, served=SERVED),
-                           certs=certs) as gw:
+        with GatewayServer(coder_policy({"coder-a": sim.url}, served=SERVED), certs=certs) as gw:
             yield gw
 
 
 def _is_token(frame: bytes) -> bool:
     if frame.startswith(b"event: "):
-        return frame.startswith((b"event: response.output_text.delta",
-                                 b"event: response.reasoning_text.delta"))
+        return frame.startswith(
+            (b"event: response.output_text.delta", b"event: response.reasoning_text.delta")
+        )
     return _frame_kind(frame) == "token"
 
 
@@ -60,8 +60,11 @@ def _rows(gw: GatewayServer, ids: set[str]) -> dict[str, dict[str, Any]]:
         conn = sqlite3.connect(gw.dir / "state" / "requests.sqlite3")
         conn.row_factory = sqlite3.Row
         try:
-            rows = {r["request_id"]: dict(r) for r in conn.execute("SELECT * FROM requests")
-                    if r["request_id"] in ids}
+            rows = {
+                r["request_id"]: dict(r)
+                for r in conn.execute("SELECT * FROM requests")
+                if r["request_id"] in ids
+            }
         except sqlite3.OperationalError:
             rows = {}
         finally:
@@ -74,29 +77,48 @@ def _rows(gw: GatewayServer, ids: set[str]) -> dict[str, dict[str, Any]]:
 def test_ttft_tps_source_and_server_timing_through_the_gateway(stack: GatewayServer) -> None:
     gw = stack
     streams = {
-        "chat": ("/v1/chat/completions", {"model": "coder", "messages": MESSAGES,
-                                          "stream": True, "max_tokens": 24}),
-        "cmpl": ("/v1/completions", {"model": "coder", "prompt": "def parse(", "stream": True,
-                                     "max_tokens": 24}),
-        "resp": ("/v1/responses", {"model": "coder", "input": "Write hello world in C.",
-                                   "stream": True, "max_output_tokens": 24}),
+        "chat": (
+            "/v1/chat/completions",
+            {"model": "coder", "messages": MESSAGES, "stream": True, "max_tokens": 24},
+        ),
+        "cmpl": (
+            "/v1/completions",
+            {"model": "coder", "prompt": "def parse(", "stream": True, "max_tokens": 24},
+        ),
+        "resp": (
+            "/v1/responses",
+            {
+                "model": "coder",
+                "input": "Write hello world in C.",
+                "stream": True,
+                "max_output_tokens": 24,
+            },
+        ),
     }
     client_ttft: dict[str, float] = {}
     with gw.client() as c:
-        c.post("/v1/chat/completions", json={"model": "coder", "messages": MESSAGES,
-                                             "max_tokens": 2})  # the connection, kept alive
+        c.post(
+            "/v1/chat/completions", json={"model": "coder", "messages": MESSAGES, "max_tokens": 2}
+        )  # the connection, kept alive
         for api, (path, body) in streams.items():
             for i in range(TRIES):
                 client_ttft[f"{api}{i}"], timing = _timed(c, path, body, f"{api}{i}")
                 parts = dict(_TIMING.findall(timing))
                 assert set(parts) == {"gw", "engine"} and float(parts["gw"]) < 50
-        plain = c.post("/v1/chat/completions", headers={"x-request-id": "plain"},
-                       json={"model": "coder", "messages": MESSAGES, "max_tokens": 24})
+        plain = c.post(
+            "/v1/chat/completions",
+            headers={"x-request-id": "plain"},
+            json={"model": "coder", "messages": MESSAGES, "max_tokens": 24},
+        )
         assert plain.status_code == 200 and "engine;dur=" in plain.headers["server-timing"]
-        denied = c.post("/v1/chat/completions", headers={"authorization": "Bearer nope"},
-                        json={"model": "coder", "messages": MESSAGES})
+        denied = c.post(
+            "/v1/chat/completions",
+            headers={"authorization": "Bearer nope"},
+            json={"model": "coder", "messages": MESSAGES},
+        )
         assert denied.status_code == 401 and set(
-            dict(_TIMING.findall(denied.headers["server-timing"]))) == {"gw"}
+            dict(_TIMING.findall(denied.headers["server-timing"]))
+        ) == {"gw"}
     rows = _rows(gw, {*client_ttft, "plain"})
     for api in streams:
         diffs = []
@@ -122,5 +144,8 @@ def test_ttft_tps_source_and_server_timing_through_the_gateway(stack: GatewaySer
 
 
 def _count(metrics: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith(name + "{") and 'backend="coder-a"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(name + "{") and 'backend="coder-a"' in line
+    )

@@ -15,11 +15,14 @@ def _series(h: FastHistogram) -> dict[str, float]:
     return {f"{s.name}{sorted(s.labels.items())}": s.value for s in family.samples}
 
 
-@pytest.mark.parametrize("gaps,tokens", [
-    ([0.030, 0.031, 0.029], [1, 1, 1]),
-    ([0.040, 0.036, 0.200, 0.001], [4, 3, 1, 2]),  # speculative chunks, a stall, a fast pair
-    ([], []),
-])
+@pytest.mark.parametrize(
+    "gaps,tokens",
+    [
+        ([0.030, 0.031, 0.029], [1, 1, 1]),
+        ([0.040, 0.036, 0.200, 0.001], [4, 3, 1, 2]),  # speculative chunks, a stall, a fast pair
+        ([], []),
+    ],
+)
 def test_weighted_matches_one_sample_per_token(gaps: list[float], tokens: list[int]) -> None:
     m = Measurement(0.0, step_gaps=array("d", gaps), step_tokens=array("I", tokens))
     a = FastHistogram("x_itl_seconds", "itl", ("route",), ITL_BUCKETS)

@@ -26,10 +26,19 @@ from proxy.observe.stats import quantile
 from proxy.relay.measure import Measurement
 
 
-def make_record(i: int = 0, *, variant: str = "eagle3", steps: Sequence[tuple[float, int]] = (
-        (0.020, 2), (0.030, 3), (0.025, 1)), ttft: float = 0.25, temperature: float | None = 0.7,
-        defaulted: bool = False, concurrency: int = 1, outcome: str = "ok",
-        wall: float | None = None, spec: dict[str, object] | None = None) -> RequestRecord:
+def make_record(
+    i: int = 0,
+    *,
+    variant: str = "eagle3",
+    steps: Sequence[tuple[float, int]] = ((0.020, 2), (0.030, 3), (0.025, 1)),
+    ttft: float = 0.25,
+    temperature: float | None = 0.7,
+    defaulted: bool = False,
+    concurrency: int = 1,
+    outcome: str = "ok",
+    wall: float | None = None,
+    spec: dict[str, object] | None = None,
+) -> RequestRecord:
     """A finished streaming request, fed through Measurement the way the relay feeds it."""
     m = Measurement(t_start=1000.0, stream=True)  # an event stream, as relayed
     m.t_first_byte = 1000.0 + ttft
@@ -43,11 +52,24 @@ def make_record(i: int = 0, *, variant: str = "eagle3", steps: Sequence[tuple[fl
     m.finish_reason = "stop"
     m.spec = spec
     return RequestRecord(
-        request_id=f"req-{i}", client="alice", endpoint="/v1/chat/completions", route="code",
-        backend=variant, reason="rule:code", canary=False, content_class="code",
-        temperature=temperature, temperature_defaulted=defaulted, stream=True, status=200,
-        outcome=outcome, concurrency=concurrency, policy_version="v3",
-        started_wall=time.time() if wall is None else wall, m=m)
+        request_id=f"req-{i}",
+        client="alice",
+        endpoint="/v1/chat/completions",
+        route="code",
+        backend=variant,
+        reason="rule:code",
+        canary=False,
+        content_class="code",
+        temperature=temperature,
+        temperature_defaulted=defaulted,
+        stream=True,
+        status=200,
+        outcome=outcome,
+        concurrency=concurrency,
+        policy_version="v3",
+        started_wall=time.time() if wall is None else wall,
+        m=m,
+    )
 
 
 def rows(path: Path) -> list[dict[str, object]]:
@@ -61,31 +83,39 @@ def rows(path: Path) -> list[dict[str, object]]:
 
 # --- pure figures -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("values", "q", "expected"), [
-    ([], 0.5, None),
-    ([3.0], 0.05, 3.0),
-    ([3.0], 0.95, 3.0),
-    ([1.0, 2.0], 0.5, 1.5),
-    ([1.0, 2.0, 3.0, 4.0, 5.0], 0.5, 3.0),
-    ([1.0, 2.0, 3.0, 4.0, 5.0], 0.95, 4.8),
-    ([1.0, 2.0, 3.0, 4.0, 5.0], 0.05, 1.2),
-    ([0.0, 10.0], 1.0, 10.0),
-    ([0.0, 10.0], 0.0, 0.0),
-])
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        ([], 0.5, None),
+        ([3.0], 0.05, 3.0),
+        ([3.0], 0.95, 3.0),
+        ([1.0, 2.0], 0.5, 1.5),
+        ([1.0, 2.0, 3.0, 4.0, 5.0], 0.5, 3.0),
+        ([1.0, 2.0, 3.0, 4.0, 5.0], 0.95, 4.8),
+        ([1.0, 2.0, 3.0, 4.0, 5.0], 0.05, 1.2),
+        ([0.0, 10.0], 1.0, 10.0),
+        ([0.0, 10.0], 0.0, 0.0),
+    ],
+)
 def test_quantile(values: list[float], q: float, expected: float | None) -> None:
     assert quantile(values, q) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize(("gaps", "tokens", "p50", "p95"), [
-    ([], [], None, None),
-    ([0.01], [1], 0.01, 0.01),
-    ([0.03, 0.01, 0.02], [1, 1, 1], 0.02, 0.029),  # unsorted in
-    ([0.01] * 19 + [0.5], [1] * 20, 0.01, 0.0345),  # one stall barely moves p95 with 20 tokens
-    ([0.03, 0.04], [3, 1], 0.01, 0.0355),  # 0.01 x3, 0.04: p95 interpolates across steps
-    ([0.04, 0.02, 0.03], [2, 1, 1], 0.02, 0.0285),  # equal values from different steps
-])
-def test_itl_quantiles(gaps: list[float], tokens: list[int], p50: float | None,
-                       p95: float | None) -> None:
+@pytest.mark.parametrize(
+    ("gaps", "tokens", "p50", "p95"),
+    [
+        ([], [], None, None),
+        ([0.01], [1], 0.01, 0.01),
+        ([0.03, 0.01, 0.02], [1, 1, 1], 0.02, 0.029),  # unsorted in
+        ([0.01] * 19 + [0.5], [1] * 20, 0.01, 0.0345),  # one stall barely moves p95 with 20 tokens
+        ([0.03, 0.04], [3, 1], 0.01, 0.0355),  # 0.01 x3, 0.04: p95 interpolates across steps
+        ([0.04, 0.02, 0.03], [2, 1, 1], 0.02, 0.0285),  # equal values from different steps
+    ],
+)
+def test_itl_quantiles(
+    gaps: list[float], tokens: list[int], p50: float | None, p95: float | None
+) -> None:
     assert itl_quantiles(gaps, tokens) == (pytest.approx(p50), pytest.approx(p95))
 
 
@@ -99,16 +129,21 @@ def test_itl_quantiles_match_the_per_token_list(seed: int) -> None:
         m.step_tokens.append(rng.randint(1, 8))
     per_token = sorted(m.itl_per_token())
     assert itl_quantiles(m.step_gaps, m.step_tokens) == (
-        pytest.approx(quantile(per_token, 0.5)), pytest.approx(quantile(per_token, 0.95)))
+        pytest.approx(quantile(per_token, 0.5)),
+        pytest.approx(quantile(per_token, 0.95)),
+    )
 
 
-@pytest.mark.parametrize(("gaps", "tokens", "expected"), [
-    ([], [], None),
-    ([0.0], [1], None),  # no measurable decode time
-    ([0.02, 0.03], [2, 3], 100.0),
-    ([0.1], [1], 10.0),
-    ([0.01, 0.01, 0.02], [1, 4, 1], 150.0),
-])
+@pytest.mark.parametrize(
+    ("gaps", "tokens", "expected"),
+    [
+        ([], [], None),
+        ([0.0], [1], None),  # no measurable decode time
+        ([0.02, 0.03], [2, 3], 100.0),
+        ([0.1], [1], 10.0),
+        ([0.01, 0.01, 0.02], [1, 4, 1], 150.0),
+    ],
+)
 def test_decode_tokens_per_s(gaps: list[float], tokens: list[int], expected: float | None) -> None:
     assert decode_tokens_per_s(gaps, tokens) == pytest.approx(expected)
 
@@ -151,6 +186,7 @@ def test_non_streaming_request_has_no_itl() -> None:
 
 # --- the request path ---------------------------------------------------------------------------
 
+
 def test_sink_does_no_io(tmp_path: Path) -> None:
     path = tmp_path / "requests.sqlite3"
     log = RequestLog(path)
@@ -174,6 +210,7 @@ def test_sink_never_raises() -> None:
 
 
 # --- writing ------------------------------------------------------------------------------------
+
 
 async def test_flush_writes_one_row_per_request(tmp_path: Path) -> None:
     path = tmp_path / "requests.sqlite3"
@@ -225,6 +262,7 @@ async def test_a_broken_record_is_dropped_not_the_batch(tmp_path: Path) -> None:
 
 
 # --- failures never reach the client ------------------------------------------------------------
+
 
 async def test_locked_database_is_counted_and_retried(tmp_path: Path) -> None:
     path = tmp_path / "requests.sqlite3"
@@ -341,8 +379,9 @@ async def test_full_disk_keeps_rows_up_to_the_bound(tmp_path: Path) -> None:
     await log.stop()
 
 
-async def test_errors_are_logged_once_in_a_while(tmp_path: Path,
-                                                 caplog: pytest.LogCaptureFixture) -> None:
+async def test_errors_are_logged_once_in_a_while(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     log = RequestLog(blocker / "r.sqlite3", error_log_interval_s=3600)
@@ -355,6 +394,7 @@ async def test_errors_are_logged_once_in_a_while(tmp_path: Path,
 
 
 # --- retention ----------------------------------------------------------------------------------
+
 
 async def test_retention_by_age(tmp_path: Path) -> None:
     path = tmp_path / "r.sqlite3"
@@ -405,8 +445,26 @@ async def test_retention_runs_from_the_batch_loop(tmp_path: Path) -> None:
 def test_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """The benchmark is not a test, but it must keep working: a tiny run of it."""
     from loadtests.bench import requestlog as bench_requestlog
-    assert bench_requestlog.main(["--calls", "300", "--rounds", "2", "--tokens", "40",
-                                  "--batch", "50", "--batches", "2", "--idle", "0.05"]) == 0
+
+    assert (
+        bench_requestlog.main(
+            [
+                "--calls",
+                "300",
+                "--rounds",
+                "2",
+                "--tokens",
+                "40",
+                "--batch",
+                "50",
+                "--batches",
+                "2",
+                "--idle",
+                "0.05",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "sink(), 2 rounds x 300 calls" in out and "records/s" in out
 

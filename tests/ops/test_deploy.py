@@ -47,8 +47,16 @@ def _spec(service: dict[str, Any]) -> dict[str, Any]:
 def test_rendered_compose_has_the_deployed_gb10_stack(tmp_path: Path) -> None:
     compose = _render(GB10, tmp_path)
     services = compose["services"]
-    assert set(services) == {"coder-dflash7", "coder-dflash5", "coder-mtp3", "embed-large",
-                             "embed-small", "gateway", "prometheus", "grafana"}
+    assert set(services) == {
+        "coder-dflash7",
+        "coder-dflash5",
+        "coder-mtp3",
+        "embed-large",
+        "embed-small",
+        "gateway",
+        "prometheus",
+        "grafana",
+    }
     for name, service in services.items():
         assert "image" in service or "build" in service, name
         assert service["network_mode"] == "host", name
@@ -62,18 +70,28 @@ def test_rendered_compose_has_the_deployed_gb10_stack(tmp_path: Path) -> None:
     assert dflash["entrypoint"] == ["vllm", "serve"]
     assert dflash["labels"][deploy.BACKEND_LABEL] == "coder-dflash7"
     args = dflash["command"]
-    for flag in ("--served-model-name=qwen3.8-27b", "--max-num-seqs=16", "--port=8001",
-                 "--host=127.0.0.1", "--max-model-len=131072", "--enable-auto-tool-choice",
-                 "--tool-call-parser=qwen3_coder", "--reasoning-parser=qwen3",
-                 "--enable-prompt-tokens-details", "--enable-request-id-headers"):
+    for flag in (
+        "--served-model-name=qwen3.8-27b",
+        "--max-num-seqs=16",
+        "--port=8001",
+        "--host=127.0.0.1",
+        "--max-model-len=131072",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser=qwen3_coder",
+        "--reasoning-parser=qwen3",
+        "--enable-prompt-tokens-details",
+        "--enable-request-id-headers",
+    ):
         assert flag in args
     # 0.28.0 has no per-request spec summary (0.29+): the flag would stop the engine.
     assert not any(a.startswith("--per-request-spec-decode-metrics") for a in args)
     assert dflash["image"] == "${VLLM_IMAGE:-vllm/vllm-openai:v0.28.0}"
-    assert any(a.startswith("--gpu-memory-utilization=${GPU_MEMORY_CODER_DFLASH7:-0.")
-               for a in args)
-    assert any(a.startswith("--kv-cache-memory-bytes=${KV_CACHE_BYTES_CODER_DFLASH7:-")
-               for a in args)
+    assert any(
+        a.startswith("--gpu-memory-utilization=${GPU_MEMORY_CODER_DFLASH7:-0.") for a in args
+    )
+    assert any(
+        a.startswith("--kv-cache-memory-bytes=${KV_CACHE_BYTES_CODER_DFLASH7:-") for a in args
+    )
     spec = _spec(dflash)
     assert spec["method"] == "dflash" and spec["num_speculative_tokens"] == 7
     assert spec["draft_sample_method"] == "probabilistic"
@@ -83,24 +101,28 @@ def test_rendered_compose_has_the_deployed_gb10_stack(tmp_path: Path) -> None:
     assert "--runner=pooling" in services["embed-small"]["command"]
     assert not any(a.startswith("--speculative-config") for a in services["embed-small"]["command"])
     assert services["coder-dflash7"]["environment"]["VLLM_API_KEY"].startswith(
-        "${SPECROUTER_CODER_KEY:?")
+        "${SPECROUTER_CODER_KEY:?"
+    )
     assert "deploy" in dflash and dflash["ipc"] == "host"
 
     text = (tmp_path / "compose.yaml").read_text()
     # The comment that the two settings go together, and the MTP fallback one line away.
     lines = text.splitlines()
-    i = next(n for n, line in enumerate(lines) if "--speculative-config" in line
-             and "dflash" in line)
-    assert "go together" in "\n".join(lines[i - 3:i])
-    assert any(re.match(r'\s*# - \'--speculative-config=\{"method": "mtp"', line)
-               for line in lines[i + 1:i + 4])
+    i = next(
+        n for n, line in enumerate(lines) if "--speculative-config" in line and "dflash" in line
+    )
+    assert "go together" in "\n".join(lines[i - 3 : i])
+    assert any(
+        re.match(r'\s*# - \'--speculative-config=\{"method": "mtp"', line)
+        for line in lines[i + 1 : i + 4]
+    )
 
     gateway = services["gateway"]
     assert "--config=/etc/specrouter/policy/gb10.yaml" in gateway["command"]
     assert any(v.endswith(":/etc/specrouter/tls:ro") for v in gateway["volumes"])
     assert "specrouter-state:/var/lib/specrouter" in gateway["volumes"]
     assert gateway["environment"]["SPECROUTER_CODER_KEY"].startswith("${SPECROUTER_CODER_KEY:?")
-    dockerfile = (tmp_path / gateway["build"]["context"] / gateway["build"]["dockerfile"])
+    dockerfile = tmp_path / gateway["build"]["context"] / gateway["build"]["dockerfile"]
     assert dockerfile.resolve() == (DEPLOY / "Dockerfile").resolve()
     for volume in services["grafana"]["volumes"][:2]:
         assert (tmp_path / volume.split(":")[0]).resolve().is_dir(), volume
@@ -124,21 +146,43 @@ def test_committed_deploy_files_are_the_render_of_the_gb10_policy() -> None:
     for rel, text in files.items():
         assert (DEPLOY / rel).read_text() == text, (
             f"deploy/{rel} is out of date: run `specrouter deploy render policies/gb10.yaml "
-            "--out deploy`")
-    assert deploy.check_compose(load_policy(GB10), yaml.safe_load(
-        (DEPLOY / "compose.yaml").read_text()), compose_dir=DEPLOY, policy=GB10) == []
+            "--out deploy`"
+        )
+    assert (
+        deploy.check_compose(
+            load_policy(GB10),
+            yaml.safe_load((DEPLOY / "compose.yaml").read_text()),
+            compose_dir=DEPLOY,
+            policy=GB10,
+        )
+        == []
+    )
 
 
 def test_rendered_compose_is_valid_for_docker_compose(tmp_path: Path) -> None:
     docker = shutil.which("docker")
-    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True,
-                                        timeout=30).returncode != 0:
+    if (
+        docker is None
+        or subprocess.run(
+            [docker, "compose", "version"], capture_output=True, timeout=30
+        ).returncode
+        != 0
+    ):
         pytest.skip("docker compose is not installed")
     _render(GB10, tmp_path)
-    env = {"SPECROUTER_ADMIN_TOKEN": "t", "GRAFANA_ADMIN_PASSWORD": "p",
-           "SPECROUTER_CODER_KEY": "k", "PATH": "/usr/bin:/bin:/usr/local/bin"}
-    out = subprocess.run([docker, "compose", "-f", str(tmp_path / "compose.yaml"), "config",
-                          "--quiet"], capture_output=True, text=True, env=env, timeout=60)
+    env = {
+        "SPECROUTER_ADMIN_TOKEN": "t",
+        "GRAFANA_ADMIN_PASSWORD": "p",
+        "SPECROUTER_CODER_KEY": "k",
+        "PATH": "/usr/bin:/bin:/usr/local/bin",
+    }
+    out = subprocess.run(
+        [docker, "compose", "-f", str(tmp_path / "compose.yaml"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -149,8 +193,9 @@ def test_promtool_accepts_the_rendered_prometheus_config(tmp_path: Path) -> None
         out_dir = tmp_path / policy.stem
         _render(policy, out_dir)
         config = out_dir / "prometheus" / "prometheus.yml"
-        result = subprocess.run([PROMTOOL, "check", "config", str(config)],
-                                capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            [PROMTOOL, "check", "config", str(config)], capture_output=True, text=True, timeout=30
+        )
         assert result.returncode == 0, result.stdout + result.stderr
     scraped = yaml.safe_load((tmp_path / "gb10" / "prometheus" / "prometheus.yml").read_text())
     jobs = {j["job_name"]: j for j in scraped["scrape_configs"]}
@@ -165,8 +210,13 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
     unit = (DEPLOY / "systemd" / "specrouter.service").read_text()
     assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
     assert re.search(r"^Restart=(always|on-failure)$", unit, re.M)
-    for option in ("NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes",
-                   "CapabilityBoundingSet=", "StateDirectory=specrouter"):
+    for option in (
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "PrivateTmp=yes",
+        "CapabilityBoundingSet=",
+        "StateDirectory=specrouter",
+    ):
         assert option in unit
     # verify checks that ExecStart exists: point it at this checkout's entry point.
     entry = Path(sys.executable).parent / "specrouter"
@@ -174,10 +224,14 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
         pytest.skip("the specrouter entry point is not installed next to this Python")
     copy = tmp_path / "specrouter.service"
     copy.write_text(unit.replace("/opt/specrouter/.venv/bin/specrouter", str(entry)))
-    out = subprocess.run([SYSTEMD_ANALYZE, "verify", str(copy)], capture_output=True,
-                         text=True, timeout=60)
-    problems = [line for line in (out.stdout + out.stderr).splitlines()
-                if str(copy) in line or "specrouter.service" in line]
+    out = subprocess.run(
+        [SYSTEMD_ANALYZE, "verify", str(copy)], capture_output=True, text=True, timeout=60
+    )
+    problems = [
+        line
+        for line in (out.stdout + out.stderr).splitlines()
+        if str(copy) in line or "specrouter.service" in line
+    ]
     assert out.returncode == 0 and not problems, out.stdout + out.stderr
 
 
@@ -187,19 +241,20 @@ def test_systemd_env_example_names_real_settings() -> None:
     text = (DEPLOY / "systemd" / "specrouter.env.example").read_text()
     names = re.findall(r"^SPECROUTER_(\w+)=", text, re.M)
     fields = {f.upper() for f in Settings.model_fields}
-    policy_keys = {secret_env(b.api_key) for b in load_policy(GB10).backends.values()
-                   if b.api_key}
+    policy_keys = {secret_env(b.api_key) for b in load_policy(GB10).backends.values() if b.api_key}
     for name in names:
         assert name in fields or f"SPECROUTER_{name}" in policy_keys, name
 
 
 def test_grafana_provisioning_matches_the_compose_mounts() -> None:
     datasource = yaml.safe_load(
-        (DEPLOY / "grafana/provisioning/datasources/prometheus.yaml").read_text())
+        (DEPLOY / "grafana/provisioning/datasources/prometheus.yaml").read_text()
+    )
     ds = datasource["datasources"][0]
     assert ds["type"] == "prometheus" and ds["url"].endswith(deploy.PROMETHEUS_LISTEN)
     provider = yaml.safe_load(
-        (DEPLOY / "grafana/provisioning/dashboards/specrouter.yaml").read_text())
+        (DEPLOY / "grafana/provisioning/dashboards/specrouter.yaml").read_text()
+    )
     path = provider["providers"][0]["options"]["path"]
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     mounts = {v.split(":")[1]: v.split(":")[0] for v in compose["services"]["grafana"]["volumes"]}
@@ -215,24 +270,39 @@ def _wide_policy() -> dict[str, Any]:
     return {
         "schema": 1,
         "backends": {
-            "big": {"urls": ["http://127.0.0.1:9101", "http://localhost:9102"],
-                    "served_model_name": "big", "max_concurrency": 8,
-                    "engine": {"max_model_len": 32768, "vllm_version": "0.33.0"},
-                    "api_key": "big-key", "priority_scheduling": True,
-                    "speculative": {"method": "eagle3", "num_speculative_tokens": 4,
-                                    "num_speculative_tokens_per_batch_size": [[1, 4, 4],
-                                                                              [5, 16, 2]]}},
+            "big": {
+                "urls": ["http://127.0.0.1:9101", "http://localhost:9102"],
+                "served_model_name": "big",
+                "max_concurrency": 8,
+                "engine": {"max_model_len": 32768, "vllm_version": "0.33.0"},
+                "api_key": "big-key",
+                "priority_scheduling": True,
+                "speculative": {
+                    "method": "eagle3",
+                    "num_speculative_tokens": 4,
+                    "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 16, 2]],
+                },
+            },
             "remote": {"url": "http://10.0.0.7:8000", "served_model_name": "big"},
-            "cloud": {"url": "https://api.example.com", "kind": "openai",
-                      "served_model_name": "big"},
-            "plain": {"url": "http://127.0.0.1:9103", "served_model_name": "big",
-                      "max_concurrency": 4, "engine": {"max_model_len": 32768}},
-            "emb": {"url": "http://127.0.0.1:9104", "task": "embed",
-                    "served_model_name": "emb"},
+            "cloud": {
+                "url": "https://api.example.com",
+                "kind": "openai",
+                "served_model_name": "big",
+            },
+            "plain": {
+                "url": "http://127.0.0.1:9103",
+                "served_model_name": "big",
+                "max_concurrency": 4,
+                "engine": {"max_model_len": 32768},
+            },
+            "emb": {"url": "http://127.0.0.1:9104", "task": "embed", "served_model_name": "emb"},
         },
         "routes": {
-            "big": {"models": ["big"], "variants": ["big", "plain", "remote", "cloud"],
-                    "fallback": "plain"},
+            "big": {
+                "models": ["big"],
+                "variants": ["big", "plain", "remote", "cloud"],
+                "fallback": "plain",
+            },
             "emb": {"models": ["emb"], "task": "embed", "variants": ["emb"]},
         },
     }
@@ -263,8 +333,10 @@ def test_wide_policy_renders_what_runs_here(tmp_path: Path) -> None:
     assert "# Not run here: remote (http://10.0.0.7:8000 is on another machine)." in text
     big = services["big-2"]["command"]
     assert "--port=9102" in big and "--scheduling-policy=priority" in big
-    assert _spec(services["big-1"])["num_speculative_tokens_per_batch_size"] == [[1, 4, 4],
-                                                                                [5, 16, 2]]
+    assert _spec(services["big-1"])["num_speculative_tokens_per_batch_size"] == [
+        [1, 4, 4],
+        [5, 16, 2],
+    ]
     assert services["big-1"]["labels"][deploy.BACKEND_LABEL] == "big"
     assert services["big-1"]["environment"]["VLLM_API_KEY"].startswith("${SPECROUTER_BIG_KEY:?")
 
@@ -285,43 +357,87 @@ def _edit(text: str, old: str, new: str) -> str:
 
 
 EDITS: list[tuple[str, str, str, str]] = [
-    ('"num_speculative_tokens": 7', '"num_speculative_tokens": 5',
-     "speculative num_speculative_tokens is 5 in the compose file, 7 in the policy",
-     "drafter at 5"),
-    ('"rejection_sample_method": "block"', '"rejection_sample_method": "standard"',
-     'speculative rejection_sample_method is "standard" in the compose file, "block"',
-     "verification changed alone"),
-    ("--max-num-seqs=16", "--max-num-seqs=32", "--max-num-seqs is '32' in the compose file, "
-     "'16' in the policy", "concurrency"),
-    ("--served-model-name=qwen3.8-27b", "--served-model-name=qwen", "--served-model-name is "
-     "'qwen'", "served name"),
+    (
+        '"num_speculative_tokens": 7',
+        '"num_speculative_tokens": 5',
+        "speculative num_speculative_tokens is 5 in the compose file, 7 in the policy",
+        "drafter at 5",
+    ),
+    (
+        '"rejection_sample_method": "block"',
+        '"rejection_sample_method": "standard"',
+        'speculative rejection_sample_method is "standard" in the compose file, "block"',
+        "verification changed alone",
+    ),
+    (
+        "--max-num-seqs=16",
+        "--max-num-seqs=32",
+        "--max-num-seqs is '32' in the compose file, '16' in the policy",
+        "concurrency",
+    ),
+    (
+        "--served-model-name=qwen3.8-27b",
+        "--served-model-name=qwen",
+        "--served-model-name is 'qwen'",
+        "served name",
+    ),
     ("--port=8002", "--port=8003", "--port is '8003' in the compose file, '8002'", "port"),
-    ("      - --enable-request-id-headers\n", "      - --enable-request-id-headers\n"
-     "      - --per-request-spec-decode-metrics=summary\n",
-     "--per-request-spec-decode-metrics is not a flag of vLLM 0.28.0", "a 0.29 flag on 0.28"),
-    ("--max-model-len=131072", "--max-model-len=262144",
-     "less than one --max-model-len 262,144 request: vLLM refuses to start it", "context too long"),
-    ("${KV_CACHE_BYTES_CODER_DFLASH5:-", "${KV_CACHE_BYTES_CODER_DFLASH5:-1",
-     "the engines take", "KV budget over the machine"),
-    ("      - --enable-auto-tool-choice\n", "",
-     "no --enable-auto-tool-choice", "no tool choice"),
-    ("image: ${VLLM_IMAGE:-vllm/vllm-openai:v0.28.0}", "image: vllm/vllm-openai:v0.33.0",
-     "runs vLLM 0.33.0, the policy says 0.28.0", "another release"),
-    ("""      - '--speculative-config={"method": "mtp", "num_speculative_tokens": 3}'""",
-     "      - --enforce-eager", "the engine has no --speculative-config", "speculation removed"),
-    ("      - --runner=pooling\n", "      - --runner=pooling\n"
-     """      - '--speculative-config={"method": "ngram", "num_speculative_tokens": 2}'\n""",
-     "the engine speculates", "speculation added"),
-    ('"draft_sample_method": "probabilistic", ', '"draft_sample_method": "probabilistic", '
-     '"draft_tensor_parallel_size": 1, ', "speculative draft_tensor_parallel_size = 1 is not in "
-     "the policy", "unknown field"),
-    ("io.specrouter.backend: embed-large", "io.specrouter.backend: embed-huge",
-     "labelled backend 'embed-huge'", "relabelled"),
+    (
+        "      - --enable-request-id-headers\n",
+        "      - --enable-request-id-headers\n      - --per-request-spec-decode-metrics=summary\n",
+        "--per-request-spec-decode-metrics is not a flag of vLLM 0.28.0",
+        "a 0.29 flag on 0.28",
+    ),
+    (
+        "--max-model-len=131072",
+        "--max-model-len=262144",
+        "less than one --max-model-len 262,144 request: vLLM refuses to start it",
+        "context too long",
+    ),
+    (
+        "${KV_CACHE_BYTES_CODER_DFLASH5:-",
+        "${KV_CACHE_BYTES_CODER_DFLASH5:-1",
+        "the engines take",
+        "KV budget over the machine",
+    ),
+    ("      - --enable-auto-tool-choice\n", "", "no --enable-auto-tool-choice", "no tool choice"),
+    (
+        "image: ${VLLM_IMAGE:-vllm/vllm-openai:v0.28.0}",
+        "image: vllm/vllm-openai:v0.33.0",
+        "runs vLLM 0.33.0, the policy says 0.28.0",
+        "another release",
+    ),
+    (
+        """      - '--speculative-config={"method": "mtp", "num_speculative_tokens": 3}'""",
+        "      - --enforce-eager",
+        "the engine has no --speculative-config",
+        "speculation removed",
+    ),
+    (
+        "      - --runner=pooling\n",
+        "      - --runner=pooling\n"
+        """      - '--speculative-config={"method": "ngram", "num_speculative_tokens": 2}'\n""",
+        "the engine speculates",
+        "speculation added",
+    ),
+    (
+        '"draft_sample_method": "probabilistic", ',
+        '"draft_sample_method": "probabilistic", "draft_tensor_parallel_size": 1, ',
+        "speculative draft_tensor_parallel_size = 1 is not in the policy",
+        "unknown field",
+    ),
+    (
+        "io.specrouter.backend: embed-large",
+        "io.specrouter.backend: embed-huge",
+        "labelled backend 'embed-huge'",
+        "relabelled",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("old", "new", "message"),
-                         [e[:3] for e in EDITS], ids=[e[3] for e in EDITS])
+@pytest.mark.parametrize(
+    ("old", "new", "message"), [e[:3] for e in EDITS], ids=[e[3] for e in EDITS]
+)
 def test_a_hand_edit_is_reported(tmp_path: Path, old: str, new: str, message: str) -> None:
     _render(GB10, tmp_path)
     path = tmp_path / "compose.yaml"
@@ -331,24 +447,29 @@ def test_a_hand_edit_is_reported(tmp_path: Path, old: str, new: str, message: st
     assert deploy.main(["check", str(GB10), str(path)]) == 1
 
 
-def test_check_lists_every_difference_at_once(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_lists_every_difference_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _render(GB10, tmp_path)
     path = tmp_path / "compose.yaml"
     text = _edit(path.read_text(), '"num_speculative_tokens": 7', '"num_speculative_tokens": 5')
     text = _edit(text, "--max-num-seqs=64", "--max-num-seqs=8")
     compose = yaml.safe_load(text)
     del compose["services"]["embed-small"]
-    compose["services"]["coder-extra"] = {"image": "vllm", "entrypoint": ["vllm", "serve"],
-                                          "command": ["/models/x", "--port=8099"]}
+    compose["services"]["coder-extra"] = {
+        "image": "vllm",
+        "entrypoint": ["vllm", "serve"],
+        "command": ["/models/x", "--port=8099"],
+    }
     path.write_text(yaml.safe_dump(compose))
     assert deploy.main(["check", str(GB10), str(path)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert any("num_speculative_tokens is 5" in line for line in out)
     assert any("embed-large" in line and "--max-num-seqs is '8'" in line for line in out)
     assert any(line.startswith("backend embed-small: no engine service") for line in out)
-    assert any(line.startswith("service coder-extra: a vLLM engine that no backend")
-               for line in out)
+    assert any(
+        line.startswith("service coder-extra: a vLLM engine that no backend") for line in out
+    )
 
 
 def test_check_notices_the_gateway_serving_another_policy(tmp_path: Path) -> None:
@@ -360,21 +481,30 @@ def test_check_notices_the_gateway_serving_another_policy(tmp_path: Path) -> Non
 
 def test_check_reads_string_commands_and_the_api_server_module() -> None:
     doc = load_policy(GB10)
-    compose = {"services": {"coder-mtp3": {
-        "command": "python3 -m vllm.entrypoints.openai.api_server --model /m "
-                   "--served_model_name qwen3.8-27b --port 8002 --max-num-seqs 16 "
-                   "--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}' "
-                   "--max_model_len 131072 --gpu-memory-utilization 0.26 "
-                   "--enable-auto-tool-choice --tool-call-parser qwen3_coder "
-                   "--reasoning-parser=qwen3 --enforce-eager",
-        "environment": ["VLLM_API_KEY=x"]}}}
+    compose = {
+        "services": {
+            "coder-mtp3": {
+                "command": "python3 -m vllm.entrypoints.openai.api_server --model /m "
+                "--served_model_name qwen3.8-27b --port 8002 --max-num-seqs 16 "
+                '--speculative-config \'{"method": "mtp", "num_speculative_tokens": 3}\' '
+                "--max_model_len 131072 --gpu-memory-utilization 0.26 "
+                "--enable-auto-tool-choice --tool-call-parser qwen3_coder "
+                "--reasoning-parser=qwen3 --enforce-eager",
+                "environment": ["VLLM_API_KEY=x"],
+            }
+        }
+    }
     engines = deploy.compose_engines(compose)
     assert engines["coder-mtp3"].model == "/m"
     assert engines["coder-mtp3"].flags["enforce-eager"] is None
     diffs = deploy.check_compose(doc, compose)
     assert not any("coder-mtp3" in d for d in diffs if not d.startswith("backend ")), diffs
-    assert {d.split(":")[0] for d in diffs} == {"backend coder-dflash7", "backend coder-dflash5",
-                                                "backend embed-large", "backend embed-small"}
+    assert {d.split(":")[0] for d in diffs} == {
+        "backend coder-dflash7",
+        "backend coder-dflash5",
+        "backend embed-large",
+        "backend embed-small",
+    }
 
 
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -394,15 +524,16 @@ def test_check_live_with_canned_answers() -> None:
     doc = load_policy(GB10)
     per_pos = "\n".join(
         f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} 0.0'
-        for i in range(5))
+        for i in range(5)
+    )
     answers = {
         "http://127.0.0.1:8001/v1/models": '{"data": [{"id": "qwen3.8-27b"}]}',
         "http://127.0.0.1:8001/metrics": "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos "
-                                         "counter\n" + per_pos + "\n",
+        "counter\n" + per_pos + "\n",
         "http://127.0.0.1:8002/v1/models": '{"data": [{"id": "qwen"}]}',
         "http://127.0.0.1:8003/v1/models": '{"data": [{"id": "qwen3.8-27b"}]}',
         "http://127.0.0.1:8003/metrics": "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos "
-                                         "counter\n" + per_pos + "\n",
+        "counter\n" + per_pos + "\n",
         "http://127.0.0.1:8011/v1/models": '{"data": [{"id": "embedding-large"}]}',
         "http://127.0.0.1:8012/v1/models": '{"data": [{"id": "embedding-small"}]}',
     }
@@ -420,17 +551,22 @@ def test_check_live_with_canned_answers() -> None:
     ]
     assert ("http://127.0.0.1:8001/v1/models", {"authorization": "Bearer k"}) in seen
     answers.pop("http://127.0.0.1:8011/v1/models")
-    assert any("embed-large" in d and "not reachable" in d
-               for d in deploy.check_live(doc, fetch, env={}))
+    assert any(
+        "embed-large" in d and "not reachable" in d for d in deploy.check_live(doc, fetch, env={})
+    )
 
 
-def test_check_live_against_simulated_engines(capsys: pytest.CaptureFixture[str],
-                                              tmp_path: Path) -> None:
+def test_check_live_against_simulated_engines(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from loadtests.harness.sim import SimServer
 
-    with SimServer("dflash7-prob-block", served_model_name="qwen3.8-27b",
-                   spec_metrics="summary") as dflash, \
-            SimServer("mtp3", served_model_name="qwen3.8-27b", spec_metrics="none") as mtp:
+    with (
+        SimServer(
+            "dflash7-prob-block", served_model_name="qwen3.8-27b", spec_metrics="summary"
+        ) as dflash,
+        SimServer("mtp3", served_model_name="qwen3.8-27b", spec_metrics="none") as mtp,
+    ):
         raw = yaml.safe_load(GB10.read_text())
         raw["deployment"]["vllm_version"] = "0.29.0"  # has the per-request spec summary
         raw["backends"]["coder-dflash7"]["url"] = dflash.url

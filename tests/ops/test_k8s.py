@@ -19,10 +19,22 @@ def _docs() -> list[dict]:
 
 def test_manifests_have_the_expected_kinds() -> None:
     kinds = sorted(d["kind"] for d in _docs())
-    assert kinds == ["ConfigMap", "Deployment", "Secret", "Secret", "Service", "Service",
-                     "ServiceMonitor"]
-    api = {"ConfigMap": "v1", "Secret": "v1", "Service": "v1", "Deployment": "apps/v1",
-           "ServiceMonitor": "monitoring.coreos.com/v1"}
+    assert kinds == [
+        "ConfigMap",
+        "Deployment",
+        "Secret",
+        "Secret",
+        "Service",
+        "Service",
+        "ServiceMonitor",
+    ]
+    api = {
+        "ConfigMap": "v1",
+        "Secret": "v1",
+        "Service": "v1",
+        "Deployment": "apps/v1",
+        "ServiceMonitor": "monitoring.coreos.com/v1",
+    }
     names = [(d["kind"], d["metadata"]["name"]) for d in _docs()]
     assert len(set(names)) == len(names)  # no two objects of one kind share a name
     for d in _docs():

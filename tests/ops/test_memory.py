@@ -8,23 +8,29 @@ from proxy.ops.deploy import memory
 from proxy.ops.deploy.memory import CoderDemand, MemoryParams
 
 
-@pytest.mark.parametrize(("method", "k", "tokens_in_36_gib", "measured"), [
-    ("mtp", 3, 1_014_892, True),
-    ("dflash", 5, 838_501, True),
-    ("dflash", 7, 813_427, True),
-    ("dflash", 4, 813_427, False),   # unmeasured block: the method's lowest rate
-    ("eagle3", 4, 813_427, False),   # unknown method: the lowest rate of all
-    (None, None, 1_014_892, False),  # no speculation: MTP's, the closest to the target alone
-])
-def test_kv_tokens_per_gib(method: str | None, k: int | None, tokens_in_36_gib: int,
-                           measured: bool) -> None:
+@pytest.mark.parametrize(
+    ("method", "k", "tokens_in_36_gib", "measured"),
+    [
+        ("mtp", 3, 1_014_892, True),
+        ("dflash", 5, 838_501, True),
+        ("dflash", 7, 813_427, True),
+        ("dflash", 4, 813_427, False),  # unmeasured block: the method's lowest rate
+        ("eagle3", 4, 813_427, False),  # unknown method: the lowest rate of all
+        (None, None, 1_014_892, False),  # no speculation: MTP's, the closest to the target alone
+    ],
+)
+def test_kv_tokens_per_gib(
+    method: str | None, k: int | None, tokens_in_36_gib: int, measured: bool
+) -> None:
     rate = memory.kv_rate(method, k)
     assert rate.tokens_per_gib * 36 == pytest.approx(tokens_in_36_gib)
     assert rate.measured is measured
 
 
-@pytest.mark.parametrize(("method", "gib"), [
-    ("dflash", 24.92), ("eagle3", 24.92), ("mtp", 21.97), ("ngram", 21.97), (None, 21.97)])
+@pytest.mark.parametrize(
+    ("method", "gib"),
+    [("dflash", 24.92), ("eagle3", 24.92), ("mtp", 21.97), ("ngram", 21.97), (None, 21.97)],
+)
 def test_weights(method: str | None, gib: float) -> None:
     assert memory.weights_gib(method) == pytest.approx(gib)
 
@@ -36,9 +42,11 @@ def test_the_deployed_single_engine_holds_three_full_contexts() -> None:
     assert one.holds_max_model_len
 
 
-THREE = [CoderDemand("coder-dflash7", "dflash", 7, 131_072),
-         CoderDemand("coder-dflash5", "dflash", 5, 131_072),
-         CoderDemand("coder-mtp3", "mtp", 3, 131_072)]
+THREE = [
+    CoderDemand("coder-dflash7", "dflash", 7, 131_072),
+    CoderDemand("coder-dflash5", "dflash", 5, 131_072),
+    CoderDemand("coder-mtp3", "mtp", 3, 131_072),
+]
 
 
 def test_three_coders_split_what_two_embedders_leave() -> None:
@@ -52,8 +60,9 @@ def test_three_coders_split_what_two_embedders_leave() -> None:
         assert engine.contexts(memory.LONG_CONTEXT) == 1
         assert engine.contexts(memory.FULL_CONTEXT) == 0
         # the share vLLM is given covers the engine, rounded down to 0.001 of the machine
-        assert engine.total_gib - 0.12 < engine.share(params) * params.machine_gib <= \
-            engine.total_gib
+        assert (
+            engine.total_gib - 0.12 < engine.share(params) * params.machine_gib <= engine.total_gib
+        )
         assert engine.kv_bytes % 1024**2 == 0 and engine.kv_bytes <= engine.kv_gib * memory.GIB
     assert sum(e.share(params) for e in split) + 2 * 0.04 <= params.usable_gib / params.machine_gib
 
@@ -67,10 +76,13 @@ def test_full_contexts_for_three_coders_do_not_fit() -> None:
     assert alone.holds_max_model_len and alone.contexts(memory.FULL_CONTEXT) >= 5
 
 
-@pytest.mark.parametrize(("share", "kv_tokens", "fits"), [
-    (0.26, 46_870, False),   # the old render: 31 GiB leaves ~2 GiB of KV after 24.92 + 4
-    (0.30, 154_600, True),
-])
+@pytest.mark.parametrize(
+    ("share", "kv_tokens", "fits"),
+    [
+        (0.26, 46_870, False),  # the old render: 31 GiB leaves ~2 GiB of KV after 24.92 + 4
+        (0.30, 154_600, True),
+    ],
+)
 def test_what_a_share_leaves_for_kv(share: float, kv_tokens: int, fits: bool) -> None:
     engine = memory.engine_from_share(THREE[0], share)
     assert engine.kv_tokens == pytest.approx(kv_tokens, rel=0.01)

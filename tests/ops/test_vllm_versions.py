@@ -17,11 +17,25 @@ ROOT = Path(__file__).resolve().parents[2]
 GB10 = ROOT / "policies" / "gb10.yaml"
 
 # What the deployment relies on, per release (read from each release's wheel).
-FLAGS = ["--max-model-len", "--gpu-memory-utilization", "--kv-cache-memory-bytes",
-         "--enable-auto-tool-choice", "--tool-call-parser", "--reasoning-parser",
-         "--enable-prompt-tokens-details", "--enable-request-id-headers", "--speculative-config",
-         "--served-model-name", "--max-num-seqs", "--runner", "--scheduling-policy",
-         "--no-enable-prefix-caching", "--host", "--port", "--api-key"]
+FLAGS = [
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--kv-cache-memory-bytes",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "--reasoning-parser",
+    "--enable-prompt-tokens-details",
+    "--enable-request-id-headers",
+    "--speculative-config",
+    "--served-model-name",
+    "--max-num-seqs",
+    "--runner",
+    "--scheduling-policy",
+    "--no-enable-prefix-caching",
+    "--host",
+    "--port",
+    "--api-key",
+]
 
 
 @pytest.mark.parametrize("version", versions.SUPPORTED)
@@ -36,8 +50,9 @@ def test_every_table_has_the_flags_the_deployment_uses(version: str) -> None:
     assert flags == sorted(flags) and len(flags) == len(set(flags))
 
 
-@pytest.mark.parametrize(("version", "has"), [("0.28.0", False), ("0.29.0", True),
-                                              ("0.31.0", True), ("0.33.0", True)])
+@pytest.mark.parametrize(
+    ("version", "has"), [("0.28.0", False), ("0.29.0", True), ("0.31.0", True), ("0.33.0", True)]
+)
 def test_the_per_request_summary_arrives_in_029(version: str, has: bool) -> None:
     assert versions.has_flag(version, versions.PER_REQUEST_SPEC_FLAG) is has
 
@@ -45,9 +60,9 @@ def test_the_per_request_summary_arrives_in_029(version: str, has: bool) -> None
 def test_flags_are_read_as_vllm_reads_them() -> None:
     assert versions.normalise_flag("--max_model_len") == "--max-model-len"
     assert versions.normalise_flag("--speculative-config.method") == "--speculative-config"
-    assert versions.unknown_flags("0.28.0", ["--max_model_len", "--no-such-flag",
-                                             "per-request-spec-decode-metrics"]) == [
-        "--no-such-flag", "per-request-spec-decode-metrics"]
+    assert versions.unknown_flags(
+        "0.28.0", ["--max_model_len", "--no-such-flag", "per-request-spec-decode-metrics"]
+    ) == ["--no-such-flag", "per-request-spec-decode-metrics"]
     with pytest.raises(versions.UnknownRelease, match="0.27.0 has no flag table"):
         versions.flags("0.27.0")
 
@@ -56,10 +71,10 @@ def test_flags_are_read_as_vllm_reads_them() -> None:
 MINI = {
     "vllm/_version.py": "version = '9.9.9'\ncommit_id = 'gabc1234'\n",
     "vllm/entrypoints/cli/serve.py": "from vllm.entrypoints.openai.cli_args import "
-                                     "make_arg_parser\n",
+    "make_arg_parser\n",
     "vllm/entrypoints/openai/cli_args.py": "from vllm.entrypoints.launchers.cli_args import "
-                                           "make_arg_parser\n",
-    "vllm/entrypoints/launchers/cli_args.py": '''
+    "make_arg_parser\n",
+    "vllm/entrypoints/launchers/cli_args.py": """
 from typing import ClassVar
 class BaseFrontendArgs:
     enable_auto_tool_choice: bool = False
@@ -74,11 +89,11 @@ def make_arg_parser(parser):
     parser = FrontendArgs.add_cli_args(parser)
     parser = AsyncEngineArgs.add_cli_args(parser)
     return parser
-''',
+""",
     "vllm/config/__init__.py": "from vllm.config.cache import CacheConfig\n",
     "vllm/config/cache.py": "class CacheConfig:\n    enable_prefix_caching: bool = True\n"
-                            "    kv_cache_memory_bytes: int | None = None\n",
-    "vllm/engine/arg_utils.py": '''
+    "    kv_cache_memory_bytes: int | None = None\n",
+    "vllm/engine/arg_utils.py": """
 import argparse
 from vllm.config import CacheConfig
 class EngineArgs:
@@ -96,16 +111,27 @@ class AsyncEngineArgs(EngineArgs):
         parser = EngineArgs.add_cli_args(parser)
         parser.add_argument("--enable-log-requests", action=argparse.BooleanOptionalAction)
         return parser
-''',
+""",
 }
-MINI_FLAGS = ["--enable-auto-tool-choice", "--enable-log-requests", "--enable-prefix-caching",
-              "--headless", "--kv-cache-memory-bytes", "--no-enable-auto-tool-choice",
-              "--no-enable-log-requests", "--no-enable-prefix-caching", "--port",
-              "--quantization", "--ssl", "--tool-call-parser"]
+MINI_FLAGS = [
+    "--enable-auto-tool-choice",
+    "--enable-log-requests",
+    "--enable-prefix-caching",
+    "--headless",
+    "--kv-cache-memory-bytes",
+    "--no-enable-auto-tool-choice",
+    "--no-enable-log-requests",
+    "--no-enable-prefix-caching",
+    "--port",
+    "--quantization",
+    "--ssl",
+    "--tool-call-parser",
+]
 
 
-def test_the_generator_reads_a_source_tree_and_a_wheel(tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_generator_reads_a_source_tree_and_a_wheel(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     tree = tmp_path / "src"
     wheel = tmp_path / "vllm-9.9.9-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
@@ -142,12 +168,16 @@ def test_029_adds_the_per_request_summary_and_its_check(tmp_path: Path) -> None:
     dflash = compose["services"]["coder-dflash7"]
     assert "--per-request-spec-decode-metrics=summary" in dflash["command"]
     assert dflash["image"].endswith("v0.29.0}")
-    assert "--per-request-spec-decode-metrics=summary" not in \
-        compose["services"]["embed-large"]["command"]
+    assert (
+        "--per-request-spec-decode-metrics=summary"
+        not in compose["services"]["embed-large"]["command"]
+    )
     assert deploy.check_compose(doc, compose) == []
     dflash["command"].remove("--per-request-spec-decode-metrics=summary")
-    assert any("--per-request-spec-decode-metrics is None, not 'summary'" in d
-               for d in deploy.check_compose(doc, compose))
+    assert any(
+        "--per-request-spec-decode-metrics is None, not 'summary'" in d
+        for d in deploy.check_compose(doc, compose)
+    )
 
 
 def test_the_shipped_028_compose_passes_and_its_split_holds_every_max_model_len() -> None:
@@ -171,16 +201,20 @@ def test_a_wrong_split_is_refused(tmp_path: Path) -> None:
         command = compose["services"][name]["command"]
         compose["services"][name]["command"] = [
             "--gpu-memory-utilization=0.26" if a.startswith("--gpu-memory-utilization") else a
-            for a in command if not a.startswith(("--kv-cache-memory-bytes", "--max-model-len"))]
+            for a in command
+            if not a.startswith(("--kv-cache-memory-bytes", "--max-model-len"))
+        ]
     diffs = deploy.check_compose(doc, compose)
     refused = [d for d in diffs if "vLLM refuses to start it" in d]
     assert len(refused) == 3, diffs
-    assert any("coder-dflash7" in d and "less than one --max-model-len 262,144" in d
-               for d in refused)
+    assert any(
+        "coder-dflash7" in d and "less than one --max-model-len 262,144" in d for d in refused
+    )
 
 
 def test_a_policy_whose_engines_cannot_fit_is_not_rendered(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     raw = _gb10("0.28.0")
     for name in ("coder-dflash7", "coder-dflash5", "coder-mtp3"):
         raw["backends"][name]["engine"]["max_model_len"] = 262144
@@ -195,7 +229,8 @@ def test_a_policy_whose_engines_cannot_fit_is_not_rendered(
 
 
 def test_render_and_policy_check_print_each_engines_kv(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from proxy.cli import main as specrouter
 
     assert deploy.main(["render", str(GB10), "--out", str(tmp_path)]) == 0

@@ -18,17 +18,29 @@ DRAFT = {"method": "draft-simple", "num_speculative_tokens": 8}
 
 
 def policy(variants: dict[str, dict[str, Any]], **route: Any) -> CompiledPolicy:
-    backends = {name: {"url": f"http://127.0.0.1:{i + 1}", "served_model_name": "m", **b}
-                for i, (name, b) in enumerate(variants.items())}
-    return CompiledPolicy(validate_policy({
-        "schema": 1, "backends": backends,
-        "routes": {"r": {"models": ["m"], "variants": list(variants), **route}},
-    }))
+    backends = {
+        name: {"url": f"http://127.0.0.1:{i + 1}", "served_model_name": "m", **b}
+        for i, (name, b) in enumerate(variants.items())
+    }
+    return CompiledPolicy(
+        validate_policy(
+            {
+                "schema": 1,
+                "backends": backends,
+                "routes": {"r": {"models": ["m"], "variants": list(variants), **route}},
+            }
+        )
+    )
 
 
 def view(**kw: Any) -> RequestView:
-    return RequestView(endpoint="chat", model="m", client="c",
-                       fields_set=frozenset({"model", "messages", *kw}), **kw)
+    return RequestView(
+        endpoint="chat",
+        model="m",
+        client="c",
+        fields_set=frozenset({"model", "messages", *kw}),
+        **kw,
+    )
 
 
 def test_the_table_covers_every_kind() -> None:
@@ -42,8 +54,13 @@ def test_the_table_covers_every_kind() -> None:
 
 @pytest.mark.parametrize("request_", [{"min_p": 0.1}, {"has_logit_bias": True}])
 def test_llamacpp_speculates_with_min_p_and_logit_bias(request_: dict[str, Any]) -> None:
-    mixed = policy({"lc": {"kind": "llamacpp", "speculative": DRAFT},
-                    "vs": {"speculative": DRAFT}, "plain": {}})
+    mixed = policy(
+        {
+            "lc": {"kind": "llamacpp", "speculative": DRAFT},
+            "vs": {"speculative": DRAFT},
+            "plain": {},
+        }
+    )
     decision = decide(view(**request_), LiveState(), mixed)
     assert (decision.backend, decision.reason) == ("lc", "default")
     assert decision.fallbacks == ("plain",)  # the speculative vLLM engine would refuse it
@@ -63,8 +80,9 @@ def test_vllm_speculative_still_moves_to_plain() -> None:
 
 def test_lint_warns_about_min_p_defaults_only_where_refused() -> None:
     defaults = {"defaults": {"min_p": 0.05}}
-    lc = policy({"lc": {"kind": "llamacpp", "speculative": DRAFT}, "p": {"kind": "llamacpp"}},
-                **defaults)
+    lc = policy(
+        {"lc": {"kind": "llamacpp", "speculative": DRAFT}, "p": {"kind": "llamacpp"}}, **defaults
+    )
     vs = policy({"vs": {"speculative": DRAFT}, "p": {}}, **defaults)
     assert not any("min_p" in w for w in lint(lc.document))
     assert any("min_p" in w for w in lint(vs.document))

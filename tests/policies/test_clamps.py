@@ -16,16 +16,26 @@ from policies.types import LiveState
 KEY = "0" * 63
 
 
-def _policy(clamps: dict[str, Any], lengths: tuple[int | None, ...] = (None, None)) -> CompiledPolicy:
+def _policy(
+    clamps: dict[str, Any], lengths: tuple[int | None, ...] = (None, None)
+) -> CompiledPolicy:
     backends = {}
     for name, length in zip(("a", "b"), lengths, strict=True):
         backends[name] = {"url": f"http://127.0.0.1:{len(backends) + 1}", "served_model_name": "m"}
         if length is not None:
             backends[name]["engine"] = {"max_model_len": length}
-    return CompiledPolicy(validate_policy({
-        "schema": 1, "backends": backends,
-        "routes": {"coder": {"models": ["coder"], "variants": ["a", "b"], "clamps": clamps}},
-        "clients": [{"name": "agent", "key_sha256": KEY + "1"}]}))
+    return CompiledPolicy(
+        validate_policy(
+            {
+                "schema": 1,
+                "backends": backends,
+                "routes": {
+                    "coder": {"models": ["coder"], "variants": ["a", "b"], "clamps": clamps}
+                },
+                "clients": [{"name": "agent", "key_sha256": KEY + "1"}],
+            }
+        )
+    )
 
 
 def _inject(policy: CompiledPolicy, body: dict[str, Any], endpoint: Any = "chat") -> dict[str, Any]:
@@ -35,9 +45,10 @@ def _inject(policy: CompiledPolicy, body: dict[str, Any], endpoint: Any = "chat"
     return dict(for_body(decide(view, LiveState(), policy), endpoint, full).inject)
 
 
-@pytest.mark.parametrize(("name", "endpoint"), [
-    ("max_tokens", "chat"), ("max_completion_tokens", "chat"), ("max_output_tokens", "responses"),
-])
+@pytest.mark.parametrize(
+    ("name", "endpoint"),
+    [("max_tokens", "chat"), ("max_completion_tokens", "chat"), ("max_output_tokens", "responses")],
+)
 def test_a_clamp_on_one_name_holds_under_every_name(name: str, endpoint: str) -> None:
     policy = _policy({"max_tokens": {"max": 256}})
     assert _inject(policy, {name: 600}, endpoint) == {name: 256}
@@ -57,6 +68,7 @@ def test_without_a_clamp_output_is_capped_at_the_context_length() -> None:
 
 
 def test_a_boolean_or_a_string_is_no_number() -> None:
-    view = request_view({"temperature": True, "n": True, "max_tokens": "600"}, "chat", "coder",
-                        "agent", {}, 0.0)
+    view = request_view(
+        {"temperature": True, "n": True, "max_tokens": "600"}, "chat", "coder", "agent", {}, 0.0
+    )
     assert view.temperature is None and view.n == 1 and view.numeric_fields == {}

@@ -40,20 +40,38 @@ BODIES: list[tuple[str, dict[str, Any], ContentSignals]] = [
     ("path", {"messages": [user("open src/app/main.rs please")]}, RECENT),
     ("bare-source-file", {"messages": [user("what does setup.py do")]}, RECENT),
     ("prose", {"messages": [user("Write a poem about the sea, 3.5 stanzas.")]}, NONE),
-    ("content-parts", {"messages": [user([{"type": "text", "text": "see lib/x.py"},
-                                         {"type": "image_url"}, "junk"])]}, RECENT),
+    (
+        "content-parts",
+        {
+            "messages": [
+                user([{"type": "text", "text": "see lib/x.py"}, {"type": "image_url"}, "junk"])
+            ]
+        },
+        RECENT,
+    ),
     ("tool-result", {"messages": [user("go"), {"role": "tool", "content": "ok"}]}, RECENT),
-    ("assistant-tool-calls", {"messages": [{"role": "assistant", "content": None,
-                                            "tool_calls": [{"id": "1"}]}]}, RECENT),
-    ("old-code-not-recent", {"messages": [user("```x```"), user("a"), user("b"), user("c")]},
-     NONE),
+    (
+        "assistant-tool-calls",
+        {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
+        RECENT,
+    ),
+    ("old-code-not-recent", {"messages": [user("```x```"), user("a"), user("b"), user("c")]}, NONE),
     ("code-far-from-tail", {"messages": [user("```x``` " + "word " * SCAN_CHARS)]}, NONE),
-    ("system-about-code", {"messages": [{"role": "system", "content": "You are a coding agent."},
-                                        user("hello")]}, SYSTEM),
-    ("developer-role", {"messages": [{"role": "developer", "content": "Refactor carefully"},
-                                     user("hello")]}, SYSTEM),
-    ("system-not-code", {"messages": [{"role": "system", "content": "You are a poet."},
-                                      user("hello")]}, NONE),
+    (
+        "system-about-code",
+        {"messages": [{"role": "system", "content": "You are a coding agent."}, user("hello")]},
+        SYSTEM,
+    ),
+    (
+        "developer-role",
+        {"messages": [{"role": "developer", "content": "Refactor carefully"}, user("hello")]},
+        SYSTEM,
+    ),
+    (
+        "system-not-code",
+        {"messages": [{"role": "system", "content": "You are a poet."}, user("hello")]},
+        NONE,
+    ),
     ("null-content", {"messages": [{"role": "assistant", "content": None}]}, NONE),
     ("non-dict-messages", {"messages": ["x", 3, None]}, NONE),
     ("responses-input-string", {"input": "refactor utils/io.py"}, RECENT),
@@ -65,7 +83,8 @@ BODIES: list[tuple[str, dict[str, Any], ContentSignals]] = [
 ]
 
 
-@pytest.mark.parametrize(("body", "expected"), [(b, e) for _, b, e in BODIES],
-                         ids=[i for i, _, _ in BODIES])
+@pytest.mark.parametrize(
+    ("body", "expected"), [(b, e) for _, b, e in BODIES], ids=[i for i, _, _ in BODIES]
+)
 def test_signals_from_body(body: dict[str, Any], expected: ContentSignals) -> None:
     assert signals_from_body(body) == expected

@@ -55,35 +55,79 @@ SPEC = "backends.coder-dflash7.speculative"
 RULES = "routes.coder.rules"
 
 WARNINGS = [
-    ("prob-without-block", f"{SPEC}.rejection_sample_method", "standard",
-     "probabilistic draft without block verification"),
-    ("block-without-prob", f"{SPEC}.draft_sample_method", "greedy",
-     "block verification with a greedy draft is a loss"),
+    (
+        "prob-without-block",
+        f"{SPEC}.rejection_sample_method",
+        "standard",
+        "probabilistic draft without block verification",
+    ),
+    (
+        "block-without-prob",
+        f"{SPEC}.draft_sample_method",
+        "greedy",
+        "block verification with a greedy draft is a loss",
+    ),
     ("unknown-method", f"{SPEC}.method", "telepathy", "'telepathy' is not a method"),
-    ("single-speculative-variant", "routes.coder", {
-        "models": ["coder"], "variants": ["coder-dflash7"]},
-     "routes.coder: a single speculative variant and no fallback"),
-    ("min-p-default", "routes.coder.defaults", {"min_p": 0.1},
-     "routes.coder.defaults: min_p/logit_bias"),
-    ("unreachable-rule", f"{RULES}.3", {"name": "late", "kind": "content", "classes": ["code"],
-                                        "use": "coder-mtp3"},
-     "rules[3] (rule 'late'): never evaluated, rule 'deep-block-when-quiet' always decides"),
-    ("canary-100", f"{RULES}.1", {"name": "all", "kind": "canary", "use": "coder-mtp3",
-                                  "percent": 100}, "rules[2] (rule 'deep-block-when-quiet'): never"),
-    ("load-above-capacity", f"{RULES}.2.scope", "variant",
-     None),  # max_in_flight 2 < 16: no warning
-    ("load-at-capacity", f"{RULES}.2", {"name": "cap", "kind": "load", "use": "coder-dflash7",
-                                        "max_in_flight": 16, "otherwise": "coder-mtp3"},
-     "max_in_flight: 16 is not below coder-dflash7's max_concurrency (16)"),
-    ("guard-plain-variant", "backends.coder-dflash7.speculative", None,
-     "coder-dflash7 does not speculate; it has no acceptance"),
-    ("probe-shorter-than-window", f"{RULES}.1.probe_after_s", 10,
-     "probe_after_s: 10 s is shorter than the 30 s window"),
+    (
+        "single-speculative-variant",
+        "routes.coder",
+        {"models": ["coder"], "variants": ["coder-dflash7"]},
+        "routes.coder: a single speculative variant and no fallback",
+    ),
+    (
+        "min-p-default",
+        "routes.coder.defaults",
+        {"min_p": 0.1},
+        "routes.coder.defaults: min_p/logit_bias",
+    ),
+    (
+        "unreachable-rule",
+        f"{RULES}.3",
+        {"name": "late", "kind": "content", "classes": ["code"], "use": "coder-mtp3"},
+        "rules[3] (rule 'late'): never evaluated, rule 'deep-block-when-quiet' always decides",
+    ),
+    (
+        "canary-100",
+        f"{RULES}.1",
+        {"name": "all", "kind": "canary", "use": "coder-mtp3", "percent": 100},
+        "rules[2] (rule 'deep-block-when-quiet'): never",
+    ),
+    (
+        "load-above-capacity",
+        f"{RULES}.2.scope",
+        "variant",
+        None,
+    ),  # max_in_flight 2 < 16: no warning
+    (
+        "load-at-capacity",
+        f"{RULES}.2",
+        {
+            "name": "cap",
+            "kind": "load",
+            "use": "coder-dflash7",
+            "max_in_flight": 16,
+            "otherwise": "coder-mtp3",
+        },
+        "max_in_flight: 16 is not below coder-dflash7's max_concurrency (16)",
+    ),
+    (
+        "guard-plain-variant",
+        "backends.coder-dflash7.speculative",
+        None,
+        "coder-dflash7 does not speculate; it has no acceptance",
+    ),
+    (
+        "probe-shorter-than-window",
+        f"{RULES}.1.probe_after_s",
+        10,
+        "probe_after_s: 10 s is shorter than the 30 s window",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("change", "value", "expected"), [w[1:] for w in WARNINGS],
-                         ids=[w[0] for w in WARNINGS])
+@pytest.mark.parametrize(
+    ("change", "value", "expected"), [w[1:] for w in WARNINGS], ids=[w[0] for w in WARNINGS]
+)
 def test_warnings(change: str, value: Any, expected: str | None) -> None:
     if change == f"{RULES}.3":
         data = gb10()
@@ -112,10 +156,19 @@ def test_check(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
 
 
 def test_explain_text(capsys: pytest.CaptureFixture[str]) -> None:
-    request = json.dumps({"model": "coder", "max_tokens": 10**6,
-                          "messages": [{"role": "user", "content": "fix src/a.py"}]})
-    state = json.dumps({"backends": {"coder-dflash7": {"in_flight": 1, "acceptance": 2.1}},
-                        "guards": {"coder-dflash7": {"tripped": True}}})
+    request = json.dumps(
+        {
+            "model": "coder",
+            "max_tokens": 10**6,
+            "messages": [{"role": "user", "content": "fix src/a.py"}],
+        }
+    )
+    state = json.dumps(
+        {
+            "backends": {"coder-dflash7": {"in_flight": 1, "acceptance": 2.1}},
+            "guards": {"coder-dflash7": {"tripped": True}},
+        }
+    )
     code, out, _ = run(capsys, "explain", str(GB10), "--request", request, "--state", state)
     assert code == 0
     assert "backend: coder-mtp3  route: coder  reason: dflash-acceptance" in out
@@ -123,11 +176,22 @@ def test_explain_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert "dflash-acceptance      applied        coder-dflash7 tripped (acceptance 2.1)" in out
 
 
-def test_explain_json_from_files(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explain_json_from_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "req.json").write_text('{"model": "coder", "temperature": 1.0}')
-    code, out, _ = run(capsys, "explain", str(GB10), "--request", f"@{tmp_path / 'req.json'}",
-                       "--client", "bench", "--pin", "coder-mtp3", "--json")
+    code, out, _ = run(
+        capsys,
+        "explain",
+        str(GB10),
+        "--request",
+        f"@{tmp_path / 'req.json'}",
+        "--client",
+        "bench",
+        "--pin",
+        "coder-mtp3",
+        "--json",
+    )
     data = json.loads(out)
     assert code == 0 and data["decision"]["backend"] == "coder-mtp3"
     assert data["decision"]["reason"] == "pinned" and data["decision"]["inject"] == {}
@@ -147,14 +211,14 @@ def test_explain_json_from_files(capsys: pytest.CaptureFixture[str], tmp_path: P
         (["--request", "{}", "--state", '{"backends": {"x": {"colour": 1}}}'], "--state:"),
     ],
 )
-def test_explain_usage_errors(capsys: pytest.CaptureFixture[str], argv: list[str],
-                              message: str) -> None:
+def test_explain_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
     code, _, err = run(capsys, "explain", str(GB10), *argv)
     assert code == 2 and message in err
 
 
-def test_explain_policy_without_clients(capsys: pytest.CaptureFixture[str],
-                                        tmp_path: Path) -> None:
+def test_explain_policy_without_clients(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     data = gb10()
     data["clients"] = []
     code, out, _ = run(capsys, "explain", write(tmp_path, data), "--request", '{"model":"coder"}')
@@ -168,8 +232,9 @@ def test_diff(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rules = data["routes"]["coder"]["rules"]
     rules[0], rules[1] = rules[1], rules[0]
     rules[2]["max_in_flight"] = 3
-    rules.append({"name": "cool", "kind": "sampling", "temperature_below": 0.5,
-                  "use": "coder-mtp3"})
+    rules.append(
+        {"name": "cool", "kind": "sampling", "temperature_below": 0.5, "use": "coder-mtp3"}
+    )
     del data["backends"]["embed-small"]
     del data["routes"]["embed-small"]
     data["guard"] = {"window_s": 20}

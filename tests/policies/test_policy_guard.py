@@ -16,8 +16,14 @@ from policies.schema import GuardRule
 from policies.types import GuardState
 
 RULE: dict[str, Any] = {
-    "name": "g", "kind": "acceptance_guard", "variant": "a", "below": 2.8, "for_s": 30,
-    "recover_above": 3.3, "recover_for_s": 20, "probe_after_s": 60,
+    "name": "g",
+    "kind": "acceptance_guard",
+    "variant": "a",
+    "below": 2.8,
+    "for_s": 30,
+    "recover_above": 3.3,
+    "recover_for_s": 20,
+    "probe_after_s": 60,
 }
 
 Step = tuple[float | None, float, str]
@@ -28,48 +34,92 @@ SEQUENCES: dict[str, tuple[dict[str, Any], list[Step]]] = {
     "steady-ok": ({}, [(4.0, 0, "ok"), (3.0, 10, "ok"), (2.8, 20, "ok")]),
     "trips-exactly-at-for-s": ({}, [(2.0, 0, "low"), (2.0, 29.9, "low"), (2.0, 30, "tripped")]),
     "threshold-itself-is-not-low": ({}, [(2.8, 0, "ok"), (2.8, 100, "ok")]),
-    "a-dip-restarts-the-clock": ({}, [
-        (2.0, 0, "low"), (3.0, 10, "ok"), (2.0, 20, "low"), (2.0, 49.9, "low"),
-        (2.0, 50, "tripped"),
-    ]),
+    "a-dip-restarts-the-clock": (
+        {},
+        [
+            (2.0, 0, "low"),
+            (3.0, 10, "ok"),
+            (2.0, 20, "low"),
+            (2.0, 49.9, "low"),
+            (2.0, 50, "tripped"),
+        ],
+    ),
     "no-reading-holds": ({}, [(2.0, 0, "low"), (None, 15, "low"), (2.0, 30, "tripped")]),
     "no-reading-when-ok": ({}, [(None, 0, "ok"), (None, 1000, "ok")]),
     "zero-for-s-trips-at-once": ({"for_s": 0}, [(2.7, 5, "tripped")]),
-    "recovers-with-hysteresis": ({}, [
-        *TRIP, (3.0, 35, "tripped"), (3.3, 40, "tripped"), (3.3, 59.9, "tripped"),
-        (3.3, 60, "ok"),
-    ]),
-    "band-restarts-recovery": ({}, [
-        *TRIP, (3.5, 35, "tripped"), (3.0, 45, "tripped"), (3.5, 50, "tripped"),
-        (3.5, 69.9, "tripped"), (3.5, 70, "ok"),
-    ]),
-    "no-reading-keeps-recovery-clock": ({}, [
-        *TRIP, (3.5, 35, "tripped"), (None, 45, "tripped"), (3.5, 55, "ok"),
-    ]),
-    "trial-after-probe-delay": ({}, [
-        *TRIP, (None, 89.9, "tripped"), (None, 90, "trial"), (None, 200, "trial"),
-    ]),
-    "failed-trial-trips-at-once": ({}, [
-        *TRIP, (None, 90, "trial"), (2.0, 91, "tripped"), (None, 150.9, "tripped"),
-        (None, 151, "trial"),
-    ]),
-    "successful-trial": ({}, [
-        *TRIP, (None, 90, "trial"), (3.4, 95, "trial-high"), (3.4, 114.9, "trial-high"),
-        (3.4, 115, "ok"), (2.0, 116, "low"),
-    ]),
-    "trial-in-band-stays-on-trial": ({}, [
-        *TRIP, (None, 90, "trial"), (3.4, 95, "trial-high"), (3.0, 100, "trial"),
-        (3.0, 500, "trial"), (2.79, 501, "tripped"),
-    ]),
-    "trial-keeps-recovery-clock-from-tripped": ({}, [
-        *TRIP, (3.5, 85, "tripped"), (None, 90, "trial-high"), (3.5, 105, "ok"),
-    ]),
-    "probe-disabled-waits-for-evidence": ({"probe_after_s": None}, [
-        *TRIP, (None, 10_000, "tripped"), (3.3, 10_001, "tripped"), (3.3, 10_021, "ok"),
-    ]),
-    "recover-defaults-to-trip-band": ({"recover_above": None, "recover_for_s": None}, [
-        *TRIP, (2.8, 40, "tripped"), (2.8, 69.9, "tripped"), (2.8, 70, "ok"),
-    ]),
+    "recovers-with-hysteresis": (
+        {},
+        [
+            *TRIP,
+            (3.0, 35, "tripped"),
+            (3.3, 40, "tripped"),
+            (3.3, 59.9, "tripped"),
+            (3.3, 60, "ok"),
+        ],
+    ),
+    "band-restarts-recovery": (
+        {},
+        [
+            *TRIP,
+            (3.5, 35, "tripped"),
+            (3.0, 45, "tripped"),
+            (3.5, 50, "tripped"),
+            (3.5, 69.9, "tripped"),
+            (3.5, 70, "ok"),
+        ],
+    ),
+    "no-reading-keeps-recovery-clock": (
+        {},
+        [*TRIP, (3.5, 35, "tripped"), (None, 45, "tripped"), (3.5, 55, "ok")],
+    ),
+    "trial-after-probe-delay": (
+        {},
+        [*TRIP, (None, 89.9, "tripped"), (None, 90, "trial"), (None, 200, "trial")],
+    ),
+    "failed-trial-trips-at-once": (
+        {},
+        [
+            *TRIP,
+            (None, 90, "trial"),
+            (2.0, 91, "tripped"),
+            (None, 150.9, "tripped"),
+            (None, 151, "trial"),
+        ],
+    ),
+    "successful-trial": (
+        {},
+        [
+            *TRIP,
+            (None, 90, "trial"),
+            (3.4, 95, "trial-high"),
+            (3.4, 114.9, "trial-high"),
+            (3.4, 115, "ok"),
+            (2.0, 116, "low"),
+        ],
+    ),
+    "trial-in-band-stays-on-trial": (
+        {},
+        [
+            *TRIP,
+            (None, 90, "trial"),
+            (3.4, 95, "trial-high"),
+            (3.0, 100, "trial"),
+            (3.0, 500, "trial"),
+            (2.79, 501, "tripped"),
+        ],
+    ),
+    "trial-keeps-recovery-clock-from-tripped": (
+        {},
+        [*TRIP, (3.5, 85, "tripped"), (None, 90, "trial-high"), (3.5, 105, "ok")],
+    ),
+    "probe-disabled-waits-for-evidence": (
+        {"probe_after_s": None},
+        [*TRIP, (None, 10_000, "tripped"), (3.3, 10_001, "tripped"), (3.3, 10_021, "ok")],
+    ),
+    "recover-defaults-to-trip-band": (
+        {"recover_above": None, "recover_for_s": None},
+        [*TRIP, (2.8, 40, "tripped"), (2.8, 69.9, "tripped"), (2.8, 70, "ok")],
+    ),
 }
 
 

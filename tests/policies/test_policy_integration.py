@@ -24,27 +24,38 @@ def _msg(i: int) -> list[dict]:
 
 @pytest.fixture
 def pair(certs) -> Iterator[tuple[SimServer, SimServer]]:
-    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep, \
-            SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow:
+    with (
+        SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep,
+        SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow,
+    ):
         yield deep, shallow
 
 
 def _variant(c: httpx.Client, i: int = 0, **extra) -> httpx.Response:
-    r = c.post("/v1/chat/completions", json={"model": "coder", "messages": _msg(i),
-                                             "max_tokens": 4, **extra})
+    r = c.post(
+        "/v1/chat/completions",
+        json={"model": "coder", "messages": _msg(i), "max_tokens": 4, **extra},
+    )
     assert r.status_code == 200, r.text
     return r
 
 
 def _hold_streams(gw: GatewayServer, n: int, stop: threading.Event) -> list[threading.Thread]:
     """n long streams, open until `stop` (bounded by max_tokens anyway)."""
+
     def run(i: int) -> None:
-        with gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
-                "model": "coder", "messages": _msg(i), "stream": True,
-                "max_tokens": 3000}) as r:
+        with (
+            gw.client() as c,
+            c.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={"model": "coder", "messages": _msg(i), "stream": True, "max_tokens": 3000},
+            ) as r,
+        ):
             for _ in r.iter_raw():
                 if stop.is_set():
                     break
+
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
@@ -63,13 +74,27 @@ def _wait(predicate, timeout: float = 10.0) -> None:
 
 def test_load_rule_moves_traffic_when_concurrency_crosses_n(certs, pair) -> None:
     deep, shallow = pair
-    rules = [{"name": "deep-when-quiet", "kind": "load", "use": "deep", "max_in_flight": 2,
-              "scope": "route", "otherwise": "shallow"}]
-    with GatewayServer(coder_policy({"deep": deep.url, "shallow": shallow.url}, rules=rules),
-                       certs=certs) as gw, gw.client() as c:
+    rules = [
+        {
+            "name": "deep-when-quiet",
+            "kind": "load",
+            "use": "deep",
+            "max_in_flight": 2,
+            "scope": "route",
+            "otherwise": "shallow",
+        }
+    ]
+    with (
+        GatewayServer(
+            coder_policy({"deep": deep.url, "shallow": shallow.url}, rules=rules), certs=certs
+        ) as gw,
+        gw.client() as c,
+    ):
         r = _variant(c)
         assert (r.headers["x-specrouter-variant"], r.headers["x-specrouter-reason"]) == (
-            "deep", "deep-when-quiet")
+            "deep",
+            "deep-when-quiet",
+        )
         stop = threading.Event()
         threads = _hold_streams(gw, 3, stop)
         try:
@@ -83,24 +108,43 @@ def test_load_rule_moves_traffic_when_concurrency_crosses_n(certs, pair) -> None
                 t.join(timeout=30)
         _wait(lambda: gw.admin_get("/admin/status").json()["in_flight"] == 0)
         assert _variant(c, 2).headers["x-specrouter-variant"] == "deep"
-        assert 'specrouter_decisions_total{reason="deep-when-quiet",route="coder",' \
-               'variant="shallow"}' in gw.metrics()
+        assert (
+            'specrouter_decisions_total{reason="deep-when-quiet",route="coder",'
+            'variant="shallow"}' in gw.metrics()
+        )
 
 
 def test_acceptance_collapse_diverts_then_recovers(certs, pair) -> None:
     deep, shallow = pair
-    rules = [{"name": "deep-acceptance", "kind": "acceptance_guard", "variant": "deep",
-              "below": 2.5, "for_s": 0.5, "recover_above": 3.0, "recover_for_s": 0.5,
-              "probe_after_s": 1.5, "window_s": 1.5, "fallback": "shallow"}]
-    with GatewayServer(coder_policy({"deep": deep.url, "shallow": shallow.url}, rules=rules),
-                       certs=certs) as gw, gw.client() as c:
+    rules = [
+        {
+            "name": "deep-acceptance",
+            "kind": "acceptance_guard",
+            "variant": "deep",
+            "below": 2.5,
+            "for_s": 0.5,
+            "recover_above": 3.0,
+            "recover_for_s": 0.5,
+            "probe_after_s": 1.5,
+            "window_s": 1.5,
+            "fallback": "shallow",
+        }
+    ]
+    with (
+        GatewayServer(
+            coder_policy({"deep": deep.url, "shallow": shallow.url}, rules=rules), certs=certs
+        ) as gw,
+        gw.client() as c,
+    ):
         assert _variant(c).headers["x-specrouter-variant"] == "deep"
         deep.fault("acceptance_collapse", factor=0.05)
         seen: list[str] = []
 
         def diverted() -> bool:
-            r = c.post("/v1/chat/completions", json={"model": "coder", "messages": _msg(0),
-                                                     "max_tokens": 60})
+            r = c.post(
+                "/v1/chat/completions",
+                json={"model": "coder", "messages": _msg(0), "max_tokens": 60},
+            )
             seen.append(r.headers["x-specrouter-variant"])
             return r.headers["x-specrouter-variant"] == "shallow"
 
@@ -111,18 +155,21 @@ def test_acceptance_collapse_diverts_then_recovers(certs, pair) -> None:
         deep.clear_faults()
 
         def back() -> bool:
-            r = c.post("/v1/chat/completions", json={"model": "coder", "messages": _msg(0),
-                                                     "max_tokens": 60})
-            return r.headers["x-specrouter-variant"] == "deep" and \
-                r.headers["x-specrouter-reason"] != "deep-acceptance"
+            r = c.post(
+                "/v1/chat/completions",
+                json={"model": "coder", "messages": _msg(0), "max_tokens": 60},
+            )
+            return (
+                r.headers["x-specrouter-variant"] == "deep"
+                and r.headers["x-specrouter-reason"] != "deep-acceptance"
+            )
 
         _wait(back, timeout=30)
 
 
 def test_killed_backend_fails_over_without_client_errors(certs, pair) -> None:
     deep, shallow = pair
-    with GatewayServer(coder_policy({"deep": deep.url, "shallow": shallow.url}),
-                       certs=certs) as gw:
+    with GatewayServer(coder_policy({"deep": deep.url, "shallow": shallow.url}), certs=certs) as gw:
         statuses: Counter[int] = Counter()
         served: Counter[str] = Counter()
         stop = threading.Event()
@@ -130,8 +177,10 @@ def test_killed_backend_fails_over_without_client_errors(certs, pair) -> None:
         def client_loop(i: int) -> None:
             with gw.client() as c:
                 while not stop.is_set():
-                    r = c.post("/v1/chat/completions", json={
-                        "model": "coder", "messages": _msg(i), "max_tokens": 8})
+                    r = c.post(
+                        "/v1/chat/completions",
+                        json={"model": "coder", "messages": _msg(i), "max_tokens": 8},
+                    )
                     statuses[r.status_code] += 1
                     served[r.headers.get("x-specrouter-variant", "?")] += 1
 
@@ -151,8 +200,12 @@ def test_killed_backend_fails_over_without_client_errors(certs, pair) -> None:
 def test_canary_share_and_stickiness(certs, pair) -> None:
     deep, shallow = pair
     rules = [{"name": "mtp-canary", "kind": "canary", "use": "shallow", "percent": 10}]
-    with GatewayServer(coder_policy({"deep": deep.url, "shallow": shallow.url}, rules=rules),
-                       certs=certs) as gw, gw.client() as c:
+    with (
+        GatewayServer(
+            coder_policy({"deep": deep.url, "shallow": shallow.url}, rules=rules), certs=certs
+        ) as gw,
+        gw.client() as c,
+    ):
         arms: dict[str, str] = {}
         for i in range(1000):
             r = _variant(c, i, max_tokens=1, user=f"user-{i}")
@@ -163,8 +216,9 @@ def test_canary_share_and_stickiness(certs, pair) -> None:
             r = _variant(c, i, max_tokens=1, user=f"user-{i}")
             assert r.headers["x-specrouter-variant"] == arms[f"user-{i}"]
         canary = next(u for u, v in arms.items() if v == "shallow")
-        assert _variant(c, 0, max_tokens=1, user=canary).headers["x-specrouter-reason"] == \
-            "mtp-canary"
+        assert (
+            _variant(c, 0, max_tokens=1, user=canary).headers["x-specrouter-reason"] == "mtp-canary"
+        )
 
 
 def test_policy_changes_under_load_lose_nothing(certs, pair) -> None:
@@ -178,12 +232,22 @@ def test_policy_changes_under_load_lose_nothing(certs, pair) -> None:
         def stream_loop(i: int) -> None:
             with gw.client() as c:
                 while not stop.is_set():
-                    with c.stream("POST", "/v1/chat/completions", json={
-                            "model": "coder", "messages": _msg(i), "stream": True,
-                            "max_tokens": 40}) as r:
+                    with c.stream(
+                        "POST",
+                        "/v1/chat/completions",
+                        json={
+                            "model": "coder",
+                            "messages": _msg(i),
+                            "stream": True,
+                            "max_tokens": 40,
+                        },
+                    ) as r:
                         body = r.read()
-                    if r.status_code != 200 or not body.endswith(b"data: [DONE]\n\n") \
-                            or b'"error"' in body:
+                    if (
+                        r.status_code != 200
+                        or not body.endswith(b"data: [DONE]\n\n")
+                        or b'"error"' in body
+                    ):
                         failures.append(f"{r.status_code} {body[-200:]!r}")
                     done["ok"] += 1
 
@@ -196,10 +260,14 @@ def test_policy_changes_under_load_lose_nothing(certs, pair) -> None:
                 current = admin.get("/admin/policy")
                 doc = current.json()["document"]
                 doc["routes"]["coder"]["defaults"] = {"temperature": 0.6 + (n % 2) / 10}
-                doc["routes"]["coder"]["variants"] = (["deep", "shallow"] if n % 3
-                                                      else ["shallow", "deep"])
-                r = admin.put("/admin/policy", content=yaml.safe_dump(doc),
-                              headers={"if-match": current.headers["etag"]})
+                doc["routes"]["coder"]["variants"] = (
+                    ["deep", "shallow"] if n % 3 else ["shallow", "deep"]
+                )
+                r = admin.put(
+                    "/admin/policy",
+                    content=yaml.safe_dump(doc),
+                    headers={"if-match": current.headers["etag"]},
+                )
                 assert r.status_code == 200, r.text
                 versions.add(r.json()["version"])
                 time.sleep(0.02)
@@ -214,19 +282,23 @@ def test_policy_changes_under_load_lose_nothing(certs, pair) -> None:
 
 def test_concurrent_puts_and_invalid_put_on_loopback(certs, pair) -> None:
     deep, shallow = pair
-    with GatewayServer(coder_policy({"deep": deep.url, "shallow": shallow.url}),
-                       certs=certs) as gw:
+    with GatewayServer(coder_policy({"deep": deep.url, "shallow": shallow.url}), certs=certs) as gw:
         with httpx.Client(base_url=gw.admin, headers=ADMIN, timeout=10) as admin:
             current = admin.get("/admin/policy")
             etag, doc = current.headers["etag"], current.json()["document"]
             results: list[int] = []
 
             def put(t: float) -> None:
-                d = {**doc, "routes": {"coder": {**doc["routes"]["coder"],
-                                                 "defaults": {"temperature": t}}}}
+                d = {
+                    **doc,
+                    "routes": {"coder": {**doc["routes"]["coder"], "defaults": {"temperature": t}}},
+                }
                 with httpx.Client(base_url=gw.admin, headers=ADMIN, timeout=10) as own:
-                    results.append(own.put("/admin/policy", content=yaml.safe_dump(d),
-                                           headers={"if-match": etag}).status_code)
+                    results.append(
+                        own.put(
+                            "/admin/policy", content=yaml.safe_dump(d), headers={"if-match": etag}
+                        ).status_code
+                    )
 
             threads = [threading.Thread(target=put, args=(t,)) for t in (0.5, 0.6)]
             for t in threads:
@@ -237,8 +309,11 @@ def test_concurrent_puts_and_invalid_put_on_loopback(certs, pair) -> None:
             before = admin.get("/admin/policy")
             file_before = gw.policy_path.read_bytes()
             bad = {**doc, "routes": {"coder": {**doc["routes"]["coder"], "variants": ["gone"]}}}
-            r = admin.put("/admin/policy", content=yaml.safe_dump(bad),
-                          headers={"if-match": before.headers["etag"]})
+            r = admin.put(
+                "/admin/policy",
+                content=yaml.safe_dump(bad),
+                headers={"if-match": before.headers["etag"]},
+            )
             assert r.status_code == 422 and "gone" in r.json()["error"]["message"]
             after = admin.get("/admin/policy")
             assert after.headers["etag"] == before.headers["etag"]

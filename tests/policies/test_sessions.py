@@ -15,37 +15,55 @@ BILLING = "x-anthropic-billing-header: cc_version=2.1.80.a1b; cc_entrypoint=cli;
 
 def chat(*turns: str, system: str = SYSTEM) -> dict[str, Any]:
     roles = ("user", "assistant")
-    return {"model": "m", "messages": [{"role": "system", "content": system}] + [
-        {"role": roles[i % 2], "content": t} for i, t in enumerate(turns)]}
+    return {
+        "model": "m",
+        "messages": [{"role": "system", "content": system}]
+        + [{"role": roles[i % 2], "content": t} for i, t in enumerate(turns)],
+    }
 
 
 def messages(cch: str, *turns: str) -> dict[str, Any]:
     """Claude Code's shape: system blocks, the attribution block first, its hash per request."""
     body = chat(*turns)
     body["messages"] = body["messages"][1:]
-    body["system"] = [{"type": "text", "text": BILLING.format(cch)},
-                      {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    body["system"] = [
+        {"type": "text", "text": BILLING.format(cch)},
+        {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}},
+    ]
     return body
 
 
-def sid(body: dict[str, Any], headers: dict[bytes, bytes] | None = None,
-        client: str = "agent") -> SessionId | None:
+def sid(
+    body: dict[str, Any], headers: dict[bytes, bytes] | None = None, client: str = "agent"
+) -> SessionId | None:
     return session_of(client, body, headers or {})
 
 
-@pytest.mark.parametrize(("headers", "body", "source", "subagent"), [
-    ({b"x-claude-code-session-id": b"cc-1"}, chat("hi"), "header", False),
-    ({b"x-claude-code-session-id": b"cc-1", b"x-claude-code-agent-id": b"sub-1",
-      b"x-claude-code-parent-agent-id": b"main"}, chat("hi"), "header", True),
-    ({b"thread-id": b"t-1"}, chat("hi"), "header", False),
-    ({b"session_id": b"t-1", b"x-openai-subagent": b"review"}, chat("hi"), "header", True),
-    ({b"session-id": b"t-1", b"x-codex-parent-thread-id": b"t-0"}, chat("hi"), "header", True),
-    ({b"x-session-id": b"oc-1", b"x-parent-session-id": b"oc-0"}, chat("hi"), "header", True),
-    ({}, {**chat("hi"), "user": "u-1"}, "user", False),
-    ({}, chat("hi"), "fingerprint", False),
-])
-def test_source_and_subagent(headers: dict[bytes, bytes], body: dict[str, Any], source: str,
-                             subagent: bool) -> None:
+@pytest.mark.parametrize(
+    ("headers", "body", "source", "subagent"),
+    [
+        ({b"x-claude-code-session-id": b"cc-1"}, chat("hi"), "header", False),
+        (
+            {
+                b"x-claude-code-session-id": b"cc-1",
+                b"x-claude-code-agent-id": b"sub-1",
+                b"x-claude-code-parent-agent-id": b"main",
+            },
+            chat("hi"),
+            "header",
+            True,
+        ),
+        ({b"thread-id": b"t-1"}, chat("hi"), "header", False),
+        ({b"session_id": b"t-1", b"x-openai-subagent": b"review"}, chat("hi"), "header", True),
+        ({b"session-id": b"t-1", b"x-codex-parent-thread-id": b"t-0"}, chat("hi"), "header", True),
+        ({b"x-session-id": b"oc-1", b"x-parent-session-id": b"oc-0"}, chat("hi"), "header", True),
+        ({}, {**chat("hi"), "user": "u-1"}, "user", False),
+        ({}, chat("hi"), "fingerprint", False),
+    ],
+)
+def test_source_and_subagent(
+    headers: dict[bytes, bytes], body: dict[str, Any], source: str, subagent: bool
+) -> None:
     found = sid(body, headers)
     assert found is not None
     assert (found.source, found.subagent) == (source, subagent)
@@ -100,10 +118,15 @@ def test_fingerprint_skips_claude_codes_billing_block() -> None:
 
 def test_fingerprint_of_responses_and_no_user_turn() -> None:
     turn1 = {"model": "m", "instructions": SYSTEM, "input": "fix it"}
-    turn2 = {"model": "m", "instructions": SYSTEM, "input": [
-        {"role": "user", "content": [{"type": "input_text", "text": "fix it"}]},
-        {"role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
-        {"role": "user", "content": "more"}]}
+    turn2 = {
+        "model": "m",
+        "instructions": SYSTEM,
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "fix it"}]},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+            {"role": "user", "content": "more"},
+        ],
+    }
     a, b = sid(turn1), sid(turn2)
     assert a is not None and b is not None and a.key == b.key and b.continues
     assert fingerprint({"model": "m", "messages": [{"role": "system", "content": "x"}]}) is None
@@ -114,10 +137,10 @@ def test_canary_key_is_the_session() -> None:
     headers = {b"x-claude-code-session-id": b"cc-1"}
     v1 = request_view(chat("a"), "chat", "m", "agent", headers, 0.0)
     v2 = request_view(chat("b", "c", "d"), "chat", "m", "agent", headers, 0.0)
-    v3 = request_view(chat("a"), "chat", "m", "agent", {b"x-claude-code-session-id": b"cc-2"},
-                      0.0)
+    v3 = request_view(chat("a"), "chat", "m", "agent", {b"x-claude-code-session-id": b"cc-2"}, 0.0)
     assert v1.session is not None and v1.session.key == sid(chat("a"), headers).key  # type: ignore[union-attr]
     assert v1.canary_bucket == v2.canary_bucket != v3.canary_bucket
-    embed = request_view({"model": "e", "input": "x", "user": "u"}, "embeddings", "e", "agent",
-                         {}, 0.0)
+    embed = request_view(
+        {"model": "e", "input": "x", "user": "u"}, "embeddings", "e", "agent", {}, 0.0
+    )
     assert embed.session is None

@@ -28,9 +28,27 @@ def test_pair_recovers_the_simulated_overlap(overlap: float, tmp_path: Path) -> 
     with DeviceSim(engines, time_scale=0.1, overlap=overlap) as dev:
         out = tmp_path / "pair.json"
         done = subprocess.run(
-            [sys.executable, "-m", "proxy.cli", "probe", "pair", "--a", dev.urls["a"],
-             "--b", dev.urls["b"], "--concurrency", "3", "--window", "12", "--out", str(out)],
-            capture_output=True, text=True, timeout=90)
+            [
+                sys.executable,
+                "-m",
+                "proxy.cli",
+                "probe",
+                "pair",
+                "--a",
+                dev.urls["a"],
+                "--b",
+                dev.urls["b"],
+                "--concurrency",
+                "3",
+                "--window",
+                "12",
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     assert result["time_scale"] == {"a": 0.1, "b": 0.1}

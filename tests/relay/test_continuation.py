@@ -19,16 +19,28 @@ def _frames(body: bytes) -> list[bytes]:
 
 @pytest.mark.parametrize("relay", ["push", "pull"])
 def test_a_dead_engine_mid_stream_is_continued_in_the_same_stream(certs, relay) -> None:
-    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep, \
-            SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow:
+    with (
+        SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep,
+        SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow,
+    ):
         policy = coder_policy({"deep": deep.url, "shallow": shallow.url})
         policy["routes"]["coder"]["continuation"] = True
         with GatewayServer(policy, certs=certs, args=("--relay", relay)) as gw:
             deep.fault("die_mid_stream", after_chunks=6)
-            with gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
-                    "model": "coder", "stream": True, "max_tokens": 120,
-                    "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                    "messages": [{"role": "user", "content": "Write `util.py`."}]}) as r:
+            with (
+                gw.client() as c,
+                c.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json={
+                        "model": "coder",
+                        "stream": True,
+                        "max_tokens": 120,
+                        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+                        "messages": [{"role": "user", "content": "Write `util.py`."}],
+                    },
+                ) as r,
+            ):
                 assert r.headers["x-specrouter-variant"] == "deep"
                 body = r.read()
             frames = _frames(body)
@@ -43,40 +55,60 @@ def test_a_dead_engine_mid_stream_is_continued_in_the_same_stream(certs, relay) 
             # Token counts carry on across the splice and the answer is complete.
             counts = [ch["usage"]["completion_tokens"] for ch in chunks if ch.get("usage")]
             assert counts == sorted(counts) and counts[-1] <= 120
-            finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]
-                        and ch["choices"][0]["finish_reason"]]
+            finishes = [
+                ch["choices"][0]["finish_reason"]
+                for ch in chunks
+                if ch["choices"] and ch["choices"][0]["finish_reason"]
+            ]
             assert finishes == ["length"] or finishes == ["stop"]
             metrics = gw.metrics()
-            assert re.search(r'specrouter_continuations_total\{from_backend="deep",'
-                             r'route="coder",to_backend="shallow"\} 1', metrics)
+            assert re.search(
+                r'specrouter_continuations_total\{from_backend="deep",'
+                r'route="coder",to_backend="shallow"\} 1',
+                metrics,
+            )
             assert 'outcome="ok"' in metrics
 
 
 def test_the_openai_sdk_reads_one_answer(certs) -> None:
-    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep, \
-            SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow:
+    with (
+        SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep,
+        SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow,
+    ):
         policy = coder_policy({"deep": deep.url, "shallow": shallow.url})
         policy["routes"]["coder"]["continuation"] = True
         with GatewayServer(policy, certs=certs) as gw:
             deep.fault("die_mid_stream", after_chunks=4)
             stream = gw.openai().chat.completions.create(
-                model="coder", stream=True, max_tokens=80,
-                messages=[{"role": "user", "content": "Write `util.py`."}])
+                model="coder",
+                stream=True,
+                max_tokens=80,
+                messages=[{"role": "user", "content": "Write `util.py`."}],
+            )
             chunks = list(stream)
             text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
             assert text and chunks[-1].choices[0].finish_reason in {"stop", "length"}
 
 
 def test_no_continuation_for_several_choices(certs) -> None:
-    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep, \
-            SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow:
+    with (
+        SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep,
+        SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow,
+    ):
         policy = coder_policy({"deep": deep.url, "shallow": shallow.url})
         policy["routes"]["coder"]["continuation"] = True
         with GatewayServer(policy, certs=certs) as gw:
             deep.fault("die_mid_stream", after_chunks=4)
             with gw.client() as c:
-                r = c.post("/v1/chat/completions", json={
-                    "model": "coder", "stream": True, "max_tokens": 200, "n": 2,
-                    "messages": [{"role": "user", "content": "x"}]})
+                r = c.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "coder",
+                        "stream": True,
+                        "max_tokens": 200,
+                        "n": 2,
+                        "messages": [{"role": "user", "content": "x"}],
+                    },
+                )
             frames = _frames(r.content)
             assert frames[-1] == b"data: [DONE]" and frames[-2].startswith(b'data: {"error"')

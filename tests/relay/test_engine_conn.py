@@ -18,9 +18,8 @@ from proxy.certs import CertFiles, server_context
 from proxy.relay.engine_conn import EnginePool, open_engine_stream
 from proxy.relay.upstream import UpstreamError
 
-SSE = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-       b"transfer-encoding: chunked\r\n%b\r\n")
-BODY = b"data: {\"n\":1}\n\ndata: [DONE]\n\n"
+SSE = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n%b\r\n"
+BODY = b'data: {"n":1}\n\ndata: [DONE]\n\n'
 
 
 def _chunked(body: bytes) -> bytes:
@@ -43,8 +42,11 @@ class Engine:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length"))
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
                 await reader.readexactly(length)
                 self.requests += 1
                 on_conn += 1
@@ -60,7 +62,7 @@ class Engine:
                 extra = b"connection: close\r\n" if self.mode == "close_header" else b""
                 writer.write(SSE % extra + _chunked(BODY))
                 if self.mode == "two_answers":
-                    writer.write(SSE % b"" + _chunked(b"data: {\"stray\":1}\n\n"))
+                    writer.write(SSE % b"" + _chunked(b'data: {"stray":1}\n\n'))
                 await writer.drain()
                 if extra:
                     writer.close()

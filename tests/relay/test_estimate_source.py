@@ -13,9 +13,14 @@ _FP = b'"system_fingerprint":"vllm-0.33.0-d68afdc4"'
 
 def _chunk(text: bytes, total: int, *, finish: bool, kv: bool) -> bytes:
     reason = b'"stop","stop_reason":null' if finish else b"null"
-    out = (b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"' + text +
-           b'"},"logprobs":null,"finish_reason":' + reason + b'}],' +
-           _USAGE % (5 + total, total))
+    out = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"'
+        + text
+        + b'"},"logprobs":null,"finish_reason":'
+        + reason
+        + b"}],"
+        + _USAGE % (5 + total, total)
+    )
     return out + (b',"kv_transfer_params":null}\n\n' if kv else b"}\n\n")
 
 
@@ -54,8 +59,9 @@ def test_estimate_kept_when_every_chunk_is_one_step() -> None:
     assert unknown.estimate_void is None and unknown.tps_source == "chunks"
 
 
-@pytest.mark.parametrize(("k", "tokens"), [(7, [1, 9, 2]), (3, [2, 1])],
-                         ids=["over-k+1", "first-chunk"])
+@pytest.mark.parametrize(
+    ("k", "tokens"), [(7, [1, 9, 2]), (3, [2, 1])], ids=["over-k+1", "first-chunk"]
+)
 def test_estimate_withheld_on_merged_chunks(k: int, tokens: list[int]) -> None:
     m = Measurement(0.0)
     withhold_estimate(m, {"stream": True}, k)

@@ -19,58 +19,102 @@ def _nested(levels: int) -> list:
 
 
 @pytest.mark.parametrize("endpoint", sorted(FIELDS))
-@pytest.mark.parametrize(("body", "expected"), [
-    ([], ("request body must be a JSON object", None)),
-    (None, ("request body must be a JSON object", None)),
-    ({}, ("`model` is required and must be a string", "model")),
-    ({"model": ""}, ("`model` is required and must be a string", "model")),
-    ({"model": 7}, ("`model` is required and must be a string", "model")),
-    ({"model": None}, ("`model` is required and must be a string", "model")),
-    ({"model": "coder", "bogus": "two"}, None),  # fields not described pass through
-])
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ([], ("request body must be a JSON object", None)),
+        (None, ("request body must be a JSON object", None)),
+        ({}, ("`model` is required and must be a string", "model")),
+        ({"model": ""}, ("`model` is required and must be a string", "model")),
+        ({"model": 7}, ("`model` is required and must be a string", "model")),
+        ({"model": None}, ("`model` is required and must be a string", "model")),
+        ({"model": "coder", "bogus": "two"}, None),  # fields not described pass through
+    ],
+)
 def test_check_fields(endpoint, body, expected) -> None:
-    required = {"chat": "messages", "completions": "prompt", "embeddings": "input",
-                "responses": "input", "messages": "messages"}[endpoint]
+    required = {
+        "chat": "messages",
+        "completions": "prompt",
+        "embeddings": "input",
+        "responses": "input",
+        "messages": "messages",
+    }[endpoint]
     if isinstance(body, dict) and (expected is None or expected[1] != "model"):
         body = {**body, required: ["hi"] if endpoint == "completions" else []}
     assert check_fields(endpoint, body) == expected
 
 
-@pytest.mark.parametrize(("endpoint", "body", "expected"), [
-    # Wrong types are refused, never coerced (a string slips past a clamp).
-    ("chat", {"max_tokens": "600"}, ("`max_tokens` must be an integer", "max_tokens")),
-    ("chat", {"max_tokens": 600.0}, ("`max_tokens` must be an integer", "max_tokens")),
-    ("chat", {"stream": "true"}, ("`stream` must be a boolean", "stream")),
-    ("chat", {"temperature": "0.5"}, ("`temperature` must be a number", "temperature")),
-    ("chat", {"n": True}, ("`n` must be an integer", "n")),
-    ("chat", {"messages": 5}, ("`messages` is required and must be an array", "messages")),
-    ("completions", {"prompt": 5},
-     ("`prompt` is required and must be a string or an array", "prompt")),
-    # Counts that multiply the work are limits, not clamps.
-    ("chat", {"n": 9}, ("`n` must be at most 8 (`max_n`)", "n")),
-    ("completions", {"best_of": 9}, ("`best_of` must be at most 8 (`max_n`)", "best_of")),
-    ("chat", {"top_logprobs": 21},
-     ("`top_logprobs` must be at most 20 (`max_top_logprobs`)", "top_logprobs")),
-    ("completions", {"logprobs": 6},
-     ("`logprobs` must be at most 5 (`max_logprobs`)", "logprobs")),
-    ("chat", {"messages": [{"role": "user", "content": "x"}] * 4097},
-     ("`messages` must be at most 4096 items (`max_messages`)", "messages")),
-    ("responses", {"input": [{}] * 4097},
-     ("`input` must be at most 4096 items (`max_messages`)", "input")),
-    # Anthropic's temperature range, which vLLM does not enforce on /v1/messages.
-    ("messages", {"temperature": 1.5},
-     ("`temperature` must be a number from 0 to 1", "temperature")),
-    ("messages", {"temperature": "1"}, ("`temperature` must be a number", "temperature")),
-    # The whole body: depth, and integers orjson would not write back as they came.
-    ("chat", {"x": _nested(128)}, ("`x` is nested deeper than 128 levels", "x")),
-    ("chat", {"metadata": {"a": [1e20]}}, ("`metadata` has an integer beyond 64 bits", "metadata")),
-    ("chat", {"seed": -1e19}, ("`seed` must be an integer", "seed")),
-    # Within bounds: passes.
-    ("chat", {"n": 8, "top_logprobs": 20, "logprobs": True, "temperature": 1, "x": _nested(127),
-              "seed": 2**63, "stream": None, "messages": [{"content": [{"text": "a"}]}] * 4096},
-     None),
-    ("completions", {"logprobs": 5, "prompt": [[1, 2, 3]], "stop": ["\n"]}, None),
-])
+@pytest.mark.parametrize(
+    ("endpoint", "body", "expected"),
+    [
+        # Wrong types are refused, never coerced (a string slips past a clamp).
+        ("chat", {"max_tokens": "600"}, ("`max_tokens` must be an integer", "max_tokens")),
+        ("chat", {"max_tokens": 600.0}, ("`max_tokens` must be an integer", "max_tokens")),
+        ("chat", {"stream": "true"}, ("`stream` must be a boolean", "stream")),
+        ("chat", {"temperature": "0.5"}, ("`temperature` must be a number", "temperature")),
+        ("chat", {"n": True}, ("`n` must be an integer", "n")),
+        ("chat", {"messages": 5}, ("`messages` is required and must be an array", "messages")),
+        (
+            "completions",
+            {"prompt": 5},
+            ("`prompt` is required and must be a string or an array", "prompt"),
+        ),
+        # Counts that multiply the work are limits, not clamps.
+        ("chat", {"n": 9}, ("`n` must be at most 8 (`max_n`)", "n")),
+        ("completions", {"best_of": 9}, ("`best_of` must be at most 8 (`max_n`)", "best_of")),
+        (
+            "chat",
+            {"top_logprobs": 21},
+            ("`top_logprobs` must be at most 20 (`max_top_logprobs`)", "top_logprobs"),
+        ),
+        (
+            "completions",
+            {"logprobs": 6},
+            ("`logprobs` must be at most 5 (`max_logprobs`)", "logprobs"),
+        ),
+        (
+            "chat",
+            {"messages": [{"role": "user", "content": "x"}] * 4097},
+            ("`messages` must be at most 4096 items (`max_messages`)", "messages"),
+        ),
+        (
+            "responses",
+            {"input": [{}] * 4097},
+            ("`input` must be at most 4096 items (`max_messages`)", "input"),
+        ),
+        # Anthropic's temperature range, which vLLM does not enforce on /v1/messages.
+        (
+            "messages",
+            {"temperature": 1.5},
+            ("`temperature` must be a number from 0 to 1", "temperature"),
+        ),
+        ("messages", {"temperature": "1"}, ("`temperature` must be a number", "temperature")),
+        # The whole body: depth, and integers orjson would not write back as they came.
+        ("chat", {"x": _nested(128)}, ("`x` is nested deeper than 128 levels", "x")),
+        (
+            "chat",
+            {"metadata": {"a": [1e20]}},
+            ("`metadata` has an integer beyond 64 bits", "metadata"),
+        ),
+        ("chat", {"seed": -1e19}, ("`seed` must be an integer", "seed")),
+        # Within bounds: passes.
+        (
+            "chat",
+            {
+                "n": 8,
+                "top_logprobs": 20,
+                "logprobs": True,
+                "temperature": 1,
+                "x": _nested(127),
+                "seed": 2**63,
+                "stream": None,
+                "messages": [{"content": [{"text": "a"}]}] * 4096,
+            },
+            None,
+        ),
+        ("completions", {"logprobs": 5, "prompt": [[1, 2, 3]], "stop": ["\n"]}, None),
+    ],
+)
 def test_types_and_limits(endpoint, body, expected) -> None:
     base = {"model": "coder", "messages": [], "prompt": "hi", "input": "hi"}
     assert check_fields(endpoint, {**base, **body}) == expected
@@ -78,17 +122,31 @@ def test_types_and_limits(endpoint, body, expected) -> None:
 
 def test_limits_are_the_settings() -> None:
     limits = Limits.of(Settings(max_n=2, max_json_depth=4))
-    assert check_fields("chat", {"model": "m", "messages": [], "n": 3}, limits) == \
-        ("`n` must be at most 2 (`max_n`)", "n")
-    assert check_fields("chat", {"model": "m", "messages": [], "x": _nested(4)}, limits) == \
-        ("`x` is nested deeper than 4 levels", "x")
+    assert check_fields("chat", {"model": "m", "messages": [], "n": 3}, limits) == (
+        "`n` must be at most 2 (`max_n`)",
+        "n",
+    )
+    assert check_fields("chat", {"model": "m", "messages": [], "x": _nested(4)}, limits) == (
+        "`x` is nested deeper than 4 levels",
+        "x",
+    )
     assert check_fields("chat", {"model": "m", "messages": [], "x": _nested(3)}, limits) is None
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    (None, None), (b"", None), (b"abc-1.2:3_Z", "abc-1.2:3_Z"), (b"a" * 128, "a" * 128),
-    (b"a" * 129, None), (b"a b", None), (b"a/b", None), ("é".encode(), None), (b"a\n", None),
-])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        (b"", None),
+        (b"abc-1.2:3_Z", "abc-1.2:3_Z"),
+        (b"a" * 128, "a" * 128),
+        (b"a" * 129, None),
+        (b"a b", None),
+        (b"a/b", None),
+        ("é".encode(), None),
+        (b"a\n", None),
+    ],
+)
 def test_client_request_id(value, expected) -> None:
     assert client_request_id(value) == expected
 

@@ -18,8 +18,10 @@ MESSAGES = [{"role": "user", "content": "Write a function that parses `src/app/m
 
 @pytest.fixture(scope="module")
 def stack(certs) -> Iterator[tuple[GatewayServer, SimServer, SimServer]]:
-    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.02) as coder, \
-            SimServer("embed", served_model_name="embed-small", time_scale=0.02) as emb:
+    with (
+        SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.02) as coder,
+        SimServer("embed", served_model_name="embed-small", time_scale=0.02) as emb,
+    ):
         policy = coder_policy({"coder-a": coder.url}, embed={"embed-small": emb.url})
         with GatewayServer(policy, certs=certs, args=("--max-body-bytes", "65536")) as gw:
             yield gw, coder, emb
@@ -28,8 +30,9 @@ def stack(certs) -> Iterator[tuple[GatewayServer, SimServer, SimServer]]:
 def test_chat_streaming_with_the_openai_sdk(stack) -> None:
     gw, _, _ = stack
     client = gw.openai()
-    stream = client.chat.completions.create(model="coder", messages=MESSAGES, stream=True,
-                                            max_tokens=40, seed=3)
+    stream = client.chat.completions.create(
+        model="coder", messages=MESSAGES, stream=True, max_tokens=40, seed=3
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
@@ -42,7 +45,8 @@ def test_chat_streaming_with_the_openai_sdk(stack) -> None:
 def test_chat_not_streaming(stack) -> None:
     gw, _, _ = stack
     resp = gw.openai().chat.completions.with_raw_response.create(
-        model=SERVED, messages=MESSAGES, max_tokens=16)
+        model=SERVED, messages=MESSAGES, max_tokens=16
+    )
     completion = resp.parse()
     assert completion.choices[0].message.content
     assert completion.usage is not None and completion.usage.completion_tokens <= 16
@@ -55,8 +59,9 @@ def test_chat_not_streaming(stack) -> None:
 def test_completions_streaming_and_not(stack) -> None:
     gw, _, _ = stack
     client = gw.openai()
-    chunks = list(client.completions.create(model="coder", prompt="def f(", max_tokens=12,
-                                            stream=True))
+    chunks = list(
+        client.completions.create(model="coder", prompt="def f(", max_tokens=12, stream=True)
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices)
     plain = client.completions.create(model="coder", prompt="def f(", max_tokens=12)
     assert plain.choices[0].text and plain.model == "coder"
@@ -81,49 +86,70 @@ def test_embeddings_only_reach_embedding_backends(stack) -> None:
 
 def test_responses_keeps_event_lines(stack) -> None:
     gw, _, _ = stack
-    with gw.client() as c, c.stream("POST", "/v1/responses", json={
-            "model": "coder", "input": "Write hello world in C.", "stream": True,
-            "max_output_tokens": 16}) as r:
+    with (
+        gw.client() as c,
+        c.stream(
+            "POST",
+            "/v1/responses",
+            json={
+                "model": "coder",
+                "input": "Write hello world in C.",
+                "stream": True,
+                "max_output_tokens": 16,
+            },
+        ) as r,
+    ):
         assert r.status_code == 200
         body = r.read()
     assert body.startswith(b"event: response.created\ndata: ")
     assert b"[DONE]" not in body and b"event: error" not in body
     last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
     assert last.startswith((b"event: response.completed", b"event: response.incomplete"))
-    events = list(gw.openai().responses.create(model="coder", input="hi", stream=True,
-                                               max_output_tokens=8))
+    events = list(
+        gw.openai().responses.create(model="coder", input="hi", stream=True, max_output_tokens=8)
+    )
     assert events[-1].type in {"response.completed", "response.incomplete"}
 
 
 def test_defaults_only_when_absent(stack) -> None:
     gw, _, _ = stack
     with gw.client() as c:
-        set_by_client = c.post("/v1/chat/completions", json={
-            "model": "coder", "messages": MESSAGES, "max_tokens": 4, "temperature": 1.0})
-        unset = c.post("/v1/chat/completions", json={
-            "model": "coder", "messages": MESSAGES, "max_tokens": 4})
+        set_by_client = c.post(
+            "/v1/chat/completions",
+            json={"model": "coder", "messages": MESSAGES, "max_tokens": 4, "temperature": 1.0},
+        )
+        unset = c.post(
+            "/v1/chat/completions", json={"model": "coder", "messages": MESSAGES, "max_tokens": 4}
+        )
     assert set_by_client.status_code == unset.status_code == 200
     assert "x-specrouter-defaults" not in set_by_client.headers
     assert unset.headers["x-specrouter-defaults"] == "temperature=0.7"
     metrics = gw.metrics()
-    assert re.search(r'specrouter_defaults_applied_total\{field="temperature",route="coder"\} '
-                     r'[1-9]', metrics)
+    assert re.search(
+        r'specrouter_defaults_applied_total\{field="temperature",route="coder"\} '
+        r"[1-9]",
+        metrics,
+    )
 
 
-@pytest.mark.parametrize(("key", "body", "status", "etype"), [
-    ("wrong-key", {"model": "coder"}, 401, "AuthenticationError"),
-    (None, b"{not json", 400, "BadRequestError"),
-    (None, b"[1, 2]", 400, "BadRequestError"),
-    (None, {"messages": []}, 400, "BadRequestError"),
-    (None, {"model": "gpt-nope", "messages": []}, 404, "NotFoundError"),
-    (None, {"model": "coder", "messages": [], "pad": "x" * 70_000}, 413, None),
-])
+@pytest.mark.parametrize(
+    ("key", "body", "status", "etype"),
+    [
+        ("wrong-key", {"model": "coder"}, 401, "AuthenticationError"),
+        (None, b"{not json", 400, "BadRequestError"),
+        (None, b"[1, 2]", 400, "BadRequestError"),
+        (None, {"messages": []}, 400, "BadRequestError"),
+        (None, {"model": "gpt-nope", "messages": []}, 404, "NotFoundError"),
+        (None, {"model": "coder", "messages": [], "pad": "x" * 70_000}, 413, None),
+    ],
+)
 def test_bad_input_gets_an_openai_error(stack, key, body, status, etype) -> None:
     gw, _, _ = stack
     with gw.client(**({} if key is None else {"key": key})) as c:
         if isinstance(body, bytes):
-            r = c.post("/v1/chat/completions", content=body,
-                       headers={"content-type": "application/json"})
+            r = c.post(
+                "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+            )
         else:
             r = c.post("/v1/chat/completions", json=body)
     assert r.status_code == status
@@ -138,8 +164,9 @@ def test_bad_input_gets_an_openai_error(stack, key, body, status, etype) -> None
 def test_every_client_of_the_policy_is_served(stack) -> None:
     gw, _, _ = stack
     with gw.client(key=OTHER_KEY) as c:
-        r = c.post("/v1/chat/completions", json={"model": "coder", "messages": MESSAGES,
-                                                 "max_tokens": 2})
+        r = c.post(
+            "/v1/chat/completions", json={"model": "coder", "messages": MESSAGES, "max_tokens": 2}
+        )
     assert r.status_code == 200
 
 

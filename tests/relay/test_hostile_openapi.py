@@ -62,12 +62,23 @@ KNOWN_MODEL = {"/v1/embeddings": EMBED}
 
 @pytest.fixture(scope="module")
 def gateway(certs: CertFiles) -> Iterator[GatewayServer]:
-    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.002) as coder, \
-            SimServer("embed", served_model_name=EMBED, time_scale=0.002) as emb:
+    with (
+        SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.002) as coder,
+        SimServer("embed", served_model_name=EMBED, time_scale=0.002) as emb,
+    ):
         policy = coder_policy({"coder-a": coder.url}, embed={EMBED: emb.url})
-        with GatewayServer(policy, certs=certs,
-                           args=("--max-body-bytes", str(MAX_BODY), "--first-byte-timeout", "10",
-                                 "--idle-timeout", "10")) as gw:
+        with GatewayServer(
+            policy,
+            certs=certs,
+            args=(
+                "--max-body-bytes",
+                str(MAX_BODY),
+                "--first-byte-timeout",
+                "10",
+                "--idle-timeout",
+                "10",
+            ),
+        ) as gw:
             yield gw
 
 
@@ -80,8 +91,9 @@ def session(gateway: GatewayServer) -> Iterator[requests.Session]:
 
 @pytest.fixture(scope="module")
 def schema(gateway: GatewayServer) -> Any:
-    return schemathesis.openapi.from_url(gateway.base + "/openapi.json",
-                                         verify=str(gateway.certs.ca_cert), timeout=10)
+    return schemathesis.openapi.from_url(
+        gateway.base + "/openapi.json", verify=str(gateway.certs.ca_cert), timeout=10
+    )
 
 
 def test_the_served_description_is_the_module_spec(gateway: GatewayServer) -> None:
@@ -100,6 +112,7 @@ def _with_model(path: str) -> Any:
         if isinstance(case.body, dict):
             case.body = {**case.body, "model": model}
         return case
+
     return apply
 
 
@@ -143,12 +156,19 @@ def assert_openai_error(status: int, content: bytes, path: str = "") -> dict[str
 # the gateway passes fields it does not read to the backend, and vLLM (pydantic, lax mode) takes
 # `"stream": 0` or `"max_tokens": false`, and refuses `min_p` with speculative decoding: the
 # description cannot say all of that, and it is the backend's to judge.
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_headers_conformance, response_schema_conformance, ignored_auth]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    ignored_auth,
+]
 
 
-def exercise(case: Case[Any], gateway: GatewayServer, session: requests.Session,
-             checks: list[Any] = CHECKS) -> int:
+def exercise(
+    case: Case[Any], gateway: GatewayServer, session: requests.Session, checks: list[Any] = CHECKS
+) -> int:
     """Send one case with hard timeouts, run the checks, and the gateway's own promises."""
     kwargs: dict[str, Any] = {"timeout": TIMEOUT, "session": session, "verify": session.verify}
     if isinstance(case.body, dict) and any(_too_costly(k, v) for k, v in case.body.items()):
@@ -160,23 +180,37 @@ def exercise(case: Case[Any], gateway: GatewayServer, session: requests.Session,
     case.validate_response(response, checks=checks, headers=AUTH, transport_kwargs=kwargs)
     if 400 <= response.status_code < 500:
         assert_openai_error(response.status_code, response.content, case.operation.path)
-    if case.method == "POST" and case.operation.method.upper() == "POST" and \
-            case.media_type == "application/json" and gateway_must_reject(case.body):
+    if (
+        case.method == "POST"
+        and case.operation.method.upper() == "POST"
+        and case.media_type == "application/json"
+        and gateway_must_reject(case.body)
+    ):
         # 400, or 401 when the case itself broke the credentials (checked first).
         assert response.status_code in (400, 401), (case.body, response.content)
     return response.status_code
 
 
 # Negative cases for every operation with a body; the GET operations take nothing to break.
-FUZZ = [(p, m, mode) for p, m in OPERATIONS
-        for mode in (GenerationMode.NEGATIVE, GenerationMode.POSITIVE)
-        if m == "POST" or mode is GenerationMode.POSITIVE]
+FUZZ = [
+    (p, m, mode)
+    for p, m in OPERATIONS
+    for mode in (GenerationMode.NEGATIVE, GenerationMode.POSITIVE)
+    if m == "POST" or mode is GenerationMode.POSITIVE
+]
 
 
-@pytest.mark.parametrize(("path", "method", "mode"), FUZZ,
-                         ids=[f"{m} {p} {mode}" for p, m, mode in FUZZ])
-def test_fuzz_operation(schema: Any, session: requests.Session, gateway: GatewayServer,
-                        path: str, method: str, mode: GenerationMode) -> None:
+@pytest.mark.parametrize(
+    ("path", "method", "mode"), FUZZ, ids=[f"{m} {p} {mode}" for p, m, mode in FUZZ]
+)
+def test_fuzz_operation(
+    schema: Any,
+    session: requests.Session,
+    gateway: GatewayServer,
+    path: str,
+    method: str,
+    mode: GenerationMode,
+) -> None:
     operation = schema[path][method]
     # Most cases carry the client's key, so they get past authentication; a third bring the
     # credentials schemathesis makes up. Of the keyed ones, half name a model the policy
@@ -184,13 +218,19 @@ def test_fuzz_operation(schema: Any, session: requests.Session, gateway: Gateway
     keyed = operation.as_strategy(generation_mode=mode, headers=AUTH)
     strategy = st.one_of(keyed, operation.as_strategy(generation_mode=mode))
     if method == "POST":
-        strategy = st.one_of(keyed, keyed.map(_with_model(path)),
-                             operation.as_strategy(generation_mode=mode))
+        strategy = st.one_of(
+            keyed, keyed.map(_with_model(path)), operation.as_strategy(generation_mode=mode)
+        )
     seen: dict[int, int] = {}
 
-    @settings(max_examples=EXAMPLES[mode], derandomize=True, deadline=None, database=None,
-              phases=[Phase.explicit, Phase.generate, Phase.shrink],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES[mode],
+        derandomize=True,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def run(case: Case[Any]) -> None:
         status = exercise(case, gateway, session)
@@ -209,43 +249,69 @@ _BAD_IDS = [b[0] for b in _BAD]
 @pytest.fixture(scope="module")
 def client(gateway: GatewayServer) -> Iterator[httpx.Client]:
     ctx = ssl.create_default_context(cafile=str(gateway.certs.ca_cert))
-    with httpx.Client(base_url=gateway.base, verify=ctx, headers=AUTH,
-                      timeout=httpx.Timeout(15.0, connect=5.0)) as c:
+    with httpx.Client(
+        base_url=gateway.base, verify=ctx, headers=AUTH, timeout=httpx.Timeout(15.0, connect=5.0)
+    ) as c:
         yield c
 
 
 @pytest.mark.parametrize(("what", "body", "headers", "status"), _BAD, ids=_BAD_IDS)
-def test_malformed_chat_body(client: httpx.Client, what: str, body: bytes,
-                             headers: dict[bytes, bytes], status: int) -> None:
-    r = client.post("/v1/chat/completions", content=body,
-                    headers={b"content-type": b"application/json", **headers})
+def test_malformed_chat_body(
+    client: httpx.Client, what: str, body: bytes, headers: dict[bytes, bytes], status: int
+) -> None:
+    r = client.post(
+        "/v1/chat/completions",
+        content=body,
+        headers={b"content-type": b"application/json", **headers},
+    )
     assert r.status_code == status, r.text
     assert r.headers["content-type"].startswith("application/json")
     assert_openai_error(r.status_code, r.content)
 
 
 @pytest.mark.parametrize("path", [p for p, _ in BODY_OPERATIONS])
-@pytest.mark.parametrize(("what", "body"), [
-    ("not json", b"{"), ("array", b"[]"), ("no model", b"{}"), ("model number", b'{"model":1}'),
-    ("invalid utf-8", b'{"model":"\xc3\x28"}'),
-])
-def test_malformed_body_on_every_endpoint(client: httpx.Client, path: str, what: str,
-                                          body: bytes) -> None:
+@pytest.mark.parametrize(
+    ("what", "body"),
+    [
+        ("not json", b"{"),
+        ("array", b"[]"),
+        ("no model", b"{}"),
+        ("model number", b'{"model":1}'),
+        ("invalid utf-8", b'{"model":"\xc3\x28"}'),
+    ],
+)
+def test_malformed_body_on_every_endpoint(
+    client: httpx.Client, path: str, what: str, body: bytes
+) -> None:
     r = client.post(path, content=body, headers=_JSON_CT)
     assert r.status_code == 400, r.text
     assert_openai_error(r.status_code, r.content, path)
 
 
 @pytest.mark.parametrize("path", [p for p, _ in OPERATIONS])
-@pytest.mark.parametrize("authorization", [None, "Bearer", "Bearer wrong", "Basic Zm9vOmJhcg==",
-                                           "bEaReR", "Token " + CLIENT_KEY,
-                                           "Bearer " + "k" * 8000])
-def test_bad_credentials(gateway: GatewayServer, client: httpx.Client, path: str,
-                         authorization: str | None) -> None:
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        None,
+        "Bearer",
+        "Bearer wrong",
+        "Basic Zm9vOmJhcg==",
+        "bEaReR",
+        "Token " + CLIENT_KEY,
+        "Bearer " + "k" * 8000,
+    ],
+)
+def test_bad_credentials(
+    gateway: GatewayServer, client: httpx.Client, path: str, authorization: str | None
+) -> None:
     method = "POST" if (path, "POST") in OPERATIONS else "GET"
     headers = {**_JSON_CT}
-    r = client.build_request(method, path, content=b'{"model": "coder", "messages": []}'
-                             if method == "POST" else None, headers=headers)
+    r = client.build_request(
+        method,
+        path,
+        content=b'{"model": "coder", "messages": []}' if method == "POST" else None,
+        headers=headers,
+    )
     if authorization is None:
         del r.headers["authorization"]
     else:
@@ -261,14 +327,24 @@ def test_bad_credentials(gateway: GatewayServer, client: httpx.Client, path: str
     assert CLIENT_KEY not in resp.text
 
 
-@pytest.mark.parametrize(("method", "path", "status"), [
-    ("GET", "/v1/chat/completions", 405), ("PUT", "/v1/completions", 405),
-    ("DELETE", "/v1/embeddings", 405), ("PATCH", "/v1/responses", 405),
-    ("POST", "/v1/models", 405), ("DELETE", "/healthz", 405), ("PUT", "/readyz", 405),
-    ("POST", "/openapi.json", 405), ("GET", "/v1/nothing", 404), ("POST", "/admin/policy", 404),
-    ("GET", "/metrics", 404),
-    ("GET", "/v1/chat/completions/../../metrics", 404), ("GET", "/%ff", 404),
-])
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/v1/chat/completions", 405),
+        ("PUT", "/v1/completions", 405),
+        ("DELETE", "/v1/embeddings", 405),
+        ("PATCH", "/v1/responses", 405),
+        ("POST", "/v1/models", 405),
+        ("DELETE", "/healthz", 405),
+        ("PUT", "/readyz", 405),
+        ("POST", "/openapi.json", 405),
+        ("GET", "/v1/nothing", 404),
+        ("POST", "/admin/policy", 404),
+        ("GET", "/metrics", 404),
+        ("GET", "/v1/chat/completions/../../metrics", 404),
+        ("GET", "/%ff", 404),
+    ],
+)
 def test_wrong_method_or_path(client: httpx.Client, method: str, path: str, status: int) -> None:
     r = client.request(method, path)
     assert r.status_code == status, r.text
@@ -279,14 +355,19 @@ def _coverage_cases(schema: Any, path: str, method: str) -> list[Case[Any]]:
     """Schemathesis's coverage phase: each field missing, of each wrong type, at its bounds,
     the content-type probes, and every undeclared method. Deterministic."""
     operation = schema[path][method]
-    return list(schema.iter_coverage_cases(
-        operation, generation_modes=[GenerationMode.NEGATIVE, GenerationMode.POSITIVE],
-        generation_config=schema.config.generation_for(operation=operation)))
+    return list(
+        schema.iter_coverage_cases(
+            operation,
+            generation_modes=[GenerationMode.NEGATIVE, GenerationMode.POSITIVE],
+            generation_config=schema.config.generation_for(operation=operation),
+        )
+    )
 
 
 @pytest.mark.parametrize(("path", "method"), OPERATIONS, ids=[f"{m} {p}" for p, m in OPERATIONS])
-def test_coverage_operation(schema: Any, session: requests.Session, gateway: GatewayServer,
-                            path: str, method: str) -> None:
+def test_coverage_operation(
+    schema: Any, session: requests.Session, gateway: GatewayServer, path: str, method: str
+) -> None:
     seen: dict[tuple[str, int], int] = {}
     failures: list[str] = []
     for case in _coverage_cases(schema, path, method):
@@ -303,8 +384,6 @@ def test_coverage_operation(schema: Any, session: requests.Session, gateway: Gat
     assert not failures, "\n\n".join(failures[:5])
 
 
-
-
 # Not HTTP at all, or HTTP that cannot be framed: the server answers 400 before any route is
 # read (uvicorn's plain-text 400, documented in the description) and closes. Never a hang.
 _KEY = f"authorization: Bearer {CLIENT_KEY}\r\n".encode()
@@ -312,26 +391,33 @@ _RAW: dict[str, bytes] = {
     "garbage": b"GARBAGE\r\n\r\n",
     "tls record as http": b"\x16\x03\x01\x00\xff" * 10 + b"\r\n\r\n",
     "http/2 preface": b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-    "content-length not a number": b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + _KEY
+    "content-length not a number": b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+    + _KEY
     + b"content-length: abc\r\n\r\n{}",
-    "negative content-length": b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + _KEY
+    "negative content-length": b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+    + _KEY
     + b"content-length: -5\r\n\r\n{}",
-    "content-length and chunked": b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + _KEY
+    "content-length and chunked": b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+    + _KEY
     + b"content-length: 5\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
-    "bad chunk size": b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n" + _KEY
+    "bad chunk size": b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+    + _KEY
     + b"transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
     "control byte in a header": b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-a: \x01\r\n\r\n",
 }
 
 
 @pytest.mark.parametrize("raw", list(_RAW.values()), ids=list(_RAW))
-def test_malformed_http_gets_a_400_and_a_closed_connection(gateway: GatewayServer,
-                                                           raw: bytes) -> None:
+def test_malformed_http_gets_a_400_and_a_closed_connection(
+    gateway: GatewayServer, raw: bytes
+) -> None:
     host, port = gateway.base.removeprefix("https://").rsplit(":", 1)
     ctx = ssl.create_default_context(cafile=str(gateway.certs.ca_cert))
     started = time.monotonic()
-    with socket.create_connection((host, int(port)), timeout=10) as sock, \
-            ctx.wrap_socket(sock, server_hostname=host) as tls:
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as sock,
+        ctx.wrap_socket(sock, server_hostname=host) as tls,
+    ):
         tls.sendall(raw)
         answer = b""
         while chunk := tls.recv(65536):  # the server closes: recv gives b"" (or times out)
@@ -341,7 +427,9 @@ def test_malformed_http_gets_a_400_and_a_closed_connection(gateway: GatewayServe
 
 
 def test_the_gateway_is_still_healthy_after_the_abuse(client: httpx.Client) -> None:
-    r = client.post("/v1/chat/completions", json={
-        "model": "coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    r = client.post(
+        "/v1/chat/completions",
+        json={"model": "coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "coder"

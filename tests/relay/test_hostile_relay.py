@@ -37,42 +37,101 @@ from proxy.relay import sse
 from proxy.relay.measure import Measurement, StreamFilter
 from proxy.relay.rewrite import plan_usage, upstream_body
 
-PURE = settings(max_examples=200, derandomize=True, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PURE = settings(
+    max_examples=200,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 # -- strategies ------------------------------------------------------------------------------------
 
 # Bytes that look like SSE more often than uniform noise would: the framing's own pieces.
-_PIECES = st.sampled_from([b"\n", b"\n\n", b"\r\n", b"data: ", b"data: {", b"}", b"[DONE]",
-                           b"event: ", b": ping", b'"usage":{', b",", b"\xff", b"\xc3"])
+_PIECES = st.sampled_from(
+    [
+        b"\n",
+        b"\n\n",
+        b"\r\n",
+        b"data: ",
+        b"data: {",
+        b"}",
+        b"[DONE]",
+        b"event: ",
+        b": ping",
+        b'"usage":{',
+        b",",
+        b"\xff",
+        b"\xc3",
+    ]
+)
 SSE_BYTES = st.lists(st.one_of(_PIECES, st.binary(max_size=12)), max_size=40).map(b"".join)
 JSON_TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)  # orjson's strings
 JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | JSON_TEXT,
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | JSON_TEXT,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(JSON_TEXT, inner, max_size=4),
     max_leaves=12,
 )
 # Keys the gateway reads are drawn often, so their odd values are tried, not just their absence.
-_KEYS = st.sampled_from(["model", "messages", "prompt", "input", "stream", "stream_options", "n",
-                         "temperature", "min_p", "top_p", "logit_bias", "max_tokens", "user",
-                         "tools", "instructions", "priority", "seed"]) | JSON_TEXT
+_KEYS = (
+    st.sampled_from(
+        [
+            "model",
+            "messages",
+            "prompt",
+            "input",
+            "stream",
+            "stream_options",
+            "n",
+            "temperature",
+            "min_p",
+            "top_p",
+            "logit_bias",
+            "max_tokens",
+            "user",
+            "tools",
+            "instructions",
+            "priority",
+            "seed",
+        ]
+    )
+    | JSON_TEXT
+)
 _STREAM_OPTIONS = st.one_of(
-    JSON, st.fixed_dictionaries({}, optional={"include_usage": st.booleans() | JSON,
-                                              "continuous_usage_stats": st.booleans() | JSON,
-                                              "extra": JSON}))
+    JSON,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "include_usage": st.booleans() | JSON,
+            "continuous_usage_stats": st.booleans() | JSON,
+            "extra": JSON,
+        },
+    ),
+)
 BODY = st.dictionaries(_KEYS, JSON, max_size=8).flatmap(
     lambda d: st.fixed_dictionaries(
-        {}, optional={"stream": st.just(True) | JSON, "stream_options": _STREAM_OPTIONS,
-                      "n": st.sampled_from([1, None, 2]) | JSON})
-    .map(lambda extra: {**d, **extra}))
+        {},
+        optional={
+            "stream": st.just(True) | JSON,
+            "stream_options": _STREAM_OPTIONS,
+            "n": st.sampled_from([1, None, 2]) | JSON,
+        },
+    ).map(lambda extra: {**d, **extra})
+)
 
 
 def cuts(data: bytes) -> st.SearchStrategy[list[bytes]]:
     """`data` cut into consecutive pieces at random points (empty pieces included)."""
     return st.lists(st.integers(0, len(data)), max_size=12).map(
-        lambda points: [data[a:b] for a, b in zip([0, *sorted(points)],
-                                                  [*sorted(points), len(data)], strict=True)])
+        lambda points: [
+            data[a:b]
+            for a, b in zip([0, *sorted(points)], [*sorted(points), len(data)], strict=True)
+        ]
+    )
 
 
 def split_all(pieces: list[bytes]) -> tuple[list[bytes], bytes]:
@@ -84,6 +143,7 @@ def split_all(pieces: list[bytes]) -> tuple[list[bytes], bytes]:
 
 
 # -- FrameSplitter ---------------------------------------------------------------------------------
+
 
 @PURE
 @given(st.data())
@@ -101,8 +161,11 @@ _BLANK_ENDS = (b"\n\n", b"\r\r", b"\n\r", b"\r\n\r\n", b"\n\r\n", b"\r\r\n")
 # A well-formed vLLM frame: one `data:` (or `event:` + `data:`) block, one blank line after it.
 _FRAME = st.one_of(
     st.builds(lambda obj: b"data: " + orjson.dumps(obj) + b"\n\n", JSON),
-    st.builds(lambda t, obj: b"event: " + t.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n",
-              st.text("abcdefghijklmnopqrstuvwxyz._", min_size=1, max_size=20), JSON),
+    st.builds(
+        lambda t, obj: b"event: " + t.encode() + b"\ndata: " + orjson.dumps(obj) + b"\n\n",
+        st.text("abcdefghijklmnopqrstuvwxyz._", min_size=1, max_size=20),
+        JSON,
+    ),
     st.just(sse.DONE),
 )
 
@@ -110,7 +173,8 @@ _FRAME = st.one_of(
 @PURE
 @given(st.data())
 def test_splitter_frames_of_a_well_formed_stream_do_not_depend_on_the_cuts(
-        data: st.DataObject) -> None:
+    data: st.DataObject,
+) -> None:
     frames = data.draw(st.lists(_FRAME, max_size=8))
     stream = b"".join(frames)
     got, rest = split_all(data.draw(cuts(stream)))
@@ -141,7 +205,7 @@ def test_splitter_cuts_crlf_framed_events() -> None:
 
 def test_splitter_passes_a_huge_line_whole() -> None:
     line = b"data: " + b"x" * (4 << 20) + b"\n\n"
-    frames, rest = split_all([line[i:i + 65536] for i in range(0, len(line), 65536)])
+    frames, rest = split_all([line[i : i + 65536] for i in range(0, len(line), 65536)])
     assert frames == [line] and rest == b""
 
 
@@ -151,13 +215,14 @@ def test_splitter_is_linear_in_a_huge_line() -> None:
     frames: list[bytes] = []
     started = time.perf_counter()
     for i in range(0, len(line), 65536):
-        frames += splitter.feed(line[i:i + 65536])
+        frames += splitter.feed(line[i : i + 65536])
         # A linear splitter takes ~0.1 s; stop early instead of waiting out the quadratic one.
         assert time.perf_counter() - started < 3.0, f"only {i >> 20} MiB split in 3 s"
     assert frames == [line]
 
 
 # -- StreamFilter ----------------------------------------------------------------------------------
+
 
 def _filter(frames: list[bytes], **kw: Any) -> tuple[bytes, Measurement]:
     m = Measurement(0.0)
@@ -166,10 +231,13 @@ def _filter(frames: list[bytes], **kw: Any) -> tuple[bytes, Measurement]:
     return out, m
 
 
-_FILTER_OPTS = st.fixed_dictionaries({
-    "strip_usage": st.booleans(), "drop_usage_chunk": st.booleans(),
-    "rename": st.none() | st.just((b'"model":"m"', b'"model":"coder"')),
-})
+_FILTER_OPTS = st.fixed_dictionaries(
+    {
+        "strip_usage": st.booleans(),
+        "drop_usage_chunk": st.booleans(),
+        "rename": st.none() | st.just((b'"model":"m"', b'"model":"coder"')),
+    }
+)
 
 
 def _usage_parses(frame: bytes) -> bool:
@@ -189,12 +257,19 @@ def _usage_parses(frame: bytes) -> bool:
 _GARBAGE_FRAME = st.one_of(
     SSE_BYTES.map(lambda b: b + sse.FRAME_END),
     SSE_BYTES.map(lambda b: b"data: {" + b + b"}\n\n"),
-    st.builds(lambda a, u, b: b"data: {" + a + b',"usage":{' + u + b"}" + b + b"}\n\n",
-              SSE_BYTES, SSE_BYTES, SSE_BYTES),
-    st.builds(lambda obj: b'data: {"choices":[],"usage":' + orjson.dumps(obj) + b"}\n\n",
-              st.dictionaries(JSON_TEXT, JSON, max_size=4)),
+    st.builds(
+        lambda a, u, b: b"data: {" + a + b',"usage":{' + u + b"}" + b + b"}\n\n",
+        SSE_BYTES,
+        SSE_BYTES,
+        SSE_BYTES,
+    ),
+    st.builds(
+        lambda obj: b'data: {"choices":[],"usage":' + orjson.dumps(obj) + b"}\n\n",
+        st.dictionaries(JSON_TEXT, JSON, max_size=4),
+    ),
     st.builds(lambda t: b'data: {"choices":[{"finish_reason":"' + t + b"\n\n", SSE_BYTES),
-    st.just(b'data: {"error": {"message": 5}}\n\n'), st.just(b'data: {"error": [}\n\n'),
+    st.just(b'data: {"error": {"message": 5}}\n\n'),
+    st.just(b'data: {"error": [}\n\n'),
     st.just(sse.DONE),
 )
 
@@ -207,16 +282,24 @@ def test_filter_never_raises_on_garbage(frames: list[bytes], opts: dict[str, Any
         assert out == b"".join(frames)  # nothing to edit: every byte through, in order
     # Every choice frame is counted once, whatever its content: JSON objects that are neither
     # an error event nor a usage-only chunk (`"choices":[]`).
-    assert m.chunks == sum(1 for f in frames if f.startswith(b"data: {")
-                           and not f.startswith(b'data: {"error"') and b'"choices":[]' not in f)
+    assert m.chunks == sum(
+        1
+        for f in frames
+        if f.startswith(b"data: {")
+        and not f.startswith(b'data: {"error"')
+        and b'"choices":[]' not in f
+    )
     assert m.completion_tokens >= 0 and len(m.step_gaps) == len(m.step_tokens)
 
 
-@pytest.mark.parametrize("frame", [
-    b'data: {"choices":[{"delta":{}}],"usage":{"completion_tokens":oops}}\n\n',
-    b'data: {"choices":[{"delta":{}}],"usage":{"completion_tokens":1e999}}\n\n',
-    b'data: {"choices":[],"usage":{"prompt_tokens":1},"metrics":{broken}\n\n',
-])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b'data: {"choices":[{"delta":{}}],"usage":{"completion_tokens":oops}}\n\n',
+        b'data: {"choices":[{"delta":{}}],"usage":{"completion_tokens":1e999}}\n\n',
+        b'data: {"choices":[],"usage":{"prompt_tokens":1},"metrics":{broken}\n\n',
+    ],
+)
 @pytest.mark.parametrize("strip", [False, True])
 def test_filter_survives_a_malformed_usage_object(frame: bytes, strip: bool) -> None:
     out, m = _filter([frame, sse.DONE], strip_usage=strip, drop_usage_chunk=strip)
@@ -225,41 +308,65 @@ def test_filter_survives_a_malformed_usage_object(frame: bytes, strip: bool) -> 
 
 # A well-formed vLLM chat stream, as it comes with the gateway's injected continuous usage.
 def _head(model: bytes) -> bytes:
-    return b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"' + \
-        model + b'",'
+    return (
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"'
+        + model
+        + b'",'
+    )
 
 
 def _choice(delta: bytes, finish: bytes = b"null") -> bytes:
-    return (b'"choices":[{"index":0,"delta":' + delta + b',"logprobs":null,"finish_reason":'
-            + finish + b"}]")
+    return (
+        b'"choices":[{"index":0,"delta":'
+        + delta
+        + b',"logprobs":null,"finish_reason":'
+        + finish
+        + b"}]"
+    )
 
 
 def _usage(prompt: int, completion: int) -> bytes:
     return b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
-        prompt, prompt + completion, completion)
+        prompt,
+        prompt + completion,
+        completion,
+    )
 
 
 FP = b',"system_fingerprint":"vllm-0.28.0-abcd1234"'
-SPEC = (b',"metrics":{"speculative_decoding":{"mean_acceptance_length":2.5,'
-        b'"num_spec_steps":2,"num_accepted_draft_tokens":3,"num_draft_tokens":14}}')
+SPEC = (
+    b',"metrics":{"speculative_decoding":{"mean_acceptance_length":2.5,'
+    b'"num_spec_steps":2,"num_accepted_draft_tokens":3,"num_draft_tokens":14}}'
+)
 
 
-def vllm_stream(texts: list[str], *, include: bool, continuous: bool, prompt: int = 7,
-                spec: bool = False, model: bytes = b"m") -> list[bytes]:
+def vllm_stream(
+    texts: list[str],
+    *,
+    include: bool,
+    continuous: bool,
+    prompt: int = 7,
+    spec: bool = False,
+    model: bytes = b"m",
+) -> list[bytes]:
     """The frames vLLM sends for these stream_options (n == 1), content JSON-escaped."""
+
     def u(c: int) -> bytes:
         return _usage(prompt, c) if continuous else b""
+
     head = _head(model)
     frames = [head + _choice(b'{"role":"assistant","content":""}') + u(0) + b"}\n\n"]
     total = 0
     for text in texts:
         total += 1 + len(text) // 4
-        frames.append(head + _choice(b'{"content":' + orjson.dumps(text) + b"}") + u(total)
-                      + b"}\n\n")
+        frames.append(
+            head + _choice(b'{"content":' + orjson.dumps(text) + b"}") + u(total) + b"}\n\n"
+        )
     if include:
         frames.append(head + _choice(b"{}", b'"stop"') + u(total) + b"}\n\n")
-        frames.append(head + b'"choices":[]' + _usage(prompt, total) + FP
-                      + (SPEC if spec else b"") + b"}\n\n")
+        frames.append(
+            head + b'"choices":[]' + _usage(prompt, total) + FP + (SPEC if spec else b"") + b"}\n\n"
+        )
     else:
         frames.append(head + _choice(b"{}", b'"stop"') + FP + b"}\n\n")
     frames.append(sse.DONE)
@@ -269,31 +376,63 @@ def vllm_stream(texts: list[str], *, include: bool, continuous: bool, prompt: in
 # Text a model may produce, including the bytes the filter searches for, JSON-escaped or not.
 _TEXT = st.one_of(
     JSON_TEXT,
-    st.sampled_from([',"usage":{', '"finish_reason":"', '"choices":[]', "\n\ndata: [DONE]\n\n",
-                     '"model":"m"', "}", "{", "\\", '"', "data: {"]),
+    st.sampled_from(
+        [
+            ',"usage":{',
+            '"finish_reason":"',
+            '"choices":[]',
+            "\n\ndata: [DONE]\n\n",
+            '"model":"m"',
+            "}",
+            "{",
+            "\\",
+            '"',
+            "data: {",
+        ]
+    ),
 )
 
 
 @PURE
-@given(texts=st.lists(_TEXT, max_size=8), include=st.booleans(), continuous=st.booleans(),
-       spec=st.booleans(), rename=st.booleans(), data=st.data())
-def test_filter_gives_the_client_vllms_own_bytes(texts: list[str], include: bool,
-                                                 continuous: bool, spec: bool, rename: bool,
-                                                 data: st.DataObject) -> None:
-    body: dict[str, Any] = {"model": "coder", "stream": True,
-                            "stream_options": {"include_usage": include,
-                                               "continuous_usage_stats": continuous}}
+@given(
+    texts=st.lists(_TEXT, max_size=8),
+    include=st.booleans(),
+    continuous=st.booleans(),
+    spec=st.booleans(),
+    rename=st.booleans(),
+    data=st.data(),
+)
+def test_filter_gives_the_client_vllms_own_bytes(
+    texts: list[str], include: bool, continuous: bool, spec: bool, rename: bool, data: st.DataObject
+) -> None:
+    body: dict[str, Any] = {
+        "model": "coder",
+        "stream": True,
+        "stream_options": {"include_usage": include, "continuous_usage_stats": continuous},
+    }
     plan = plan_usage(body, "chat", "vllm")
-    upstream = vllm_stream(texts, include=plan.injected or include,
-                           continuous=plan.injected or continuous, spec=spec)
+    upstream = vllm_stream(
+        texts, include=plan.injected or include, continuous=plan.injected or continuous, spec=spec
+    )
     # What vLLM would have sent the client for its own request, under the client's model name.
-    want = b"".join(vllm_stream(texts, include=include, continuous=include and continuous,
-                                spec=spec and include, model=b"coder" if rename else b"m"))
+    want = b"".join(
+        vllm_stream(
+            texts,
+            include=include,
+            continuous=include and continuous,
+            spec=spec and include,
+            model=b"coder" if rename else b"m",
+        )
+    )
     # Through the relay's pipeline: arbitrary reads, the splitter, the filter per frame.
     frames, rest = split_all(data.draw(cuts(b"".join(upstream))))
     m = Measurement(0.0)
-    filt = StreamFilter(m, strip_usage=plan.strip_usage, drop_usage_chunk=plan.drop_usage_chunk,
-                        rename=(b'"model":"m"', b'"model":"coder"') if rename else None)
+    filt = StreamFilter(
+        m,
+        strip_usage=plan.strip_usage,
+        drop_usage_chunk=plan.drop_usage_chunk,
+        rename=(b'"model":"m"', b'"model":"coder"') if rename else None,
+    )
     got = b"".join(filt.frame(f, float(i)) for i, f in enumerate(frames)) + filt.release() + rest
     assert got == want
     assert m.prompt_tokens == 7
@@ -304,17 +443,24 @@ def test_filter_gives_the_client_vllms_own_bytes(texts: list[str], include: bool
 
 # -- request side: plan_usage, upstream_body, request_view -------------------------------------------
 
-_INJECT = st.dictionaries(st.sampled_from(["temperature", "top_p", "priority", "max_tokens",
-                                           "min_p", "spec_decode"]), JSON, max_size=3)
+_INJECT = st.dictionaries(
+    st.sampled_from(["temperature", "top_p", "priority", "max_tokens", "min_p", "spec_decode"]),
+    JSON,
+    max_size=3,
+)
 
 
 @PURE
-@given(body=BODY, inject=_INJECT, served=JSON_TEXT,
-       endpoint=st.sampled_from(["chat", "completions", "embeddings", "responses"]),
-       kind=st.sampled_from(["vllm", "openai"]))
+@given(
+    body=BODY,
+    inject=_INJECT,
+    served=JSON_TEXT,
+    endpoint=st.sampled_from(["chat", "completions", "embeddings", "responses"]),
+    kind=st.sampled_from(["vllm", "openai"]),
+)
 def test_upstream_body_keeps_every_client_field_it_does_not_set(
-        body: dict[str, Any], inject: dict[str, Any], served: str, endpoint: Any,
-        kind: str) -> None:
+    body: dict[str, Any], inject: dict[str, Any], served: str, endpoint: Any, kind: str
+) -> None:
     body = orjson.loads(orjson.dumps(body))  # as the gateway has it: parsed from the wire
     before = orjson.dumps(body)
     plan = plan_usage(body, endpoint, kind)
@@ -328,23 +474,35 @@ def test_upstream_body_keeps_every_client_field_it_does_not_set(
         if key in inject or key == "model":
             continue
         if key == "stream_options" and plan.injected:
-            assert out[key] == {**(value or {}), "include_usage": True,
-                                "continuous_usage_stats": True}
+            assert out[key] == {
+                **(value or {}),
+                "include_usage": True,
+                "continuous_usage_stats": True,
+            }
         else:
             assert out[key] == value, key
     assert set(out) == set(body) | set(inject) | {"model"} | (
-        {"stream_options"} if plan.injected else set())
+        {"stream_options"} if plan.injected else set()
+    )
     if plan.injected:
         assert endpoint in ("chat", "completions") and body.get("stream") is True
 
 
 @PURE
-@given(body=BODY, endpoint=st.sampled_from(["chat", "completions", "embeddings", "responses"]),
-       headers=st.dictionaries(st.sampled_from([b"x-specrouter-variant", b"x-session-id",
-                                                b"x-request-id", b"authorization"]),
-                               st.binary(max_size=16), max_size=3))
+@given(
+    body=BODY,
+    endpoint=st.sampled_from(["chat", "completions", "embeddings", "responses"]),
+    headers=st.dictionaries(
+        st.sampled_from(
+            [b"x-specrouter-variant", b"x-session-id", b"x-request-id", b"authorization"]
+        ),
+        st.binary(max_size=16),
+        max_size=3,
+    ),
+)
 def test_request_view_and_the_policy_take_any_json_object(
-        body: dict[str, Any], endpoint: Any, headers: dict[bytes, bytes]) -> None:
+    body: dict[str, Any], endpoint: Any, headers: dict[bytes, bytes]
+) -> None:
     body = orjson.loads(orjson.dumps(body))
     model = body.get("model")
     model = model if isinstance(model, str) and model else "coder"
@@ -356,14 +514,21 @@ def test_request_view_and_the_policy_take_any_json_object(
         assert 400 <= decision.rejection.status < 600
 
 
-DEMO_POLICY = compile_policy(load_policy(Path(__file__).resolve().parents[2] /
-                                         "policies" / "demo.yaml"))
+DEMO_POLICY = compile_policy(
+    load_policy(Path(__file__).resolve().parents[2] / "policies" / "demo.yaml")
+)
 
 
 @PURE
-@given(st.one_of(SSE_BYTES, JSON.map(orjson.dumps),
-                 st.dictionaries(st.sampled_from(["usage", "choices", "metrics", "error"]),
-                                 JSON).map(orjson.dumps)))
+@given(
+    st.one_of(
+        SSE_BYTES,
+        JSON.map(orjson.dumps),
+        st.dictionaries(st.sampled_from(["usage", "choices", "metrics", "error"]), JSON).map(
+            orjson.dumps
+        ),
+    )
+)
 def test_measurement_reads_any_non_streaming_body(body: bytes) -> None:
     Measurement(0.0).record_body(body)
 
@@ -375,8 +540,11 @@ HEAD_OK = b"HTTP/1.1 200 OK\r\nconnection: close\r\n"
 
 
 def _sse_head(chunked: bool = True) -> bytes:
-    return HEAD_OK + b"content-type: text/event-stream; charset=utf-8\r\n" + (
-        b"transfer-encoding: chunked\r\n\r\n" if chunked else b"\r\n")
+    return (
+        HEAD_OK
+        + b"content-type: text/event-stream; charset=utf-8\r\n"
+        + (b"transfer-encoding: chunked\r\n\r\n" if chunked else b"\r\n")
+    )
 
 
 def _chunk(data: bytes) -> bytes:
@@ -396,9 +564,12 @@ async def _send_chunks(w: asyncio.StreamWriter, frames: list[bytes], *, end: boo
 def _upstream(req: dict[str, Any], texts: list[str]) -> list[bytes]:
     """What vLLM would stream for the (gateway-rewritten) request it got."""
     opts = req.get("stream_options") or {}
-    return vllm_stream(texts, include=opts.get("include_usage") is True,
-                       continuous=opts.get("continuous_usage_stats") is True,
-                       model=req["model"].encode())
+    return vllm_stream(
+        texts,
+        include=opts.get("include_usage") is True,
+        continuous=opts.get("continuous_usage_stats") is True,
+        model=req["model"].encode(),
+    )
 
 
 TEXTS = ["def ", "parse", "(x):\n", "    return x"]
@@ -413,9 +584,14 @@ async def s_garbage(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
     await _send_chunks(w, GARBAGE)
 
 
-GARBAGE = [b"data: {not json at all\n\n", b"\x00\xff\xfe\x80 binary\n\n", b": keep-alive\n\n",
-           b"event: weird\ndata: [1,2\n\n", b'data: {"choices":[{"finish_reason":"\xff\n\n',
-           b"data: [DONE]\n\n"]
+GARBAGE = [
+    b"data: {not json at all\n\n",
+    b"\x00\xff\xfe\x80 binary\n\n",
+    b": keep-alive\n\n",
+    b"event: weird\ndata: [1,2\n\n",
+    b'data: {"choices":[{"finish_reason":"\xff\n\n',
+    b"data: [DONE]\n\n",
+]
 
 
 async def s_no_done(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
@@ -456,31 +632,41 @@ async def s_crlf(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
 
 async def s_non_json_200(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
     body = b"<html><body>upstream proxy says hi</body></html>\xff"
-    w.write(HEAD_OK + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
-            + body)
+    w.write(
+        HEAD_OK + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    )
 
 
 async def s_truncated_body(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
-    w.write(HEAD_OK + b"content-type: application/json\r\ncontent-length: 5000\r\n\r\n"
-            + b'{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":')
+    w.write(
+        HEAD_OK
+        + b"content-type: application/json\r\ncontent-length: 5000\r\n\r\n"
+        + b'{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":'
+    )
 
 
 async def s_gzip_body(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
     body = gzip.compress(b'{"id":"cmpl-1","object":"chat.completion","choices":[]}')
-    w.write(HEAD_OK + b"content-type: application/json\r\ncontent-encoding: gzip\r\n"
-            b"content-length: %d\r\n\r\n" % len(body) + body)
+    w.write(
+        HEAD_OK + b"content-type: application/json\r\ncontent-encoding: gzip\r\n"
+        b"content-length: %d\r\n\r\n" % len(body) + body
+    )
 
 
 async def s_html_500(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
     body = b"<h1>500 Internal Server Error</h1>"
-    w.write(b"HTTP/1.1 500 Internal Server Error\r\nconnection: close\r\ncontent-type: text/html"
-            b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+    w.write(
+        b"HTTP/1.1 500 Internal Server Error\r\nconnection: close\r\ncontent-type: text/html"
+        b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    )
 
 
 async def s_utf8_header(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
     body = b'{"id":"cmpl-1","object":"chat.completion","choices":[]}'
-    w.write(HEAD_OK + b"content-type: application/json\r\nx-upstream-note: 5 \xe2\x82\xac\r\n"
-            b"content-length: %d\r\n\r\n" % len(body) + body)
+    w.write(
+        HEAD_OK + b"content-type: application/json\r\nx-upstream-note: 5 \xe2\x82\xac\r\n"
+        b"content-length: %d\r\n\r\n" % len(body) + body
+    )
 
 
 async def s_garbage_status(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
@@ -496,12 +682,18 @@ async def s_empty_stream(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
 
 
 async def s_responses_no_end(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
-    await _send_chunks(w, [b'event: response.created\ndata: {"type":"response.created"}\n\n',
-                           b'event: response.output_text.delta\ndata: {"delta":"hi"}\n\n'])
+    await _send_chunks(
+        w,
+        [
+            b'event: response.created\ndata: {"type":"response.created"}\n\n',
+            b'event: response.output_text.delta\ndata: {"delta":"hi"}\n\n',
+        ],
+    )
 
 
-SCRIPTS: dict[str, Script] = {name.removeprefix("s_"): fn for name, fn in globals().items()
-                              if name.startswith("s_")}
+SCRIPTS: dict[str, Script] = {
+    name.removeprefix("s_"): fn for name, fn in globals().items() if name.startswith("s_")
+}
 
 
 class RawBackend:
@@ -518,7 +710,8 @@ class RawBackend:
     def __enter__(self) -> RawBackend:
         self.thread.start()
         self.server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop).result(5)
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop
+        ).result(5)
         self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
         return self
 
@@ -529,6 +722,7 @@ class RawBackend:
             for task in asyncio.all_tasks():
                 if task is not asyncio.current_task():
                     task.cancel()
+
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
@@ -537,8 +731,9 @@ class RawBackend:
         try:
             head = await r.readuntil(b"\r\n\r\n")
             line, *fields = head.decode("latin-1").split("\r\n")
-            headers = {k.strip().lower(): v.strip() for k, _, v in
-                       (f.partition(":") for f in fields if f)}
+            headers = {
+                k.strip().lower(): v.strip() for k, _, v in (f.partition(":") for f in fields if f)
+            }
             body = await r.readexactly(int(headers.get("content-length", "0")))
             if line.startswith("GET "):
                 w.write(HEAD_OK + b"content-type: text/plain\r\ncontent-length: 0\r\n\r\n")
@@ -558,8 +753,9 @@ def raw_gateway(certs: CertFiles) -> Iterator[tuple[GatewayServer, RawBackend]]:
     with RawBackend() as backend:
         # One variant and no fallback: what the backend did reaches the client, not a retry.
         policy = coder_policy({"raw": backend.url}, defaults={})
-        with GatewayServer(policy, certs=certs, args=("--first-byte-timeout", "3",
-                                                      "--idle-timeout", "2")) as gw:
+        with GatewayServer(
+            policy, certs=certs, args=("--first-byte-timeout", "3", "--idle-timeout", "2")
+        ) as gw:
             yield gw, backend
 
 
@@ -567,8 +763,12 @@ def raw_gateway(certs: CertFiles) -> Iterator[tuple[GatewayServer, RawBackend]]:
 def client(raw_gateway: tuple[GatewayServer, RawBackend]) -> Iterator[httpx.Client]:
     gw, _ = raw_gateway
     ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
-    with httpx.Client(base_url=gw.base, verify=ctx, timeout=httpx.Timeout(10.0, connect=5.0),
-                      headers={"authorization": f"Bearer {CLIENT_KEY}"}) as c:
+    with httpx.Client(
+        base_url=gw.base,
+        verify=ctx,
+        timeout=httpx.Timeout(10.0, connect=5.0),
+        headers={"authorization": f"Bearer {CLIENT_KEY}"},
+    ) as c:
         _wait_ready(c)
         yield c
 
@@ -581,12 +781,23 @@ def _wait_ready(c: httpx.Client) -> None:
         time.sleep(0.1)
 
 
-def _post(c: httpx.Client, script: str, *, stream: bool = True, path: str = "/v1/chat/completions",
-          **extra: Any) -> tuple[int, dict[str, str], bytes, str | None]:
+def _post(
+    c: httpx.Client,
+    script: str,
+    *,
+    stream: bool = True,
+    path: str = "/v1/chat/completions",
+    **extra: Any,
+) -> tuple[int, dict[str, str], bytes, str | None]:
     """POST and read to the end under a hard wall-clock limit: status, headers, body, and the
     transport error the client saw, if any."""
-    body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}], "stream": stream,
-            "hostile": script, **extra}
+    body = {
+        "model": "coder",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+        "hostile": script,
+        **extra,
+    }
     started = time.monotonic()
     chunks: list[bytes] = []
     error = None
@@ -680,9 +891,9 @@ def test_a_silent_backend_mid_stream_ends_with_an_error_event(client: httpx.Clie
 
 @E2E
 def test_a_responses_stream_without_its_terminal_event_ends_with_an_error_event(
-        client: httpx.Client) -> None:
-    status, _, body, error = _post(client, "responses_no_end", path="/v1/responses",
-                                   input="hi")
+    client: httpx.Client,
+) -> None:
+    status, _, body, error = _post(client, "responses_no_end", path="/v1/responses", input="hi")
     assert (status, error) == (200, None)
     assert body.endswith(b"\n\n")
     last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
@@ -698,11 +909,12 @@ def test_a_non_json_200_body_is_relayed_as_it_came(client: httpx.Client) -> None
 
 
 @E2E
-@pytest.mark.parametrize(("script", "status"), [
-    ("garbage_status", 502), ("close_at_once", 502), ("empty_stream", 502),
-])
+@pytest.mark.parametrize(
+    ("script", "status"), [("garbage_status", 502), ("close_at_once", 502), ("empty_stream", 502)]
+)
 def test_a_backend_that_fails_before_its_first_byte_gives_an_openai_error(
-        client: httpx.Client, script: str, status: int) -> None:
+    client: httpx.Client, script: str, status: int
+) -> None:
     got, headers, body, error = _post(client, script)
     assert (got, error) == (status, None), body
     assert headers["content-type"] == "application/json"
@@ -724,16 +936,14 @@ def test_a_malformed_usage_object_does_not_cut_the_stream(client: httpx.Client) 
 
 
 @E2E
-def test_a_truncated_non_streaming_body_is_not_passed_off_as_complete(
-        client: httpx.Client) -> None:
+def test_a_truncated_non_streaming_body_is_not_passed_off_as_complete(client: httpx.Client) -> None:
     status, _, body, error = _post(client, "truncated_body", stream=False)
     assert status == 200
     assert error is not None, f"a complete-looking 200 with a truncated body: {body!r}"
 
 
 @E2E
-def test_a_backend_header_outside_latin1_does_not_break_the_response(
-        client: httpx.Client) -> None:
+def test_a_backend_header_outside_latin1_does_not_break_the_response(client: httpx.Client) -> None:
     status, headers, body, error = _post(client, "utf8_header", stream=False)
     assert (status, error) == (200, None), body
     assert body.startswith(b'{"id":"cmpl-1"')
@@ -756,11 +966,14 @@ def test_a_crlf_framed_stream_is_relayed_without_a_spurious_error(client: httpx.
 
 
 @E2E
-def test_the_gateway_survived_all_of_it(raw_gateway: tuple[GatewayServer, RawBackend],
-                                        client: httpx.Client) -> None:
+def test_the_gateway_survived_all_of_it(
+    raw_gateway: tuple[GatewayServer, RawBackend], client: httpx.Client
+) -> None:
     gw, backend = raw_gateway
     status, _, body, error = _post(client, "vllm")
     assert (status, error, body) == (200, None, _client_view(TEXTS))
-    assert backend.requests[-1]["stream_options"] == {"include_usage": True,
-                                                     "continuous_usage_stats": True}
+    assert backend.requests[-1]["stream_options"] == {
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
     assert gw.proc is not None and gw.proc.poll() is None

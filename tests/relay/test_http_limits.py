@@ -15,9 +15,14 @@ from loadtests.harness.sim import SimServer
 
 @pytest.fixture(scope="module")
 def gw(certs):
-    with SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.02) as sim, \
-            GatewayServer(coder_policy({"a": sim.url}), certs=certs,
-                          args=("--header-timeout", "1", "--body-timeout", "1")) as gw:
+    with (
+        SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.02) as sim,
+        GatewayServer(
+            coder_policy({"a": sim.url}),
+            certs=certs,
+            args=("--header-timeout", "1", "--body-timeout", "1"),
+        ) as gw,
+    ):
         yield gw
 
 
@@ -57,9 +62,11 @@ def test_idle_connection_without_a_request_is_cut(gw) -> None:
 
 def test_slow_body_is_cut_with_an_openai_error(gw) -> None:
     with _tls(gw) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                  b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
-                  b"content-type: application/json\r\ncontent-length: 100\r\n\r\n{\"mod")
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            b"authorization: Bearer " + CLIENT_KEY.encode() + b"\r\n"
+            b'content-type: application/json\r\ncontent-length: 100\r\n\r\n{"mod'
+        )
         reply = _read_all(s)
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408")

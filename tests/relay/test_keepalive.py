@@ -31,10 +31,15 @@ _CREATED = re.compile(rb'"created":\d+')
 @pytest.fixture(scope="module")
 def sims() -> Iterator[dict[str, SimServer]]:
     """a serves, b is the fallback, c fails, k sends vLLM 0.29's keep-alive comments."""
-    servers = {name: SimServer("mtp3", served_model_name=SERVED, time_scale=SCALE,
-                               extra_args=extra)
-               for name, extra in (("a", ()), ("b", ()), ("c", ()),
-                                   ("k", ("--sse-keep-alive-interval", "0.1")))}
+    servers = {
+        name: SimServer("mtp3", served_model_name=SERVED, time_scale=SCALE, extra_args=extra)
+        for name, extra in (
+            ("a", ()),
+            ("b", ()),
+            ("c", ()),
+            ("k", ("--sse-keep-alive-interval", "0.1")),
+        )
+    }
     try:
         for sim in servers.values():
             sim.start()
@@ -57,11 +62,14 @@ def _policy(sims: dict[str, SimServer]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module", params=["push", "pull"])
-def gw(request: pytest.FixtureRequest, sims: dict[str, SimServer],
-       certs: Any) -> Iterator[GatewayServer]:
-    with GatewayServer(_policy(sims), certs=certs,
-                       args=("--relay", request.param, "--first-byte-timeout",
-                             str(FIRST_BYTE_TIMEOUT))) as server:
+def gw(
+    request: pytest.FixtureRequest, sims: dict[str, SimServer], certs: Any
+) -> Iterator[GatewayServer]:
+    with GatewayServer(
+        _policy(sims),
+        certs=certs,
+        args=("--relay", request.param, "--first-byte-timeout", str(FIRST_BYTE_TIMEOUT)),
+    ) as server:
         yield server
 
 
@@ -72,8 +80,15 @@ class Reader(threading.Thread):
     def __init__(self, gw: GatewayServer, model: str, rid: str, **extra: Any) -> None:
         super().__init__(daemon=True)
         self.gw, self.rid = gw, rid
-        self.body = {"model": model, "messages": MESSAGES, "stream": True, "max_tokens": 24,
-                     "seed": 3, "temperature": 0.7, **extra}
+        self.body = {
+            "model": model,
+            "messages": MESSAGES,
+            "stream": True,
+            "max_tokens": 24,
+            "seed": 3,
+            "temperature": 0.7,
+            **extra,
+        }
         self.chunks: list[tuple[float, bytes]] = []
         self.headers: httpx.Headers | None = None
         self.status = 0
@@ -83,8 +98,9 @@ class Reader(threading.Thread):
     def run(self) -> None:
         with self.gw.client() as c:
             self.t0 = time.monotonic()
-            with c.stream("POST", "/v1/chat/completions", json=self.body,
-                          headers={"x-request-id": self.rid}) as r:
+            with c.stream(
+                "POST", "/v1/chat/completions", json=self.body, headers={"x-request-id": self.rid}
+            ) as r:
                 self.status, self.headers = r.status_code, r.headers
                 for chunk in r.iter_raw():
                     self.chunks.append((time.monotonic() - self.t0, chunk))
@@ -142,10 +158,20 @@ def _up_again(gw: GatewayServer, sim: SimServer, name: str) -> None:
 
 def test_pings_during_a_silent_prefill_then_the_engines_bytes(gw, sims) -> None:
     a = sims["a"]
-    direct_body = {"model": SERVED, "messages": MESSAGES, "stream": True, "max_tokens": 24,
-                   "seed": 3, "temperature": 0.7}
-    want = httpx.post(a.url + "/v1/chat/completions", json=direct_body,
-                      headers={"x-request-id": "ka-1"}, timeout=30).content
+    direct_body = {
+        "model": SERVED,
+        "messages": MESSAGES,
+        "stream": True,
+        "max_tokens": 24,
+        "seed": 3,
+        "temperature": 0.7,
+    }
+    want = httpx.post(
+        a.url + "/v1/chat/completions",
+        json=direct_body,
+        headers={"x-request-id": "ka-1"},
+        timeout=30,
+    ).content
     a.fault("hang", seconds=SILENCE / SCALE)
     reader = _stream(gw, SERVED, "ka-1").finish()
     assert reader.status == 200 and reader.headers is not None
@@ -173,8 +199,9 @@ def test_the_openai_sdk_reads_a_pinged_stream(gw, sims) -> None:
     sims["a"].fault("hang", seconds=SILENCE / SCALE)
     text, finish = "", None
     with gw.openai() as client:  # closed: an open TLS socket would warn in a later test
-        for chunk in client.chat.completions.create(model=SERVED, messages=MESSAGES,
-                                                    stream=True, max_tokens=16):
+        for chunk in client.chat.completions.create(
+            model=SERVED, messages=MESSAGES, stream=True, max_tokens=16
+        ):
             if chunk.choices:
                 text += chunk.choices[0].delta.content or ""
                 finish = chunk.choices[0].finish_reason or finish

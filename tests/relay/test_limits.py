@@ -41,44 +41,61 @@ async def test_requests_per_minute_allows_the_burst_then_paces(limits) -> None:
 
 
 def test_two_replicas_share_limits_and_policy(certs, redis_url, tmp_path) -> None:
-    sims = [SimServer(p, served_model_name="qwen3.8-27b", time_scale=0.02)
-            for p in ("dflash7-prob-block", "dflash7-prob-block", "mtp3", "mtp3")]
+    sims = [
+        SimServer(p, served_model_name="qwen3.8-27b", time_scale=0.02)
+        for p in ("dflash7-prob-block", "dflash7-prob-block", "mtp3", "mtp3")
+    ]
     for s in sims:
         s.__enter__()
     try:
         policy = coder_policy({"deep": sims[0].url, "shallow": sims[2].url})
-        policy["backends"]["deep"] = {"urls": [sims[0].url, sims[1].url],
-                                      "served_model_name": "qwen3.8-27b"}
-        policy["backends"]["shallow"] = {"urls": [sims[2].url, sims[3].url],
-                                         "served_model_name": "qwen3.8-27b"}
+        policy["backends"]["deep"] = {
+            "urls": [sims[0].url, sims[1].url],
+            "served_model_name": "qwen3.8-27b",
+        }
+        policy["backends"]["shallow"] = {
+            "urls": [sims[2].url, sims[3].url],
+            "served_model_name": "qwen3.8-27b",
+        }
         policy["clients"][0]["requests_per_minute"] = 20
         shared = tmp_path / "policy.yaml"
         shared.write_text(yaml.safe_dump(policy, sort_keys=False))
         args = ("--redis-url", redis_url)
-        with GatewayServer(policy_path=shared, certs=certs, args=args) as g1, \
-                GatewayServer(policy_path=shared, certs=certs, args=args) as g2:
+        with (
+            GatewayServer(policy_path=shared, certs=certs, args=args) as g1,
+            GatewayServer(policy_path=shared, certs=certs, args=args) as g2,
+        ):
             # The limit holds across both: 20 per minute in all, not 20 each.
             codes: Counter[int] = Counter()
             for i in range(30):
                 gw = (g1, g2)[i % 2]
                 with gw.client() as c:
-                    r = c.post("/v1/chat/completions", json={
-                        "model": "coder", "max_tokens": 1,
-                        "messages": [{"role": "user", "content": f"q{i}"}]})
+                    r = c.post(
+                        "/v1/chat/completions",
+                        json={
+                            "model": "coder",
+                            "max_tokens": 1,
+                            "messages": [{"role": "user", "content": f"q{i}"}],
+                        },
+                    )
                 codes[r.status_code] += 1
                 if r.status_code == 429:
                     assert int(r.headers["retry-after"]) >= 1
             assert codes == {200: 20, 429: 10}
 
             # A policy change through one replica reaches the other (the shared file).
-            with httpx.Client(base_url=g1.admin, timeout=10,
-                              headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as admin:
+            with httpx.Client(
+                base_url=g1.admin, timeout=10, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
+            ) as admin:
                 current = admin.get("/admin/policy")
                 doc = current.json()["document"]
                 doc["clients"][0]["requests_per_minute"] = None
                 doc["routes"]["coder"]["defaults"] = {"temperature": 0.55}
-                r = admin.put("/admin/policy", content=yaml.safe_dump(doc),
-                              headers={"if-match": current.headers["etag"]})
+                r = admin.put(
+                    "/admin/policy",
+                    content=yaml.safe_dump(doc),
+                    headers={"if-match": current.headers["etag"]},
+                )
                 assert r.status_code == 200
                 version = r.json()["version"]
             deadline = time.monotonic() + 10
@@ -86,9 +103,14 @@ def test_two_replicas_share_limits_and_policy(certs, redis_url, tmp_path) -> Non
                 assert time.monotonic() < deadline, "the change did not reach replica 2"
                 time.sleep(0.1)
             with g2.client() as c:
-                r = c.post("/v1/chat/completions", json={
-                    "model": "coder", "max_tokens": 1,
-                    "messages": [{"role": "user", "content": "after"}]})
+                r = c.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "coder",
+                        "max_tokens": 1,
+                        "messages": [{"role": "user", "content": "after"}],
+                    },
+                )
             assert r.status_code == 200
             assert r.headers["x-specrouter-defaults"] == "temperature=0.55"
 
@@ -97,16 +119,29 @@ def test_two_replicas_share_limits_and_policy(certs, redis_url, tmp_path) -> Non
 
             def stream(name: str, gw: GatewayServer, i: int) -> None:
                 try:
-                    with gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
-                            "model": "coder", "stream": True, "max_tokens": 4000,
-                            "messages": [{"role": "user", "content": f"s{i}"}]}) as r:
+                    with (
+                        gw.client() as c,
+                        c.stream(
+                            "POST",
+                            "/v1/chat/completions",
+                            json={
+                                "model": "coder",
+                                "stream": True,
+                                "max_tokens": 4000,
+                                "messages": [{"role": "user", "content": f"s{i}"}],
+                            },
+                        ) as r,
+                    ):
                         body = r.read()
                     outcomes[name].append(body.endswith(b"data: [DONE]\n\n"))
                 except httpx.HTTPError:
                     outcomes[name].append(False)
 
-            threads = [threading.Thread(target=stream, args=(n, g, i))
-                       for i in range(4) for n, g in (("g1", g1), ("g2", g2))]
+            threads = [
+                threading.Thread(target=stream, args=(n, g, i))
+                for i in range(4)
+                for n, g in (("g1", g1), ("g2", g2))
+            ]
             for t in threads:
                 t.start()
             time.sleep(0.3)
@@ -118,4 +153,3 @@ def test_two_replicas_share_limits_and_policy(certs, redis_url, tmp_path) -> Non
     finally:
         for s in sims:
             s.__exit__(None, None, None)
-

@@ -14,9 +14,14 @@ from proxy.relay.measure import TPS_SOURCES, Measurement, StreamFilter
 
 _ROOT = Path(__file__).resolve().parents[2]
 # ../shared beside the checkout (or beside the folder of worktrees), or shared/ inside it
-GOLDEN = next((d / "shared" / "reference" / "vllm-golden" for d in
-               (_ROOT, _ROOT.parent, _ROOT.parent.parent)
-               if (d / "shared" / "reference" / "vllm-golden").is_dir()), _ROOT / "missing")
+GOLDEN = next(
+    (
+        d / "shared" / "reference" / "vllm-golden"
+        for d in (_ROOT, _ROOT.parent, _ROOT.parent.parent)
+        if (d / "shared" / "reference" / "vllm-golden").is_dir()
+    ),
+    _ROOT / "missing",
+)
 needs_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden fixtures not here")
 
 
@@ -39,22 +44,29 @@ def _first(frames: list[bytes], marker: bytes) -> float:
 
 @needs_golden
 @pytest.mark.parametrize("version", ["0.28.0", "0.33.0"])
-@pytest.mark.parametrize("name, marker, output, finish", [
-    ("anth_stream_plain", b'"text_delta"', 14, "end_turn"),
-    ("anth_stream_reasoning", b'"thinking_delta"', None, None),
-    ("anth_stream_tools_qwen3_coder", b'"thinking_delta"', None, "tool_use"),
-    ("anth_stream_tools_qwen3_coder_noreasoning", b'"input_json_delta"', None, "tool_use"),
-    ("anth_stream_max_tokens", b'"text_delta"', None, "max_tokens"),
-])
-def test_messages_reader_on_the_golden_streams(version: str, name: str, marker: bytes,
-                                               output: int | None, finish: str | None) -> None:
+@pytest.mark.parametrize(
+    "name, marker, output, finish",
+    [
+        ("anth_stream_plain", b'"text_delta"', 14, "end_turn"),
+        ("anth_stream_reasoning", b'"thinking_delta"', None, None),
+        ("anth_stream_tools_qwen3_coder", b'"thinking_delta"', None, "tool_use"),
+        ("anth_stream_tools_qwen3_coder_noreasoning", b'"input_json_delta"', None, "tool_use"),
+        ("anth_stream_max_tokens", b'"text_delta"', None, "max_tokens"),
+    ],
+)
+def test_messages_reader_on_the_golden_streams(
+    version: str, name: str, marker: bytes, output: int | None, finish: str | None
+) -> None:
     m, out, frames = _relay(GOLDEN / version / f"{name}.sse", "messages")
     assert out == b"".join(frames)  # read only
     assert any(marker in f for f in frames)
     # not message_start, content_block_start or a thinking block's signature
     assert m.ttft == _first(frames, b"event: content_block_delta")
-    deltas = sum(1 for f in frames if f.startswith(b"event: content_block_delta")
-                 and b"signature_delta" not in f)
+    deltas = sum(
+        1
+        for f in frames
+        if f.startswith(b"event: content_block_delta") and b"signature_delta" not in f
+    )
     assert m.delta_events == deltas
     assert m.prompt_tokens in (17, 19) and m.completion_tokens > 0
     if output is not None:
@@ -63,9 +75,16 @@ def test_messages_reader_on_the_golden_streams(version: str, name: str, marker: 
         assert m.finish_reason == finish
     assert m.tps_source == "average"
     assert m.acceptance == pytest.approx((m.completion_tokens - 1) / (deltas - 1))
-    last_delta = max(i for i, f in enumerate(frames) if b"_delta\"" in f
-                     and f.startswith(b"event: content_block_delta")
-                     and b"signature_delta" not in f) + 1
+    last_delta = (
+        max(
+            i
+            for i, f in enumerate(frames)
+            if b'_delta"' in f
+            and f.startswith(b"event: content_block_delta")
+            and b"signature_delta" not in f
+        )
+        + 1
+    )
     itl = m.itl_per_token()
     assert len(itl) == m.completion_tokens - 1
     assert itl[0] == pytest.approx((last_delta - m.ttft) / (m.completion_tokens - 1))
@@ -80,11 +99,14 @@ def test_messages_reader_cached_tokens_and_error() -> None:
 
 
 @needs_golden
-@pytest.mark.parametrize("version, name, final, output", [
-    ("0.28.0", "responses_stream", "completed", 14),
-    ("0.33.0", "responses_stream", "completed", 14),
-    ("0.33.0", "responses_stream_truncated", "max_output_tokens", 11),
-])
+@pytest.mark.parametrize(
+    "version, name, final, output",
+    [
+        ("0.28.0", "responses_stream", "completed", 14),
+        ("0.33.0", "responses_stream", "completed", 14),
+        ("0.33.0", "responses_stream_truncated", "max_output_tokens", 11),
+    ],
+)
 def test_responses_measured_like_chat(version: str, name: str, final: str, output: int) -> None:
     path = GOLDEN / version / f"{name}.sse"
     if not path.exists():
@@ -101,8 +123,10 @@ def test_responses_measured_like_chat(version: str, name: str, final: str, outpu
 def test_chat_ttft_is_the_first_token_frame_not_the_role_chunk() -> None:
     role = b'data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
     tok = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"def"}}]}\n\n'
-    tool = (b'data: {"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
-            b'"function":{"arguments":"{"}}]}}]}\n\n')
+    tool = (
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,'
+        b'"function":{"arguments":"{"}}]}}]}\n\n'
+    )
     for first_token in (tok, tool):
         m = Measurement(0.0, stream=True)
         filt = StreamFilter(m)
@@ -110,10 +134,12 @@ def test_chat_ttft_is_the_first_token_frame_not_the_role_chunk() -> None:
         filt.frame(role, 1.0)
         filt.frame(first_token, 2.0)
         assert m.ttft == 2.0
-    usage_role = role.replace(b"}]}", b'}],"usage":{"prompt_tokens":5,"total_tokens":5,'
-                                     b'"completion_tokens":0}}')
-    usage_tok = tok.replace(b"}]}", b'}],"usage":{"prompt_tokens":5,"total_tokens":6,'
-                                   b'"completion_tokens":1}}')
+    usage_role = role.replace(
+        b"}]}", b'}],"usage":{"prompt_tokens":5,"total_tokens":5,"completion_tokens":0}}'
+    )
+    usage_tok = tok.replace(
+        b"}]}", b'}],"usage":{"prompt_tokens":5,"total_tokens":6,"completion_tokens":1}}'
+    )
     m = Measurement(0.0, stream=True)
     filt = StreamFilter(m)
     filt.frame(usage_role, 1.0)
@@ -124,8 +150,10 @@ def test_chat_ttft_is_the_first_token_frame_not_the_role_chunk() -> None:
 def test_a_non_streaming_request_has_no_ttft() -> None:
     m = Measurement(0.0)
     m.t_first_byte, m.t_end = 0.4, 0.5
-    m.record_body(b'{"choices":[{"finish_reason":"stop"}],"usage":{"prompt_tokens":3,'
-                  b'"total_tokens":5,"completion_tokens":2}}')
+    m.record_body(
+        b'{"choices":[{"finish_reason":"stop"}],"usage":{"prompt_tokens":3,'
+        b'"total_tokens":5,"completion_tokens":2}}'
+    )
     assert m.ttft is None and m.e2e == 0.5 and m.completion_tokens == 2
     assert m.tps_source is None and m.acceptance is None
 
@@ -137,8 +165,7 @@ def test_tps_source_values() -> None:
         m.record_tokens(total, t)
     assert m.tps_source == "chunks" and m.acceptance == pytest.approx(2.5)
     assert m.itl_per_token() == pytest.approx([0.1 / 3] * 3 + [0.05] * 2)
-    m.spec = {"num_accepted_draft_tokens": 9, "num_spec_steps": 3,
-              "mean_acceptance_length": 4.0}
+    m.spec = {"num_accepted_draft_tokens": 9, "num_spec_steps": 3, "mean_acceptance_length": 4.0}
     assert m.tps_source == "engine" and m.acceptance == 4.0
     assert m.accepted_and_steps == (9, 3)
     avg = Measurement(0.0, stream=True)
@@ -163,8 +190,9 @@ def test_server_timing_and_phases() -> None:
     m.t_engine, m.t_headers = 10.0004, 10.8127
     assert parse_server_timing(m.server_timing(10.9).decode()) == {"gw": 0.4, "engine": 812.3}
     m.t_first_token, m.t_end = 11.0, 12.0
-    assert m.phases() == pytest.approx({"gateway": 0.0004, "engine_headers": 0.8123,
-                                        "first_token": 0.1873, "end": 1.0})
+    assert m.phases() == pytest.approx(
+        {"gateway": 0.0004, "engine_headers": 0.8123, "first_token": 0.1873, "end": 1.0}
+    )
     assert sum(m.phases().values()) == pytest.approx(m.e2e)
 
 

@@ -48,14 +48,27 @@ def stack(certs) -> Iterator[tuple[GatewayServer, str]]:
     threading.Thread(target=echo.serve_forever, daemon=True).start()
     echo_url = f"http://127.0.0.1:{echo.server_address[1]}"
     with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.02) as sim:
-        policy = coder_policy({"sim": sim.url}, defaults={"temperature": 1.3}, extra_clients=[
-            {"name": "slow", "key_sha256": auth.hash_key(SLOW_KEY), "requests_per_minute": 1}])
+        policy = coder_policy(
+            {"sim": sim.url},
+            defaults={"temperature": 1.3},
+            extra_clients=[
+                {"name": "slow", "key_sha256": auth.hash_key(SLOW_KEY), "requests_per_minute": 1}
+            ],
+        )
         policy["routes"]["coder"]["clamps"] = {"max_tokens": {"max": 6}}
-        policy["backends"]["echo"] = {"url": echo_url, "kind": "vllm", "task": "generate",
-                                      "served_model_name": "echo", "max_concurrency": 4}
-        policy["routes"]["echo"] = {"models": ["echo"], "variants": ["echo"],
-                                    "defaults": {"temperature": 1.3, "max_tokens": 9},
-                                    "clamps": {"max_tokens": {"max": 5}}}
+        policy["backends"]["echo"] = {
+            "url": echo_url,
+            "kind": "vllm",
+            "task": "generate",
+            "served_model_name": "echo",
+            "max_concurrency": 4,
+        }
+        policy["routes"]["echo"] = {
+            "models": ["echo"],
+            "variants": ["echo"],
+            "defaults": {"temperature": 1.3, "max_tokens": 9},
+            "clamps": {"max_tokens": {"max": 5}},
+        }
         with GatewayServer(policy, certs=certs) as gw:
             yield gw, echo_url
     echo.shutdown()
@@ -64,12 +77,14 @@ def stack(certs) -> Iterator[tuple[GatewayServer, str]]:
 
 def _sdk(gw: GatewayServer, **kw: Any) -> anthropic.Anthropic:
     ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
-    return anthropic.Anthropic(base_url=gw.base, http_client=anthropic.DefaultHttpxClient(verify=ctx),
-                               max_retries=0, **kw)
+    return anthropic.Anthropic(
+        base_url=gw.base, http_client=anthropic.DefaultHttpxClient(verify=ctx), max_retries=0, **kw
+    )
 
 
-def _raw(gw: GatewayServer, headers: dict[str, str], body: Any,
-         path: str = "/v1/messages") -> httpx.Response:
+def _raw(
+    gw: GatewayServer, headers: dict[str, str], body: Any, path: str = "/v1/messages"
+) -> httpx.Response:
     ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
     with httpx.Client(base_url=gw.base, verify=ctx, timeout=30) as c:
         if isinstance(body, bytes):
@@ -118,8 +133,11 @@ def test_bearer_auth_and_two_different_keys(stack) -> None:
     same = {"x-api-key": CLIENT_KEY, "authorization": f"Bearer {CLIENT_KEY}"}
     assert _raw(gw, same, {"model": "coder", "max_tokens": 2, "messages": ASK}).status_code == 200
     both = {"x-api-key": CLIENT_KEY, "authorization": f"Bearer {OTHER_KEY}"}
-    _anthropic_error(_raw(gw, both, {"model": "coder", "max_tokens": 2, "messages": ASK}),
-                     401, "authentication_error")
+    _anthropic_error(
+        _raw(gw, both, {"model": "coder", "max_tokens": 2, "messages": ASK}),
+        401,
+        "authentication_error",
+    )
     with _sdk(gw, api_key="sk-wrong") as client, pytest.raises(anthropic.AuthenticationError):
         client.messages.create(model="coder", max_tokens=2, messages=ASK)
     # The OpenAI routes take `x-api-key` too, and keep their own error shape.
@@ -135,17 +153,24 @@ def test_gateway_errors_are_anthropic_shaped(stack) -> None:
     key = {"x-api-key": CLIENT_KEY}
     with _sdk(gw, api_key=CLIENT_KEY) as client, pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="nope", max_tokens=2, messages=ASK)
-    _anthropic_error(_raw(gw, key, {"model": "nope", "max_tokens": 2, "messages": ASK}),
-                     404, "not_found_error")
+    _anthropic_error(
+        _raw(gw, key, {"model": "nope", "max_tokens": 2, "messages": ASK}), 404, "not_found_error"
+    )
     _anthropic_error(_raw(gw, key, b"{not json"), 400, "invalid_request_error")
-    _anthropic_error(_raw(gw, key, {"max_tokens": 2, "messages": ASK}), 400,
-                     "invalid_request_error")
-    message = _anthropic_error(_raw(gw, key, {"model": "coder", "max_tokens": 2,
-                                              "temperature": 1.5, "messages": ASK}),
-                               400, "invalid_request_error")
+    _anthropic_error(
+        _raw(gw, key, {"max_tokens": 2, "messages": ASK}), 400, "invalid_request_error"
+    )
+    message = _anthropic_error(
+        _raw(gw, key, {"model": "coder", "max_tokens": 2, "temperature": 1.5, "messages": ASK}),
+        400,
+        "invalid_request_error",
+    )
     assert "temperature" in message
-    _anthropic_error(_raw(gw, {}, {"model": "coder", "max_tokens": 2, "messages": ASK}),
-                     401, "authentication_error")
+    _anthropic_error(
+        _raw(gw, {}, {"model": "coder", "max_tokens": 2, "messages": ASK}),
+        401,
+        "authentication_error",
+    )
     slow = {"x-api-key": SLOW_KEY}
     _raw(gw, slow, {"model": "coder", "max_tokens": 1, "messages": ASK})
     r = _raw(gw, slow, {"model": "coder", "max_tokens": 1, "messages": ASK})
@@ -160,19 +185,30 @@ def test_what_reaches_the_engine(stack) -> None:
     gw, _ = stack
     _Echo.seen.clear()
     headers = {"x-api-key": CLIENT_KEY, "authorization": f"Bearer {CLIENT_KEY}"}
-    assert _raw(gw, headers, {"model": "echo", "max_tokens": 50, "messages": ASK}).status_code \
+    assert (
+        _raw(gw, headers, {"model": "echo", "max_tokens": 50, "messages": ASK}).status_code == 200
+    )
+    assert (
+        _raw(
+            gw, headers, {"model": "echo", "messages": ASK}, "/v1/messages/count_tokens"
+        ).status_code
         == 200
-    assert _raw(gw, headers, {"model": "echo", "messages": ASK},
-                "/v1/messages/count_tokens").status_code == 200
+    )
     ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
     with httpx.Client(base_url=gw.base, verify=ctx, timeout=30, headers=headers) as c:
-        c.post("/v1/chat/completions", json={"model": "echo", "messages": ASK,
-                                             "max_completion_tokens": 50})
+        c.post(
+            "/v1/chat/completions",
+            json={"model": "echo", "messages": ASK, "max_completion_tokens": 50},
+        )
         c.post("/v1/responses", json={"model": "echo", "input": "hi", "max_output_tokens": 50})
         c.post("/v1/responses", json={"model": "echo", "input": "hi", "temperature": 1.5})
     (p1, h1, m1), (p2, h2, m2), (p3, _, chat), (p4, _, resp), (_, _, resp2) = _Echo.seen
-    assert (p1, p2, p3, p4) == ("/v1/messages", "/v1/messages/count_tokens",
-                                "/v1/chat/completions", "/v1/responses")
+    assert (p1, p2, p3, p4) == (
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/chat/completions",
+        "/v1/responses",
+    )
     for h in (h1, h2):
         assert "x-api-key" not in h and "authorization" not in h  # the echo engine has no key
         assert CLIENT_KEY not in json.dumps(h)

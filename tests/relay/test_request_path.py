@@ -50,26 +50,36 @@ def _names(node: ast.AST) -> set[str]:
 def _type_branches(tree: ast.AST) -> Iterator[ast.expr]:
     """isinstance/issubclass against an upstream response type, or `type(r) is/== T`."""
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id in ("isinstance", "issubclass") and len(node.args) == 2:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+            and len(node.args) == 2
+        ):
             if _names(node.args[1]) & UPSTREAM_TYPES:
                 yield node
-        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) and \
-                isinstance(node.left.func, ast.Name) and node.left.func.id == "type":
+        elif (
+            isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Call)
+            and isinstance(node.left.func, ast.Name)
+            and node.left.func.id == "type"
+        ):
             if any(_names(c) & UPSTREAM_TYPES for c in node.comparators):
                 yield node
 
 
 # Parsed at collection, before any test runs: CPython 3.11.7's parser can fail with "AST
 # constructor recursion depth mismatch" after another test hit a RecursionError (cpython#106905).
-_TREES = [(path.name, ast.parse(path.read_text(), str(path)))
-          for path in sorted(RELAY.glob("*.py"))]
+_TREES = [
+    (path.name, ast.parse(path.read_text(), str(path))) for path in sorted(RELAY.glob("*.py"))
+]
 
 _BAD = ast.parse(
     "async def relay(self, a, b, c, d, e, *, f, g): pass\n"
     "def f(resp):\n"
     "    if isinstance(resp, (aiohttp.ClientResponse, int)): pass\n"
-    "    return type(resp) is EngineStream\n")
+    "    return type(resp) is EngineStream\n"
+)
 _OK = ast.parse("def g(cls, a, *args, **kw): return isinstance(a, ContinuableFilter)")
 
 
@@ -92,8 +102,11 @@ def test_no_function_on_the_path_takes_more_than_six_parameters() -> None:
 
 
 def test_nothing_on_the_path_branches_on_the_upstream_response_type() -> None:
-    found = [f"{name}:{node.lineno} {ast.unparse(node)}"
-             for name, tree in _sources() for node in _type_branches(tree)]
+    found = [
+        f"{name}:{node.lineno} {ast.unparse(node)}"
+        for name, tree in _sources()
+        for node in _type_branches(tree)
+    ]
     assert found == []
 
 
@@ -108,8 +121,10 @@ def test_the_checks_catch_what_they_forbid() -> None:
     assert list(_type_branches(ok)) == []
 
 
-RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-engine: one\r\n"
-            b"content-length: 6\r\n\r\ndata: ")
+RESPONSE = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-engine: one\r\n"
+    b"content-length: 6\r\n\r\ndata: "
+)
 
 
 @asynccontextmanager

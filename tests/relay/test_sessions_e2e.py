@@ -15,16 +15,27 @@ from loadtests.harness.sim import SimServer
 
 SERVED = "qwen3.8-27b"
 # deep while the route holds at most two sequences, else shallow: the load decides per request
-RULES = [{"name": "deep-when-quiet", "kind": "load", "use": "deep", "max_in_flight": 2,
-          "scope": "route", "otherwise": "shallow"}]
+RULES = [
+    {
+        "name": "deep-when-quiet",
+        "kind": "load",
+        "use": "deep",
+        "max_in_flight": 2,
+        "scope": "route",
+        "otherwise": "shallow",
+    }
+]
 
 
 @pytest.fixture
 def gw(certs) -> Iterator[GatewayServer]:
-    with SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep, \
-            SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow, \
-            GatewayServer(coder_policy({"deep": deep.url, "shallow": shallow.url}, rules=RULES),
-                          certs=certs) as server:
+    with (
+        SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep,
+        SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow,
+        GatewayServer(
+            coder_policy({"deep": deep.url, "shallow": shallow.url}, rules=RULES), certs=certs
+        ) as server,
+    ):
         yield server
 
 
@@ -50,10 +61,20 @@ class Load:
         _wait(lambda: self.gw.admin_get("/admin/status").json()["in_flight"] == 0)
 
     def _stream(self, i: int) -> None:
-        with self.gw.client() as c, c.stream("POST", "/v1/chat/completions", json={
-                "model": "coder", "stream": True, "max_tokens": 3000,
-                "messages": [{"role": "user", "content": f"Other work {i}: refactor mod{i}."}]},
-                headers={"x-claude-code-session-id": f"other-{i}"}) as r:
+        with (
+            self.gw.client() as c,
+            c.stream(
+                "POST",
+                "/v1/chat/completions",
+                json={
+                    "model": "coder",
+                    "stream": True,
+                    "max_tokens": 3000,
+                    "messages": [{"role": "user", "content": f"Other work {i}: refactor mod{i}."}],
+                },
+                headers={"x-claude-code-session-id": f"other-{i}"},
+            ) as r,
+        ):
             for _ in r.iter_raw():
                 if self.stop.is_set():
                     break
@@ -68,11 +89,14 @@ def _wait(predicate, timeout: float = 10.0) -> None:
     raise AssertionError("condition not reached in time")
 
 
-def _ten_turns(gw: GatewayServer, load: Load, headers: dict[str, str],
-               busy_turns: set[int]) -> list[tuple[str, str]]:
+def _ten_turns(
+    gw: GatewayServer, load: Load, headers: dict[str, str], busy_turns: set[int]
+) -> list[tuple[str, str]]:
     """(variant, reason) per turn; the load is on during `busy_turns`."""
-    messages = [{"role": "system", "content": "You are a coding agent."},
-                {"role": "user", "content": "Fix the failing test in src/app.py."}]
+    messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing test in src/app.py."},
+    ]
     served = []
     with gw.client() as c:
         for turn in range(10):
@@ -81,13 +105,20 @@ def _ten_turns(gw: GatewayServer, load: Load, headers: dict[str, str],
                 load.on()
             elif not busy and load.threads:
                 load.off()
-            r = c.post("/v1/chat/completions", headers=headers,
-                       json={"model": "coder", "messages": messages, "max_tokens": 8})
+            r = c.post(
+                "/v1/chat/completions",
+                headers=headers,
+                json={"model": "coder", "messages": messages, "max_tokens": 8},
+            )
             assert r.status_code == 200, r.text
             served.append((r.headers["x-specrouter-variant"], r.headers["x-specrouter-reason"]))
-            messages += [{"role": "assistant",
-                          "content": r.json()["choices"][0]["message"]["content"] or "ok"},
-                         {"role": "user", "content": f"Now step {turn + 2}."}]
+            messages += [
+                {
+                    "role": "assistant",
+                    "content": r.json()["choices"][0]["message"]["content"] or "ok",
+                },
+                {"role": "user", "content": f"Now step {turn + 2}."},
+            ]
     load.off()
     return served
 
@@ -99,8 +130,9 @@ def test_header_session_keeps_its_engine_while_load_varies(gw: GatewayServer) ->
     assert served[0][1] == "deep-when-quiet"
     # while busy the rule said shallow: the session stayed, counted as such
     assert ("deep", "session") in served
-    assert 'specrouter_decisions_total{reason="session",route="coder",variant="deep"}' in \
-        gw.metrics()
+    assert (
+        'specrouter_decisions_total{reason="session",route="coder",variant="deep"}' in gw.metrics()
+    )
 
 
 def test_headerless_session_keeps_its_engine_by_fingerprint(gw: GatewayServer) -> None:

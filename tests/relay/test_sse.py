@@ -8,18 +8,25 @@ from proxy.relay import sse
 from proxy.relay.measure import Measurement, StreamFilter
 
 HEAD = b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
-ROLE = (b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-        b'"finish_reason":null}]')
+ROLE = (
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+    b'"finish_reason":null}]'
+)
 TAIL_ROLE = b',"prompt_token_ids":null,"prompt_text":null}\n\n'
 
 
 def content(text: str) -> bytes:
-    return (b'"choices":[{"index":0,"delta":{"content":"' + text.encode() +
-            b'"},"logprobs":null,"finish_reason":null,"token_ids":null}]')
+    return (
+        b'"choices":[{"index":0,"delta":{"content":"'
+        + text.encode()
+        + b'"},"logprobs":null,"finish_reason":null,"token_ids":null}]'
+    )
 
 
-FINISH = (b'"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop",'
-          b'"stop_reason":null,"token_ids":null}]')
+FINISH = (
+    b'"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop",'
+    b'"stop_reason":null,"token_ids":null}]'
+)
 FP = b',"system_fingerprint":"vllm-0.28.0-abcd1234"'
 
 
@@ -42,8 +49,10 @@ def upstream_stream(tokens: list[int], spec: bytes = b"") -> list[bytes]:
 
 def client_expected(tokens: list[int], *, include: bool, continuous: bool) -> bytes:
     """What vLLM would have sent for the client's own stream_options."""
+
     def u(c: int) -> bytes:
         return usage(5, c) if continuous else b""
+
     out = [HEAD + ROLE + u(0) + TAIL_ROLE]
     total = 0
     for i, t in enumerate(tokens):
@@ -64,7 +73,7 @@ def test_splitter_reassembles_frames_at_any_split(split: int) -> None:
     splitter = sse.FrameSplitter()
     frames: list[bytes] = []
     for i in range(0, len(stream), split):
-        frames += splitter.feed(stream[i:i + split])
+        frames += splitter.feed(stream[i : i + split])
     assert b"".join(frames) == stream
     assert all(f.endswith(b"\n\n") and f.count(b"\n\n") == 1 for f in frames)
     assert splitter.flush() == b""
@@ -76,12 +85,16 @@ def test_splitter_keeps_a_truncated_tail() -> None:
     assert splitter.flush() == b"data: {"
 
 
-@pytest.mark.parametrize(("include", "continuous", "strip", "drop"), [
-    (False, False, True, True),   # the client asked for nothing: usage frames all removed
-    (True, False, True, False),   # include_usage only: per-chunk usage removed
-])
-def test_filter_gives_the_client_vllms_bytes_for_its_own_request(include, continuous, strip,
-                                                                 drop) -> None:
+@pytest.mark.parametrize(
+    ("include", "continuous", "strip", "drop"),
+    [
+        (False, False, True, True),  # the client asked for nothing: usage frames all removed
+        (True, False, True, False),  # include_usage only: per-chunk usage removed
+    ],
+)
+def test_filter_gives_the_client_vllms_bytes_for_its_own_request(
+    include, continuous, strip, drop
+) -> None:
     tokens = [1, 4, 3, 5, 2]
     m = Measurement(0.0)
     filt = StreamFilter(m, strip_usage=strip, drop_usage_chunk=drop)
@@ -97,9 +110,11 @@ def test_filter_gives_the_client_vllms_bytes_for_its_own_request(include, contin
 
 
 def test_filter_prefers_the_engines_exact_acceptance() -> None:
-    spec = (b',"metrics":{"speculative_decoding":{"mean_acceptance_length":3.5,'
-            b'"draft_acceptance_rate":0.4,"acceptance_histogram":[0,1,1,0],"num_spec_steps":2,'
-            b'"num_accepted_draft_tokens":5,"num_draft_tokens":14,"num_spec_tokens":7}}')
+    spec = (
+        b',"metrics":{"speculative_decoding":{"mean_acceptance_length":3.5,'
+        b'"draft_acceptance_rate":0.4,"acceptance_histogram":[0,1,1,0],"num_spec_steps":2,'
+        b'"num_accepted_draft_tokens":5,"num_draft_tokens":14,"num_spec_tokens":7}}'
+    )
     m = Measurement(0.0)
     filt = StreamFilter(m, strip_usage=True, drop_usage_chunk=True)
     out = b"".join(filt.frame(f, 0.0) for f in upstream_stream([1, 3, 4], spec))
@@ -123,11 +138,14 @@ def test_filter_records_an_error_event() -> None:
     assert m.error == "boom"
 
 
-@pytest.mark.parametrize(("data", "start", "end"), [
-    (b'{"a":1}', 0, 7),
-    (b'x{"a":{"b":2},"c":3}y', 1, 20),
-    (b'{"s":"}{"}', 0, 10),
-    (b'{"a":1', 0, -1),
-])
+@pytest.mark.parametrize(
+    ("data", "start", "end"),
+    [
+        (b'{"a":1}', 0, 7),
+        (b'x{"a":{"b":2},"c":3}y', 1, 20),
+        (b'{"s":"}{"}', 0, 10),
+        (b'{"a":1', 0, -1),
+    ],
+)
 def test_object_end(data: bytes, start: int, end: int) -> None:
     assert sse.object_end(data, start) == end

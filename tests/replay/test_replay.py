@@ -30,8 +30,13 @@ def test_turns_extend_the_previous_prompt() -> None:
 
 
 def test_sessions_compact_at_the_context_limit() -> None:
-    s = Session(WorkloadParams(turns=50, initial_context=1000, new_tokens=400,
-                               gen_tokens=100, max_context=2500), 0, 0)
+    s = Session(
+        WorkloadParams(
+            turns=50, initial_context=1000, new_tokens=400, gen_tokens=100, max_context=2500
+        ),
+        0,
+        0,
+    )
     turns = 0
     while not s.done:
         s.next_turn()
@@ -46,9 +51,14 @@ def test_generated_tokens_average_the_mean() -> None:
     assert sum(drawn) / len(drawn) == pytest.approx(460, rel=0.06)
 
 
-@pytest.mark.parametrize("api,path,key", [("chat", "/v1/chat/completions", "messages"),
-                                          ("responses", "/v1/responses", "input"),
-                                          ("messages", "/v1/messages", "messages")])
+@pytest.mark.parametrize(
+    "api,path,key",
+    [
+        ("chat", "/v1/chat/completions", "messages"),
+        ("responses", "/v1/responses", "input"),
+        ("messages", "/v1/messages", "messages"),
+    ],
+)
 def test_request_bodies(api: str, path: str, key: str) -> None:
     params = WorkloadParams(api_mix={api: 1.0}, temperatures=(None,), tools=2)
     turn = Session(params, 0, 0).next_turn()
@@ -63,17 +73,24 @@ def test_temperatures_per_agent_round_robin() -> None:
     assert [Session(params, a, 0).temperature for a in range(3)] == [0.7, None, 0.7]
 
 
-def _turn(agent: int, turn_s: float, cached: int | None = None, error: str | None = None
-          ) -> TurnResult:
-    return TurnResult(agent, 0, False, "responses", 0.7, 1000, 0.0, turn_s, 1.0, 30.0, 1000,
-                      cached, 400, error)
+def _turn(
+    agent: int, turn_s: float, cached: int | None = None, error: str | None = None
+) -> TurnResult:
+    return TurnResult(
+        agent, 0, False, "responses", 0.7, 1000, 0.0, turn_s, 1.0, 30.0, 1000, cached, 400, error
+    )
 
 
 def test_summary_figures() -> None:
     turns = [_turn(0, 10.0, 900), _turn(0, 20.0, 800), _turn(1, 30.0), _turn(1, 5.0, error="x")]
-    built = report.build(turns, params={}, time_scale=0.1, wall_s=10.0,
-                         engines={"prefix_queries": 100.0, "prefix_hits": 96.0,
-                                  "preemptions": 2.0}, cpu={"client": 0.9, "simulator": 0.1})
+    built = report.build(
+        turns,
+        params={},
+        time_scale=0.1,
+        wall_s=10.0,
+        engines={"prefix_queries": 100.0, "prefix_hits": 96.0, "preemptions": 2.0},
+        cpu={"client": 0.9, "simulator": 0.1},
+    )
     o = built["overall"]
     assert o["turns"] == 3 and o["errors"] == 1
     assert o["turn_s"]["p50"] == 20.0 and o["turn_s"]["n"] == 3
@@ -83,18 +100,49 @@ def test_summary_figures() -> None:
 
 
 def test_engine_counters() -> None:
-    text = ("# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{engine=\"0\"} 5\n"
-            "# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{engine=\"0\"} 2\n")
-    assert report.engine_counters(text) == {"prefix_queries": 0.0, "prefix_hits": 5.0,
-                                            "preemptions": 2.0}
+    text = (
+        '# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{engine="0"} 5\n'
+        '# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total{engine="0"} 2\n'
+    )
+    assert report.engine_counters(text) == {
+        "prefix_queries": 0.0,
+        "prefix_hits": 5.0,
+        "preemptions": 2.0,
+    }
 
 
 def test_replay_smoke_through_the_gateway(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "proxy.cli", "replay", "--sim", "--agents", "2",
-           "--duration", "5", "--turns", "3", "--time-scale", "0.02", "--initial-context", "600",
-           "--new-tokens", "300", "--gen-tokens", "60", "--think-s", "0.5",
-           "--temperature", "0.7,unset", "--api-mix", "chat=1,responses=1", "--progress-s", "2",
-           "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "proxy.cli",
+        "replay",
+        "--sim",
+        "--agents",
+        "2",
+        "--duration",
+        "5",
+        "--turns",
+        "3",
+        "--time-scale",
+        "0.02",
+        "--initial-context",
+        "600",
+        "--new-tokens",
+        "300",
+        "--gen-tokens",
+        "60",
+        "--think-s",
+        "0.5",
+        "--temperature",
+        "0.7,unset",
+        "--api-mix",
+        "chat=1,responses=1",
+        "--progress-s",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "time scale 0.02" in done.stdout

@@ -27,17 +27,31 @@ COOKIE = "specrouter_dashboard"
 
 @pytest.fixture(scope="module")
 def gw(certs) -> Iterator[GatewayServer]:
-    with SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.02) as sim, \
-            GatewayServer(coder_policy({"a": sim.url}), certs=certs, args=(
-                "--admin-tls", "--admin-token", f"alice={ALICE}",
-                "--auth-failures-per-minute", str(LIMIT))) as gateway:
+    with (
+        SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.02) as sim,
+        GatewayServer(
+            coder_policy({"a": sim.url}),
+            certs=certs,
+            args=(
+                "--admin-tls",
+                "--admin-token",
+                f"alice={ALICE}",
+                "--auth-failures-per-minute",
+                str(LIMIT),
+            ),
+        ) as gateway,
+    ):
         yield gateway
 
 
 def _client(gw: GatewayServer, source: str, base: str) -> httpx.Client:
     ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
-    return httpx.Client(base_url=base, timeout=10, follow_redirects=False,
-                        transport=httpx.HTTPTransport(verify=ctx, local_address=source))
+    return httpx.Client(
+        base_url=base,
+        timeout=10,
+        follow_redirects=False,
+        transport=httpx.HTTPTransport(verify=ctx, local_address=source),
+    )
 
 
 def _history(gw: GatewayServer) -> list[dict[str, Any]]:
@@ -66,11 +80,16 @@ ATTACKS = [
     Attack("api-token-in-url", "GET", f"/admin/policy?token={ADMIN_TOKEN}", 401),
     Attack("login-by-get", "GET", f"/dashboard/login?token={ADMIN_TOKEN}", 405),
     Attack("login-wrong-token", "POST", "/dashboard/login", 401, _FORM, body=b"token=guess"),
-    Attack("raw-token-as-cookie", "GET", "/dashboard/snapshot", 401,
-           cookies={COOKIE: ADMIN_TOKEN}),
+    Attack("raw-token-as-cookie", "GET", "/dashboard/snapshot", 401, cookies={COOKIE: ADMIN_TOKEN}),
     Attack("forged-session-cookie", "GET", "/dashboard", 401, cookies={COOKIE: "x" * 43}),
-    Attack("forged-who-without-token", "PUT", "/admin/policy", 401,
-           {"x-specrouter-admin": "admin", "if-match": "*"}, body=b"{}"),
+    Attack(
+        "forged-who-without-token",
+        "PUT",
+        "/admin/policy",
+        401,
+        {"x-specrouter-admin": "admin", "if-match": "*"},
+        body=b"{}",
+    ),
 ]
 
 
@@ -109,13 +128,23 @@ def test_forged_admin_header_does_not_change_the_audit_who(gw: GatewayServer) ->
         current = c.get("/admin/policy", headers={"authorization": f"Bearer {ALICE}"})
         document = current.json()["document"]
         document["routes"]["coder"]["defaults"] = {"temperature": 0.5}
-        r = c.put("/admin/policy", content=orjson.dumps(document), headers={
-            "authorization": f"Bearer {ALICE}", "if-match": current.headers["etag"],
-            "x-specrouter-admin": "admin", "x-specrouter-note": "lower temperature"})
+        r = c.put(
+            "/admin/policy",
+            content=orjson.dumps(document),
+            headers={
+                "authorization": f"Bearer {ALICE}",
+                "if-match": current.headers["etag"],
+                "x-specrouter-admin": "admin",
+                "x-specrouter-note": "lower temperature",
+            },
+        )
     assert r.status_code == 200, r.text
     last = _history(gw)[-1]
-    assert (last["who"], last["note"], last["version"]) == \
-        ("alice", "lower temperature", r.json()["version"])
+    assert (last["who"], last["note"], last["version"]) == (
+        "alice",
+        "lower temperature",
+        r.json()["version"],
+    )
 
 
 # (listener, path, a wrong credential, a good one)
@@ -125,13 +154,16 @@ LISTENERS = [
 ]
 
 
-@pytest.mark.parametrize(("listener", "path", "wrong", "good"), LISTENERS,
-                         ids=[x[0] for x in LISTENERS])
-def test_failed_authentication_is_throttled_per_source(gw: GatewayServer, listener: str,
-                                                       path: str, wrong: str, good: str) -> None:
+@pytest.mark.parametrize(
+    ("listener", "path", "wrong", "good"), LISTENERS, ids=[x[0] for x in LISTENERS]
+)
+def test_failed_authentication_is_throttled_per_source(
+    gw: GatewayServer, listener: str, path: str, wrong: str, good: str
+) -> None:
     base = gw.admin if listener == "admin" else gw.base
-    attacker, other = ("127.0.0.5", "127.0.0.6") if listener == "admin" else \
-        ("127.0.0.7", "127.0.0.8")
+    attacker, other = (
+        ("127.0.0.5", "127.0.0.6") if listener == "admin" else ("127.0.0.7", "127.0.0.8")
+    )
     before = _history(gw)
     with _client(gw, attacker, base) as c:
         for _ in range(LIMIT):
@@ -144,8 +176,11 @@ def test_failed_authentication_is_throttled_per_source(gw: GatewayServer, listen
     with _client(gw, other, base) as c:
         assert c.get(path, headers={"authorization": good}).status_code == 200
     assert _history(gw) == before
-    logged = [line for line in gw.output
-              if f"failed authentication on the {listener} listener from {attacker}" in line]
+    logged = [
+        line
+        for line in gw.output
+        if f"failed authentication on the {listener} listener from {attacker}" in line
+    ]
     assert len(logged) == 1, logged  # at most once a minute per source
 
 

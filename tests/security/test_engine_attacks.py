@@ -31,15 +31,30 @@ SEEN = ANSWER.replace(b'"qwen3.8-27b"', b'"coder"')  # the client asked for mode
 Script = Callable[[asyncio.StreamWriter, str], Awaitable[bool]]  # True: keep the connection
 
 
-def _json(body: bytes, *, extra: bytes = b"", status: bytes = b"200 OK",
-          ctype: bytes = b"application/json") -> bytes:
-    return (b"HTTP/1.1 " + status + b"\r\ncontent-type: " + ctype + b"\r\ncontent-length: %d\r\n"
-            % len(body) + extra + b"\r\n" + body)
+def _json(
+    body: bytes,
+    *,
+    extra: bytes = b"",
+    status: bytes = b"200 OK",
+    ctype: bytes = b"application/json",
+) -> bytes:
+    return (
+        b"HTTP/1.1 "
+        + status
+        + b"\r\ncontent-type: "
+        + ctype
+        + b"\r\ncontent-length: %d\r\n" % len(body)
+        + extra
+        + b"\r\n"
+        + body
+    )
 
 
 def _sse_head(extra: bytes = b"") -> bytes:
-    return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n" + extra + b"\r\n")
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n" + extra + b"\r\n"
+    )
 
 
 def _chunk(data: bytes) -> bytes:
@@ -52,7 +67,7 @@ async def s_ok(w: asyncio.StreamWriter, rid: str) -> bool:
 
 
 async def s_huge_frame(w: asyncio.StreamWriter, rid: str) -> bool:
-    w.write(_sse_head() + _chunk(b"data: {\"x\":\""))
+    w.write(_sse_head() + _chunk(b'data: {"x":"'))
     piece = _chunk(b"x" * MIB)
     for _ in range(20):  # 20 MiB and no blank line
         w.write(piece)
@@ -63,8 +78,12 @@ async def s_huge_frame(w: asyncio.StreamWriter, rid: str) -> bool:
 
 async def s_big_frame(w: asyncio.StreamWriter, rid: str) -> bool:
     """A legitimate large event (a Responses final event, say): under the limit, relayed."""
-    w.write(_sse_head() + _chunk(b'data: {"x":"' + b"y" * (12 * MIB) + b'"}\n\n')
-            + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    w.write(
+        _sse_head()
+        + _chunk(b'data: {"x":"' + b"y" * (12 * MIB) + b'"}\n\n')
+        + _chunk(b"data: [DONE]\n\n")
+        + b"0\r\n\r\n"
+    )
     return True
 
 
@@ -75,8 +94,13 @@ async def s_huge_header(w: asyncio.StreamWriter, rid: str) -> bool:
 
 
 async def s_headers(w: asyncio.StreamWriter, rid: str) -> bool:
-    w.write(_json(ANSWER, extra=b"set-cookie: session=stolen\r\nx-specrouter-variant: evil\r\n"
-                  b"server: engine/1.0\r\nx-internal-host: 10.0.0.7\r\nretry-after: 1\r\n"))
+    w.write(
+        _json(
+            ANSWER,
+            extra=b"set-cookie: session=stolen\r\nx-specrouter-variant: evil\r\n"
+            b"server: engine/1.0\r\nx-internal-host: 10.0.0.7\r\nretry-after: 1\r\n",
+        )
+    )
     return True
 
 
@@ -85,8 +109,11 @@ async def s_html_200(w: asyncio.StreamWriter, rid: str) -> bool:
     return True
 
 
-CR_FRAMES = [b'data: {"choices":[{"delta":{"content":"a"}}]}\r\r',
-             b'data: {"choices":[{"delta":{"content":"b"}}]}\r\r', b"data: [DONE]\r\r"]
+CR_FRAMES = [
+    b'data: {"choices":[{"delta":{"content":"a"}}]}\r\r',
+    b'data: {"choices":[{"delta":{"content":"b"}}]}\r\r',
+    b"data: [DONE]\r\r",
+]
 
 
 async def s_cr_only(w: asyncio.StreamWriter, rid: str) -> bool:
@@ -104,8 +131,10 @@ EVIL = b'{"id":"cmpl-evil","object":"chat.completion","choices":[]}'
 
 async def s_second_response(w: asyncio.StreamWriter, rid: str) -> bool:
     """The answer, then an answer nobody asked for, in the same write."""
-    w.write(_json(ANSWER, extra=b"x-request-id: %b\r\n" % rid.encode())
-            + _json(EVIL, extra=b"x-request-id: stale\r\n"))
+    w.write(
+        _json(ANSWER, extra=b"x-request-id: %b\r\n" % rid.encode())
+        + _json(EVIL, extra=b"x-request-id: stale\r\n")
+    )
     return True
 
 
@@ -118,8 +147,9 @@ async def s_late_response(w: asyncio.StreamWriter, rid: str) -> bool:
     return True
 
 
-SCRIPTS: dict[str, Script] = {name.removeprefix("s_"): fn for name, fn in globals().items()
-                              if name.startswith("s_")}
+SCRIPTS: dict[str, Script] = {
+    name.removeprefix("s_"): fn for name, fn in globals().items() if name.startswith("s_")
+}
 
 
 class RawEngine:
@@ -135,7 +165,8 @@ class RawEngine:
     def __enter__(self) -> RawEngine:
         self.thread.start()
         server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop).result(5)
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop
+        ).result(5)
         self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         return self
 
@@ -149,8 +180,10 @@ class RawEngine:
             while True:
                 head = await r.readuntil(b"\r\n\r\n")
                 line, *fields = head.decode("latin-1").split("\r\n")
-                headers = {k.strip().lower(): v.strip() for k, _, v in
-                           (f.partition(":") for f in fields if f)}
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (f.partition(":") for f in fields if f)
+                }
                 body = await r.readexactly(int(headers.get("content-length", "0")))
                 if line.startswith("GET "):
                     w.write(_json(b"", ctype=b"text/plain"))
@@ -171,17 +204,25 @@ class RawEngine:
 def stack(certs: CertFiles) -> Iterator[tuple[GatewayServer, RawEngine]]:
     with RawEngine() as engine:
         policy = coder_policy({"raw": engine.url}, defaults={})
-        with GatewayServer(policy, certs=certs, args=("--first-byte-timeout", "5",
-                                                      "--idle-timeout", "5")) as gw:
+        with GatewayServer(
+            policy, certs=certs, args=("--first-byte-timeout", "5", "--idle-timeout", "5")
+        ) as gw:
             yield gw, engine
 
 
-def _post(gw: GatewayServer, script: str, *, stream: bool = False, key: str | None = None
-          ) -> tuple[int, httpx.Headers, bytes]:
-    body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}],
-            "stream": stream, "hostile": script}
-    with (gw.client(**({} if key is None else {"key": key})) as c,
-          c.stream("POST", "/v1/chat/completions", json=body) as r):
+def _post(
+    gw: GatewayServer, script: str, *, stream: bool = False, key: str | None = None
+) -> tuple[int, httpx.Headers, bytes]:
+    body = {
+        "model": "coder",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": stream,
+        "hostile": script,
+    }
+    with (
+        gw.client(**({} if key is None else {"key": key})) as c,
+        c.stream("POST", "/v1/chat/completions", json=body) as r,
+    ):
         return r.status_code, r.headers, r.read()
 
 
@@ -263,8 +304,12 @@ ATTACKS = [
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("attack", "stream", "expect"), ATTACKS, ids=[a[0] for a in ATTACKS])
-def test_engine_attack(stack: tuple[GatewayServer, RawEngine], attack: str, stream: bool,
-                       expect: Callable[[int, httpx.Headers, bytes], None]) -> None:
+def test_engine_attack(
+    stack: tuple[GatewayServer, RawEngine],
+    attack: str,
+    stream: bool,
+    expect: Callable[[int, httpx.Headers, bytes], None],
+) -> None:
     gw, _ = stack
     assert gw.proc is not None
     _wait_ready(gw)
@@ -285,7 +330,8 @@ def test_engine_attack(stack: tuple[GatewayServer, RawEngine], attack: str, stre
 
 @pytest.mark.timeout(90)
 def test_memory_comes_back_after_a_burst_of_large_frames(
-        stack: tuple[GatewayServer, RawEngine]) -> None:
+    stack: tuple[GatewayServer, RawEngine],
+) -> None:
     gw, _ = stack
     assert gw.proc is not None
     for _ in range(2):  # warm: first-use allocations are not what this measures
@@ -304,34 +350,50 @@ def test_memory_comes_back_after_a_burst_of_large_frames(
 # -- policy documents through the admin API --------------------------------------------------------
 
 ALIAS_BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
-    f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+    f"{c}: &{c} [{','.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
 
 
 def _many_rules(doc: dict[str, Any], n: int) -> str:
     doc["routes"]["coder"]["rules"] = [
-        {"name": f"r{i}", "kind": "client", "clients": ["other"], "use": "raw"} for i in range(n)]
+        {"name": f"r{i}", "kind": "client", "clients": ["other"], "use": "raw"} for i in range(n)
+    ]
     return yaml.safe_dump(doc)
 
 
 def _put(gw: GatewayServer, text: str | bytes, path: str = "/admin/policy") -> httpx.Response:
     version = _version(gw)
-    return httpx.request("PUT" if path == "/admin/policy" else "POST", gw.admin + path,
-                         headers={**AUTH, "if-match": f'"{version}"'}, content=text, timeout=30)
+    return httpx.request(
+        "PUT" if path == "/admin/policy" else "POST",
+        gw.admin + path,
+        headers={**AUTH, "if-match": f'"{version}"'},
+        content=text,
+        timeout=30,
+    )
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("attack", "needle"), [
-    ("alias_bomb", "aliases"), ("alias_bomb_validate", "aliases"),
-    ("rules_1001", "1001 rules"), ("over_1_mib", "limit of 1048576 bytes"),
-])
-def test_policy_document_attack(stack: tuple[GatewayServer, RawEngine], attack: str,
-                                needle: str) -> None:
+@pytest.mark.parametrize(
+    ("attack", "needle"),
+    [
+        ("alias_bomb", "aliases"),
+        ("alias_bomb_validate", "aliases"),
+        ("rules_1001", "1001 rules"),
+        ("over_1_mib", "limit of 1048576 bytes"),
+    ],
+)
+def test_policy_document_attack(
+    stack: tuple[GatewayServer, RawEngine], attack: str, needle: str
+) -> None:
     gw, _ = stack
     _wait_ready(gw)
     doc = gw.admin_get("/admin/policy").json()["document"]
-    text = {"alias_bomb": ALIAS_BOMB, "alias_bomb_validate": ALIAS_BOMB,
-            "rules_1001": _many_rules(doc, 1001),
-            "over_1_mib": yaml.safe_dump(doc) + "#" * MIB}[attack]
+    text = {
+        "alias_bomb": ALIAS_BOMB,
+        "alias_bomb_validate": ALIAS_BOMB,
+        "rules_1001": _many_rules(doc, 1001),
+        "over_1_mib": yaml.safe_dump(doc) + "#" * MIB,
+    }[attack]
     path = "/admin/policy/validate" if attack.endswith("validate") else "/admin/policy"
     version = _version(gw)
     served: list[float] = []

@@ -30,8 +30,11 @@ from loadtests.harness.sim import SimServer
 
 CHAT = "/v1/chat/completions"
 HELLO = [{"role": "user", "content": "hello"}]
-ENV = {"SPECROUTER_KEEP_ALIVE_UNAUTHENTICATED_S": "1", "SPECROUTER_TLS_HANDSHAKE_TIMEOUT_S": "1",
-       "SPECROUTER_MAX_CONNECTIONS": "40"}
+ENV = {
+    "SPECROUTER_KEEP_ALIVE_UNAUTHENTICATED_S": "1",
+    "SPECROUTER_TLS_HANDSHAKE_TIMEOUT_S": "1",
+    "SPECROUTER_MAX_CONNECTIONS": "40",
+}
 
 
 @dataclass
@@ -65,8 +68,10 @@ def stack(certs) -> Iterator[Stack]:
 
 def _chat(gw: GatewayServer, key: str = OTHER_KEY, **body: Any) -> httpx.Response:
     with gw.client(key) as c:
-        return c.post("/v1/chat/completions",
-                      json={"model": "coder", "messages": HELLO, "max_tokens": 8, **body})
+        return c.post(
+            "/v1/chat/completions",
+            json={"model": "coder", "messages": HELLO, "max_tokens": 8, **body},
+        )
 
 
 def _version(gw: GatewayServer) -> str:
@@ -97,28 +102,42 @@ def _raw(s: Stack, request: bytes) -> Reply:
                 return await conn.exchange(request)
         finally:
             await conn.close()
+
     return asyncio.run(go())
 
 
-def _post(body: Any, *, path: str = CHAT, key: str | None = CLIENT_KEY,
-          headers: tuple[tuple[str, str], ...] = ()) -> Callable[[Address], bytes]:
+def _post(
+    body: Any,
+    *,
+    path: str = CHAT,
+    key: str | None = CLIENT_KEY,
+    headers: tuple[tuple[str, str], ...] = (),
+) -> Callable[[Address], bytes]:
     raw = body if isinstance(body, bytes) else orjson.dumps(body)
     return lambda t: t.request(path, raw, key, headers=headers)
 
 
 def _head(lines: list[str], body: bytes = b"") -> Callable[[Address], bytes]:
     """A request written out whole: `{host}` is the target's."""
-    return lambda t: ("\r\n".join(lines).replace("{host}", f"{t.host}:{t.port}")
-                      + "\r\n\r\n").encode() + body
+    return lambda t: (
+        ("\r\n".join(lines).replace("{host}", f"{t.host}:{t.port}") + "\r\n\r\n").encode() + body
+    )
 
 
 def _chunked(trailers: list[str], key: str | None) -> Callable[[Address], bytes]:
     body = orjson.dumps({"model": "coder", "messages": HELLO, "max_tokens": 8})
     auth = [] if key is None else [f"authorization: Bearer {key}"]
-    return _head(["POST /v1/chat/completions HTTP/1.1", "host: {host}",
-                  "content-type: application/json", "transfer-encoding: chunked", *auth],
-                 b"%x\r\n%b\r\n0\r\n%b\r\n" % (len(body), body,
-                                              "".join(t + "\r\n" for t in trailers).encode()))
+    return _head(
+        [
+            "POST /v1/chat/completions HTTP/1.1",
+            "host: {host}",
+            "content-type: application/json",
+            "transfer-encoding: chunked",
+            *auth,
+        ],
+        b"%x\r\n%b\r\n0\r\n%b\r\n"
+        % (len(body), body, "".join(t + "\r\n" for t in trailers).encode()),
+    )
 
 
 def _deep(levels: int) -> bytes:
@@ -131,36 +150,66 @@ ATTACKS: dict[str, tuple[Callable[[Address], bytes], int, str | None]] = {
     "n-unbounded": (_post({**CHAT_BODY, "n": 1_000_000}), 400, '"param":"n"'),
     "best-of-unbounded": (_post({**CHAT_BODY, "best_of": 9}), 400, '"param":"best_of"'),
     "top-logprobs": (_post({**CHAT_BODY, "top_logprobs": 21}), 400, '"param":"top_logprobs"'),
-    "completions-logprobs": (_post({"model": "coder", "prompt": "x", "logprobs": 6},
-                                   path="/v1/completions"), 400, '"param":"logprobs"'),
-    "too-many-messages": (_post({**CHAT_BODY, "messages": HELLO * 4097}), 400,
-                          '"param":"messages"'),
+    "completions-logprobs": (
+        _post({"model": "coder", "prompt": "x", "logprobs": 6}, path="/v1/completions"),
+        400,
+        '"param":"logprobs"',
+    ),
+    "too-many-messages": (
+        _post({**CHAT_BODY, "messages": HELLO * 4097}),
+        400,
+        '"param":"messages"',
+    ),
     "string-max-tokens": (_post({**CHAT_BODY, "max_tokens": "600"}), 400, '"param":"max_tokens"'),
-    "string-temperature": (_post({**CHAT_BODY, "temperature": "0.1"}), 400,
-                           '"param":"temperature"'),
+    "string-temperature": (
+        _post({**CHAT_BODY, "temperature": "0.1"}),
+        400,
+        '"param":"temperature"',
+    ),
     "string-stream": (_post({**CHAT_BODY, "stream": "true"}), 400, '"param":"stream"'),
     "json-depth-300": (_post(_deep(300)), 400, "nested deeper than 128"),
     "json-depth-1000": (_post(_deep(1000)), 400, "nested deeper than 128"),
-    "int-beyond-64-bits": (_post(b'{"model":"coder","messages":[],"seed":' + b"9" * 30 + b"}"),
-                           400, '"param":"seed"'),
-    "int-beyond-64-bits-nested": (_post(b'{"model":"coder","messages":[],"x":{"y":[1'
-                                        + b"0" * 25 + b"]}}"), 400, "beyond 64 bits"),
-    "trailer-authorization": (_chunked([f"authorization: Bearer {CLIENT_KEY}"], None), 401,
-                              "invalid_api_key"),
+    "int-beyond-64-bits": (
+        _post(b'{"model":"coder","messages":[],"seed":' + b"9" * 30 + b"}"),
+        400,
+        '"param":"seed"',
+    ),
+    "int-beyond-64-bits-nested": (
+        _post(b'{"model":"coder","messages":[],"x":{"y":[1' + b"0" * 25 + b"]}}"),
+        400,
+        "beyond 64 bits",
+    ),
+    "trailer-authorization": (
+        _chunked([f"authorization: Bearer {CLIENT_KEY}"], None),
+        401,
+        "invalid_api_key",
+    ),
     "trailer-variant-pin": (_chunked(["x-specrouter-variant: nosuch"], CLIENT_KEY), 200, None),
-    "duplicate-authorization": (_post(CHAT_BODY, headers=(("authorization",
-                                                           f"Bearer {OTHER_KEY}"),)),
-                                400, "more than one authorization"),
+    "duplicate-authorization": (
+        _post(CHAT_BODY, headers=(("authorization", f"Bearer {OTHER_KEY}"),)),
+        400,
+        "more than one authorization",
+    ),
     "transfer-encoding-identity-chunked": (
-        _head(["POST /v1/chat/completions HTTP/1.1", "host: {host}",
-               f"authorization: Bearer {CLIENT_KEY}", "transfer-encoding: identity, chunked"],
-              b"2\r\n{}\r\n0\r\n\r\n"), 400, "only transfer coding"),
-    "upgrade-body-vanishes": (_post(CHAT_BODY, headers=(("connection", "upgrade"),
-                                                         ("upgrade", "h2c"))),
-                              400, "upgrades are not supported"),
+        _head(
+            [
+                "POST /v1/chat/completions HTTP/1.1",
+                "host: {host}",
+                f"authorization: Bearer {CLIENT_KEY}",
+                "transfer-encoding: identity, chunked",
+            ],
+            b"2\r\n{}\r\n0\r\n\r\n",
+        ),
+        400,
+        "only transfer coding",
+    ),
+    "upgrade-body-vanishes": (
+        _post(CHAT_BODY, headers=(("connection", "upgrade"), ("upgrade", "h2c"))),
+        400,
+        "upgrades are not supported",
+    ),
     "encoded-slash": (_post(CHAT_BODY, path="/v1/chat%2Fcompletions"), 404, "encoded slash"),
-    "encoded-slash-lower": (_post(CHAT_BODY, path="/v1%2fchat/completions"), 404,
-                            "encoded slash"),
+    "encoded-slash-lower": (_post(CHAT_BODY, path="/v1%2fchat/completions"), 404, "encoded slash"),
 }
 
 
@@ -184,8 +233,9 @@ def test_clamp_holds_under_every_name(stack: Stack) -> None:
     _nothing_else_changed(stack, version)
 
 
-@pytest.mark.parametrize(("sent", "kept"), [("x" * 60_000, False), ("a b", False),
-                                            ("trace-1:2.3_ok", True)])
+@pytest.mark.parametrize(
+    ("sent", "kept"), [("x" * 60_000, False), ("a b", False), ("trace-1:2.3_ok", True)]
+)
 def test_request_id_bounded(stack: Stack, sent: str, kept: bool) -> None:
     reply = _raw(stack, _post(CHAT_BODY, headers=(("x-request-id", sent),))(stack.target))
     assert reply.status == 200
@@ -197,17 +247,21 @@ def test_request_id_bounded(stack: Stack, sent: str, kept: bool) -> None:
 @pytest.mark.parametrize("body", [b"true", b"1.9", b"9" * 300, b'"1"'])
 def test_rollback_takes_only_a_version_number(stack: Stack, body: bytes) -> None:
     version = _version(stack.gw)
-    reply = httpx.post(stack.gw.admin + "/admin/policy/rollback",
-                       content=b'{"version": %b}' % body, timeout=10,
-                       headers={"authorization": f"Bearer {ADMIN_TOKEN}", "if-match": version})
+    reply = httpx.post(
+        stack.gw.admin + "/admin/policy/rollback",
+        content=b'{"version": %b}' % body,
+        timeout=10,
+        headers={"authorization": f"Bearer {ADMIN_TOKEN}", "if-match": version},
+    )
     assert reply.status_code == 400, reply.text
     _nothing_else_changed(stack, version)
 
 
 def test_connections_that_never_start_tls_are_cut_and_capped(stack: Stack) -> None:
     version = _version(stack.gw)
-    silent = [socket.create_connection((stack.target.host, stack.target.port))
-              for _ in range(60)]  # more than max_connections (40)
+    silent = [
+        socket.create_connection((stack.target.host, stack.target.port)) for _ in range(60)
+    ]  # more than max_connections (40)
     try:
         time.sleep(0.3)
         assert stack.gw.proc is not None

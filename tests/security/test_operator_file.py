@@ -19,17 +19,20 @@ def _write(path: Path, text: str) -> Path:
 def test_a_file_secret_is_read_relative_to_the_operator_file(tmp_path: Path) -> None:
     tmp_path.chmod(0o700)
     _write(tmp_path / "coder.key", "s3cret-from-file\n")
-    op = load_operator(_write(tmp_path / "operator.yaml",
-                              "secrets:\n  coder-key: {file: coder.key}\n"))
+    op = load_operator(
+        _write(tmp_path / "operator.yaml", "secrets:\n  coder-key: {file: coder.key}\n")
+    )
     assert op.secret("coder-key") == "s3cret-from-file"
 
 
-def test_an_env_secret_is_read_from_the_environment(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_env_secret_is_read_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tmp_path.chmod(0o700)
     monkeypatch.setenv("SPECROUTER_TEST_KEY", "s3cret-from-env")
-    op = load_operator(_write(tmp_path / "operator.yaml",
-                              "secrets:\n  coder-key: {env: SPECROUTER_TEST_KEY}\n"))
+    op = load_operator(
+        _write(tmp_path / "operator.yaml", "secrets:\n  coder-key: {env: SPECROUTER_TEST_KEY}\n")
+    )
     assert op.secret("coder-key") == "s3cret-from-env"
 
 

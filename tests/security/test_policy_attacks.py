@@ -68,13 +68,18 @@ def stack(certs, tmp_path_factory) -> Iterator[tuple[GatewayServer, Recorder, Pa
         with SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.02) as sim:
             policy = coder_policy({"a": sim.url})
             # A backend that is down, with a repair the operator defined: the attack replaces it.
-            policy["backends"]["down"] = {"url": f"http://127.0.0.1:{_closed_port()}",
-                                          "served_model_name": "qwen3.8-27b", "startup_s": 0,
-                                          "repair": {"action": "noop", "after_down_s": 0}}
+            policy["backends"]["down"] = {
+                "url": f"http://127.0.0.1:{_closed_port()}",
+                "served_model_name": "qwen3.8-27b",
+                "startup_s": 0,
+                "repair": {"action": "noop", "after_down_s": 0},
+            }
             policy["routes"]["down"] = {"models": ["down"], "variants": ["down"]}
             policy["health"] = {"fail_after": 1, "recover_after": 1}
-            operator = {"actions": {"noop": {"command": ["true"]}},
-                        "secrets": {"coder-key": {"env": "SOME_SECRET"}}}
+            operator = {
+                "actions": {"noop": {"command": ["true"]}},
+                "secrets": {"coder-key": {"env": "SOME_SECRET"}},
+            }
             with GatewayServer(policy, certs=certs, operator=operator) as gw:
                 yield gw, recorder, marker_dir
     finally:
@@ -89,8 +94,10 @@ def _closed_port() -> int:
 
 
 def _repair_command(policy: dict[str, Any], marker: Path) -> None:
-    policy["backends"]["down"]["repair"] = {"command": ["/bin/sh", "-c", f"touch {marker}"],
-                                            "after_down_s": 0}
+    policy["backends"]["down"]["repair"] = {
+        "command": ["/bin/sh", "-c", f"touch {marker}"],
+        "after_down_s": 0,
+    }
 
 
 def _undefined_action(policy: dict[str, Any], marker: Path) -> None:
@@ -108,6 +115,7 @@ def _undefined_secret(policy: dict[str, Any], port: int) -> None:
 def _url(url: str) -> Any:
     def change(policy: dict[str, Any], port: int) -> None:
         policy["backends"]["a"]["url"] = url.format(port=port)
+
     return change
 
 
@@ -134,8 +142,12 @@ def _attempt(gw: GatewayServer, change: Any, arg: Any, field: str) -> httpx.Resp
     version = current.json()["version"]
     doc = copy.deepcopy(current.json()["document"])
     change(doc, arg)
-    r = httpx.put(gw.admin + "/admin/policy", headers={**AUTH, "if-match": f'"{version}"'},
-                  content=yaml.safe_dump(doc).encode(), timeout=10)
+    r = httpx.put(
+        gw.admin + "/admin/policy",
+        headers={**AUTH, "if-match": f'"{version}"'},
+        content=yaml.safe_dump(doc).encode(),
+        timeout=10,
+    )
     assert r.status_code == 422, r.text
     assert field in r.text, r.text
     after = httpx.get(gw.admin + "/admin/policy", headers=AUTH, timeout=10).json()["version"]
@@ -145,13 +157,20 @@ def _attempt(gw: GatewayServer, change: Any, arg: Any, field: str) -> httpx.Resp
 
 def _other_client_served(gw: GatewayServer) -> None:
     with gw.client() as c:
-        r = c.post("/v1/chat/completions", json={
-            "model": "coder", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "model": "coder",
+                "max_tokens": 2,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize(("name", "change", "field"), COMMAND_ATTACKS,
-                         ids=[a[0] for a in COMMAND_ATTACKS])
+@pytest.mark.parametrize(
+    ("name", "change", "field"), COMMAND_ATTACKS, ids=[a[0] for a in COMMAND_ATTACKS]
+)
 def test_policy_cannot_run_a_command(stack, name, change, field) -> None:
     gw, _, markers = stack
     marker = markers / name
@@ -161,8 +180,9 @@ def test_policy_cannot_run_a_command(stack, name, change, field) -> None:
     _other_client_served(gw)
 
 
-@pytest.mark.parametrize(("name", "change", "field"), SECRET_ATTACKS,
-                         ids=[a[0] for a in SECRET_ATTACKS])
+@pytest.mark.parametrize(
+    ("name", "change", "field"), SECRET_ATTACKS, ids=[a[0] for a in SECRET_ATTACKS]
+)
 def test_policy_cannot_send_a_secret_or_reach_another_host(stack, name, change, field) -> None:
     gw, recorder, _ = stack
     _attempt(gw, change, recorder.port, field)
@@ -176,9 +196,15 @@ def test_errors_name_the_backend_not_its_address(stack) -> None:
     port = yaml.safe_load(gw.policy_path.read_text())["backends"]["down"]["url"].rsplit(":")[-1]
     with gw.client() as c:
         for stream in (False, True):
-            r = c.post("/v1/chat/completions", json={
-                "model": "down", "max_tokens": 2, "stream": stream,
-                "messages": [{"role": "user", "content": "hi"}]})
+            r = c.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "down",
+                    "max_tokens": 2,
+                    "stream": stream,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            )
             assert r.status_code in (502, 503), r.text
             if r.status_code == 502:
                 assert "backend 'down'" in r.text
@@ -192,11 +218,27 @@ def test_errors_name_the_backend_not_its_address(stack) -> None:
 def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump(coder_policy({"a": "http://127.0.0.1:9"})))
-    cmd = [sys.executable, "-m", "proxy.cli", "serve", "--config", str(policy),
-           "--listen", "127.0.0.1:0", "--insecure-http", "--state-dir", str(tmp_path / "s"),
-           *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=30,
-                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    cmd = [
+        sys.executable,
+        "-m",
+        "proxy.cli",
+        "serve",
+        "--config",
+        str(policy),
+        "--listen",
+        "127.0.0.1:0",
+        "--insecure-http",
+        "--state-dir",
+        str(tmp_path / "s"),
+        *args,
+    ]
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
 
 
 def _writable_operator(tmp_path: Path) -> str:
@@ -210,10 +252,16 @@ LONG = "x" * 40
 REFUSED = [
     ("short-token", ["--admin-token", "short-token"], "characters"),
     ("default-token", ["--admin-token", "change-me"], "characters"),
-    ("admin-off-loopback", ["--admin-token", LONG, "--admin-listen", "0.0.0.0:0"],
-     "off loopback without TLS"),
-    ("metrics-off-loopback", ["--admin-token", LONG, "--metrics-listen", "0.0.0.0:0"],
-     "loopback only"),
+    (
+        "admin-off-loopback",
+        ["--admin-token", LONG, "--admin-listen", "0.0.0.0:0"],
+        "off loopback without TLS",
+    ),
+    (
+        "metrics-off-loopback",
+        ["--admin-token", LONG, "--metrics-listen", "0.0.0.0:0"],
+        "loopback only",
+    ),
 ]
 
 
@@ -224,8 +272,15 @@ def test_unsafe_settings_refuse_to_start(tmp_path, name, args, message) -> None:
 
 
 def test_writable_operator_file_refuses_to_start(tmp_path) -> None:
-    out = _serve(tmp_path, "--admin-token", LONG, "--admin-listen", "127.0.0.1:0",
-                 "--operator-file", _writable_operator(tmp_path))
+    out = _serve(
+        tmp_path,
+        "--admin-token",
+        LONG,
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--operator-file",
+        _writable_operator(tmp_path),
+    )
     assert out.returncode == 2 and "writable by others" in out.stderr, out.stderr
 
 
@@ -260,12 +315,14 @@ def test_shipped_policies_validate_against_their_operator_files() -> None:
     from proxy.operator import Operator, OperatorSpec
 
     repo = Path(__file__).resolve().parents[2]
-    configmap = next(d for d in yaml.safe_load_all((repo / "deploy/k8s/configmap.yaml")
-                                                   .read_text()) if d)
-    pairs = [(configmap["data"]["policy.yaml"], configmap["data"]["operator.yaml"]),
-             ((repo / "policies/gb10.yaml").read_text(),
-              (repo / "deploy/operator.yaml").read_text()),
-             ((repo / "policies/demo.yaml").read_text(), "{}")]
+    configmap = next(
+        d for d in yaml.safe_load_all((repo / "deploy/k8s/configmap.yaml").read_text()) if d
+    )
+    pairs = [
+        (configmap["data"]["policy.yaml"], configmap["data"]["operator.yaml"]),
+        ((repo / "policies/gb10.yaml").read_text(), (repo / "deploy/operator.yaml").read_text()),
+        ((repo / "policies/demo.yaml").read_text(), "{}"),
+    ]
     for policy, operator in pairs:
         spec = OperatorSpec.model_validate(yaml.safe_load(operator) or {})
         parse_policy(policy, Operator(spec).context)

@@ -37,17 +37,30 @@ _NOT_YET = "the simulator does not emit it yet (a later issue adds it)"
 
 # fixture -> (frames that differ, why). Frames: SSE events, or 1 for a JSON body.
 EXPECTED_028: dict[str, tuple[int, str]] = {
-    "anth_count_tokens": (1, "count_tokens: the simulator's tokenizer counts the rendered prompt "
-                          "differently from the fixture's synthetic prompt ids"),
-    **{name: (1, "--enable-prompt-tokens-details: the simulator's Messages usage does not split "
-                 "input_tokens into cache_read/cache_creation yet")
-       for name in ("anth_full_prompt_tokens_details", "anth_stream_prompt_tokens_details")},
-    "anth_stream_error_midstream": (
-        3, "engine finish_reason 'error' (as chat_stream_error_midstream): vLLM's translation "
-        "writes its error event and stops; the simulator closes the block and ends the message"),
+    "anth_count_tokens": (
+        1,
+        "count_tokens: the simulator's tokenizer counts the rendered prompt "
+        "differently from the fixture's synthetic prompt ids",
+    ),
     **{
-        name: (n, f"Messages translation of tool calls and reasoning (tool_use / thinking "
-                  f"blocks): {_NOT_YET}")
+        name: (
+            1,
+            "--enable-prompt-tokens-details: the simulator's Messages usage does not split "
+            "input_tokens into cache_read/cache_creation yet",
+        )
+        for name in ("anth_full_prompt_tokens_details", "anth_stream_prompt_tokens_details")
+    },
+    "anth_stream_error_midstream": (
+        3,
+        "engine finish_reason 'error' (as chat_stream_error_midstream): vLLM's translation "
+        "writes its error event and stops; the simulator closes the block and ends the message",
+    ),
+    **{
+        name: (
+            n,
+            f"Messages translation of tool calls and reasoning (tool_use / thinking "
+            f"blocks): {_NOT_YET}",
+        )
         for name, n in {
             "anth_full_tools_qwen3_coder": 1,
             "anth_stream_reasoning": 12,
@@ -56,33 +69,46 @@ EXPECTED_028: dict[str, tuple[int, str]] = {
         }.items()
     },
     "emb_float": (
-        1, "0.28 answers embeddings with ORJSONResponse (float32 shortest repr, -0.08396084); the "
+        1,
+        "0.28 answers embeddings with ORJSONResponse (float32 shortest repr, -0.08396084); the "
         "simulator writes float32 values as doubles, the no-orjson form (emb_float_no_orjson "
-        "matches)"),
+        "matches)",
+    ),
     "emb_base64": (1, "vectors: the simulator's hash-seeded vector differs from the fixture's"),
     "err_400_cmpl_validation": (
-        1, "missing prompt: vLLM answers VLLMValidationError (BadRequestError, `... "
-        "(parameter=prompt)`); the simulator a pydantic '1 validation error' (Bad Request)"),
+        1,
+        "missing prompt: vLLM answers VLLMValidationError (BadRequestError, `... "
+        "(parameter=prompt)`); the simulator a pydantic '1 validation error' (Bad Request)",
+    ),
     "err_400_stream_options": (
-        1, "stream_options without stream: same VLLMValidationError vs pydantic wrapping as "
-        "err_400_cmpl_validation (README, 'Notable differences')"),
+        1,
+        "stream_options without stream: same VLLMValidationError vs pydantic wrapping as "
+        "err_400_cmpl_validation (README, 'Notable differences')",
+    ),
     "metrics_k7_fresh": (
-        15, "families the simulator does not export: cache_config_info, engine_sleep_state, "
+        15,
+        "families the simulator does not export: cache_config_info, engine_sleep_state, "
         "estimated_{flops,read_bytes,write_bytes}_per_gpu, external_prefix_cache_{hits,queries}, "
         "iteration_tokens, mm_cache_{hits,queries}, num_requests_waiting_by_reason, "
         "prompt_tokens_{by_source,cached}, request_max_num_generation_tokens, "
-        "request_prefill_kv_computed_tokens; every family it does export matches"),
+        "request_prefill_kv_computed_tokens; every family it does export matches",
+    ),
     "metrics_k0": (
-        35, "the 15 missing families of metrics_k7_fresh, plus 20 whose values come from the "
-        "stats input.json recorded through PrometheusStatLogger (not replayed into the sim)"),
-    "metrics_k7": (
-        39, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
+        35,
+        "the 15 missing families of metrics_k7_fresh, plus 20 whose values come from the "
+        "stats input.json recorded through PrometheusStatLogger (not replayed into the sim)",
+    ),
+    "metrics_k7": (39, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
     "responses_full": (
-        1, "Response object: vLLM 0.28 has no `error` key, writes `logprobs: null` (sim: []), "
-        "`phase: null` on the message item, and tool_choice 'none' (sim: 'auto')"),
+        1,
+        "Response object: vLLM 0.28 has no `error` key, writes `logprobs: null` (sim: []), "
+        "`phase: null` on the message item, and tool_choice 'none' (sim: 'auto')",
+    ),
     "responses_stream": (
-        7, "the responses_full object differences, in every event that carries the response "
-        "or the item (created, in_progress, item added/done, text done, completed)"),
+        7,
+        "the responses_full object differences, in every event that carries the response "
+        "or the item (created, in_progress, item added/done, text done, completed)",
+    ),
     "responses_stream_truncated": (7, "as responses_stream"),
 }
 
@@ -91,38 +117,65 @@ EXPECTED_028: dict[str, tuple[int, str]] = {
 # the mid-stream error, the `\n\n` after </think>).
 _ANTH_033_WHY = "Messages on 0.33: the simulator's translation is 0.28.0's"
 _ANTH_033 = {
-    "anth_count_tokens": 1, "anth_err_400_count_tokens_tools_without_auto_tool_choice": 1,
-    "anth_err_400_tools_without_auto_tool_choice": 1, "anth_err_400_validation": 1,
-    "anth_err_400_validation_max_tokens": 1, "anth_err_404_count_tokens_unknown_model": 1,
-    "anth_err_404_unknown_model": 1, "anth_full_prompt_tokens_details": 1,
-    "anth_full_stop_sequence": 1, "anth_full_tools_qwen3_coder": 1,
-    "anth_stream_error_midstream": 4, "anth_stream_max_tokens": 1, "anth_stream_plain": 1,
-    "anth_stream_prompt_tokens_details": 1, "anth_stream_reasoning": 13,
-    "anth_stream_stop_sequence": 1, "anth_stream_tools_qwen3_coder": 14,
+    "anth_count_tokens": 1,
+    "anth_err_400_count_tokens_tools_without_auto_tool_choice": 1,
+    "anth_err_400_tools_without_auto_tool_choice": 1,
+    "anth_err_400_validation": 1,
+    "anth_err_400_validation_max_tokens": 1,
+    "anth_err_404_count_tokens_unknown_model": 1,
+    "anth_err_404_unknown_model": 1,
+    "anth_full_prompt_tokens_details": 1,
+    "anth_full_stop_sequence": 1,
+    "anth_full_tools_qwen3_coder": 1,
+    "anth_stream_error_midstream": 4,
+    "anth_stream_max_tokens": 1,
+    "anth_stream_plain": 1,
+    "anth_stream_prompt_tokens_details": 1,
+    "anth_stream_reasoning": 13,
+    "anth_stream_stop_sequence": 1,
+    "anth_stream_tools_qwen3_coder": 14,
     "anth_stream_tools_qwen3_coder_noreasoning": 12,
 }
-_MISSING_033 = ("0.33's admission_rejections, prompt_tokens_cached_by_source and "
-                "request_num_preemptions, and the 15 of 0.28's metrics_k7_fresh; every family "
-                "the simulator exports matches")
+_MISSING_033 = (
+    "0.33's admission_rejections, prompt_tokens_cached_by_source and "
+    "request_num_preemptions, and the 15 of 0.28's metrics_k7_fresh; every family "
+    "the simulator exports matches"
+)
 EXPECTED_033: dict[str, tuple[int, str]] = {
     **{name: (n, _ANTH_033_WHY) for name, n in _ANTH_033.items()},
-    **{name: (1, "qwen3 reasoning: 0.33 sends the `\\n\\n` after `</think>` as content in the "
-                 "same chunk as the last reasoning; the simulator (0.28's parser) drops it")
-       for name in ("chat_stream_reasoning", "chat_stream_reasoning_continuous")},
-    "emb_float": (1, "0.33 always encodes embeddings with orjson (float32 shortest repr); the "
-                  "simulator writes doubles"),
+    **{
+        name: (
+            1,
+            "qwen3 reasoning: 0.33 sends the `\\n\\n` after `</think>` as content in the "
+            "same chunk as the last reasoning; the simulator (0.28's parser) drops it",
+        )
+        for name in ("chat_stream_reasoning", "chat_stream_reasoning_continuous")
+    },
+    "emb_float": (
+        1,
+        "0.33 always encodes embeddings with orjson (float32 shortest repr); the "
+        "simulator writes doubles",
+    ),
     "emb_base64": EXPECTED_028["emb_base64"],
     "err_400_cmpl_validation": EXPECTED_028["err_400_cmpl_validation"],
     "err_400_stream_options": EXPECTED_028["err_400_stream_options"],
     "metrics_k7_fresh": (18, f"families the simulator does not export: {_MISSING_033}"),
-    "metrics_k0": (38, "the 18 missing families of metrics_k7_fresh, plus the 20 recorded "
-                   "values (as in 0.28)"),
+    "metrics_k0": (
+        38,
+        "the 18 missing families of metrics_k7_fresh, plus the 20 recorded values (as in 0.28)",
+    ),
     "metrics_k7": (42, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
-    "responses_full": (1, "Response object: as 0.28 (no `error` key, `logprobs: null`, `phase`), "
-                       "plus 0.33's prompt_cache_*, safety_identifier and cache_write_tokens"),
+    "responses_full": (
+        1,
+        "Response object: as 0.28 (no `error` key, `logprobs: null`, `phase`), "
+        "plus 0.33's prompt_cache_*, safety_identifier and cache_write_tokens",
+    ),
     "responses_stream": (7, "the responses_full differences, in every event that carries them"),
-    "responses_stream_truncated": (7, "as responses_stream; 0.33 also ends with "
-                                   "response.incomplete, which the simulator does not send yet"),
+    "responses_stream_truncated": (
+        7,
+        "as responses_stream; 0.33 also ends with "
+        "response.incomplete, which the simulator does not send yet",
+    ),
 }
 EXPECTED = {"0.28.0": EXPECTED_028, "0.33.0": EXPECTED_033}
 
@@ -182,8 +235,9 @@ def _fixtures(version: str) -> list[str]:
 
 
 def _body_file(version: str, name: str) -> Path:
-    (path,) = [p for p in (GOLDEN / version).glob(name + ".*")
-               if not p.name.endswith(".input.json")]
+    (path,) = [
+        p for p in (GOLDEN / version).glob(name + ".*") if not p.name.endswith(".input.json")
+    ]
     return path
 
 
@@ -192,8 +246,12 @@ def _route(name: str, spec: dict[str, Any]) -> tuple[str, str]:
     if "path" in http:
         return http.get("method", "POST"), http["path"]
     prefix = name.split("_", 1)[0]
-    paths = {"chat": "/v1/chat/completions", "cmpl": "/v1/completions",
-             "emb": "/v1/embeddings", "responses": "/v1/responses"}
+    paths = {
+        "chat": "/v1/chat/completions",
+        "cmpl": "/v1/completions",
+        "emb": "/v1/embeddings",
+        "responses": "/v1/responses",
+    }
     return "POST", paths[prefix]
 
 
@@ -202,8 +260,10 @@ def _script(spec: dict[str, Any]) -> Playback | None:
     if not eo or "request_outputs" not in eo:
         return None
     steps = [
-        [Delta(o["index"], o["text"], list(o["token_ids"]), o["finish_reason"], o["stop_reason"])
-         for o in ro["outputs"]]
+        [
+            Delta(o["index"], o["text"], list(o["token_ids"]), o["finish_reason"], o["stop_reason"])
+            for o in ro["outputs"]
+        ]
         for ro in eo["request_outputs"]
     ]
     spec = None
@@ -211,8 +271,12 @@ def _script(spec: dict[str, Any]) -> Playback | None:
         spec = SpecStats(eo["spec_decode"]["num_speculative_tokens"])
         for step in eo["spec_decode"]["verify_steps"]:
             spec.record(step["num_accepted"])
-    return Playback(list(eo["prompt_token_ids"]), steps, cached_tokens=eo.get("num_cached_tokens")
-                  or 0, spec=spec)
+    return Playback(
+        list(eo["prompt_token_ids"]),
+        steps,
+        cached_tokens=eo.get("num_cached_tokens") or 0,
+        spec=spec,
+    )
 
 
 def _config(version: str, spec: dict[str, Any]) -> SimConfig:
@@ -225,13 +289,17 @@ def _config(version: str, spec: dict[str, Any]) -> SimConfig:
         profile = BUILTIN_PROFILES["dflash7-prob-block"]
     else:
         profile = BUILTIN_PROFILES["nospec"]
-    return SimConfig(profile=profile, served_model_name=server["served_model_name"],
-                     time_scale=0.0,
-                     enable_auto_tool_choice=bool(server.get("enable_auto_tool_choice")),
-                     tool_call_parser=server.get("tool_call_parser"),
-                     reasoning_parser=server.get("reasoning_parser"),
-                     vllm_version=version, spec_metrics="summary" if summary else "none",
-                     enable_prompt_tokens_details="--enable-prompt-tokens-details" in flags)
+    return SimConfig(
+        profile=profile,
+        served_model_name=server["served_model_name"],
+        time_scale=0.0,
+        enable_auto_tool_choice=bool(server.get("enable_auto_tool_choice")),
+        tool_call_parser=server.get("tool_call_parser"),
+        reasoning_parser=server.get("reasoning_parser"),
+        vllm_version=version,
+        spec_metrics="summary" if summary else "none",
+        enable_prompt_tokens_details="--enable-prompt-tokens-details" in flags,
+    )
 
 
 async def _simulate(version: str, name: str, spec: dict[str, Any]) -> bytes:
@@ -269,8 +337,9 @@ def compare(version: str, name: str) -> list[tuple[int, bytes | None, bytes | No
     if kind == "prom":  # families by name: a missing family is one difference, not a shift
         mine, vllm = _by_family(ours), _by_family(theirs)
         names = sorted(set(mine) | set(vllm))
-        return [(i, vllm.get(n), mine.get(n)) for i, n in enumerate(names)
-                if vllm.get(n) != mine.get(n)]
+        return [
+            (i, vllm.get(n), mine.get(n)) for i, n in enumerate(names) if vllm.get(n) != mine.get(n)
+        ]
     diffs: list[tuple[int, bytes | None, bytes | None]] = []
     for i in range(max(len(ours), len(theirs))):
         a = theirs[i] if i < len(theirs) else None

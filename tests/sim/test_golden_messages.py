@@ -23,19 +23,38 @@ from loadtests.sim.server import create_app
 from loadtests.sim.state import SimConfig
 
 _ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = next((p / "reference" / "vllm-golden" / "0.28.0"
-               for p in (_ROOT / "shared", _ROOT.parent / "shared") if p.is_dir()), None)
+GOLDEN = next(
+    (
+        p / "reference" / "vllm-golden" / "0.28.0"
+        for p in (_ROOT / "shared", _ROOT.parent / "shared")
+        if p.is_dir()
+    ),
+    None,
+)
 pytestmark = pytest.mark.skipif(GOLDEN is None, reason="golden fixtures not available")
 
-STREAMS = ["anth_stream_plain", "anth_stream_max_tokens", "anth_stream_stop_sequence",
-           "anth_stream_prompt_tokens_details", "anth_stream_error_midstream"]
-FULL = ["anth_full_plain", "anth_full_max_tokens", "anth_full_stop_sequence",
-        "anth_full_prompt_tokens_details"]
+STREAMS = [
+    "anth_stream_plain",
+    "anth_stream_max_tokens",
+    "anth_stream_stop_sequence",
+    "anth_stream_prompt_tokens_details",
+    "anth_stream_error_midstream",
+]
+FULL = [
+    "anth_full_plain",
+    "anth_full_max_tokens",
+    "anth_full_stop_sequence",
+    "anth_full_prompt_tokens_details",
+]
 # Requests answered without the engine: the fixture's body, through the simulator's app.
-APP = ["anth_err_400_validation", "anth_err_400_validation_max_tokens",
-       "anth_err_404_unknown_model", "anth_err_404_count_tokens_unknown_model",
-       "anth_err_400_tools_without_auto_tool_choice",
-       "anth_err_400_count_tokens_tools_without_auto_tool_choice"]
+APP = [
+    "anth_err_400_validation",
+    "anth_err_400_validation_max_tokens",
+    "anth_err_404_unknown_model",
+    "anth_err_404_count_tokens_unknown_model",
+    "anth_err_400_tools_without_auto_tool_choice",
+    "anth_err_400_count_tokens_tools_without_auto_tool_choice",
+]
 MODEL = "qwen3.8-27b"
 
 
@@ -52,16 +71,23 @@ def _load(name: str) -> tuple[dict[str, Any], bytes]:
 
 def _cached(inp: dict[str, Any]) -> int | None:
     flags = inp["server"]["flags"]
-    return inp["engine_outputs"]["num_cached_tokens"] \
-        if "--enable-prompt-tokens-details" in flags else None
+    return (
+        inp["engine_outputs"]["num_cached_tokens"]
+        if "--enable-prompt-tokens-details" in flags
+        else None
+    )
 
 
 @pytest.mark.parametrize("name", STREAMS)
 def test_stream_matches_golden(name: str) -> None:
     inp, golden = _load(name)
     outs = inp["engine_outputs"]
-    stream = mw.MessagesStream(message_id=inp["request_id"], model=MODEL,
-                               prompt_tokens=len(outs["prompt_token_ids"]), cached=_cached(inp))
+    stream = mw.MessagesStream(
+        message_id=inp["request_id"],
+        model=MODEL,
+        prompt_tokens=len(outs["prompt_token_ids"]),
+        cached=_cached(inp),
+    )
     frames = [stream.start()]
     tokens = 0
     for step in outs["request_outputs"]:
@@ -81,8 +107,15 @@ def test_full_body_matches_golden(name: str) -> None:
     steps = [step["outputs"][0] for step in outs["request_outputs"]]  # as the engine merges them
     text = "".join(o["text"] for o in steps)
     tokens = sum(len(o["token_ids"]) for o in steps)
-    body = mw.message(inp["request_id"], MODEL, text, steps[-1]["finish_reason"],
-                      len(outs["prompt_token_ids"]), tokens, _cached(inp))
+    body = mw.message(
+        inp["request_id"],
+        MODEL,
+        text,
+        steps[-1]["finish_reason"],
+        len(outs["prompt_token_ids"]),
+        tokens,
+        _cached(inp),
+    )
     assert _norm(orjson.dumps(body)) == _norm(golden)  # the simulator's json_response
 
 

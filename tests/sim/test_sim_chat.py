@@ -176,8 +176,12 @@ def test_continuous_usage_on_every_chunk(sim: SimServer) -> None:
     assert running == sorted(running) and running[-1] == 40
     for c in chunks[1:-1]:
         assert keys(c)[:6] == ["id", "object", "created", "model", "choices", "usage"]
-        assert keys(c["usage"]) == ["prompt_tokens", "total_tokens", "completion_tokens",
-                                    "completion_tokens_details"]  # null, as vLLM writes it
+        assert keys(c["usage"]) == [
+            "prompt_tokens",
+            "total_tokens",
+            "completion_tokens",
+            "completion_tokens_details",
+        ]  # null, as vLLM writes it
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 40
 
 

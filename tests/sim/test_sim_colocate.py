@@ -36,8 +36,11 @@ def test_one_process_serves_the_device_engines() -> None:
         assert dev.kv_tokens["deep"] == kv_tokens_from_share(DEEP, 0.26)
         assert dev.kv_tokens["deep"] < dev.kv_tokens["mtp"]  # no drafter weights, more KV
         for name, url in dev.urls.items():
-            body = {"model": "qwen3.8-27b", "max_tokens": 8,
-                    "messages": [{"role": "user", "content": f"hello {name}"}]}
+            body = {
+                "model": "qwen3.8-27b",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": f"hello {name}"}],
+            }
             r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=10)
             assert r.status_code == 200, r.text
             metrics = httpx.get(f"{url}/metrics", timeout=5).text

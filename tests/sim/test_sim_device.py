@@ -141,14 +141,16 @@ def test_preempted_sequence_recomputes_its_generated_tokens() -> None:
     assert victim.in_cache <= 1200 - 16
     assert core.metrics.prefix_queries._value.get() == 3 * 1200
 
+
 def test_prefix_cache_evicts_lru_blocks_under_pressure() -> None:
     core = core_on(kv=3200)  # 200 blocks
     first = make_req(1, prompt_len=800, hashes=list(range(1, 51)), max_tokens=20)
     core.add(first)
     run(core, [first])
     assert len(core.cache) == 50
-    big = make_req(2, prompt_len=3000, hashes=list(range(1000, 1187)), max_tokens=20,
-                   ignore_eos=True)
+    big = make_req(
+        2, prompt_len=3000, hashes=list(range(1000, 1187)), max_tokens=20, ignore_eos=True
+    )
     core.add(big)
     now = 0.0
     core.complete_step(core.plan_step(now), now)

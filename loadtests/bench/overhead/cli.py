@@ -33,18 +33,28 @@ def _run(coro: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtests.bench.overhead", description=package.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.overhead",
+        description=package.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--quick", action="store_true", help="shorter rounds, 2 repeats (~1 min)")
     ap.add_argument("--repeats", type=int, help="repeats of the alternating rounds")
     ap.add_argument("--json", type=Path, help="write every round and the summary here")
     ap.add_argument("--no-nginx", action="store_true", help="skip the nginx comparison")
-    ap.add_argument("--only", default="ttft1,paced16,sat,rss256",
-                    help="comma-separated rounds to run (default: all)")
+    ap.add_argument(
+        "--only",
+        default="ttft1,paced16,sat,rss256",
+        help="comma-separated rounds to run (default: all)",
+    )
     ap.add_argument("--prompt-bytes", type=int, default=4096, help="request body size, roughly")
-    ap.add_argument("--paced-tokens", type=int, default=48,
-                    help="chunks per paced response (48; an agent's ~460-token answer at ~4 "
-                         "tokens a step is ~115): the request's own CPU is spread over them")
+    ap.add_argument(
+        "--paced-tokens",
+        type=int,
+        default=48,
+        help="chunks per paced response (48; an agent's ~460-token answer at ~4 "
+        "tokens a step is ~115): the request's own CPU is spread over them",
+    )
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]
     plan = make_plan(args.quick, args.repeats, args.paced_tokens)
@@ -53,10 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Stack(nginx=not args.no_nginx) as stack:
             names = [n for n in TARGETS if n in stack.targets]
-            log(f"pacer pid {stack.pacer.pid if stack.pacer else '?'}, gateway pid "
+            log(
+                f"pacer pid {stack.pacer.pid if stack.pacer else '?'}, gateway pid "
                 f"{stack.gateway.pid if stack.gateway else '?'}"
                 + (f", nginx pid {stack.nginx.pid}" if stack.nginx else "")
-                + (f"; nginx skipped: {stack.nginx_skipped}" if stack.nginx_skipped else ""))
+                + (f"; nginx skipped: {stack.nginx_skipped}" if stack.nginx_skipped else "")
+            )
             log(describe(plan, args.prompt_bytes))
 
             async def go() -> list[RoundResult]:
@@ -74,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         log("interrupted: everything started was stopped")
         return 130
     summary = summarize(results, names)
-    print(f"\ngateway overhead on {os.cpu_count()} CPUs, {time.monotonic() - t_start:.0f} s "
-          f"({'quick' if args.quick else 'full'} run); median (min–max, n = runs)")
+    print(
+        f"\ngateway overhead on {os.cpu_count()} CPUs, {time.monotonic() - t_start:.0f} s "
+        f"({'quick' if args.quick else 'full'} run); median (min–max, n = runs)"
+    )
     print(describe(plan, args.prompt_bytes))
     if stack.nginx_skipped:
         print(f"nginx column skipped: {stack.nginx_skipped}")
@@ -86,8 +100,13 @@ def main(argv: list[str] | None = None) -> int:
             "quick": args.quick,
             "targets": names,
             "goals": GOALS,
-            "summary": {k: {t: {"median": f.median, "values": f.values, "runs": f.runs}
-                            for t, f in v.items()} for k, v in summary.items()},
+            "summary": {
+                k: {
+                    t: {"median": f.median, "values": f.values, "runs": f.runs}
+                    for t, f in v.items()
+                }
+                for k, v in summary.items()
+            },
             "cpu_paced_ratio_to_nginx": paced_cpu_ratio(results).values,
             "rounds": [r.__dict__ for r in results],
         }

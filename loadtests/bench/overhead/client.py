@@ -121,8 +121,12 @@ class Pool:
         loop = asyncio.get_running_loop()
         t = self.target
         _, proto = await loop.create_connection(
-            lambda: ClientConn(self.tally), "127.0.0.1", t.port, ssl=t.tls,
-            server_hostname="127.0.0.1" if t.tls is not None else None)
+            lambda: ClientConn(self.tally),
+            "127.0.0.1",
+            t.port,
+            ssl=t.tls,
+            server_hostname="127.0.0.1" if t.tls is not None else None,
+        )
         return proto
 
     async def ensure(self, n: int) -> list[ClientConn]:
@@ -139,20 +143,29 @@ class Pool:
         self.conns = []
 
 
-def request_bytes(target: Arm, *, max_tokens: int, step_ms: float, prompt_bytes: int,
-                  tokens_per_chunk: int = 1) -> bytes:
+def request_bytes(
+    target: Arm, *, max_tokens: int, step_ms: float, prompt_bytes: int, tokens_per_chunk: int = 1
+) -> bytes:
     system = "You are a coding agent. " * max(1, prompt_bytes // 24)
-    body = orjson.dumps({
-        "model": MODEL,
-        "messages": [{"role": "system", "content": system[:prompt_bytes]},
-                     {"role": "user", "content": "Refactor the relay loop."}],
-        "stream": True,
-        "max_tokens": max_tokens,
-        "vllm_xargs": {"pacer_step_ms": step_ms, "pacer_tokens_per_chunk": tokens_per_chunk},
-    })
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
-            b"content-type: application/json\r\naccept: text/event-stream\r\n" % target.port +
-            target.auth + b"content-length: %d\r\n\r\n" % len(body))
+    body = orjson.dumps(
+        {
+            "model": MODEL,
+            "messages": [
+                {"role": "system", "content": system[:prompt_bytes]},
+                {"role": "user", "content": "Refactor the relay loop."},
+            ],
+            "stream": True,
+            "max_tokens": max_tokens,
+            "vllm_xargs": {"pacer_step_ms": step_ms, "pacer_tokens_per_chunk": tokens_per_chunk},
+        }
+    )
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
+        b"content-type: application/json\r\naccept: text/event-stream\r\n"
+        % target.port
+        + target.auth
+        + b"content-length: %d\r\n\r\n" % len(body)
+    )
     return head + body
 
 

@@ -15,8 +15,13 @@ def free_port() -> int:
 
 def find_nginx() -> str | None:
     return shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
-         if os.access(p, os.X_OK)), None)
+        (
+            p
+            for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
+            if os.access(p, os.X_OK)
+        ),
+        None,
+    )
 
 
 NGINX_CONF = """\

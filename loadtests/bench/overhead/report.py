@@ -18,6 +18,7 @@ GOALS: dict[str, tuple[str, float]] = {
     "rss256_mb": ("<", 200.0),
 }
 
+
 @dataclass
 class Figure:
     values: list[float]
@@ -61,8 +62,11 @@ def summarize(results: list[RoundResult], targets: Sequence[str]) -> dict[str, d
     def plain(metric: str, kind: str, attr: str, scale: float = 1.0) -> None:
         out[metric] = {}
         for t in targets:
-            vals = [getattr(r, attr) * scale for (k, tt, _), r in by.items()
-                    if k == kind and tt == t and getattr(r, attr) is not None]
+            vals = [
+                getattr(r, attr) * scale
+                for (k, tt, _), r in by.items()
+                if k == kind and tt == t and getattr(r, attr) is not None
+            ]
             out[metric][t] = Figure(vals, len(vals))
 
     added("ttft1_added_ms", "ttft1", "ttft_p50_ms")
@@ -80,10 +84,16 @@ def summarize(results: list[RoundResult], targets: Sequence[str]) -> dict[str, d
 
 def paced_cpu_ratio(results: list[RoundResult]) -> Figure:
     """Gateway over nginx CPU per paced chunk, each repeat against its own nginx round."""
-    cpu = {(r.target, r.repeat): r.cpu_per_chunk_us for r in results
-           if r.ok and r.kind == "paced16" and r.cpu_per_chunk_us}
-    vals = [g / n for (t, rep), g in cpu.items()
-            if t == "gateway" and g is not None and (n := cpu.get(("nginx", rep)))]
+    cpu = {
+        (r.target, r.repeat): r.cpu_per_chunk_us
+        for r in results
+        if r.ok and r.kind == "paced16" and r.cpu_per_chunk_us
+    }
+    vals = [
+        g / n
+        for (t, rep), g in cpu.items()
+        if t == "gateway" and g is not None and (n := cpu.get(("nginx", rep)))
+    ]
     return Figure(vals, len(vals))
 
 
@@ -101,8 +111,9 @@ ROWS: list[tuple[str, str, str]] = [
 ]
 
 
-def render(summary: dict[str, dict[str, Figure]], targets: Sequence[str],
-           results: list[RoundResult]) -> str:
+def render(
+    summary: dict[str, dict[str, Figure]], targets: Sequence[str], results: list[RoundResult]
+) -> str:
     cols = [t for t in ("gateway", "nginx") if t in targets]
     header = ["metric", *cols, "target", "gateway meets"]
     lines: list[list[str]] = []
@@ -130,17 +141,22 @@ def render(summary: dict[str, dict[str, Figure]], targets: Sequence[str],
     out = [fmt_row(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [fmt_row(r) for r in lines]
     base: list[str] = []
-    direct = {k: [r for r in results if r.target == "direct" and r.kind == k and r.ok]
-              for k in ("ttft1", "paced16", "sat")}
-    for label, kind, attr, unit in (("TTFT p50 1 stream", "ttft1", "ttft_p50_ms", "ms"),
-                                    ("TTFT p50 16 streams", "paced16", "ttft_p50_ms", "ms"),
-                                    ("gap p99 16 streams", "paced16", "gap_p99_ms", "ms"),
-                                    ("rate", "sat", "rate", "chunks/s")):
+    direct = {
+        k: [r for r in results if r.target == "direct" and r.kind == k and r.ok]
+        for k in ("ttft1", "paced16", "sat")
+    }
+    for label, kind, attr, unit in (
+        ("TTFT p50 1 stream", "ttft1", "ttft_p50_ms", "ms"),
+        ("TTFT p50 16 streams", "paced16", "ttft_p50_ms", "ms"),
+        ("gap p99 16 streams", "paced16", "gap_p99_ms", "ms"),
+        ("rate", "sat", "rate", "chunks/s"),
+    ):
         vals = [getattr(r, attr) for r in direct[kind] if getattr(r, attr) is not None]
         med = pct(vals, 50)
         if med is not None:
-            base.append(f"{label} {med:,.0f} {unit}" if unit == "chunks/s" else
-                        f"{label} {med:.2f} {unit}")
+            base.append(
+                f"{label} {med:,.0f} {unit}" if unit == "chunks/s" else f"{label} {med:.2f} {unit}"
+            )
     if base:
         out.append("direct (the pacer, no proxy), medians: " + "; ".join(base))
     ratio = paced_cpu_ratio(results)
@@ -150,17 +166,21 @@ def render(summary: dict[str, dict[str, Figure]], targets: Sequence[str],
         out.append(f"gateway / nginx CPU per paced chunk, per repeat: {ratio.cell('.2f')}")
     failed = [r for r in results if not r.ok]
     if failed:
-        out.append(f"{len(failed)} round(s) failed and are left out: " +
-                   "; ".join(f"{r.kind}/{r.target}#{r.repeat}: {r.error}" for r in failed[:6]))
+        out.append(
+            f"{len(failed)} round(s) failed and are left out: "
+            + "; ".join(f"{r.kind}/{r.target}#{r.repeat}: {r.error}" for r in failed[:6])
+        )
     return "\n".join(out)
 
 
 def describe(plan: Plan, prompt_bytes: int) -> str:
     p, s, m = plan.paced16, plan.sat, plan.rss256
-    return (f"rounds: ttft1 = 1 stream, {plan.ttft1.max_tokens}-token responses, "
-            f"{plan.ttft1.duration_s:g} s; paced16 = 16 streams, {p.step_ms:g} ms step, "
-            f"{p.max_tokens}-token responses, {p.duration_s:g} s of arrivals; sat = "
-            f"{s.streams} streams unpaced, {s.duration_s:g} s window; rss256 = {m.streams} "
-            f"streams at {m.step_ms:g} ms; {plan.repeats} repeats ({plan.rss_repeats} for "
-            f"rss256); 1 token per chunk; request body ~{prompt_bytes} B; client on uvloop, "
-            f"keep-alive, TLS 1.3 to the proxies")
+    return (
+        f"rounds: ttft1 = 1 stream, {plan.ttft1.max_tokens}-token responses, "
+        f"{plan.ttft1.duration_s:g} s; paced16 = 16 streams, {p.step_ms:g} ms step, "
+        f"{p.max_tokens}-token responses, {p.duration_s:g} s of arrivals; sat = "
+        f"{s.streams} streams unpaced, {s.duration_s:g} s window; rss256 = {m.streams} "
+        f"streams at {m.step_ms:g} ms; {plan.repeats} repeats ({plan.rss_repeats} for "
+        f"rss256); 1 token per chunk; request body ~{prompt_bytes} B; client on uvloop, "
+        f"keep-alive, TLS 1.3 to the proxies"
+    )

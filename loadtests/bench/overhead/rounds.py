@@ -86,8 +86,12 @@ class Bench:
             pool.abort()
 
     def _payload(self, target: Arm, spec: Spec, max_tokens: int | None = None) -> bytes:
-        return request_bytes(target, max_tokens=max_tokens or spec.max_tokens,
-                             step_ms=spec.step_ms, prompt_bytes=self.prompt_bytes)
+        return request_bytes(
+            target,
+            max_tokens=max_tokens or spec.max_tokens,
+            step_ms=spec.step_ms,
+            prompt_bytes=self.prompt_bytes,
+        )
 
     def _sample(self, pids: list[int]) -> CpuSample:
         (user, system), pacer = cpu_split(pids), cpu_seconds([self.pacer_pid])
@@ -118,9 +122,13 @@ class Bench:
         longest = spec.max_tokens * spec.step_ms / 1000.0 + spec.spread_s
         try:
             async with asyncio.timeout(spec.duration_s + longest + 20):
-                errors = [e for e in await asyncio.gather(
-                    *(stream(i, c) for i, c in enumerate(conns)), return_exceptions=True)
-                    if isinstance(e, BaseException)]
+                errors = [
+                    e
+                    for e in await asyncio.gather(
+                        *(stream(i, c) for i, c in enumerate(conns)), return_exceptions=True
+                    )
+                    if isinstance(e, BaseException)
+                ]
             if errors:
                 raise errors[0]
         except (TimeoutError, ConnectionError, OSError) as exc:

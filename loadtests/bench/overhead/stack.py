@@ -32,6 +32,7 @@ TARGETS = ("direct", "gateway", "nginx")
 def _tree(pid: int) -> Callable[[], list[int]]:
     return lambda: [pid, *child_pids(pid)]
 
+
 @dataclass
 class Arm:
     name: str
@@ -64,8 +65,12 @@ class Stack:
             raise
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     def close(self) -> None:
@@ -82,9 +87,14 @@ class Stack:
     def _start(self) -> None:
         self.certs = certs = make_local_ca(self.dir / "tls")
         client_tls = ssl.create_default_context(cafile=str(certs.ca_cert))
-        self.pacer = self._spawn(Child(
-            "pacer", [sys.executable, "-m", "loadtests.bench.pacer", "--port", "0"],
-            ready=re.compile(r"pacer listening on http://127\.0\.0\.1:(\d+)"), detach=True))
+        self.pacer = self._spawn(
+            Child(
+                "pacer",
+                [sys.executable, "-m", "loadtests.bench.pacer", "--port", "0"],
+                ready=re.compile(r"pacer listening on http://127\.0\.0\.1:(\d+)"),
+                detach=True,
+            )
+        )
         assert self.pacer.match is not None
         pacer_port = int(self.pacer.match.group(1))
         pacer_pid = self.pacer.pid
@@ -92,18 +102,31 @@ class Stack:
 
         policy = {
             "schema": 1,
-            "backends": {MODEL: {"url": f"http://127.0.0.1:{pacer_port}", "kind": "vllm",
-                                 "task": "generate", "served_model_name": MODEL,
-                                 "max_concurrency": 4096}},
-            "routes": {"bench": {"models": [MODEL], "task": "generate", "variants": [MODEL],
-                                 "defaults": {}}},
+            "backends": {
+                MODEL: {
+                    "url": f"http://127.0.0.1:{pacer_port}",
+                    "kind": "vllm",
+                    "task": "generate",
+                    "served_model_name": MODEL,
+                    "max_concurrency": 4096,
+                }
+            },
+            "routes": {
+                "bench": {
+                    "models": [MODEL],
+                    "task": "generate",
+                    "variants": [MODEL],
+                    "defaults": {},
+                }
+            },
             "clients": [{"name": "bench", "key_sha256": auth.hash_key(BENCH_KEY)}],
         }
         policy_path = self.dir / "policy.yaml"
         policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
         args = serve_args(policy_path, self.dir / "state", ADMIN_TOKEN, certs=certs)
-        self.gateway = self._spawn(Child("gateway", cli("serve", *args), ready=SERVE_READY,
-                                         detach=True))
+        self.gateway = self._spawn(
+            Child("gateway", cli("serve", *args), ready=SERVE_READY, detach=True)
+        )
         assert self.gateway.match is not None
         gw_pid = self.gateway.pid
         bearer = b"authorization: Bearer " + BENCH_KEY.encode() + b"\r\n"
@@ -112,8 +135,9 @@ class Stack:
         if self.want_nginx:
             self._start_nginx(pacer_port, certs, client_tls, bearer)
 
-    def _start_nginx(self, pacer_port: int, certs: CertFiles, client_tls: ssl.SSLContext,
-                     bearer: bytes) -> None:
+    def _start_nginx(
+        self, pacer_port: int, certs: CertFiles, client_tls: ssl.SSLContext, bearer: bytes
+    ) -> None:
         binary = find_nginx()
         if binary is None:
             self.nginx_skipped = "no nginx binary (apt-get install nginx-light to compare)"
@@ -123,23 +147,26 @@ class Stack:
         for attempt in range(5):
             port = free_port()
             user = "user root;" if os.geteuid() == 0 else ""
-            (d / "nginx.conf").write_text(NGINX_CONF.format(
-                d=d, user=user, upstream=pacer_port, port=port, cert=certs.cert, key=certs.key))
-            child = Child("nginx", [binary, "-p", str(d), "-c", str(d / "nginx.conf")],
-                          detach=True)
+            (d / "nginx.conf").write_text(
+                NGINX_CONF.format(
+                    d=d, user=user, upstream=pacer_port, port=port, cert=certs.cert, key=certs.key
+                )
+            )
+            child = Child("nginx", [binary, "-p", str(d), "-c", str(d / "nginx.conf")], detach=True)
             self.children.append(child)
             child.start()
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and child.alive():
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port),
-                                                                           timeout=0.5):
+                with (
+                    contextlib.suppress(OSError),
+                    socket.create_connection(("127.0.0.1", port), timeout=0.5),
+                ):
                     break
                 time.sleep(0.05)
             if child.alive():
                 master = child.pid
                 self.nginx = child
-                self.targets["nginx"] = Arm("nginx", port, client_tls, bearer,
-                                               _tree(master))
+                self.targets["nginx"] = Arm("nginx", port, client_tls, bearer, _tree(master))
                 return
             self.children.remove(child)
             if attempt == 4:

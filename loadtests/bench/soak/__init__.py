@@ -43,6 +43,21 @@ from loadtests.bench.soak.load import Background, Load, burst, chat_body, discon
 from loadtests.bench.soak.watch import HealthWatch, Settled, metric_sum, settle
 from loadtests.harness.rawhttp import Address, Conn
 
-__all__ = ["Background", "Conn", "HealthWatch", "Load", "Outcome", "Requester", "Settled",
-           "Address", "burst", "chat_body", "classify_reply", "disconnects", "iter_outcomes",
-           "metric_sum", "run_async", "settle"]
+__all__ = [
+    "Background",
+    "Conn",
+    "HealthWatch",
+    "Load",
+    "Outcome",
+    "Requester",
+    "Settled",
+    "Address",
+    "burst",
+    "chat_body",
+    "classify_reply",
+    "disconnects",
+    "iter_outcomes",
+    "metric_sum",
+    "run_async",
+    "settle",
+]

@@ -42,8 +42,9 @@ class Pass:
 RawCase = tuple[str, Callable[[Address, str], bytes], str]
 
 
-def _post(path: str, body: bytes, *, headers: Sequence[tuple[str, str]] = (),
-          key: bool = True) -> Callable[[Address, str], bytes]:
+def _post(
+    path: str, body: bytes, *, headers: Sequence[tuple[str, str]] = (), key: bool = True
+) -> Callable[[Address, str], bytes]:
     return lambda t, k: t.request(path, body, k if key else None, headers=headers)
 
 
@@ -54,52 +55,106 @@ BAD_INPUTS: list[RawCase] = [
     ("truncated JSON", _post(_CHAT, b'{"model": "coder", "messages": ['), "400"),
     ("invalid UTF-8", _post(_CHAT, b'{"model": "c\xff\xfeoder", "messages": []}'), "400"),
     ("JSON array", _post(_CHAT, b'[{"model": "coder"}]'), "400"),
-    ("deep nesting", _post(_CHAT, b'{"model":"coder","messages":' + b"[" * 5000 + b"]" * 5000
-                           + b"}"), "400"),
+    (
+        "deep nesting",
+        _post(_CHAT, b'{"model":"coder","messages":' + b"[" * 5000 + b"]" * 5000 + b"}"),
+        "400",
+    ),
     ("no model", _post(_CHAT, b'{"messages": []}'), "400"),
     ("model is a number", _post(_CHAT, b'{"model": 7, "messages": []}'), "400"),
     ("unknown model", _post(_CHAT, b'{"model": "gpt-9", "messages": []}'), "404"),
-    ("NaN temperature", _post(_CHAT, b'{"model": "coder", "messages": [], "temperature": NaN}'),
-     "400"),
-    ("huge max_tokens", _post(_CHAT, b'{"model": "coder", "messages": [{"role": "user", '
-                              b'"content": "x"}], "max_tokens": 1234567890123456789012345}'),
-     "4xx"),
-    ("negative max_tokens", _post(_CHAT, b'{"model": "coder", "messages": [{"role": "user", '
-                                  b'"content": "x"}], "max_tokens": -1}'), "4xx"),
-    ("stream is not a bool", _post(_CHAT, b'{"model": "coder", "messages": [], "stream": [1]}'),
-     "4xx"),
-    ("body over the size limit", _post(_CHAT, b'{"model": "coder", "pad": "' + b"x" * 9_000_000
-                                       + b'"}'), "413"),
+    (
+        "NaN temperature",
+        _post(_CHAT, b'{"model": "coder", "messages": [], "temperature": NaN}'),
+        "400",
+    ),
+    (
+        "huge max_tokens",
+        _post(
+            _CHAT,
+            b'{"model": "coder", "messages": [{"role": "user", '
+            b'"content": "x"}], "max_tokens": 1234567890123456789012345}',
+        ),
+        "4xx",
+    ),
+    (
+        "negative max_tokens",
+        _post(
+            _CHAT,
+            b'{"model": "coder", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
+        ),
+        "4xx",
+    ),
+    (
+        "stream is not a bool",
+        _post(_CHAT, b'{"model": "coder", "messages": [], "stream": [1]}'),
+        "4xx",
+    ),
+    (
+        "body over the size limit",
+        _post(_CHAT, b'{"model": "coder", "pad": "' + b"x" * 9_000_000 + b'"}'),
+        "413",
+    ),
     ("no API key", _post(_CHAT, b'{"model": "coder", "messages": []}', key=False), "401"),
     ("wrong API key", lambda t, k: t.request(_CHAT, b'{"model":"coder"}', "sk-wrong"), "401"),
-    ("pinned unknown variant", _post(_CHAT, b'{"model": "coder", "messages": []}',
-                                     headers=[("x-specrouter-variant", "nope")]), "400"),
+    (
+        "pinned unknown variant",
+        _post(
+            _CHAT, b'{"model": "coder", "messages": []}', headers=[("x-specrouter-variant", "nope")]
+        ),
+        "400",
+    ),
     ("GET on a POST endpoint", lambda t, k: t.request(_CHAT, b"", k, method="GET"), "405"),
     ("unknown path", lambda t, k: t.request("/v1/nothing", b"{}", k), "404"),
-    ("admin path on the public listener", lambda t, k: t.request("/admin/policy", b"{}", k,
-                                                                 method="GET"), "404"),
-    ("metrics on the public listener", lambda t, k: t.request("/metrics", b"", k, method="GET"),
-     "404"),
-    ("header over 64 KiB", lambda t, k: t.request(_CHAT, b"{}", k,
-                                                  headers=[("x-pad", "a" * 100_000)]),
-     "431"),
-    ("content-length larger than the body (slow body)",
-     lambda t, k: t.request(_CHAT, b"", k).replace(b"content-length: 0",
-                                                   b"content-length: 100") + b'{"mod', "408"),
-    ("headers never finished (slow headers)",
-     lambda t, k: b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n", "408"),
+    (
+        "admin path on the public listener",
+        lambda t, k: t.request("/admin/policy", b"{}", k, method="GET"),
+        "404",
+    ),
+    (
+        "metrics on the public listener",
+        lambda t, k: t.request("/metrics", b"", k, method="GET"),
+        "404",
+    ),
+    (
+        "header over 64 KiB",
+        lambda t, k: t.request(_CHAT, b"{}", k, headers=[("x-pad", "a" * 100_000)]),
+        "431",
+    ),
+    (
+        "content-length larger than the body (slow body)",
+        lambda t, k: (
+            t.request(_CHAT, b"", k).replace(b"content-length: 0", b"content-length: 100")
+            + b'{"mod'
+        ),
+        "408",
+    ),
+    (
+        "headers never finished (slow headers)",
+        lambda t, k: b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n",
+        "408",
+    ),
     ("garbage instead of HTTP", lambda t, k: b"\x00\x01\x02garbage\r\n\r\n", "cut"),
-    ("invalid chunked encoding",
-     lambda t, k: (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
-                   + k.encode() + b"\r\ntransfer-encoding: chunked\r\n\r\nZZ\r\n{}\r\n0\r\n\r\n"),
-     "cut"),
-    ("HTTP/1.1 request without TLS", lambda t, k: b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
-     "tls"),
+    (
+        "invalid chunked encoding",
+        lambda t, k: (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer "
+            + k.encode()
+            + b"\r\ntransfer-encoding: chunked\r\n\r\nZZ\r\n{}\r\n0\r\n\r\n"
+        ),
+        "cut",
+    ),
+    (
+        "HTTP/1.1 request without TLS",
+        lambda t, k: b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
+        "tls",
+    ),
 ]
 
 
-async def _try_one(target: Address, key: str, what: str, build: Callable[[Address, str], bytes],
-                   expected: str) -> BadInput:
+async def _try_one(
+    target: Address, key: str, what: str, build: Callable[[Address, str], bytes], expected: str
+) -> BadInput:
     t0 = time.monotonic()
     got = ""
     try:
@@ -126,8 +181,11 @@ async def _try_one(target: Address, key: str, what: str, build: Callable[[Addres
                 if reply.head and reply.status >= 400:
                     kind, detail = classify_reply(reply, False)
                     if kind != "http_error":
-                        got += " raw" if not reply.body or expected == "cut" else \
-                            f" (not an OpenAI error: {detail[:60]})"
+                        got += (
+                            " raw"
+                            if not reply.body or expected == "cut"
+                            else f" (not an OpenAI error: {detail[:60]})"
+                        )
     except TimeoutError:
         got = "hang (15 s)"
     except (OSError, ssl.SSLError) as exc:
@@ -155,13 +213,24 @@ async def try_bad_inputs(target: Address, key: str) -> list[BadInput]:
 
     out = list(await asyncio.gather(*(one(c) for c in _cases())))
     r = Requester(target)
-    body = orjson.dumps({"model": "coder", "max_tokens": 4,
-                         "messages": [{"role": "user", "content": "still there?"}]})
+    body = orjson.dumps(
+        {
+            "model": "coder",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "still there?"}],
+        }
+    )
     after = await r.send(target.request(_CHAT, body, key), stream=False, deadline_s=10)
     await r.close()
-    out.append(BadInput("a good request after all of these", "200",
-                        str(after.status) if after.status else after.kind,
-                        (after.t1 - after.t0) * 1000, after.kind == "ok"))
+    out.append(
+        BadInput(
+            "a good request after all of these",
+            "200",
+            str(after.status) if after.status else after.kind,
+            (after.t1 - after.t0) * 1000,
+            after.kind == "ok",
+        )
+    )
     return out
 
 

@@ -52,8 +52,15 @@ class SoakBase:
     target: Address
     keys: dict[str, str]
 
-    def __init__(self, *, minutes: float, quick: bool, seed: int = 0, lean_malloc: bool = True,
-                 log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        *,
+        minutes: float,
+        quick: bool,
+        seed: int = 0,
+        lean_malloc: bool = True,
+        log: Callable[[str], None] = print,
+    ) -> None:
         self.minutes, self.quick, self.log = minutes, quick, log
         self.lean_malloc = lean_malloc
         self.rng = random.Random(seed)
@@ -98,8 +105,11 @@ class SoakBase:
         end = time.monotonic() + timeout
         key = self.keys[name]
         while time.monotonic() < end:
-            body = {"model": "coder", "max_tokens": 4,
-                    "messages": [{"role": "user", "content": "ping"}]}
+            body = {
+                "model": "coder",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "ping"}],
+            }
             out: Outcome = run_async(burst(self.target, [(key, body)], deadline_s=10), 15)[0]
             self.outcomes.append(out)
             if out.kind == "ok" and out.backend == name and out.t0 >= after:
@@ -112,8 +122,11 @@ class SoakBase:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             t = self.watch.first(name, lambda h: h != "up", run.start)
-            errs = [o.t1 for o in self._live_outcomes() if o.errored and o.backend == name
-                    and o.t1 >= run.start]
+            errs = [
+                o.t1
+                for o in self._live_outcomes()
+                if o.errored and o.backend == name and o.t1 >= run.start
+            ]
             cands = [x for x in (t, min(errs, default=None)) if x is not None]
             if cands:
                 run.detect_s = min(cands) - run.start

@@ -19,20 +19,26 @@ from loadtests.bench.soak.runner import Soak
 def _install_signals() -> None:
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, stop)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.bench.soak",
-                                description=package.__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests.bench.soak",
+        description=package.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--minutes", type=float, default=10.0, help="soak length (default 10)")
     p.add_argument("--quick", action="store_true", help="one pass of every scenario (~1 min)")
     p.add_argument("--json", type=Path, help="write the figures here")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--glibc-defaults", action="store_true",
-                   help="run the gateway with glibc's default allocator settings (RSS then also "
-                        "shows freed memory glibc keeps)")
+    p.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help="run the gateway with glibc's default allocator settings (RSS then also "
+        "shows freed memory glibc keeps)",
+    )
     args = p.parse_args(argv)
     if args.minutes <= 0 or args.minutes > 240:
         p.error("--minutes must be in (0, 240]")
@@ -41,9 +47,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("run from the repository root (needs loadtests/harness/gateway.py)")
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
-    soak = Soak(minutes=args.minutes, quick=args.quick, seed=args.seed,
-                lean_malloc=not args.glibc_defaults,
-                log=lambda m: print(m, file=sys.stderr, flush=True))
+    soak = Soak(
+        minutes=args.minutes,
+        quick=args.quick,
+        seed=args.seed,
+        lean_malloc=not args.glibc_defaults,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
     started = time.monotonic()
     # A hard bound on the whole run, whatever hangs: the schedule, plus a pass, plus slack.
     limit = args.minutes * 60 + 300 if not args.quick else 600

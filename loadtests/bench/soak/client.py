@@ -94,8 +94,15 @@ class Requester:
         self.target = target
         self.conn: Conn | None = None
 
-    async def send(self, request: bytes, *, stream: bool, deadline_s: float, worker: int = -1,
-                   keep_body: bool = False) -> Outcome:
+    async def send(
+        self,
+        request: bytes,
+        *,
+        stream: bool,
+        deadline_s: float,
+        worker: int = -1,
+        keep_body: bool = False,
+    ) -> Outcome:
         t0 = time.monotonic()
         reply: Reply | None = None
         try:
@@ -108,8 +115,16 @@ class Requester:
                             self.conn = await Conn.open(self.target)
                         except OSError as exc:
                             self.conn = None
-                            return Outcome("refused", 0, "", t0, time.monotonic(), worker,
-                                           stream, f"{type(exc).__name__}: {exc}")
+                            return Outcome(
+                                "refused",
+                                0,
+                                "",
+                                t0,
+                                time.monotonic(),
+                                worker,
+                                stream,
+                                f"{type(exc).__name__}: {exc}",
+                            )
                     reused = self.conn.used > 0
                     try:
                         reply = await self.conn.exchange(request)
@@ -118,8 +133,16 @@ class Requester:
                         reply = None
                         if reused and attempt == 0:
                             continue  # a kept-alive connection the server had just closed
-                        return Outcome("cut", 0, "", t0, time.monotonic(), worker, stream,
-                                       f"{type(exc).__name__}: {exc}")
+                        return Outcome(
+                            "cut",
+                            0,
+                            "",
+                            t0,
+                            time.monotonic(),
+                            worker,
+                            stream,
+                            f"{type(exc).__name__}: {exc}",
+                        )
                     if reused and attempt == 0 and not reply.head and not reply.body:
                         continue  # closed by the server between two requests: not an answer
                     break
@@ -127,17 +150,34 @@ class Requester:
             if self.conn is not None:
                 self.conn.abort()
                 self.conn = None
-            return Outcome("hung", reply.status if reply else 0,
-                           (reply.headers.get("x-specrouter-variant", "") if reply else ""),
-                           t0, time.monotonic(), worker, stream, f"no end in {deadline_s:g}s")
+            return Outcome(
+                "hung",
+                reply.status if reply else 0,
+                (reply.headers.get("x-specrouter-variant", "") if reply else ""),
+                t0,
+                time.monotonic(),
+                worker,
+                stream,
+                f"no end in {deadline_s:g}s",
+            )
         t1 = time.monotonic()
         kind, detail = classify_reply(reply, stream)
         assert reply is not None
         if not reply.complete and self.conn is not None:
             self.conn.keep = False
-        return Outcome(kind, reply.status, reply.headers.get("x-specrouter-variant", ""), t0, t1,
-                       worker, stream, detail, reply.t_first, reply.headers.get("retry-after"),
-                       bytes(reply.body) if keep_body else None)
+        return Outcome(
+            kind,
+            reply.status,
+            reply.headers.get("x-specrouter-variant", ""),
+            t0,
+            t1,
+            worker,
+            stream,
+            detail,
+            reply.t_first,
+            reply.headers.get("retry-after"),
+            bytes(reply.body) if keep_body else None,
+        )
 
     async def close(self) -> None:
         if self.conn is not None:
@@ -145,8 +185,9 @@ class Requester:
             self.conn = None
 
 
-def iter_outcomes(outcomes: Iterable[Outcome], *, backend: str | None = None,
-                  kinds: Iterable[str] | None = None) -> Iterator[Outcome]:
+def iter_outcomes(
+    outcomes: Iterable[Outcome], *, backend: str | None = None, kinds: Iterable[str] | None = None
+) -> Iterator[Outcome]:
     wanted = None if kinds is None else set(kinds)
     for o in outcomes:
         if (backend is None or o.backend == backend) and (wanted is None or o.kind in wanted):

@@ -19,15 +19,22 @@ from loadtests.harness.rawhttp import Address, Conn
 BodyOf = Callable[[int, int], dict[str, Any]]  # (worker, request number) -> body
 
 
-def chat_body(worker: int, n: int, *, rng: random.Random | None = None,
-              max_tokens: tuple[int, int] = (50, 400), stream_share: float = 0.875
-              ) -> dict[str, Any]:
+def chat_body(
+    worker: int,
+    n: int,
+    *,
+    rng: random.Random | None = None,
+    max_tokens: tuple[int, int] = (50, 400),
+    stream_share: float = 0.875,
+) -> dict[str, Any]:
     rng = rng or random.Random(worker * 100_003 + n)
     stream = rng.random() < stream_share
     body: dict[str, Any] = {
-        "model": "coder", "stream": stream,
+        "model": "coder",
+        "stream": stream,
         "max_tokens": rng.randint(*max_tokens) if stream else 30,
-        "messages": [{"role": "user", "content": f"Fix the bug in `src/mod{worker}_{n}.py`."}]}
+        "messages": [{"role": "user", "content": f"Fix the bug in `src/mod{worker}_{n}.py`."}],
+    }
     if stream and rng.random() < 0.5:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -37,9 +44,16 @@ class Load:
     """`workers` clients sending requests back to back from a thread of their own, until
     stop(). Worker i uses `keys[i % len(keys)]`."""
 
-    def __init__(self, target: Address, keys: Sequence[str], *, workers: int = 16,
-                 body_of: BodyOf = chat_body, deadline_s: float = 30.0,
-                 keep_bodies: bool = False) -> None:
+    def __init__(
+        self,
+        target: Address,
+        keys: Sequence[str],
+        *,
+        workers: int = 16,
+        body_of: BodyOf = chat_body,
+        deadline_s: float = 30.0,
+        keep_bodies: bool = False,
+    ) -> None:
         self.target, self.keys, self.workers = target, list(keys), workers
         self.body_of, self.deadline_s, self.keep_bodies = body_of, deadline_s, keep_bodies
         self.outcomes: list[Outcome] = []
@@ -81,9 +95,13 @@ class Load:
                 n += 1
                 self.sent += 1
                 payload = self.target.request("/v1/chat/completions", orjson.dumps(body), key)
-                out = await requester.send(payload, stream=body.get("stream") is True,
-                                           deadline_s=self.deadline_s, worker=i,
-                                           keep_body=self.keep_bodies)
+                out = await requester.send(
+                    payload,
+                    stream=body.get("stream") is True,
+                    deadline_s=self.deadline_s,
+                    worker=i,
+                    keep_body=self.keep_bodies,
+                )
                 self.outcomes.append(out)
                 if out.kind == "refused":
                     await asyncio.sleep(0.2)
@@ -157,29 +175,53 @@ class Background:
         return self._out[0]
 
 
-async def burst(target: Address, requests: Sequence[tuple[str, dict[str, Any]]], *,
-                deadline_s: float, keep_bodies: bool = True) -> list[Outcome]:
+async def burst(
+    target: Address,
+    requests: Sequence[tuple[str, dict[str, Any]]],
+    *,
+    deadline_s: float,
+    keep_bodies: bool = True,
+) -> list[Outcome]:
     """One request per (key, body), all at once, each on its own connection."""
+
     async def one(i: int, key: str, body: dict[str, Any]) -> Outcome:
         r = Requester(target)
         try:
-            return await r.send(target.request("/v1/chat/completions", orjson.dumps(body), key),
-                                stream=body.get("stream") is True, deadline_s=deadline_s,
-                                worker=i, keep_body=keep_bodies)
+            return await r.send(
+                target.request("/v1/chat/completions", orjson.dumps(body), key),
+                stream=body.get("stream") is True,
+                deadline_s=deadline_s,
+                worker=i,
+                keep_body=keep_bodies,
+            )
         finally:
             await r.close()
+
     return list(await asyncio.gather(*(one(i, k, b) for i, (k, b) in enumerate(requests))))
 
 
-async def disconnects(target: Address, key: str, n: int, *, concurrency: int = 32,
-                      max_tokens: int = 4000, timeout_each: float = 20.0,
-                      on_progress: Callable[[int], None] | None = None) -> Counter[str]:
+async def disconnects(
+    target: Address,
+    key: str,
+    n: int,
+    *,
+    concurrency: int = 32,
+    max_tokens: int = 4000,
+    timeout_each: float = 20.0,
+    on_progress: Callable[[int], None] | None = None,
+) -> Counter[str]:
     """`n` streaming requests, each dropped (TCP abort) as soon as its first body bytes arrive,
     so the upstream generation has begun and must be aborted. Returns what each saw before the
     drop: `dropped` (a 200 stream began), or its status / failure."""
     seen: Counter[str] = Counter()
-    body = orjson.dumps({"model": "coder", "stream": True, "max_tokens": max_tokens,
-                         "messages": [{"role": "user", "content": "Write a long module."}]})
+    body = orjson.dumps(
+        {
+            "model": "coder",
+            "stream": True,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": "Write a long module."}],
+        }
+    )
     request = target.request("/v1/chat/completions", body, key)
     todo = iter(range(n))
     done = 0
@@ -194,8 +236,9 @@ async def disconnects(target: Address, key: str, n: int, *, concurrency: int = 3
                         reply = await conn.exchange(request, until_body=True)
                     finally:
                         conn.abort()
-                seen["dropped" if reply.status == 200 and reply.body else
-                     f"status {reply.status}"] += 1
+                seen[
+                    "dropped" if reply.status == 200 and reply.body else f"status {reply.status}"
+                ] += 1
             except (OSError, TimeoutError, ssl.SSLError) as exc:
                 seen[type(exc).__name__] += 1
             done += 1

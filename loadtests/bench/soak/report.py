@@ -78,8 +78,11 @@ class Accounting(SoakBase):
             "rss_kb": {"start": self.rss_start, "max": self.rss_max, "end": self.rss_end},
             "gateway_cpu_s": round(self.cpu_s, 1),
             "gateway_cpu_pct": round(self.gateway_cpu_pct, 1),
-            "allocator": (" ".join(f"{k}={v}" for k, v in LEAN_MALLOC.items())
-                          if self.lean_malloc else "glibc defaults"),
+            "allocator": (
+                " ".join(f"{k}={v}" for k, v in LEAN_MALLOC.items())
+                if self.lean_malloc
+                else "glibc defaults"
+            ),
             "requests": len([o for o in self.outcomes if o.t0 >= self.t_start]),
         }
 
@@ -94,8 +97,9 @@ class Accounting(SoakBase):
         for run in self.runs:
             if "MISMATCH" in run.note:
                 out.append(f"{run.name}: {run.note}")
-        out += [f"bad input {b.what}: expected {b.expected}, got {b.got}"
-                for b in self.bad if not b.ok]
+        out += [
+            f"bad input {b.what}: expected {b.expected}, got {b.got}" for b in self.bad if not b.ok
+        ]
         return out
 
 
@@ -122,7 +126,8 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"| {r['scenario']} | {r['runs']} | {r['sent']} | {r['ok']} | {r['lost']} | "
             f"{r['errored']} | {r['stray']} | {r['continued']} | {_span(r['detect_s'])} | "
-            f"{_span(r['recover_s'])} |")
+            f"{_span(r['recover_s'])} |"
+        )
     rss = report["rss_kb"]
     lines += [
         "",
@@ -136,13 +141,14 @@ def render(report: dict[str, Any]) -> str:
         f"over the soak. Allocator: {report.get('allocator', '?')}.",
         "",
         "After each pass (load paused): "
-        + "; ".join(f"#{p['n']} in-flight {p['in_flight']}, gauge {p['gauge']:g}, "
-                    f"upstream conns {p['upstream_established']} (CLOSE_WAIT {p['close_wait']}),"
-                    f" RSS {p['rss_kb'] / 1024:.1f} MiB, fds {p['fds']}"
-                    for p in report["passes"]),
+        + "; ".join(
+            f"#{p['n']} in-flight {p['in_flight']}, gauge {p['gauge']:g}, "
+            f"upstream conns {p['upstream_established']} (CLOSE_WAIT {p['close_wait']}),"
+            f" RSS {p['rss_kb'] / 1024:.1f} MiB, fds {p['fds']}"
+            for p in report["passes"]
+        ),
     ]
-    uniq = list(dict.fromkeys(f"- {r['name']}: {r['note']}" for r in report["runs"]
-                              if r["note"]))
+    uniq = list(dict.fromkeys(f"- {r['name']}: {r['note']}" for r in report["runs"] if r["note"]))
     if uniq:
         lines += ["", "Notes:", *uniq[:20]]
     if report["bad_inputs"]:

@@ -28,22 +28,43 @@ class Soak(Scenarios, Accounting):
             # glibc keeps freed memory (each new TLS connection's buffers raise the heap's
             # high-water mark); with these, RSS follows what is alive. Allocator settings only.
             os.environ.update(LEAN_MALLOC)
-        with tempfile.TemporaryDirectory(prefix="specrouter-faults-") as tmp, \
-                SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05,
-                          max_num_seqs=64) as deep, \
-                SimServer("mtp3", served_model_name=SERVED, time_scale=0.05,
-                          max_num_seqs=64) as shallow:
+        with (
+            tempfile.TemporaryDirectory(prefix="specrouter-faults-") as tmp,
+            SimServer(
+                "dflash7-prob-block", served_model_name=SERVED, time_scale=0.05, max_num_seqs=64
+            ) as deep,
+            SimServer(
+                "mtp3", served_model_name=SERVED, time_scale=0.05, max_num_seqs=64
+            ) as shallow,
+        ):
             certs = make_local_ca(Path(tmp) / "tls")
             policy = coder_policy(
                 {"deep": deep.url, "shallow": shallow.url},
-                rules=[{"name": "other-shallow", "kind": "client", "clients": ["other"],
-                        "use": "shallow"}])
+                rules=[
+                    {
+                        "name": "other-shallow",
+                        "kind": "client",
+                        "clients": ["other"],
+                        "use": "shallow",
+                    }
+                ],
+            )
             for b in policy["backends"].values():
                 b.update({"startup_s": 0, "max_concurrency": 64})
             policy["routes"]["coder"]["continuation"] = True
             policy["health"] = {"fail_after": 2, "recover_after": 2}
-            args = ("--idle-timeout", "2", "--first-byte-timeout", "3", "--drain-timeout", "3",
-                    "--header-timeout", "2", "--body-timeout", "2")
+            args = (
+                "--idle-timeout",
+                "2",
+                "--first-byte-timeout",
+                "3",
+                "--drain-timeout",
+                "3",
+                "--header-timeout",
+                "2",
+                "--body-timeout",
+                "2",
+            )
             with GatewayServer(policy, certs=certs, args=args) as gw, HealthWatch(gw) as watch:
                 self.gw, self.watch = gw, watch
                 self.sims = {"deep": deep, "shallow": shallow}
@@ -56,8 +77,7 @@ class Soak(Scenarios, Accounting):
         pid = self.gw.proc.pid
         ports = [s.port for s in self.sims.values()]
         # Warm-up: a few seconds of load so RSS at start is past the first allocations.
-        with Load(self.target, [self.keys["deep"], self.keys["shallow"]],
-                  deadline_s=30) as warm:
+        with Load(self.target, [self.keys["deep"], self.keys["shallow"]], deadline_s=30) as warm:
             time.sleep(3)
         self.outcomes += warm.stop()
         settle(self.gw, ports)
@@ -70,8 +90,9 @@ class Soak(Scenarios, Accounting):
         while True:
             n += 1
             self.log(f"pass {n}: {time.monotonic() - t0:.0f}s of {budget:.0f}s")
-            load = self.load = Load(self.target, [self.keys["deep"], self.keys["shallow"]],
-                                    deadline_s=30).start()
+            load = self.load = Load(
+                self.target, [self.keys["deep"], self.keys["shallow"]], deadline_s=30
+            ).start()
             try:
                 for name, fn in scenarios:
                     if not self.quick and time.monotonic() - t0 > budget:
@@ -85,9 +106,19 @@ class Soak(Scenarios, Accounting):
                 self.outcomes += load.stop()
                 self.load = None
             state = settle(self.gw, ports, timeout=20)
-            self.passes.append(Pass(n, state.in_flight, state.gauge, state.queued,
-                                    state.established(), state.close_wait(), state.rss_kb,
-                                    state.fds, state.waited_s))
+            self.passes.append(
+                Pass(
+                    n,
+                    state.in_flight,
+                    state.gauge,
+                    state.queued,
+                    state.established(),
+                    state.close_wait(),
+                    state.rss_kb,
+                    state.fds,
+                    state.waited_s,
+                )
+            )
             self.rss_max = max(self.rss_max, state.rss_kb)
             if self.quick or time.monotonic() - t0 > budget:
                 break

@@ -50,8 +50,9 @@ class Scenarios(SoakBase):
         if not continuation:
             self._set_continuation(False)
             time.sleep(1.5)  # requests in flight keep the policy they began with
-        run = self._begin(f"{name} dies mid-stream (continuation "
-                          f"{'on' if continuation else 'off'})", name)
+        run = self._begin(
+            f"{name} dies mid-stream (continuation {'on' if continuation else 'off'})", name
+        )
         sim = self.sims[name]
         sim.fault("die_mid_stream", after_chunks=5)
         self._detect(run, name)
@@ -63,13 +64,17 @@ class Scenarios(SoakBase):
             self._set_continuation(True)
 
     def _set_continuation(self, on: bool) -> None:
-        with httpx.Client(base_url=self.gw.admin, timeout=10,
-                          headers={"authorization": f"Bearer {ADMIN_TOKEN}"}) as admin:
+        with httpx.Client(
+            base_url=self.gw.admin, timeout=10, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
+        ) as admin:
             cur = admin.get("/admin/policy")
             doc = cur.json()["document"]
             doc["routes"]["coder"]["continuation"] = on
-            r = admin.put("/admin/policy", content=yaml.safe_dump(doc),
-                          headers={"if-match": cur.headers["etag"]})
+            r = admin.put(
+                "/admin/policy",
+                content=yaml.safe_dump(doc),
+                headers={"if-match": cur.headers["etag"]},
+            )
             r.raise_for_status()
 
     def _flap(self, name: str) -> None:
@@ -87,8 +92,11 @@ class Scenarios(SoakBase):
             time.sleep(1.0)
         run.end = time.monotonic()
         self._finish(run)
-        downs = sum(1 for t, h in self.watch.transitions(name)
-                    if run.start <= t <= run.settle_end and h == "down")
+        downs = sum(
+            1
+            for t, h in self.watch.transitions(name)
+            if run.start <= t <= run.settle_end and h == "down"
+        )
         run.note = f"went down {downs} times in 4 cycles"
 
     def _policy(self) -> None:
@@ -106,17 +114,26 @@ class Scenarios(SoakBase):
                 rule["use"] = "shallow" if i % 3 else "deep"
                 if i == 11:  # back to the soak's own routing
                     route["variants"], rule["use"] = ["deep", "shallow"], "shallow"
-                r = admin.put("/admin/policy", content=yaml.safe_dump(doc),
-                              headers={"if-match": cur.headers["etag"]})
+                r = admin.put(
+                    "/admin/policy",
+                    content=yaml.safe_dump(doc),
+                    headers={"if-match": cur.headers["etag"]},
+                )
                 statuses[r.status_code] += 1
                 if i == 5:
-                    stale = admin.put("/admin/policy", content=yaml.safe_dump(doc),
-                                      headers={"if-match": cur.headers["etag"]})
+                    stale = admin.put(
+                        "/admin/policy",
+                        content=yaml.safe_dump(doc),
+                        headers={"if-match": cur.headers["etag"]},
+                    )
                     statuses[stale.status_code] += 1
                     bad = dict(doc, routes={"coder": dict(route, variants=["nowhere"])})
                     cur2 = admin.get("/admin/policy")
-                    invalid = admin.put("/admin/policy", content=yaml.safe_dump(bad),
-                                        headers={"if-match": cur2.headers["etag"]})
+                    invalid = admin.put(
+                        "/admin/policy",
+                        content=yaml.safe_dump(bad),
+                        headers={"if-match": cur2.headers["etag"]},
+                    )
                     statuses[invalid.status_code] += 1
                 time.sleep(0.25)
         run.end = time.monotonic()
@@ -131,16 +148,17 @@ class Scenarios(SoakBase):
         deadline = time.monotonic() + 15
         aborted = 0
         while time.monotonic() < deadline:
-            aborted = sum(s.stats()["aborted"] - before[n]["aborted"]
-                          for n, s in self.sims.items())
+            aborted = sum(s.stats()["aborted"] - before[n]["aborted"] for n, s in self.sims.items())
             if aborted >= seen["dropped"]:
                 break
             time.sleep(0.1)
         gone = metric_sum(self.gw.metrics(), "specrouter_client_disconnects_total") - gone0
         run.end = time.monotonic()
-        run.note = (f"dropped {seen['dropped']}, upstream aborts {aborted}, gateway counted "
-                    f"{gone:.0f}, in {run.end - run.start:.1f}s"
-                    + ("" if seen["dropped"] == 200 else f" ({dict(seen)})"))
+        run.note = (
+            f"dropped {seen['dropped']}, upstream aborts {aborted}, gateway counted "
+            f"{gone:.0f}, in {run.end - run.start:.1f}s"
+            + ("" if seen["dropped"] == 200 else f" ({dict(seen)})")
+        )
         if aborted != seen["dropped"] or seen["dropped"] != 200:
             run.note += " MISMATCH"
         self._finish(run, recovered=False)

@@ -40,8 +40,9 @@ class Settled:
     waited_s: float
 
     def established(self, port: int | None = None) -> int:
-        return sum(s.get("ESTABLISHED", 0) for p, s in self.upstream.items()
-                   if port is None or p == port)
+        return sum(
+            s.get("ESTABLISHED", 0) for p, s in self.upstream.items() if port is None or p == port
+        )
 
     def close_wait(self) -> int:
         return sum(s.get("CLOSE_WAIT", 0) for s in self.upstream.values())
@@ -60,8 +61,15 @@ def settle(gw: Any, ports: Iterable[int], *, timeout: float = 15.0) -> Settled:
         gauge = metric_sum(metrics, "specrouter_in_flight")
         queued = metric_sum(metrics, "specrouter_queued")
         conns = upstream_conns(pid, ports)
-        state = Settled(int(status["in_flight"]), gauge, queued, conns, rss_kb(pid),
-                        fd_count(pid), time.monotonic() - start)
+        state = Settled(
+            int(status["in_flight"]),
+            gauge,
+            queued,
+            conns,
+            rss_kb(pid),
+            fd_count(pid),
+            time.monotonic() - start,
+        )
         if state.in_flight == 0 and gauge == 0 and queued == 0 and state.close_wait() == 0:
             return state
         last = repr(state)
@@ -91,10 +99,13 @@ class HealthWatch:
         with httpx.Client(timeout=5) as c:
             while not self._stop.is_set():
                 with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                    data = c.get(self.gw.admin + "/admin/status",
-                                 headers={"authorization": f"Bearer {self._token()}"}).json()
-                    self.timeline.append((time.monotonic(), {
-                        n: b["health"] for n, b in data["backends"].items()}))
+                    data = c.get(
+                        self.gw.admin + "/admin/status",
+                        headers={"authorization": f"Bearer {self._token()}"},
+                    ).json()
+                    self.timeline.append(
+                        (time.monotonic(), {n: b["health"] for n, b in data["backends"].items()})
+                    )
                 self._stop.wait(self.every)
 
     def _token(self) -> str:
@@ -125,5 +136,7 @@ class HealthWatch:
             if t is not None:
                 return t
             time.sleep(self.every)
-        raise AssertionError(f"{name}: health condition not reached in {timeout:g}s; "
-                             f"transitions {self.transitions(name)[-6:]}")
+        raise AssertionError(
+            f"{name}: health condition not reached in {timeout:g}s; "
+            f"transitions {self.transitions(name)[-6:]}"
+        )

@@ -43,44 +43,62 @@ def _spec_of(engine: EngineArgs) -> tuple[dict[str, Any] | None, str | None]:
     return value, None
 
 
-_SPEC_DEFAULTS: dict[str, Any] = {"draft_sample_method": "greedy",
-                                  "rejection_sample_method": "standard",
-                                  "num_speculative_tokens_per_batch_size": None}
+_SPEC_DEFAULTS: dict[str, Any] = {
+    "draft_sample_method": "greedy",
+    "rejection_sample_method": "standard",
+    "num_speculative_tokens_per_batch_size": None,
+}
 
 
-def _check_speculative(where: str, policy: SpeculativeSpec | None,
-                       engine: EngineArgs, version: str) -> list[str]:
+def _check_speculative(
+    where: str, policy: SpeculativeSpec | None, engine: EngineArgs, version: str
+) -> list[str]:
     running, error = _spec_of(engine)
     if error is not None:
         return [f"{where}: {error}"]
     if policy is None:
         if running is not None:
-            return [f"{where}: the engine speculates ({to_json(running)}) but the policy "
-                    "describes no speculative configuration"]
+            return [
+                f"{where}: the engine speculates ({to_json(running)}) but the policy "
+                "describes no speculative configuration"
+            ]
         return []
     if running is None:
-        return [f"{where}: the policy says speculative {policy.method} with "
-                f"{policy.num_speculative_tokens} tokens, the engine has no --speculative-config"]
+        return [
+            f"{where}: the policy says speculative {policy.method} with "
+            f"{policy.num_speculative_tokens} tokens, the engine has no --speculative-config"
+        ]
     out: list[str] = []
     want = speculative_config(policy, None)
     for key in ("method", "num_speculative_tokens", *_SPEC_DEFAULTS):
         have_value = running.get(key, _SPEC_DEFAULTS.get(key))
         want_value = want.get(key, _SPEC_DEFAULTS.get(key))
         if have_value != want_value:
-            out.append(f"{where}: speculative {key} is {to_json(have_value)} in the compose file, "
-                       f"{to_json(want_value)} in the policy")
+            out.append(
+                f"{where}: speculative {key} is {to_json(have_value)} in the compose file, "
+                f"{to_json(want_value)} in the policy"
+            )
     known = {"model", *want, *_SPEC_DEFAULTS}
     for key in sorted(set(running) - known):
-        out.append(f"{where}: speculative {key} = {to_json(running[key])} is not in the policy "
-                   "(the policy cannot label metrics with it)")
+        out.append(
+            f"{where}: speculative {key} = {to_json(running[key])} is not in the policy "
+            "(the policy cannot label metrics with it)"
+        )
     if policy.method not in NO_DRAFTER_METHODS and not running.get("model"):
-        out.append(f"{where}: speculative method {policy.method} needs a drafter model "
-                   "(\"model\" in --speculative-config)")
-    if (version in versions.SUPPORTED and versions.has_flag(version, versions.PER_REQUEST_SPEC_FLAG)
-            and engine.flags.get("per-request-spec-decode-metrics") != "summary"):
-        out.append(f"{where}: --per-request-spec-decode-metrics is "
-                   f"{engine.flags.get('per-request-spec-decode-metrics')!r}, not 'summary' "
-                   "(the gateway would estimate acceptance instead of reading it)")
+        out.append(
+            f"{where}: speculative method {policy.method} needs a drafter model "
+            '("model" in --speculative-config)'
+        )
+    if (
+        version in versions.SUPPORTED
+        and versions.has_flag(version, versions.PER_REQUEST_SPEC_FLAG)
+        and engine.flags.get("per-request-spec-decode-metrics") != "summary"
+    ):
+        out.append(
+            f"{where}: --per-request-spec-decode-metrics is "
+            f"{engine.flags.get('per-request-spec-decode-metrics')!r}, not 'summary' "
+            "(the gateway would estimate acceptance instead of reading it)"
+        )
     return out
 
 
@@ -92,33 +110,46 @@ def _check_engine(plan: EnginePlan, engine: EngineArgs) -> list[str]:
     def flag(name: str, want: str | None, what: str) -> None:
         have = engine.flags.get(name)
         if have != want:
-            out.append(f"{where}: --{name} is {have!r} in the compose file, {want!r} in the "
-                       f"policy ({what})")
+            out.append(
+                f"{where}: --{name} is {have!r} in the compose file, {want!r} in the "
+                f"policy ({what})"
+            )
 
     flag("served-model-name", spec.served_model_name, "served_model_name")
     flag("max-num-seqs", str(spec.max_concurrency), "max_concurrency")
     flag("port", str(plan.port), f"the port of {spec.engine_urls[0]}")
     has_key = "api-key" in engine.flags or "VLLM_API_KEY" in engine.environment
     if spec.api_key and not has_key:
-        out.append(f"{where}: the policy sends the secret {spec.api_key} but the engine has "
-                   "no --api-key (nor VLLM_API_KEY)")
+        out.append(
+            f"{where}: the policy sends the secret {spec.api_key} but the engine has "
+            "no --api-key (nor VLLM_API_KEY)"
+        )
     elif not spec.api_key and has_key:
         out.append(f"{where}: the engine requires an API key but the policy sets no api_key")
     priority = engine.flags.get("scheduling-policy") == "priority"
     if priority != spec.priority_scheduling:
-        out.append(f"{where}: scheduling policy is {'priority' if priority else 'fcfs'} in the "
-                   f"compose file, priority_scheduling is {spec.priority_scheduling} in the policy")
+        out.append(
+            f"{where}: scheduling policy is {'priority' if priority else 'fcfs'} in the "
+            f"compose file, priority_scheduling is {spec.priority_scheduling} in the policy"
+        )
     pooling = engine.flags.get("runner") == "pooling" or engine.flags.get("task") == "embed"
     if (spec.task == "embed") != pooling:
-        out.append(f"{where}: the engine runs as {'pooling' if pooling else 'generate'}, the "
-                   f"policy's task is {spec.task}")
+        out.append(
+            f"{where}: the engine runs as {'pooling' if pooling else 'generate'}, the "
+            f"policy's task is {spec.task}"
+        )
     out += _check_speculative(where, spec.speculative, engine, plan.version)
     out += check_launch(where, plan, engine)
     return out
 
 
-def check_compose(doc: PolicyDocument, compose: Mapping[str, Any], *,
-                  compose_dir: Path | None = None, policy: Path | None = None) -> list[str]:
+def check_compose(
+    doc: PolicyDocument,
+    compose: Mapping[str, Any],
+    *,
+    compose_dir: Path | None = None,
+    policy: Path | None = None,
+) -> list[str]:
     """Every difference between a compose document and the policy; empty when they agree.
 
     Engine services are matched to backends by their `io.specrouter.backend` label, else by
@@ -134,16 +165,23 @@ def check_compose(doc: PolicyDocument, compose: Mapping[str, Any], *,
         if engine.backend is not None:
             candidates = [p for p in plans if p.backend == engine.backend]
             if not candidates:
-                out.append(f"service {engine.service}: labelled backend {engine.backend!r}, "
-                           "which the policy does not run on this machine")
+                out.append(
+                    f"service {engine.service}: labelled backend {engine.backend!r}, "
+                    "which the policy does not run on this machine"
+                )
                 continue
             port = engine.flags.get("port")
-            plan = next((p for p in candidates if p.service == engine.service),
-                        next((p for p in candidates if str(p.port) == port),
-                             candidates[0] if len(candidates) == 1 else None))
+            plan = next(
+                (p for p in candidates if p.service == engine.service),
+                next(
+                    (p for p in candidates if str(p.port) == port),
+                    candidates[0] if len(candidates) == 1 else None,
+                ),
+            )
         if plan is None:
-            out.append(f"service {engine.service}: a vLLM engine that no backend of the policy "
-                       "describes")
+            out.append(
+                f"service {engine.service}: a vLLM engine that no backend of the policy describes"
+            )
             continue
         if plan.service in matched:
             out.append(f"service {engine.service}: a second engine for backend {plan.backend}")
@@ -155,15 +193,16 @@ def check_compose(doc: PolicyDocument, compose: Mapping[str, Any], *,
     out += llamacpp.check_services(doc, compose)
     for plan in plans:
         if plan.service not in matched:
-            out.append(f"backend {plan.backend}: no engine service {plan.service} in the compose "
-                       f"file (the policy reaches it at {plan.spec.engine_urls[0]})")
+            out.append(
+                f"backend {plan.backend}: no engine service {plan.service} in the compose "
+                f"file (the policy reaches it at {plan.spec.engine_urls[0]})"
+            )
     if compose_dir is not None and policy is not None:
         out += _check_gateway_policy(compose, compose_dir, policy)
     return out
 
 
-def _check_gateway_policy(compose: Mapping[str, Any], compose_dir: Path,
-                          policy: Path) -> list[str]:
+def _check_gateway_policy(compose: Mapping[str, Any], compose_dir: Path, policy: Path) -> list[str]:
     services = compose.get("services") or {}
     for name, service in services.items():
         if not isinstance(service, dict):
@@ -179,10 +218,12 @@ def _check_gateway_policy(compose: Mapping[str, Any], compose_dir: Path,
             target = rest.split(":")[0]
             if "$" in source or not config.startswith(target.rstrip("/") + "/"):
                 continue
-            host = (compose_dir / source / config[len(target.rstrip("/")) + 1:]).resolve()
+            host = (compose_dir / source / config[len(target.rstrip("/")) + 1 :]).resolve()
             if host != policy.resolve():
-                return [f"service {name}: the gateway serves {host}, not the checked policy "
-                        f"{policy.resolve()}"]
+                return [
+                    f"service {name}: the gateway serves {host}, not the checked policy "
+                    f"{policy.resolve()}"
+                ]
             return []
     return []
 
@@ -224,15 +265,19 @@ def draft_positions(metrics_text: str) -> int | None:
     try:
         for family in text_string_to_metric_families(metrics_text):
             if family.name.removesuffix("_total") == "vllm:spec_decode_num_accepted_tokens_per_pos":
-                positions |= {s.labels.get("position", "") for s in family.samples
-                              if not s.name.endswith("_created")}
+                positions |= {
+                    s.labels.get("position", "")
+                    for s in family.samples
+                    if not s.name.endswith("_created")
+                }
     except ValueError:
         return None
     return len(positions) or None
 
 
-def check_live(doc: PolicyDocument, fetch: Fetch,
-               env: Mapping[str, str] | None = None) -> list[str]:
+def check_live(
+    doc: PolicyDocument, fetch: Fetch, env: Mapping[str, str] | None = None
+) -> list[str]:
     """Every difference between the policy and what its vLLM engines report about themselves.
 
     vLLM tells its served names (`/v1/models`) and, through its spec-decode counters, how many
@@ -261,19 +306,23 @@ def check_live(doc: PolicyDocument, fetch: Fetch,
             metrics = fetch(url + "/metrics", {})
             positions = draft_positions(metrics) if metrics is not None else None
             if spec is None and positions:
-                out.append(f"{where}: the engine speculates ({positions} draft positions) but "
-                           "the policy describes no speculative configuration")
+                out.append(
+                    f"{where}: the engine speculates ({positions} draft positions) but "
+                    "the policy describes no speculative configuration"
+                )
             elif spec is not None and positions and positions != spec.num_speculative_tokens:
-                out.append(f"{where}: the engine drafts {positions} positions, the policy says "
-                           f"num_speculative_tokens {spec.num_speculative_tokens}")
+                out.append(
+                    f"{where}: the engine drafts {positions} positions, the policy says "
+                    f"num_speculative_tokens {spec.num_speculative_tokens}"
+                )
             release = backend.engine.vllm_version or doc.deployment.vllm_version
-            out += _check_reported_config(where, backend, release,
-                                          fetch(url + "/version", {}))
+            out += _check_reported_config(where, backend, release, fetch(url + "/version", {}))
     return out
 
 
-def _check_reported_config(where: str, backend: BackendSpec, release: str,
-                           version: str | None) -> list[str]:
+def _check_reported_config(
+    where: str, backend: BackendSpec, release: str, version: str | None
+) -> list[str]:
     try:
         data = json.loads(version) if version else None
     except ValueError:
@@ -284,8 +333,10 @@ def _check_reported_config(where: str, backend: BackendSpec, release: str,
     out: list[str] = []
     seqs = config.get("max_num_seqs")
     if isinstance(seqs, int) and seqs != backend.max_concurrency:
-        out.append(f"{where}: max_num_seqs is {seqs} on the engine, max_concurrency "
-                   f"{backend.max_concurrency} in the policy")
+        out.append(
+            f"{where}: max_num_seqs is {seqs} on the engine, max_concurrency "
+            f"{backend.max_concurrency} in the policy"
+        )
     engine = EngineArgs(where, None)
     if config.get("speculative_config") is not None:
         engine.flags["speculative-config"] = to_json(config["speculative_config"])

@@ -68,19 +68,32 @@ def _print_lines(lines: Iterable[str], file: Any = None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="specrouter deploy", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="specrouter deploy",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="render the stack's files from the policy")
     r.add_argument("policy", type=Path)
-    r.add_argument("--out", type=Path, help="write compose.yaml, prometheus/prometheus.yml, "
-                                            "operator.yaml and env.example here (default: compose.yaml to stdout)")
-    c = sub.add_parser("check", help="list every difference between a compose file (and/or "
-                                     "the running engines) and the policy; exit 1 when any")
+    r.add_argument(
+        "--out",
+        type=Path,
+        help="write compose.yaml, prometheus/prometheus.yml, "
+        "operator.yaml and env.example here (default: compose.yaml to stdout)",
+    )
+    c = sub.add_parser(
+        "check",
+        help="list every difference between a compose file (and/or "
+        "the running engines) and the policy; exit 1 when any",
+    )
     c.add_argument("policy", type=Path)
     c.add_argument("compose", type=Path, nargs="?")
-    c.add_argument("--live", action="store_true",
-                   help="also ask each vLLM backend of the policy what it serves and drafts")
+    c.add_argument(
+        "--live",
+        action="store_true",
+        help="also ask each vLLM backend of the policy what it serves and drafts",
+    )
     args = p.parse_args(argv)
     if args.command == "check" and args.compose is None and not args.live:
         p.error("check needs a COMPOSE file, --live, or both")
@@ -103,15 +116,18 @@ def main(argv: list[str]) -> int:
                 raise DeployError(f"{args.compose}: {exc}") from None
             if not isinstance(compose, dict):
                 raise DeployError(f"{args.compose}: not a compose document")
-            diffs += check_compose(doc, compose, compose_dir=args.compose.parent,
-                                   policy=args.policy)
+            diffs += check_compose(
+                doc, compose, compose_dir=args.compose.parent, policy=args.policy
+            )
         if args.live:
             diffs += check_live(doc, http_fetch())
     except DeployError as exc:
         print(f"specrouter deploy: {exc}", file=sys.stderr)
         return 2
-    what = " and ".join(([str(args.compose)] if args.compose else [])
-                        + (["the running engines"] if args.live else []))
+    what = " and ".join(
+        ([str(args.compose)] if args.compose else [])
+        + (["the running engines"] if args.live else [])
+    )
     if diffs:
         _print_lines(diffs)
         print(f"{len(diffs)} difference(s) between {what} and {args.policy}", file=sys.stderr)

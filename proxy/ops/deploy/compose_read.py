@@ -94,8 +94,13 @@ def compose_engines(compose: Mapping[str, Any]) -> dict[str, EngineArgs]:
             continue
         labels = _mapping(service.get("labels"))
         image = service.get("image")
-        engine = EngineArgs(str(name), labels.get(BACKEND_LABEL), parsed[0], parsed[1],
-                            _mapping(service.get("environment")),
-                            image=None if image is None else str(image))
+        engine = EngineArgs(
+            str(name),
+            labels.get(BACKEND_LABEL),
+            parsed[0],
+            parsed[1],
+            _mapping(service.get("environment")),
+            image=None if image is None else str(image),
+        )
         out[str(name)] = engine
     return out

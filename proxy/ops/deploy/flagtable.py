@@ -69,8 +69,11 @@ def _defining_module(name: str, path: str, read: Reader, depth: int = 0) -> tupl
         if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name == name:
             return path, tree
     for found in ast.walk(tree):
-        if isinstance(found, ast.ImportFrom) and found.module and any(
-                a.name == name for a in found.names):
+        if (
+            isinstance(found, ast.ImportFrom)
+            and found.module
+            and any(a.name == name for a in found.names)
+        ):
             target = _module_path(found.module, read)
             if target is not None:
                 return _defining_module(name, target, read, depth + 1)
@@ -88,15 +91,22 @@ def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
 def _literal_flags(func: ast.AST) -> Iterator[str]:
     """The `--flags` of every `add_argument` call in `func`, with `--no-` for boolean ones."""
     for node in ast.walk(func):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_argument"
+        ):
             continue
-        names = [a.value for a in node.args
-                 if isinstance(a, ast.Constant) and isinstance(a.value, str)
-                 and a.value.startswith("--")]
+        names = [
+            a.value
+            for a in node.args
+            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")
+        ]
         yield from names
-        if any(k.arg == "action" and ast.unparse(k.value).endswith("BooleanOptionalAction")
-               for k in node.keywords):
+        if any(
+            k.arg == "action" and ast.unparse(k.value).endswith("BooleanOptionalAction")
+            for k in node.keywords
+        ):
             yield from ("--no-" + n[2:] for n in names)
 
 
@@ -148,8 +158,11 @@ class _ConfigFields:
             return None
         cls = _class(tree, cls_name)
         for node in cls.body if cls else ():
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and node.target.id == field):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and node.target.id == field
+            ):
                 return node.annotation
         return None
 
@@ -169,21 +182,40 @@ def _engine_flags(read: Reader) -> Iterator[str]:
         # x_kwargs = get_kwargs(SomeConfig); add_argument("--flag", **x_kwargs["field"])
         kwarg_sources: dict[str, str] = {}
         for node in ast.walk(func):
-            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                    and ast.unparse(node.value.func) == "get_kwargs" and node.value.args
-                    and isinstance(node.value.args[0], ast.Name)
-                    and isinstance(node.targets[0], ast.Name)):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and ast.unparse(node.value.func) == "get_kwargs"
+                and node.value.args
+                and isinstance(node.value.args[0], ast.Name)
+                and isinstance(node.targets[0], ast.Name)
+            ):
                 kwarg_sources[node.targets[0].id] = node.value.args[0].id
         for node in ast.walk(func):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "add_argument"):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"
+            ):
                 continue
-            names = [a.value for a in node.args if isinstance(a, ast.Constant)
-                     and isinstance(a.value, str) and a.value.startswith("--")]
+            names = [
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant)
+                and isinstance(a.value, str)
+                and a.value.startswith("--")
+            ]
             # `**x_kwargs["field"]`, also when spread into a dict that overrides a default
-            subs = [s for kw in node.keywords if kw.arg is None for s in ast.walk(kw.value)
-                    if isinstance(s, ast.Subscript) and isinstance(s.value, ast.Name)
-                    and s.value.id in kwarg_sources and isinstance(s.slice, ast.Constant)]
+            subs = [
+                s
+                for kw in node.keywords
+                if kw.arg is None
+                for s in ast.walk(kw.value)
+                if isinstance(s, ast.Subscript)
+                and isinstance(s.value, ast.Name)
+                and s.value.id in kwarg_sources
+                and isinstance(s.slice, ast.Constant)
+            ]
             for sub in subs[:1]:
                 assert isinstance(sub.value, ast.Name) and isinstance(sub.slice, ast.Constant)
                 ann = configs.annotation(kwarg_sources[sub.value.id], str(sub.slice.value))
@@ -194,12 +226,17 @@ def _engine_flags(read: Reader) -> Iterator[str]:
 def serve_flags(read: Reader) -> list[str]:
     """Every `--flag` `vllm serve` accepts in this release, sorted."""
     path, tree = _defining_module("make_arg_parser", SERVE_MODULE, read)
-    make = next(n for n in tree.body
-                if isinstance(n, ast.FunctionDef) and n.name == "make_arg_parser")
+    make = next(
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "make_arg_parser"
+    )
     flags = set(_literal_flags(make))
     for node in ast.walk(make):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_cli_args" and isinstance(node.func.value, ast.Name)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "add_cli_args"
+            and isinstance(node.func.value, ast.Name)
+        ):
             owner = node.func.value.id
             if owner == "AsyncEngineArgs":
                 flags |= set(_engine_flags(read))
@@ -236,12 +273,17 @@ def render_table(read: Reader, label: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m proxy.ops.deploy.flagtable",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m proxy.ops.deploy.flagtable",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("source", type=Path, help="a vLLM wheel, or a source tree holding vllm/")
-    p.add_argument("--label", help="how the header names the source (default: file name and "
-                                   "sha256 of a wheel, the path of a tree)")
+    p.add_argument(
+        "--label",
+        help="how the header names the source (default: file name and "
+        "sha256 of a wheel, the path of a tree)",
+    )
     args = p.parse_args(argv)
     read, label = source_reader(args.source)
     sys.stdout.write(render_table(read, args.label or label))

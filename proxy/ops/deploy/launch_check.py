@@ -28,29 +28,35 @@ def resolve(value: str | None) -> str | None:
 
 def check_launch(where: str, plan: EnginePlan, engine: EngineArgs) -> list[str]:
     """The engine's flags: all in its release, and the policy's launch settings."""
-    out = [f"{where}: {flag} is not a flag of vLLM {plan.version} (proxy/ops/deploy/vllm_flags/"
-           f"{plan.version}.txt): the engine would not start"
-           for flag in versions.unknown_flags(plan.version, [f"--{n}" for n in engine.flags])]
+    out = [
+        f"{where}: {flag} is not a flag of vLLM {plan.version} (proxy/ops/deploy/vllm_flags/"
+        f"{plan.version}.txt): the engine would not start"
+        for flag in versions.unknown_flags(plan.version, [f"--{n}" for n in engine.flags])
+    ]
     image = resolve(engine.image) or ""
     found = _IMAGE_VERSION.search(image)
     if found and found.group(1) != plan.version:
-        out.append(f"{where}: the image {image} runs vLLM {found.group(1)}, the policy says "
-                   f"{plan.version}")
+        out.append(
+            f"{where}: the image {image} runs vLLM {found.group(1)}, the policy says {plan.version}"
+        )
     eng = plan.spec.engine
 
     def flag(name: str, want: str | None, what: str) -> None:
         have = resolve(engine.flags.get(name))
         if have != want:
-            out.append(f"{where}: --{name} is {have!r} in the compose file, {want!r} in the "
-                       f"policy ({what})")
+            out.append(
+                f"{where}: --{name} is {have!r} in the compose file, {want!r} in the "
+                f"policy ({what})"
+            )
 
     want_len = plan.max_model_len
     flag("max-model-len", None if want_len is None else str(want_len), "engine.max_model_len")
     flag("tool-call-parser", eng.tool_call_parser, "engine.tool_call_parser")
     flag("reasoning-parser", eng.reasoning_parser, "engine.reasoning_parser")
     if eng.tool_call_parser is not None and "enable-auto-tool-choice" not in engine.flags:
-        out.append(f"{where}: no --enable-auto-tool-choice: requests with tool_choice \"auto\" "
-                   "get a 400")
+        out.append(
+            f'{where}: no --enable-auto-tool-choice: requests with tool_choice "auto" get a 400'
+        )
     return out
 
 
@@ -61,8 +67,7 @@ def _float(value: str | None, default: float) -> float | None:
         return None
 
 
-def engine_memory(plan: EnginePlan, engine: EngineArgs,
-                  params: MemoryParams) -> EngineMemory | str:
+def engine_memory(plan: EnginePlan, engine: EngineArgs, params: MemoryParams) -> EngineMemory | str:
     """A coding engine's KV as its flags set it, or why it cannot be read."""
     want = demand(plan)
     length = resolve(engine.flags.get("max-model-len"))
@@ -83,8 +88,7 @@ def engine_memory(plan: EnginePlan, engine: EngineArgs,
     return memory.engine_from_share(want, share, params)
 
 
-def check_memory(pairs: Sequence[tuple[EnginePlan, EngineArgs]],
-                 params: MemoryParams) -> list[str]:
+def check_memory(pairs: Sequence[tuple[EnginePlan, EngineArgs]], params: MemoryParams) -> list[str]:
     """Every coding engine's KV holds its --max-model-len, and all engines fit the machine."""
     out: list[str] = []
     total = 0.0
@@ -100,12 +104,16 @@ def check_memory(pairs: Sequence[tuple[EnginePlan, EngineArgs]],
             continue
         total += max(mem.total_gib, (share or 0.0) * params.machine_gib)
         if not mem.holds_max_model_len:
-            out.append(f"{where}: its KV cache holds {mem.kv_tokens:,} tokens "
-                       f"({mem.kv_gib:.1f} GiB after {mem.weights_gib:.2f} GiB of weights and "
-                       f"{mem.overhead_gib:g} of overhead), less than one --max-model-len "
-                       f"{mem.max_model_len:,} request: vLLM refuses to start it")
+            out.append(
+                f"{where}: its KV cache holds {mem.kv_tokens:,} tokens "
+                f"({mem.kv_gib:.1f} GiB after {mem.weights_gib:.2f} GiB of weights and "
+                f"{mem.overhead_gib:g} of overhead), less than one --max-model-len "
+                f"{mem.max_model_len:,} request: vLLM refuses to start it"
+            )
     if total > params.usable_gib + 1e-6:
-        out.append(f"the engines take {total:.1f} GiB, more than the {params.usable_gib:.1f} "
-                   f"GiB usable ({params.machine_gib:.1f} less {params.reserved_gib:g} "
-                   "reserved): the last to start would not fit")
+        out.append(
+            f"the engines take {total:.1f} GiB, more than the {params.usable_gib:.1f} "
+            f"GiB usable ({params.machine_gib:.1f} less {params.reserved_gib:g} "
+            "reserved): the last to start would not fit"
+        )
     return out

@@ -19,13 +19,7 @@ from policies.spec.backends import BackendSpec
 from policies.spec.document import PolicyDocument
 from proxy.ops.deploy.compose_read import as_list
 from proxy.ops.deploy.llamacpp_flagtable import SPEC_TYPE_PREFIX
-from proxy.ops.deploy.plan import (
-    BACKEND_LABEL,
-    LOOPBACK_HOSTS,
-    DeployError,
-    env_suffix,
-    secret_env,
-)
+from proxy.ops.deploy.plan import BACKEND_LABEL, LOOPBACK_HOSTS, DeployError, env_suffix, secret_env
 
 BUILD = "b11434"  # the build whose source the table was read from
 TABLE = Path(__file__).resolve().parent / "llamacpp_flags" / f"{BUILD}.txt"
@@ -38,9 +32,12 @@ API_KEY_ENV = "LLAMA_API_KEY"  # llama-server reads --api-key from it
 # the heads are in the target's file, and passing them as --model-draft crashed the source
 # documents' server. Types not listed (eagle3, dflash: sidecar files) are not rendered.
 SPEC_TYPES: Mapping[str, tuple[str, bool]] = {
-    "draft-mtp": ("draft-mtp", False), "mtp": ("draft-mtp", False),
-    "draft-simple": ("draft-simple", True), "draft_model": ("draft-simple", True),
-    "ngram-simple": ("ngram-simple", False), "ngram-mod": ("ngram-mod", False),
+    "draft-mtp": ("draft-mtp", False),
+    "mtp": ("draft-mtp", False),
+    "draft-simple": ("draft-simple", True),
+    "draft_model": ("draft-simple", True),
+    "ngram-simple": ("ngram-simple", False),
+    "ngram-mod": ("ngram-mod", False),
 }
 
 
@@ -64,8 +61,10 @@ class LlamaPlan:
 @cache
 def _table() -> tuple[frozenset[str], frozenset[str]]:
     lines = TABLE.read_text().splitlines()
-    return (frozenset(x for x in lines if x.startswith("--")),
-            frozenset(x[len(SPEC_TYPE_PREFIX):] for x in lines if x.startswith(SPEC_TYPE_PREFIX)))
+    return (
+        frozenset(x for x in lines if x.startswith("--")),
+        frozenset(x[len(SPEC_TYPE_PREFIX) :] for x in lines if x.startswith(SPEC_TYPE_PREFIX)),
+    )
 
 
 def flags() -> frozenset[str]:
@@ -89,10 +88,11 @@ def llama_plans(doc: PolicyDocument) -> list[LlamaPlan]:
         endpoints = backend.engine_urls
         for i, url in enumerate(endpoints):
             parts = urlsplit(url)
-            if (parts.hostname or "") not in LOOPBACK_HOSTS or parts.scheme != "http" \
-                    or parts.path:
-                raise DeployError(f"backend {name!r}: {url} is not a plain-http loopback root "
-                                  "URL, which a rendered llama-server serves")
+            if (parts.hostname or "") not in LOOPBACK_HOSTS or parts.scheme != "http" or parts.path:
+                raise DeployError(
+                    f"backend {name!r}: {url} is not a plain-http loopback root "
+                    "URL, which a rendered llama-server serves"
+                )
             bind = "::1" if parts.hostname == "::1" else "127.0.0.1"
             service = name if len(endpoints) == 1 else f"{name}-{i + 1}"
             plans.append(LlamaPlan(service, name, backend, bind, parts.port or 80))
@@ -102,10 +102,14 @@ def llama_plans(doc: PolicyDocument) -> list[LlamaPlan]:
 def server_command(plan: LlamaPlan) -> list[str]:
     """`llama-server` arguments (after the entrypoint), only flags of the table's build."""
     spec = plan.spec
-    args = [f"--model=${{{plan.model_var}:-/models/{spec.served_model_name}.gguf}}",
-            f"--alias={spec.served_model_name}", f"--host={plan.host}", f"--port={plan.port}",
-            f"--parallel={spec.max_concurrency}",
-            "--metrics"]  # the gateway scrapes llamacpp: counters (running, drafts, accepted)
+    args = [
+        f"--model=${{{plan.model_var}:-/models/{spec.served_model_name}.gguf}}",
+        f"--alias={spec.served_model_name}",
+        f"--host={plan.host}",
+        f"--port={plan.port}",
+        f"--parallel={spec.max_concurrency}",
+        "--metrics",
+    ]  # the gateway scrapes llamacpp: counters (running, drafts, accepted)
     if spec.engine.max_model_len is not None:
         # --ctx-size is shared by the slots: each gets ctx-size / parallel tokens
         args.append(f"--ctx-size={spec.engine.max_model_len * spec.max_concurrency}")
@@ -114,13 +118,16 @@ def server_command(plan: LlamaPlan) -> list[str]:
     s = spec.speculative
     if s is not None:
         if s.method not in SPEC_TYPES:
-            raise DeployError(f"backend {plan.backend!r}: speculative method {s.method!r} has no "
-                              f"llama.cpp rendering (known: {', '.join(SPEC_TYPES)})")
+            raise DeployError(
+                f"backend {plan.backend!r}: speculative method {s.method!r} has no "
+                f"llama.cpp rendering (known: {', '.join(SPEC_TYPES)})"
+            )
         spec_type, drafter = SPEC_TYPES[s.method]
         args.append(f"--spec-type={spec_type}")
         if drafter:
-            args.append(f"--model-draft=${{{plan.drafter_var}:-/models/drafters/"
-                        f"{plan.backend}.gguf}}")
+            args.append(
+                f"--model-draft=${{{plan.drafter_var}:-/models/drafters/{plan.backend}.gguf}}"
+            )
         args.append(f"--spec-draft-n-max={s.num_speculative_tokens}")
     problems = unknown(args)
     if problems:
@@ -141,26 +148,39 @@ def unknown(args: Sequence[str]) -> list[str]:
             out.append(f"llama-server {BUILD} has no {name}")
         elif name == "--spec-type":
             value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            out += [f"llama-server {BUILD} has no --spec-type {t}"
-                    for t in value.split(",") if t not in types]
+            out += [
+                f"llama-server {BUILD} has no --spec-type {t}"
+                for t in value.split(",")
+                if t not in types
+            ]
     return out
 
 
 def service_lines(plan: LlamaPlan) -> list[str]:
     spec = plan.spec
-    lines = [f"  {plan.service}:",
-             f"    # llama.cpp engine for backend {plan.backend!r}, served as "
-             f"{spec.served_model_name!r}, {spec.max_concurrency} slots",
-             f"    image: ${{{IMAGE_VAR}:?set {IMAGE_VAR} in .env}}",
-             f"    entrypoint: [{ENTRYPOINT}]", "    command:"]
-    lines += [f"      - '{a}'" if ":" in a or "{" in a else f"      - {a}"
-              for a in server_command(plan)]
+    lines = [
+        f"  {plan.service}:",
+        f"    # llama.cpp engine for backend {plan.backend!r}, served as "
+        f"{spec.served_model_name!r}, {spec.max_concurrency} slots",
+        f"    image: ${{{IMAGE_VAR}:?set {IMAGE_VAR} in .env}}",
+        f"    entrypoint: [{ENTRYPOINT}]",
+        "    command:",
+    ]
+    lines += [
+        f"      - '{a}'" if ":" in a or "{" in a else f"      - {a}" for a in server_command(plan)
+    ]
     if spec.api_key:
         var = secret_env(spec.api_key)
         lines += ["    environment:", f"      {API_KEY_ENV}: ${{{var}:?set {var} in .env}}"]
-    lines += ["    labels:", f"      {BACKEND_LABEL}: {plan.backend}", "    network_mode: host",
-              "    volumes:", "      - ${MODELS_DIR:-/models}:/models:ro",
-              "    restart: unless-stopped", ""]
+    lines += [
+        "    labels:",
+        f"      {BACKEND_LABEL}: {plan.backend}",
+        "    network_mode: host",
+        "    volumes:",
+        "      - ${MODELS_DIR:-/models}:/models:ro",
+        "    restart: unless-stopped",
+        "",
+    ]
     return lines
 
 
@@ -168,8 +188,11 @@ def env_lines(doc: PolicyDocument) -> list[str]:
     plans = llama_plans(doc)
     if not plans:
         return []
-    lines = ["", f"# llama.cpp engines: an image with llama-server of build {BUILD} or later",
-             f"{IMAGE_VAR}="]
+    lines = [
+        "",
+        f"# llama.cpp engines: an image with llama-server of build {BUILD} or later",
+        f"{IMAGE_VAR}=",
+    ]
     for plan in plans:
         lines.append(f"{plan.model_var}=/models/{plan.spec.served_model_name}.gguf")
         s = plan.spec.speculative
@@ -196,14 +219,21 @@ def check_services(doc: PolicyDocument, compose: Mapping[str, Any]) -> list[str]
         out += [f"{where}: {p}" for p in unknown(argv[1:])]
         plan = plans.get(str(name))
         if plan is None:
-            out.append(f"{where}: no llama.cpp backend of the policy with an engine block "
-                       "describes it")
+            out.append(
+                f"{where}: no llama.cpp backend of the policy with an engine block describes it"
+            )
             continue
-        want = {a.partition("=")[0]: a.partition("=")[2] for a in server_command(plan)
-                if not a.startswith("--model")}
+        want = {
+            a.partition("=")[0]: a.partition("=")[2]
+            for a in server_command(plan)
+            if not a.startswith("--model")
+        }
         have = _flags(argv[1:])
-        out += [f"{where}: {flag} is {have.get(flag)!r} in the compose file, {value!r} in the "
-                f"policy" for flag, value in want.items() if have.get(flag) != value]
+        out += [
+            f"{where}: {flag} is {have.get(flag)!r} in the compose file, {value!r} in the policy"
+            for flag, value in want.items()
+            if have.get(flag) != value
+        ]
     return out
 
 

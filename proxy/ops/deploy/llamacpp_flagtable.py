@@ -89,7 +89,7 @@ def options(arg_cpp: str) -> Iterator[tuple[list[str], str]]:
         rest = call
         while (group := _GROUP.match(rest)) and _STRING.search(group.group(1)):
             names += _STRING.findall(group.group(1))
-            rest = rest[group.end():]
+            rest = rest[group.end() :]
         yield names, call
         pos = end
 
@@ -120,19 +120,22 @@ def table(tree: Path, label: str) -> str:
     types = spec_types((tree / SPEC_FILE).read_text())
     if not flags or not types:
         raise SystemExit(f"{tree}: no options found in {ARG_FILE} / {SPEC_FILE}")
-    head = [f"# llama.cpp {label} `llama-server` flags, one per line, sorted; then its "
-            "--spec-type values.",
-            f"# Read with `python -m proxy.ops.deploy.llamacpp_flagtable` from {ARG_FILE} "
-            f"(add_opt calls for LLAMA_EXAMPLE_SERVER",
-            f"# or COMMON, removed options left out) and {SPEC_FILE} (the type name map)."]
+    head = [
+        f"# llama.cpp {label} `llama-server` flags, one per line, sorted; then its "
+        "--spec-type values.",
+        f"# Read with `python -m proxy.ops.deploy.llamacpp_flagtable` from {ARG_FILE} "
+        f"(add_opt calls for LLAMA_EXAMPLE_SERVER",
+        f"# or COMMON, removed options left out) and {SPEC_FILE} (the type name map).",
+    ]
     return "\n".join([*head, *flags, *(SPEC_TYPE_PREFIX + t for t in types)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tree", type=Path, help="the llama.cpp source tree")
-    parser.add_argument("--label", required=True,
-                        help="where the tree came from (build, archive, digest)")
+    parser.add_argument(
+        "--label", required=True, help="where the tree came from (build, archive, digest)"
+    )
     ns = parser.parse_args(argv)
     sys.stdout.write(table(ns.tree, ns.label))
     return 0

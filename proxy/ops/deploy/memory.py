@@ -79,8 +79,11 @@ def kv_rate(method: str | None, num_speculative_tokens: int | None) -> KvRate:
         return KvRate(mtp / MEASURED_KV_BUDGET_GIB, False, "no speculation: as mtp 3")
     key = (method, num_speculative_tokens or 0)
     if key in MEASURED_KV_TOKENS:
-        return KvRate(MEASURED_KV_TOKENS[key] / MEASURED_KV_BUDGET_GIB, True,
-                      f"{method} {key[1]}: {MEASURED_KV_TOKENS[key]:,} tokens in 36 GiB")
+        return KvRate(
+            MEASURED_KV_TOKENS[key] / MEASURED_KV_BUDGET_GIB,
+            True,
+            f"{method} {key[1]}: {MEASURED_KV_TOKENS[key]:,} tokens in 36 GiB",
+        )
     same = [(n, k) for k, n in MEASURED_KV_TOKENS.items() if k[0] == method]
     tokens, (m, k) = min(same or [(n, k) for k, n in MEASURED_KV_TOKENS.items()])
     return KvRate(tokens / MEASURED_KV_BUDGET_GIB, False, f"not measured; as {m} {k}")
@@ -142,26 +145,36 @@ class EngineMemory:
 
 def kv_need_gib(demand: CoderDemand) -> float:
     """The KV budget that holds exactly one max-model-len request."""
-    return demand.max_model_len / kv_rate(demand.method, demand.num_speculative_tokens).tokens_per_gib
+    return (
+        demand.max_model_len / kv_rate(demand.method, demand.num_speculative_tokens).tokens_per_gib
+    )
 
 
-def engine_from_share(demand: CoderDemand, share: float,
-                      params: MemoryParams = MemoryParams()) -> EngineMemory:
+def engine_from_share(
+    demand: CoderDemand, share: float, params: MemoryParams = MemoryParams()
+) -> EngineMemory:
     """What an engine given `share` of the machine keeps for KV (vLLM's own accounting)."""
     weights = weights_gib(demand.method)
     kv = share * params.machine_gib - weights - params.engine_overhead_gib
     return _engine(demand, kv, params)
 
 
-def engine_from_kv_bytes(demand: CoderDemand, kv_bytes: int,
-                         params: MemoryParams = MemoryParams()) -> EngineMemory:
+def engine_from_kv_bytes(
+    demand: CoderDemand, kv_bytes: int, params: MemoryParams = MemoryParams()
+) -> EngineMemory:
     return _engine(demand, kv_bytes / GIB, params)
 
 
 def _engine(demand: CoderDemand, kv_gib: float, params: MemoryParams) -> EngineMemory:
     rate = kv_rate(demand.method, demand.num_speculative_tokens)
-    return EngineMemory(demand.name, weights_gib(demand.method), params.engine_overhead_gib,
-                        kv_gib, rate, demand.max_model_len)
+    return EngineMemory(
+        demand.name,
+        weights_gib(demand.method),
+        params.engine_overhead_gib,
+        kv_gib,
+        rate,
+        demand.max_model_len,
+    )
 
 
 def coder_budget_gib(embedders: int, params: MemoryParams = MemoryParams()) -> float:
@@ -169,8 +182,9 @@ def coder_budget_gib(embedders: int, params: MemoryParams = MemoryParams()) -> f
     return params.usable_gib - embedders * params.embed_share * params.machine_gib
 
 
-def split(coders: list[CoderDemand], embedders: int,
-          params: MemoryParams = MemoryParams()) -> list[EngineMemory]:
+def split(
+    coders: list[CoderDemand], embedders: int, params: MemoryParams = MemoryParams()
+) -> list[EngineMemory]:
     """Each coding engine gets its weights, its overhead and the KV of one max-model-len
     request; what is left is shared equally as more KV. Raises MemorySplitError when even
     that does not fit."""
@@ -183,7 +197,8 @@ def split(coders: list[CoderDemand], embedders: int,
             f"the coding engines need {sum(base):.1f} GiB ({need}: weights, "
             f"{params.engine_overhead_gib:g} GiB overhead, KV for one max-model-len request) "
             f"and {budget:.1f} GiB are left after {params.reserved_gib:g} GiB reserved and "
-            f"{embedders} embedding engine(s): lower max_model_len or run fewer engines")
+            f"{embedders} embedding engine(s): lower max_model_len or run fewer engines"
+        )
     extra = spare / max(len(coders), 1)
     return [_engine(c, kv_need_gib(c) + extra, params) for c in coders]
 
@@ -191,9 +206,10 @@ def split(coders: list[CoderDemand], embedders: int,
 def describe(engine: EngineMemory) -> str:
     """One report line: the engine's KV tokens and the long contexts it holds."""
     rate = "" if engine.rate.measured else f" ({engine.rate.basis})"
-    return (f"{engine.name}: {engine.total_gib:.1f} GiB ({engine.weights_gib:.2f} weights, "
-            f"{engine.overhead_gib:g} overhead, {engine.kv_gib:.1f} KV) = "
-            f"{engine.kv_tokens:,} KV tokens{rate}: {engine.contexts(FULL_CONTEXT)} x 262K, "
-            f"{engine.contexts(LONG_CONTEXT)} x 100K contexts; max-model-len "
-            f"{engine.max_model_len:,} " + ("fits" if engine.holds_max_model_len
-                                           else "DOES NOT FIT"))
+    return (
+        f"{engine.name}: {engine.total_gib:.1f} GiB ({engine.weights_gib:.2f} weights, "
+        f"{engine.overhead_gib:g} overhead, {engine.kv_gib:.1f} KV) = "
+        f"{engine.kv_tokens:,} KV tokens{rate}: {engine.contexts(FULL_CONTEXT)} x 262K, "
+        f"{engine.contexts(LONG_CONTEXT)} x 100K contexts; max-model-len "
+        f"{engine.max_model_len:,} " + ("fits" if engine.holds_max_model_len else "DOES NOT FIT")
+    )

@@ -100,22 +100,27 @@ def engine_plans(doc: PolicyDocument) -> tuple[list[EnginePlan], list[Skipped]]:
                 skipped.append(Skipped(service, f"{url}: vLLM on loopback serves plain http"))
                 continue
             if parts.path:
-                skipped.append(Skipped(service, f"{url}: an engine serves at the root, not "
-                                                f"under {parts.path}"))
+                skipped.append(
+                    Skipped(service, f"{url}: an engine serves at the root, not under {parts.path}")
+                )
                 continue
             port = parts.port or 80
             bind = "::1" if host in {"::1", "[::1]"} else "127.0.0.1"
             version = backend.engine.vllm_version or doc.deployment.vllm_version
             if version not in versions.SUPPORTED:
-                raise DeployError(f"backend {name!r}: vLLM {version} has no flag table (known: "
-                                  f"{', '.join(versions.SUPPORTED)}; `python -m "
-                                  "proxy.ops.deploy.flagtable --help` adds one)")
+                raise DeployError(
+                    f"backend {name!r}: vLLM {version} has no flag table (known: "
+                    f"{', '.join(versions.SUPPORTED)}; `python -m "
+                    "proxy.ops.deploy.flagtable --help` adds one)"
+                )
             plans.append(EnginePlan(service, name, backend, bind, port, version))
     seen: dict[int, str] = {}
     for plan in plans:
         if plan.port in seen:
-            raise DeployError(f"backends {seen[plan.port]!r} and {plan.service!r} both listen on "
-                              f"port {plan.port} of this machine")
+            raise DeployError(
+                f"backends {seen[plan.port]!r} and {plan.service!r} both listen on "
+                f"port {plan.port} of this machine"
+            )
         seen[plan.port] = plan.service
     return _with_memory(plans, memory_params(doc)), skipped
 
@@ -125,18 +130,22 @@ def memory_params(doc: PolicyDocument) -> MemoryParams:
     d, default = doc.deployment, MemoryParams()
     return MemoryParams(
         reserved_gib=default.reserved_gib if d.reserved_gib is None else d.reserved_gib,
-        embed_share=default.embed_share if d.embed_memory_share is None
-        else d.embed_memory_share,
-        engine_overhead_gib=default.engine_overhead_gib if d.engine_overhead_gib is None
-        else d.engine_overhead_gib)
+        embed_share=default.embed_share if d.embed_memory_share is None else d.embed_memory_share,
+        engine_overhead_gib=default.engine_overhead_gib
+        if d.engine_overhead_gib is None
+        else d.engine_overhead_gib,
+    )
 
 
 def demand(plan: EnginePlan) -> memory.CoderDemand:
     """What the memory model needs to know of a coding engine."""
     s = plan.spec.speculative
-    return memory.CoderDemand(plan.service, s.method if s else None,
-                              s.num_speculative_tokens if s else None,
-                              plan.max_model_len or memory.FULL_CONTEXT)
+    return memory.CoderDemand(
+        plan.service,
+        s.method if s else None,
+        s.num_speculative_tokens if s else None,
+        plan.max_model_len or memory.FULL_CONTEXT,
+    )
 
 
 def _with_memory(plans: list[EnginePlan], params: MemoryParams) -> list[EnginePlan]:
@@ -147,10 +156,14 @@ def _with_memory(plans: list[EnginePlan], params: MemoryParams) -> list[EnginePl
     except memory.MemorySplitError as exc:
         raise DeployError(str(exc)) from None
     shares = {p.service: m for p, m in zip(coders, split, strict=True)}
-    return [replace(p, memory_share=embed_share) if p.service not in shares
-            else replace(p, memory=shares[p.service],
-                         memory_share=f"{shares[p.service].share(params):.3f}")
-            for p in plans]
+    return [
+        replace(p, memory_share=embed_share)
+        if p.service not in shares
+        else replace(
+            p, memory=shares[p.service], memory_share=f"{shares[p.service].share(params):.3f}"
+        )
+        for p in plans
+    ]
 
 
 def speculative_config(spec: SpeculativeSpec, drafter: str | None) -> dict[str, Any]:
@@ -200,8 +213,9 @@ def engine_command(plan: EnginePlan) -> list[str]:
         if plan.memory is not None and versions.has_flag(plan.version, versions.KV_BYTES_FLAG):
             # The KV budget exactly, whatever the activations take; the utilization above
             # still sizes vLLM's free-memory check at start, so both are set.
-            args.append(f"{versions.KV_BYTES_FLAG}=${{{plan.kv_bytes_var}:-"
-                        f"{plan.memory.kv_bytes}}}")
+            args.append(
+                f"{versions.KV_BYTES_FLAG}=${{{plan.kv_bytes_var}:-{plan.memory.kv_bytes}}}"
+            )
         # cached prompt tokens in each response's usage, for the gateway's request log
         args.append("--enable-prompt-tokens-details")
     # X-Request-Id on every response: the gateway's request id in the engine's logs
@@ -220,9 +234,11 @@ def engine_command(plan: EnginePlan) -> list[str]:
             # Exact accepted/drafted counts in each response (0.29+): the gateway's acceptance
             # is then the engine's own figure, not an estimate from chunk sizes.
             args.append(f"{versions.PER_REQUEST_SPEC_FLAG}=summary")
-    unknown = versions.unknown_flags(plan.version, [a.split("=", 1)[0] for a in args
-                                                    if a.startswith("--")])
+    unknown = versions.unknown_flags(
+        plan.version, [a.split("=", 1)[0] for a in args if a.startswith("--")]
+    )
     if unknown:
-        raise DeployError(f"backend {plan.backend!r}: vLLM {plan.version} has no "
-                          f"{', '.join(unknown)}")
+        raise DeployError(
+            f"backend {plan.backend!r}: vLLM {plan.version} has no {', '.join(unknown)}"
+        )
     return args

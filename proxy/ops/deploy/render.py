@@ -71,11 +71,18 @@ def _fallback_of(doc: PolicyDocument, backend: str) -> tuple[str, SpeculativeSpe
 
 def _engine_service(doc: PolicyDocument, plan: EnginePlan) -> list[str]:
     spec = plan.spec
-    what = (f"{spec.task} engine for backend {plan.backend!r}, served as "
-            f"{spec.served_model_name!r}, {spec.max_concurrency} sequences")
+    what = (
+        f"{spec.task} engine for backend {plan.backend!r}, served as "
+        f"{spec.served_model_name!r}, {spec.max_concurrency} sequences"
+    )
     image = VLLM_IMAGE.format(version=plan.version)
-    lines = [f"  {plan.service}:", f"    # {what}", "    image: ${VLLM_IMAGE:-" + image + "}",
-             "    entrypoint: [vllm, serve]", "    command:"]
+    lines = [
+        f"  {plan.service}:",
+        f"    # {what}",
+        "    image: ${VLLM_IMAGE:-" + image + "}",
+        "    entrypoint: [vllm, serve]",
+        "    command:",
+    ]
     for arg in engine_command(plan):
         if arg.startswith("--speculative-config="):
             s = spec.speculative
@@ -83,23 +90,29 @@ def _engine_service(doc: PolicyDocument, plan: EnginePlan) -> list[str]:
             prob = s.draft_sample_method == "probabilistic"
             block = s.rejection_sample_method == "block"
             if prob and block:
-                lines += ["      # draft_sample_method: probabilistic and rejection_sample_method: "
-                          "block go together:",
-                          "      # each alone regresses (greedy + block loses at every load; "
-                          "probabilistic alone loses",
-                          "      # ~10 % at one stream). Change both or neither."]
+                lines += [
+                    "      # draft_sample_method: probabilistic and rejection_sample_method: "
+                    "block go together:",
+                    "      # each alone regresses (greedy + block loses at every load; "
+                    "probabilistic alone loses",
+                    "      # ~10 % at one stream). Change both or neither.",
+                ]
             elif prob or block:
-                lines.append("      # WARNING: probabilistic draft and block verification each "
-                             "regress alone; deploy them together.")
+                lines.append(
+                    "      # WARNING: probabilistic draft and block verification each "
+                    "regress alone; deploy them together."
+                )
             lines.append(f"      - {_q(arg)}")
             fallback = _fallback_of(doc, plan.backend)
             if fallback is not None:
                 name, fb = fallback
                 fb_arg = f"--speculative-config={to_json(speculative_config(fb, None))}"
-                lines += [f"      # The {fb.method} fallback, one line away (it is also backend "
-                          f"{name!r}; change the policy",
-                          "      # with it, or `specrouter deploy check` reports the difference):",
-                          f"      # - {_q(fb_arg)}"]
+                lines += [
+                    f"      # The {fb.method} fallback, one line away (it is also backend "
+                    f"{name!r}; change the policy",
+                    "      # with it, or `specrouter deploy check` reports the difference):",
+                    f"      # - {_q(fb_arg)}",
+                ]
             continue
         lines.append(f"      - {_q(arg)}")
     if spec.api_key:
@@ -123,7 +136,8 @@ def _engine_service(doc: PolicyDocument, plan: EnginePlan) -> list[str]:
         "      interval: 30s",
         "      timeout: 5s",
         "      start_period: 15m   # a cold start of the coding engine takes 6-7 minutes"
-        if spec.task == "generate" else "      start_period: 5m",
+        if spec.task == "generate"
+        else "      start_period: 5m",
         "    restart: unless-stopped",
         "",
     ]
@@ -174,9 +188,12 @@ def render_compose(doc: PolicyDocument, *, policy: Path, out_dir: Path) -> str:
     for llama in llamacpp.llama_plans(doc):
         lines += llamacpp.service_lines(llama)
     gateway_cmd = [
-        "serve", f"--config=/etc/specrouter/policy/{policy_name}",
-        f"--listen={GATEWAY_LISTEN}", f"--admin-listen={ADMIN_LISTEN}",
-        f"--metrics-listen={METRICS_LISTEN}", f"--operator-file={OPERATOR_FILE}",
+        "serve",
+        f"--config=/etc/specrouter/policy/{policy_name}",
+        f"--listen={GATEWAY_LISTEN}",
+        f"--admin-listen={ADMIN_LISTEN}",
+        f"--metrics-listen={METRICS_LISTEN}",
+        f"--operator-file={OPERATOR_FILE}",
         "--tls-cert=/etc/specrouter/tls/fullchain.pem",
         "--tls-key=/etc/specrouter/tls/privkey.pem",
         "--state-dir=/var/lib/specrouter",
@@ -285,26 +302,42 @@ def render_prometheus(doc: PolicyDocument) -> str:
             "    static_configs:",
         ]
         for plan in plans:
-            lines += [f"      - targets: ['{_hostport(plan)}']",
-                      f"        labels: {{backend: {plan.service}}}"]
+            lines += [
+                f"      - targets: ['{_hostport(plan)}']",
+                f"        labels: {{backend: {plan.service}}}",
+            ]
     return "\n".join(lines) + "\n"
 
 
 def render_env_example(doc: PolicyDocument) -> str:
     """The variables the rendered compose file reads, with their defaults."""
     plans, _ = engine_plans(doc)
-    lines = ["# Copy to .env next to compose.yaml (chmod 600) and fill in the secrets.",
-             "# Every other line shows the default the compose file uses when it is unset.",
-             "", "# Secrets (required; the dashboard token is optional)",
-             "# The admin token: 32 characters at least, e.g. `openssl rand -hex 32` (the "
-             "gateway refuses", "# a shorter one)",
-             "SPECROUTER_ADMIN_TOKEN=", "SPECROUTER_DASHBOARD_TOKEN=", "GRAFANA_ADMIN_PASSWORD="]
+    lines = [
+        "# Copy to .env next to compose.yaml (chmod 600) and fill in the secrets.",
+        "# Every other line shows the default the compose file uses when it is unset.",
+        "",
+        "# Secrets (required; the dashboard token is optional)",
+        "# The admin token: 32 characters at least, e.g. `openssl rand -hex 32` (the "
+        "gateway refuses",
+        "# a shorter one)",
+        "SPECROUTER_ADMIN_TOKEN=",
+        "SPECROUTER_DASHBOARD_TOKEN=",
+        "GRAFANA_ADMIN_PASSWORD=",
+    ]
     for k in _secret_vars(doc):
-        lines += ["# An engine's API key (vLLM's --api-key), which the gateway sends to it", f"{k}="]
-    lines += ["", "# Where things are on the host; the TLS directory holds fullchain.pem and "
-              "privkey.pem", "SPECROUTER_TLS_DIR=/etc/specrouter/tls",
-              "MODELS_DIR=/models", "HF_CACHE=/var/cache/huggingface", "",
-              "# Weights, as paths inside the containers (/models is MODELS_DIR) or hub names"]
+        lines += [
+            "# An engine's API key (vLLM's --api-key), which the gateway sends to it",
+            f"{k}=",
+        ]
+    lines += [
+        "",
+        "# Where things are on the host; the TLS directory holds fullchain.pem and privkey.pem",
+        "SPECROUTER_TLS_DIR=/etc/specrouter/tls",
+        "MODELS_DIR=/models",
+        "HF_CACHE=/var/cache/huggingface",
+        "",
+        "# Weights, as paths inside the containers (/models is MODELS_DIR) or hub names",
+    ]
     done: set[str] = set()
     for plan in plans:
         if plan.model_var not in done:
@@ -313,23 +346,34 @@ def render_env_example(doc: PolicyDocument) -> str:
     for plan in plans:
         s = plan.spec.speculative
         if s is not None and s.method not in NO_DRAFTER_METHODS:
-            lines += [f"# The {s.method} drafter of backend {plan.backend}",
-                      f"{plan.drafter_var}=/models/drafters/{plan.backend}"]
-    lines += ["", "# Memory: share of the unified memory each engine takes and, for the coding",
-              "# engines, their KV budget in bytes (`specrouter deploy check` refuses a split",
-              "# whose KV cannot hold the engine's --max-model-len)"]
+            lines += [
+                f"# The {s.method} drafter of backend {plan.backend}",
+                f"{plan.drafter_var}=/models/drafters/{plan.backend}",
+            ]
+    lines += [
+        "",
+        "# Memory: share of the unified memory each engine takes and, for the coding",
+        "# engines, their KV budget in bytes (`specrouter deploy check` refuses a split",
+        "# whose KV cannot hold the engine's --max-model-len)",
+    ]
     for plan in plans:
         lines.append(f"{plan.gpu_memory_var}={plan.memory_share}")
         if plan.memory is not None and versions.has_flag(plan.version, versions.KV_BYTES_FLAG):
             lines.append(f"{plan.kv_bytes_var}={plan.memory.kv_bytes}")
     lines += llamacpp.env_lines(doc)
     images = sorted({VLLM_IMAGE.format(version=p.version) for p in plans}) or [
-        VLLM_IMAGE.format(version=doc.deployment.vllm_version)]
+        VLLM_IMAGE.format(version=doc.deployment.vllm_version)
+    ]
     # One image for all engines when they run one release; with several, each keeps its own
     # default and VLLM_IMAGE (which would replace them all) is left commented.
-    lines += ["", "# Images", ("" if len(images) == 1 else "#") + f"VLLM_IMAGE={images[0]}",
-              f"PROMETHEUS_IMAGE={PROMETHEUS_IMAGE}",
-              f"GRAFANA_IMAGE={GRAFANA_IMAGE}", "PROMETHEUS_RETENTION=30d"]
+    lines += [
+        "",
+        "# Images",
+        ("" if len(images) == 1 else "#") + f"VLLM_IMAGE={images[0]}",
+        f"PROMETHEUS_IMAGE={PROMETHEUS_IMAGE}",
+        f"GRAFANA_IMAGE={GRAFANA_IMAGE}",
+        "PROMETHEUS_RETENTION=30d",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -341,12 +385,16 @@ def render_operator(doc: PolicyDocument) -> str:
     """The operator file: each secret the policy names, read from the stack's environment; the
     engines on loopback. Repair actions, if any, are the operator's to add here by hand."""
     names = sorted({b.api_key for b in doc.backends.values() if b.api_key})
-    lines = ["# Rendered by `specrouter deploy render`. What the admin-editable policy may name but",
-             "# not define: engine secrets, repair actions, engine hosts. Keep it chmod go-w.",
-             "secrets:" + ("" if names else " {}")]
+    lines = [
+        "# Rendered by `specrouter deploy render`. What the admin-editable policy may name but",
+        "# not define: engine secrets, repair actions, engine hosts. Keep it chmod go-w.",
+        "secrets:" + ("" if names else " {}"),
+    ]
     lines += [f"  {n}: {{env: {secret_env(n)}}}" for n in names]
-    lines += ["actions: {}   # e.g. restart-coder: {command: [docker, restart, NAME]}",
-              "engine_hosts: ['127.0.0.1', '::1', localhost]"]
+    lines += [
+        "actions: {}   # e.g. restart-coder: {command: [docker, restart, NAME]}",
+        "engine_hosts: ['127.0.0.1', '::1', localhost]",
+    ]
     return "\n".join(lines) + "\n"
 
 

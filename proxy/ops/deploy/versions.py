@@ -23,8 +23,10 @@ class UnknownRelease(ValueError):
 def flags(version: str) -> frozenset[str]:
     """Every `--flag` `vllm serve` of this release accepts."""
     if version not in SUPPORTED:
-        raise UnknownRelease(f"vLLM {version} has no flag table (known: {', '.join(SUPPORTED)}; "
-                          "see `python -m proxy.ops.deploy.flagtable --help` to add one)")
+        raise UnknownRelease(
+            f"vLLM {version} has no flag table (known: {', '.join(SUPPORTED)}; "
+            "see `python -m proxy.ops.deploy.flagtable --help` to add one)"
+        )
     lines = (TABLES / f"{version}.txt").read_text().splitlines()
     return frozenset(line for line in lines if line.startswith("--"))
 
