@@ -31,8 +31,17 @@ class Dialect:
     model_aliases: bool
     # pydantic `loc` in a validation 400: a tuple repr in 0.28, a dotted string in 0.33.
     dotted_loc: bool
-    # /v1/responses cut by max_output_tokens: 0.33 ends with `response.incomplete`.
+    # /v1/responses cut by max_output_tokens: 0.33 ends with `response.incomplete` and marks
+    # the message item "incomplete"; 0.28 ends with `response.completed`, the item "completed".
     responses_incomplete_event: bool
+    # /v1/responses: 0.33's Response object has `prompt_cache_options/_key/_retention` (after
+    # `prompt`), `safety_identifier` (after `reasoning`) and `usage.input_tokens_details.
+    # cache_write_tokens`.
+    responses_prompt_cache: bool
+    # /v1/responses streams: 0.33 keeps one `msg_…` id for the message item; 0.28 streams it
+    # with a bare 16-hex id (its output_item.done also carries `"summary":[]`) and the final
+    # response gives the message a fresh `msg_…` id.
+    responses_stable_message_id: bool
 
     def has_flag(self, flag: str) -> bool:
         return versions.has_flag(self.version, flag)
@@ -56,6 +65,8 @@ def dialect(version: str) -> Dialect:
         model_aliases=new,
         dotted_loc=new,
         responses_incomplete_event=new,
+        responses_prompt_cache=new,
+        responses_stable_message_id=new,
     )
 
 

@@ -50,12 +50,12 @@ async def responses(sim: Sim, request: Request) -> Response:
         script=plan.script,
     )
     events = ResponsesEvents(
+        dialect=sim.dialect,
         response_id=f"resp_{rid}",
-        item_id=f"msg_{secrets.token_hex(8)}",
         created=int(time.time()),
         model=sim.model,
         temperature=temperature,
-        max_output_tokens=req.max_output_tokens,
+        max_output_tokens=max_tokens,
         instructions=req.instructions,
         tools=req.tools,
         tool_choice=req.tool_choice,
@@ -75,9 +75,9 @@ async def responses(sim: Sim, request: Request) -> Response:
         return DropResponse()
     (result,) = results
     text = result.text
-    incomplete = result.finish_reason == "length"
-    status = "incomplete" if incomplete else "completed"
-    output = [events.message(text, status)]
+    truncated = result.finish_reason == "length"
+    status = "incomplete" if truncated else "completed"
+    output = [events.message(text, events.item_status(truncated), f"msg_{secrets.token_hex(8)}")]
     reasoning_tokens = 0
     if plan.parses:
         parser = plan.parser()
@@ -86,12 +86,13 @@ async def responses(sim: Sim, request: Request) -> Response:
         output = items.full(
             *toolparse.parse_full(
                 text, reasoning=plan.reasoning, tool_parser=plan.tool_parser, tools=plan.schemas
-            )
+            ),
+            truncated=truncated,
         )
     usage = events.usage(
         len(prompt_ids), len(result.token_ids), ereq.cached_tokens, reasoning_tokens
     )
-    body = events.response(status, output, usage, incomplete=incomplete)
+    body = events.response(status, output, usage)
     return json_response(body)
 
 
@@ -120,11 +121,12 @@ async def _parsed_frames(
     sim.finished(req)
     if req.aborted:
         return
-    tail = items.close()
-    status = "incomplete" if finish == "length" else "completed"
+    truncated = finish == "length"
+    tail = items.close(truncated)
+    status = "incomplete" if truncated else "completed"
     usage = ev.usage(req.prompt_len, ntok, req.cached_tokens, parser.reasoning_tokens)
-    response = ev.response(status, items.output, usage, incomplete=status == "incomplete")
-    yield [*tail, ev.event("response.completed", {"response": response})]
+    response = ev.response(status, items.output, usage)
+    yield [*tail, ev.event(ev.final_event(status), {"response": response})]
 
 
 async def _responses_frames(sim: Sim, req: EngineRequest, ev: ResponsesEvents) -> FrameSource:
@@ -173,29 +175,16 @@ async def _responses_frames(sim: Sim, req: EngineRequest, ev: ResponsesEvents) -
     if req.aborted:
         return
     text = "".join(parts)
-    status = "incomplete" if finish == "length" else "completed"
-    item = ev.message(text, status)
+    truncated = finish == "length"
+    # vLLM 0.28 ends a truncated answer with response.completed, status "incomplete" inside
+    # it; 0.33 with response.incomplete (ResponsesEvents.final_event).
+    status = "incomplete" if truncated else "completed"
+    item_status = ev.item_status(truncated)
+    done = ev.message_done(text, item_status)
+    final = ev.message(text, item_status, ev.final_item_id(ev.item_id))
     usage = ev.usage(req.prompt_len, ntok, req.cached_tokens)
     yield [
-        ev.event(
-            "response.output_text.done",
-            {
-                "content_index": 0,
-                "item_id": ev.item_id,
-                "logprobs": [],
-                "output_index": 0,
-                "text": text,
-            },
-        ),
-        ev.event(
-            "response.content_part.done",
-            {"content_index": 0, "item_id": ev.item_id, "output_index": 0, "part": ev.part(text)},
-        ),
-        ev.event("response.output_item.done", {"item": item, "output_index": 0}),
-        ev.event(
-            # vLLM ends every stream with response.completed; a truncated answer shows as
-            # status "incomplete" inside it.
-            "response.completed",
-            {"response": ev.response(status, [item], usage, incomplete=status == "incomplete")},
-        ),
+        *ev.text_done(text, ev.item_id, 0),
+        ev.event("response.output_item.done", {"item": done, "output_index": 0}),
+        ev.event(ev.final_event(status), {"response": ev.response(status, [final], usage)}),
     ]

@@ -128,7 +128,8 @@ class ResponsesItems:
             part: Json = {"text": "", "type": "reasoning_text"}
             added = "response.reasoning_part.added"
         else:
-            item = {**ev.message(None, "in_progress"), "id": self.item_id}
+            self.item_id = ev.stream_item_id()
+            item = ev.message(None, "in_progress", self.item_id)
             part = ev.part("")
             added = "response.content_part.added"
         return [
@@ -149,14 +150,11 @@ class ResponsesItems:
             return [self.ev.event("response.function_call_arguments.delta", fields)]
         if self.kind == "reasoning":
             return [self.ev.event("response.reasoning_text.delta", {"content_index": 0, **fields})]
-        return [
-            self.ev.event(
-                "response.output_text.delta", {"content_index": 0, **fields, "logprobs": []}
-            )
-        ]
+        return [self.ev.text_delta(text, self.item_id, index)]
 
-    def close(self) -> list[bytes]:
-        """Done events of the open item (none open: nothing)."""
+    def close(self, truncated: bool = False) -> list[bytes]:
+        """Done events of the open item (none open: nothing); `truncated`: the answer was cut
+        by max_output_tokens (a message item's status then follows the release)."""
         if not self.kind:
             return []
         ev, index, text, iid = self.ev, len(self.output), self.text, self.item_id
@@ -192,20 +190,13 @@ class ResponsesItems:
             out.append(ev.event("response.reasoning_text.done", {**base, "text": text}))
             out.append(ev.event("response.reasoning_part.done", {**base, "part": part}))
         else:
-            item = {**ev.message(text, "completed"), "id": iid}
-            base = {"content_index": 0, "item_id": iid}
-            out.append(
-                ev.event(
-                    "response.output_text.done",
-                    {**base, "logprobs": [], "output_index": index, "text": text},
-                )
-            )
-            out.append(
-                ev.event(
-                    "response.content_part.done",
-                    {**base, "output_index": index, "part": ev.part(text)},
-                )
-            )
+            status = ev.item_status(truncated)
+            out += ev.text_done(text, iid, index)
+            done = ev.message_done(text, status, iid)
+            out.append(ev.event("response.output_item.done", {"item": done, "output_index": index}))
+            self.output.append(ev.message(text, status, ev.final_item_id(iid)))
+            self.kind = ""
+            return out
         out.append(ev.event("response.output_item.done", {"item": item, "output_index": index}))
         self.output.append(item)
         self.kind = ""
@@ -213,13 +204,20 @@ class ResponsesItems:
 
     # -- non-streaming --------------------------------------------------------------------
 
-    def full(self, content: str | None, reasoning: str | None, calls: list[Json]) -> list[Json]:
+    def full(
+        self,
+        content: str | None,
+        reasoning: str | None,
+        calls: list[Json],
+        truncated: bool = False,
+    ) -> list[Json]:
         """The output items of a finished answer."""
         items: list[Json] = []
         if reasoning is not None:
             items.append(reasoning_item(f"rs_{_hex()}", reasoning, None))
         if content and (content.strip() or not calls):
-            items.append(self.ev.message(content, "completed"))
+            status = self.ev.item_status(truncated)
+            items.append(self.ev.message(content, status, f"msg_{_hex()}"))
         for c in calls:
             fn = c["function"]
             items.append(

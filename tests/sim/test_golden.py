@@ -99,17 +99,6 @@ EXPECTED_028: dict[str, tuple[int, str]] = {
         "stats input.json recorded through PrometheusStatLogger (not replayed into the sim)",
     ),
     "metrics_k7": (39, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
-    "responses_full": (
-        1,
-        "Response object: vLLM 0.28 has no `error` key, writes `logprobs: null` (sim: []), "
-        "`phase: null` on the message item, and tool_choice 'none' (sim: 'auto')",
-    ),
-    "responses_stream": (
-        7,
-        "the responses_full object differences, in every event that carries the response "
-        "or the item (created, in_progress, item added/done, text done, completed)",
-    ),
-    "responses_stream_truncated": (7, "as responses_stream"),
 }
 
 # The simulator's Messages translation is 0.28.0's (the golden README lists 0.33's changes:
@@ -165,17 +154,6 @@ EXPECTED_033: dict[str, tuple[int, str]] = {
         "the 18 missing families of metrics_k7_fresh, plus the 20 recorded values (as in 0.28)",
     ),
     "metrics_k7": (42, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
-    "responses_full": (
-        1,
-        "Response object: as 0.28 (no `error` key, `logprobs: null`, `phase`), "
-        "plus 0.33's prompt_cache_*, safety_identifier and cache_write_tokens",
-    ),
-    "responses_stream": (7, "the responses_full differences, in every event that carries them"),
-    "responses_stream_truncated": (
-        7,
-        "as responses_stream; 0.33 also ends with "
-        "response.incomplete, which the simulator does not send yet",
-    ),
 }
 EXPECTED = {"0.28.0": EXPECTED_028, "0.33.0": EXPECTED_033}
 
