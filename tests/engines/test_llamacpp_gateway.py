@@ -249,16 +249,18 @@ def test_tokens_per_step_match_the_engines_counters(
 
 
 def test_ttft_and_itl_against_the_clients_clock(gw: GatewayServer) -> None:
-    """The gateway's TTFT never exceeds the client's and is within 2 ms of it, its median ITL
+    """The gateway's TTFT never exceeds the client's and is within 3 ms of it, its median ITL
     within 2 ms of the client's. Best of five requests: on a shared 2-core machine one request
-    can lose milliseconds to a neighbour's burst, which is not the gateway's error."""
+    can lose milliseconds to a neighbour's burst, which is not the gateway's error. The TTFT
+    bound is 3 ms, not 2: under `make test`'s coverage tracer the client's own TLS read and line
+    parsing came to 2.1-2.8 ms in every one of five requests (1 run, a loaded machine)."""
     ttft_gaps, itl_gaps = [], []
     for i in range(5):
         client_ttft, client_itl, row = _timed_stream(gw, f"clock-{i}")
         assert row["ttft_s"] <= client_ttft
         ttft_gaps.append(client_ttft - row["ttft_s"])
         itl_gaps.append(abs(client_itl - row["itl_p50_s"]))
-    assert min(ttft_gaps) < 0.002, ttft_gaps
+    assert min(ttft_gaps) < 0.003, ttft_gaps
     assert min(itl_gaps) < 0.002, itl_gaps
 
 
