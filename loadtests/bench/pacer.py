@@ -43,17 +43,22 @@ from typing import Any, cast
 import httptools
 import orjson
 
-from proxy.vllm_wire import DONE
-
-FINGERPRINT = "vllm-0.28.0-pacer000"
-_TOKEN = " tok"
-
-_SSE_HEAD = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-    b"transfer-encoding: chunked\r\n\r\n"
+from loadtests.bench.pacer_frames import (
+    CHUNK_END,
+    FINGERPRINT_TAIL,
+    SSE_HEAD,
+    USAGE,
+    chunk_base,
+    completion_body,
+    content_piece,
+    error_body,
+    http_chunk,
+    last_piece,
+    models_body,
+    prompt_tokens,
+    role_piece,
 )
-_USAGE = b',"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}'
-_CHUNK_END = b"0\r\n\r\n"
+from proxy.vllm_wire import DONE
 
 
 @dataclass(slots=True)
@@ -74,11 +79,6 @@ class PacerStats:
     chunks: int = 0
     open_streams: int = 0
     connections: int = 0
-
-
-def http_chunk(event: bytes) -> bytes:
-    """One SSE event as one HTTP/1.1 chunk."""
-    return b"%x\r\n%s\r\n" % (len(event), event)
 
 
 class ChatStream:
@@ -124,32 +124,14 @@ class ChatStream:
         self.tpc = max(1, int(tpc))
         self.step = max(0.0, float(xargs.get("pacer_step_ms", cfg.step_ms))) / 1000.0
         self.burst = max(1, int(xargs.get("pacer_burst", cfg.burst)))
-        self.prompt = max(1, len(orjson.dumps(body.get("messages", ""))) // 4)
+        self.prompt = prompt_tokens(body)
         model = body.get("model") if isinstance(body.get("model"), str) else cfg.model
-        created = int(time.time())
-        base = (
-            b'data: {"id":"chatcmpl-'
-            + request_id.encode("latin-1")
-            + b'","object":"chat.completion.chunk","created":%d,"model":' % created
-            + orjson.dumps(model)
-        )
+        base = chunk_base(request_id, int(time.time()), model)
         self.usage = base + b',"choices":[]'  # the final usage chunk's start
         self.head = base + b',"choices":[{"index":0,"delta":'
-        self.role = (
-            self.head + b'{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]'
-        )
-        self.first_content = (
-            self.head
-            + b'{"content":'
-            + orjson.dumps(_TOKEN)
-            + b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
-        )
-        self.content = (
-            self.head
-            + b'{"content":'
-            + orjson.dumps(_TOKEN * self.tpc)
-            + b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
-        )
+        self.role = role_piece(self.head)
+        self.first_content = content_piece(self.head, 1)
+        self.content = content_piece(self.head, self.tpc)
         self.sent = 0  # completion tokens sent so far
         self.index = 0  # engine steps done
         self.t0 = 0.0
@@ -158,7 +140,7 @@ class ChatStream:
         self.done = False
 
     def _usage(self) -> bytes:
-        return _USAGE % (self.prompt, self.prompt + self.sent, self.sent)
+        return USAGE % (self.prompt, self.prompt + self.sent, self.sent)
 
     def start(self, loop: asyncio.AbstractEventLoop, ttft: float) -> None:
         self.t0 = loop.time() + ttft
@@ -170,22 +152,14 @@ class ChatStream:
     def _content_chunk(self, tokens: int, last: bool) -> bytes:
         piece = self.first_content if tokens == 1 and self.tpc != 1 else self.content
         if tokens not in (1, self.tpc):
-            piece = (
-                self.head
-                + b'{"content":'
-                + orjson.dumps(_TOKEN * tokens)
-                + b'},"logprobs":null,"finish_reason":null,"token_ids":null}]'
-            )
+            piece = content_piece(self.head, tokens)
         if last:
-            piece = piece.replace(
-                b'"finish_reason":null,"token_ids":null}]',
-                b'"finish_reason":"length","stop_reason":null,"token_ids":null}]',
-            )
+            piece = last_piece(piece)
         self.sent += tokens
         if self.continuous:
             piece += self._usage()
         if last and not self.include_usage:
-            piece += b',"system_fingerprint":"' + FINGERPRINT.encode() + b'"'
+            piece += FINGERPRINT_TAIL
         return http_chunk(piece + b"}\n\n")
 
     def _step(self) -> bytes:
@@ -208,17 +182,9 @@ class ChatStream:
         stats.chunks += len(out)
         if last:
             if self.include_usage:
-                out.append(
-                    http_chunk(
-                        self.usage
-                        + self._usage()
-                        + b',"system_fingerprint":"'
-                        + FINGERPRINT.encode()
-                        + b'"}\n\n'
-                    )
-                )
+                out.append(http_chunk(self.usage + self._usage() + FINGERPRINT_TAIL + b"}\n\n"))
             out.append(http_chunk(DONE))
-            out.append(_CHUNK_END)
+            out.append(CHUNK_END)
             self.done = True
             stats.streams_done += 1
             stats.open_streams -= 1
@@ -339,39 +305,10 @@ class PacerProtocol(asyncio.Protocol):
             )
             self._reply(200, text.encode(), content_type=b"text/plain; version=0.0.4")
         elif path == b"/v1/models" and method == b"GET":
-            self._reply(
-                200,
-                orjson.dumps(
-                    {
-                        "object": "list",
-                        "data": [
-                            {
-                                "id": self.cfg.model,
-                                "object": "model",
-                                "created": int(time.time()),
-                                "owned_by": "vllm",
-                                "root": self.cfg.model,
-                                "parent": None,
-                                "max_model_len": 32768,
-                                "permission": [],
-                            }
-                        ],
-                    }
-                ),
-            )
+            self._reply(200, models_body(self.cfg.model))
         else:
             self._reply(
-                404,
-                orjson.dumps(
-                    {
-                        "error": {
-                            "message": f"Not Found: {path.decode('latin-1')}",
-                            "type": "NotFoundError",
-                            "param": None,
-                            "code": 404,
-                        }
-                    }
-                ),
+                404, error_body(f"Not Found: {path.decode('latin-1')}", "NotFoundError", 404)
             )
 
     def _reply(
@@ -401,19 +338,7 @@ class PacerProtocol(asyncio.Protocol):
         except orjson.JSONDecodeError:
             body = None
         if not isinstance(body, dict):
-            self._reply(
-                400,
-                orjson.dumps(
-                    {
-                        "error": {
-                            "message": "body must be a JSON object",
-                            "type": "BadRequestError",
-                            "param": None,
-                            "code": 400,
-                        }
-                    }
-                ),
-            )
+            self._reply(400, error_body("body must be a JSON object", "BadRequestError", 400))
             return
         request_id = (
             self.headers.get(b"x-request-id", b"").decode("latin-1")
@@ -426,7 +351,7 @@ class PacerProtocol(asyncio.Protocol):
         self.stream = stream
         self.stats.open_streams += 1
         assert self.transport is not None
-        self.transport.write(_SSE_HEAD)
+        self.transport.write(SSE_HEAD)
         xargs = body.get("vllm_xargs")
         ttft = self.cfg.ttft_ms
         if isinstance(xargs, dict) and isinstance(xargs.get("pacer_ttft_ms"), int | float):
@@ -436,48 +361,8 @@ class PacerProtocol(asyncio.Protocol):
     def _complete(self, body: dict[str, Any], request_id: str) -> None:
         max_tokens = body.get("max_tokens")
         n = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else self.cfg.max_tokens
-        prompt = max(1, len(orjson.dumps(body.get("messages", ""))) // 4)
         model = body.get("model") if isinstance(body.get("model"), str) else self.cfg.model
-        self._reply(
-            200,
-            orjson.dumps(
-                {
-                    "id": f"chatcmpl-{request_id}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {
-                                "role": "assistant",
-                                "content": _TOKEN * n,
-                                "refusal": None,
-                                "annotations": None,
-                                "audio": None,
-                                "function_call": None,
-                                "reasoning": None,
-                            },
-                            "logprobs": None,
-                            "finish_reason": "length",
-                            "stop_reason": None,
-                            "token_ids": None,
-                        }
-                    ],
-                    "service_tier": None,
-                    "system_fingerprint": FINGERPRINT,
-                    "usage": {
-                        "prompt_tokens": prompt,
-                        "total_tokens": prompt + n,
-                        "completion_tokens": n,
-                        "prompt_tokens_details": None,
-                    },
-                    "prompt_logprobs": None,
-                    "prompt_token_ids": None,
-                    "kv_transfer_params": None,
-                }
-            ),
-        )
+        self._reply(200, completion_body(request_id, model, n, prompt_tokens(body)))
 
 
 async def serve(

@@ -23,22 +23,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import math
 import time
 import uuid
-from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from loadtests.probe import prompts
 from loadtests.probe.config import MetricsSource, PrefillResult, ProbeConfig, RunResult
-from loadtests.probe.frames import _frame_kind, _usage_prompt_tokens, completion_tokens, per_token
-from loadtests.probe.metrics import Reading, parse_engine, parse_gateway, total, window_figures
+from loadtests.probe.frames import _frame_kind, _usage_prompt_tokens, completion_tokens
 from loadtests.probe.progress import Progress, fmt_duration
-from loadtests.probe.stats import p50_p95, temp_label
+from loadtests.probe.stats import temp_label
+from loadtests.probe.window import (
+    RunState,
+    prefill_result,
+    read_counters,
+    result_line,
+    run_result,
+    wait_idle,
+)
 
 # Where the probe's callers (the command, the policy sweep, the report) have always found them.
 __all__ = [
@@ -56,27 +60,6 @@ __all__ = [
 
 class Stopped(Exception):
     """Ctrl-C, or a bound (time, requests) reached."""
-
-
-@dataclass(slots=True)
-class _RunState:
-    n: int
-    measuring: bool = False
-    ttft: list[float] = field(default_factory=list)
-    gaps: list[float] = field(default_factory=list)  # between token chunks
-    gap_tokens: list[int] = field(default_factory=list)  # tokens each gap produced (0: unknown)
-    requests: int = 0
-    errors: int = 0
-    error_samples: list[str] = field(default_factory=list)
-    variants: Counter[str] = field(default_factory=Counter)
-    defaults: Counter[str] = field(default_factory=Counter)
-    decoding: set[int] = field(default_factory=set)
-    all_decoding: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def error(self, what: str) -> None:
-        self.errors += 1
-        if len(self.error_samples) < 5:
-            self.error_samples.append(what[:300])
 
 
 class Probe:
@@ -130,89 +113,12 @@ class Probe:
             raise Stopped(self.stop_reason)
         return ev.is_set()
 
-    # -- counters --------------------------------------------------------------------------------
-
-    async def _read_source(
-        self, client: httpx.AsyncClient, src: MetricsSource
-    ) -> dict[str, Reading]:
-        hdr = {"authorization": f"Bearer {src.key}"} if src.key else {}
-        resp = await client.get(src.url, timeout=10.0, headers=hdr)
-        resp.raise_for_status()
-        if src.kind == "engine":
-            return {src.url: parse_engine(resp.text)}
-        per_backend = parse_gateway(resp.text)
-        names = list(per_backend) if src.backends is None else list(src.backends)
-        return {f"{src.url}#{b}": per_backend.get(b, Reading()) for b in names}
-
-    async def read_counters(
-        self, client: httpx.AsyncClient, *, aligned: bool
-    ) -> tuple[float, dict[str, Reading]]:
-        """(monotonic time of the reading, readings by source label).
-
-        The generation counter moves in jumps: once per engine step (N sequences x accepted
-        tokens), and for the gateway's re-export once per scrape. With `aligned`, poll until
-        it moves, so that both ends of a window sit just after a jump and the window holds
-        whole steps (or scrapes): the error is one poll, not one step or one scrape interval.
-        """
-        srcs = self.cfg.sources
-        t0 = time.monotonic()
-        parts = await asyncio.gather(*(self._read_source(client, s) for s in srcs))
-        t1 = time.monotonic()
-        first = {k: v for p in parts for k, v in p.items()}
-        if not aligned:
-            return (t0 + t1) / 2, first
-        poll = 0.01 if any(s.kind == "gateway" for s in srcs) else 0.002
-        base = total(first.values()).get("generation")
-        deadline = time.monotonic() + 15.0
-        while time.monotonic() < deadline:
-            await asyncio.sleep(poll)
-            t0 = time.monotonic()
-            parts = await asyncio.gather(*(self._read_source(client, s) for s in srcs))
-            t1 = time.monotonic()
-            now = {k: v for p in parts for k, v in p.items()}
-            if total(now.values()).get("generation") != base:
-                return (t0 + t1) / 2, now
-        return (t0 + t1) / 2, first
-
-    async def wait_idle(self, client: httpx.AsyncClient, real_s: float = 15.0) -> bool:
-        """Until the engines run and queue nothing (the previous run's streams are aborted)."""
-        deadline = time.monotonic() + real_s
-        while time.monotonic() < deadline:
-            try:
-                _, readings = await self.read_counters(client, aligned=False)
-            except httpx.HTTPError:
-                await asyncio.sleep(0.1)
-                continue
-            busy = total(readings.values())
-            if busy.get("running") + busy.get("waiting") == 0 and await self._gateway_idle(client):
-                return True
-            await asyncio.sleep(0.05)
-        return False
-
-    async def _gateway_idle(self, client: httpx.AsyncClient) -> bool:
-        if not self.cfg.admin_url:
-            return True
-        hdr = {"authorization": f"Bearer {self.cfg.admin_token}"} if self.cfg.admin_token else {}
-        try:
-            resp = await client.get(f"{self.cfg.admin_url}/admin/status", headers=hdr)
-        except httpx.HTTPError:
-            return True
-        if resp.status_code != 200:
-            return True  # not readable (no token): nothing to wait for
-        data = resp.json()
-        if data.get("in_flight"):
-            return False
-        return all(
-            not (b.get("in_flight") or b.get("running") or b.get("waiting"))
-            for b in (data.get("backends") or {}).values()
-        )
-
     # -- one stream ------------------------------------------------------------------------------
 
     async def _stream(
         self,
         client: httpx.AsyncClient,
-        st: _RunState,
+        st: RunState,
         idx: int,
         temperature: float | None,
         run: int,
@@ -304,7 +210,7 @@ class Probe:
 
     async def run_once(self, n: int, temperature: float | None, run: int, label: str) -> RunResult:
         cfg = self.cfg
-        st = _RunState(n)
+        st = RunState(n)
         limits = httpx.Limits(max_connections=n + 4, max_keepalive_connections=n + 4)
         timeout = httpx.Timeout(cfg.request_timeout_s, connect=10.0)
         started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -331,7 +237,7 @@ class Probe:
                         f" ({st.errors} errors: {'; '.join(st.error_samples[:2])})"
                     )
                 await self._sleep(cfg.warmup_s * self.scale)
-                t0, before = await self.read_counters(mclient, aligned=True)
+                t0, before = await read_counters(mclient, cfg.sources, aligned=True)
                 st.measuring = True
                 end = t0 + cfg.window_s * self.scale
                 while (left := end - time.monotonic()) > 0:
@@ -340,53 +246,18 @@ class Probe:
                         f"left, {self.time_left_text()}"
                     )
                     await self._sleep(min(left, 1.0))
-                t1, after = await self.read_counters(mclient, aligned=True)
+                t1, after = await read_counters(mclient, cfg.sources, aligned=True)
                 st.measuring = False
             finally:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
             await client.aclose()
-            if not await self.wait_idle(mclient):
+            if not await wait_idle(mclient, cfg):
                 self.progress.line(f"{label}: warning: the engine did not go idle")
         window = (t1 - t0) / self.scale
-        fig = window_figures(total(before.values()), total(after.values()), window)
-        ttft = p50_p95([1000.0 * x / self.scale for x in st.ttft])
-        itl = p50_p95(
-            [
-                1000.0 * x / self.scale
-                for x in per_token(st.gaps, st.gap_tokens, fig.tokens_per_step)
-            ]
-        )
-        gap = p50_p95([1000.0 * x / self.scale for x in st.gaps])
-        sources = {
-            k: max(0.0, after[k].get("generation") - before[k].get("generation"))
-            for k in after
-            if k in before
-        }
-        return RunResult(
-            concurrency=n,
-            temperature=temperature,
-            run=run,
-            window_s=window,
-            generated=fig.generated,
-            tok_s=fig.tok_s,
-            per_stream_tok_s=fig.tok_s / n,
-            tokens_per_step=fig.tokens_per_step,
-            accept_per_pos=list(fig.accept_per_pos),
-            ttft_p50_ms=ttft[0],
-            ttft_p95_ms=ttft[1],
-            itl_p50_ms=itl[0],
-            itl_p95_ms=itl[1],
-            requests=st.requests,
-            errors=st.errors,
-            error_samples=st.error_samples,
-            variants=dict(st.variants),
-            defaults=dict(st.defaults),
-            sources=sources,
-            started_at=started_at,
-            chunk_gap_p50_ms=gap[0],
-            chunk_gap_p95_ms=gap[1],
+        return run_result(
+            st, temperature, run, window, before, after, scale=self.scale, started_at=started_at
         )
 
     # -- the prefill -----------------------------------------------------------------------------
@@ -404,8 +275,8 @@ class Probe:
         }
         timeout = httpx.Timeout(max(cfg.request_timeout_s, 600.0 * self.scale), connect=10.0)
         async with httpx.AsyncClient(verify=cfg.verify, timeout=timeout) as client:
-            await self.wait_idle(client)
-            _, before = await self.read_counters(client, aligned=False)
+            await wait_idle(client, cfg)
+            _, before = await read_counters(client, cfg.sources, aligned=False)
             loop = asyncio.get_running_loop()
             t0 = loop.time()
             first: float | None = None
@@ -432,17 +303,10 @@ class Probe:
                             usage = u
             if first is None:
                 raise RuntimeError("prefill request: no token came back")
-            await self.wait_idle(client)
-            _, after = await self.read_counters(client, aligned=False)
+            await wait_idle(client, cfg)
+            _, after = await read_counters(client, cfg.sources, aligned=False)
         seconds = (first - t0) / self.scale
-        counted = total(after.values()).get("prompt") - total(before.values()).get("prompt")
-        if usage is not None:
-            tokens, source = usage, "usage"
-        elif counted > 0:
-            tokens, source = int(counted), "counter"
-        else:
-            tokens, source = cfg.prefill_tokens, "estimate"
-        return PrefillResult(tokens, seconds, tokens / seconds if seconds > 0 else math.nan, source)
+        return prefill_result(usage, before, after, seconds, cfg.prefill_tokens)
 
     # -- the whole probe -------------------------------------------------------------------------
 
@@ -506,19 +370,7 @@ class Probe:
                         + ("; measuring again" if attempt < max_redos else "")
                     )
                 self.results.append(result)
-                tps = (
-                    ""
-                    if result.tokens_per_step is None
-                    else f", {result.tokens_per_step:.2f} tokens/step"
-                )
-                via = (
-                    " via " + ", ".join(f"{k} x{v}" for k, v in sorted(result.variants.items()))
-                    if result.variants
-                    else ""
-                )
-                self.progress.line(
-                    f"{label} -> {result.tok_s:.1f} tokens/s{tps}, {result.errors} error(s){via}"
-                )
+                self.progress.line(f"{label} {result_line(result)}")
                 if on_result is not None:
                     maybe = on_result(result)
                     if maybe is not None:

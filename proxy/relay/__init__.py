@@ -16,5 +16,6 @@
 - sse.py, rewrite.py: event-stream framing; the upstream request body.
 
 Beside the path: asgi.py (ASGI types and one-shot answers), errors.py (error bodies),
-limits.py (client rate limits), openapi.py (the served API description).
+limits.py (client rate limits), openapi.py and openapi_schemas.py (the served API
+description, its schemas).
 """

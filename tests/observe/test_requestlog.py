@@ -14,14 +14,8 @@ from pathlib import Path
 import pytest
 
 from proxy.gateway import RequestRecord
-from proxy.observe.requestlog import (
-    COLUMNS,
-    RequestLog,
-    decode_tokens_per_s,
-    itl_quantiles,
-    open_db,
-    row_of,
-)
+from proxy.observe.requestlog import RequestLog, decode_tokens_per_s, itl_quantiles, row_of
+from proxy.observe.requestlog_schema import COLUMNS, open_db
 from proxy.observe.stats import quantile
 from proxy.relay.measure import Measurement
 
