@@ -3,13 +3,16 @@
 vLLM serves `/v1/messages` by turning the request into a chat request (with continuous usage
 when streaming) and translating the chat stream's chunks into Anthropic events
 (`message_stream_converter`), or the chat body into a message (`messages_full_converter`). This
-module writes what that translation yields for text answers (tools and reasoning are not
-simulated): `event: <type>\\ndata: <json>\\n\\n` frames, `type` first and `index` after
-`delta`/`content_block`, no `ping`, no `[DONE]`. Checked byte for byte against the 0.28.0
-`anth_*` golden fixtures (tests/sim/test_golden_messages.py).
+module writes what that translation yields, fed the chat layer's deltas (toolparse.ChatParser:
+text, reasoning, tool calls): `event: <type>\\ndata: <json>\\n\\n` frames, `type` first and
+`index` after `delta`/`content_block`, no `ping`, no `[DONE]`. Checked byte for byte against the
+0.28.0 `anth_*` golden fixtures (tests/sim/test_golden_messages.py, tests/sim/test_golden.py).
 """
 
 from __future__ import annotations
+
+import json
+import uuid
 
 import orjson
 
@@ -54,36 +57,79 @@ def usage(prompt_tokens: int, output_tokens: int, cached: int | None) -> Json:
     }
 
 
+def signature() -> str:
+    """A thinking block's signature: a fresh uuid4 hex, not a real signature (vLLM ignores it
+    when a client sends it back)."""
+    return uuid.uuid4().hex
+
+
+def content_blocks(content: str | None, reasoning: str | None, calls: list[Json]) -> list[Json]:
+    """`messages_full_converter`'s blocks: thinking, then text, then one tool_use per call."""
+    blocks: list[Json] = []
+    if reasoning:
+        blocks.append({"type": "thinking", "thinking": reasoning, "signature": signature()})
+    if content:
+        blocks.append({"type": "text", "text": content})
+    for call in calls:
+        fn = call["function"]
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call["id"],
+                "name": fn["name"],
+                "input": json.loads(fn["arguments"] or "{}"),
+            }
+        )
+    return blocks
+
+
 def message(
     message_id: str,
     model: str,
-    text: str,
-    finish_reason: str,
+    text: str | None,
+    finish_reason: str | None,
     prompt_tokens: int,
     output_tokens: int,
     cached: int | None,
+    *,
+    reasoning: str | None = None,
+    calls: list[Json] | None = None,
 ) -> Json:
     """A full (non-streaming) message: `model_dump(exclude_none=True)`, no `stop_sequence`."""
     return {
         "id": message_id,
         "type": "message",
         "role": "assistant",
-        "content": [{"type": "text", "text": text}] if text else [],
+        "content": content_blocks(text, reasoning, calls or []),
         "model": model,
-        "stop_reason": STOP_REASONS.get(finish_reason, "end_turn"),
+        "stop_reason": STOP_REASONS.get(finish_reason or "stop", "end_turn"),
         "usage": usage(prompt_tokens, output_tokens, cached),
     }
 
 
+def _block_event(kind: str, index: int, **fields: Json) -> bytes:
+    return event(kind, {"type": kind, **fields, "index": index})
+
+
 class MessagesStream:
-    """The events of one streamed message, fed the engine's deltas as the chat layer sees them."""
+    """The events of one streamed message, fed the chat layer's deltas (`DeltaMessage` dicts).
+
+    One block is open at a time: a thinking, text or tool_use block; a delta of another kind
+    closes it (a thinking block with its signature first) and opens the next, at the next index.
+    Text arriving while a tool_use block is open is held back and sent as its own text block
+    once that block closes, so a call's input is never split.
+    """
 
     def __init__(
         self, *, message_id: str, model: str, prompt_tokens: int, cached: int | None = None
     ) -> None:
         self.message_id, self.model = message_id, model
         self.prompt_tokens, self.cached = prompt_tokens, cached
-        self.block_open = False
+        self.kind: str | None = None  # the open block's type
+        self.index = 0  # the open block's index, or the next block's when none is open
+        self.tool_id: str | None = None
+        self.tool_ids: dict[int, str] = {}  # chat tool-call index -> tool_use id
+        self.pending: list[str] = []  # text held back while a tool_use block is open
         self.finish_reason: str | None = None
         self.failed = False
 
@@ -106,47 +152,112 @@ class MessagesStream:
             },
         )
 
+    @property
+    def block_open(self) -> bool:
+        return self.kind is not None
+
     def delta(self, text: str, finish_reason: str | None) -> list[bytes]:
-        """One engine output's events. An `error` finish ends the stream here: 0.28 leaves the
-        text block open and sends neither `message_delta` nor `message_stop`."""
+        """A plain text step (no parsers): the chat layer's `{"content": text}`."""
+        return self.chat_delta({"content": text}, finish_reason)
+
+    def chat_delta(self, delta: Json | None, finish_reason: str | None) -> list[bytes]:
+        """One chat chunk's events. An `error` finish ends the stream here: 0.28 leaves the
+        open block open and sends neither `message_delta` nor `message_stop`."""
         if finish_reason == "error":
             self.failed = True
-            error = anthropic_error("internal_error", MIDSTREAM_ERROR)
-            return [event("error", error)]
+            return [event("error", anthropic_error("internal_error", MIDSTREAM_ERROR))]
+        if finish_reason is not None:
+            self.finish_reason = finish_reason
+        if not delta:
+            return []
         out: list[bytes] = []
-        if text:
-            if not self.block_open:
+        if delta.get("reasoning"):
+            out += self._text_like("thinking", str(delta["reasoning"]))
+        if delta.get("content"):
+            if self.kind == "tool_use":
+                self.pending.append(str(delta["content"]))
+            else:
+                out += self._text_like("text", str(delta["content"]))
+        for call in delta.get("tool_calls") or []:
+            out += self._tool(call)
+        return out
+
+    def _text_like(self, kind: str, text: str) -> list[bytes]:
+        out: list[bytes] = []
+        if self.kind != kind:
+            out += self._close()
+            out.append(
+                _block_event(
+                    "content_block_start", self.index, content_block={"type": kind, kind: ""}
+                )
+            )
+            self.kind = kind
+        field = "thinking_delta" if kind == "thinking" else "text_delta"
+        out.append(
+            _block_event("content_block_delta", self.index, delta={"type": field, kind: text})
+        )
+        return out
+
+    def _tool(self, call: Json) -> list[bytes]:
+        fn = call.get("function") or {}
+        out: list[bytes] = []
+        if call.get("id") is not None:
+            self.tool_ids[call["index"]] = call["id"]
+            if self.tool_id != call["id"] and fn.get("name") is not None:
+                out += self._close()
                 out.append(
-                    event(
+                    _block_event(
                         "content_block_start",
-                        {
-                            "type": "content_block_start",
-                            "content_block": {"type": "text", "text": ""},
-                            "index": 0,
+                        self.index,
+                        content_block={
+                            "type": "tool_use",
+                            "id": call["id"],
+                            "name": fn["name"],
+                            "input": {},
                         },
                     )
                 )
-                self.block_open = True
+                self.kind, self.tool_id = "tool_use", call["id"]
+            tool_id: str | None = call["id"]
+        else:
+            tool_id = self.tool_ids.get(call.get("index", -1))
+        if fn.get("arguments") and tool_id is not None and tool_id == self.tool_id:
             out.append(
-                event(
+                _block_event(
                     "content_block_delta",
-                    {
-                        "type": "content_block_delta",
-                        "delta": {"type": "text_delta", "text": text},
-                        "index": 0,
-                    },
+                    self.index,
+                    delta={"type": "input_json_delta", "partial_json": fn["arguments"]},
                 )
             )
-        if finish_reason is not None:
-            self.finish_reason = finish_reason
+        return out
+
+    def _close(self) -> list[bytes]:
+        """Close the open block (a thinking block gets its signature first); after a tool_use
+        block, the text held back meanwhile opens a text block."""
+        if self.kind is None:
+            return []
+        out: list[bytes] = []
+        if self.kind == "thinking":
+            out.append(
+                _block_event(
+                    "content_block_delta",
+                    self.index,
+                    delta={"type": "signature_delta", "signature": signature()},
+                )
+            )
+        out.append(_block_event("content_block_stop", self.index))
+        was_tool = self.kind == "tool_use"
+        self.kind, self.tool_id = None, None
+        self.index += 1
+        if was_tool and self.pending:
+            text, self.pending = "".join(self.pending), []
+            out += self._text_like("text", text)
         return out
 
     def end(self, output_tokens: int) -> list[bytes]:
-        """From the final usage chunk and `[DONE]`: close the block, `message_delta`, stop."""
-        out: list[bytes] = []
-        if self.block_open:
-            out.append(event("content_block_stop", {"type": "content_block_stop", "index": 0}))
-            self.block_open = False
+        """From the final usage chunk and `[DONE]`: close the block(s), `message_delta`, stop."""
+        out = self._close()
+        out += self._close()  # the text block a closing tool_use block may have opened
         reason = STOP_REASONS.get(self.finish_reason or "stop", "end_turn")
         out.append(
             event(
