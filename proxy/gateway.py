@@ -16,6 +16,7 @@ from proxy.backends.admission import Admission
 from proxy.backends.engines import EngineTable
 from proxy.backends.live import LiveTracker
 from proxy.backends.session_table import SessionTable
+from proxy.observe.events import EventLog
 from proxy.observe.metrics import GatewayMetrics
 from proxy.operator import Operator
 from proxy.relay.engine_conn import EnginePool
@@ -99,6 +100,7 @@ class Gateway:
         self.watches: dict[int, DisconnectWatch] = {}  # same keys: to end streams at shutdown
         self.draining = False
         self.recent: deque[RequestRecord] = deque(maxlen=200)
+        self.events = EventLog()  # health transitions, repairs, policy changes (bounded)
         self.sinks: list[Sink] = [self.recent.append, self._session_turn]
 
     def finished(self, record: RequestRecord) -> None:

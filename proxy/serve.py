@@ -148,7 +148,11 @@ class GatewayProcess:
         self.ssl = tls_context(settings)
         self.admin_ssl = admin_tls_context(settings)
         self.store = PolicyStore(
-            self.gw.policy, settings.config, settings.state_dir, settings.document_limits()
+            self.gw.policy,
+            settings.config,
+            settings.state_dir,
+            settings.document_limits(),
+            events=self.gw.events,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
 

@@ -145,6 +145,7 @@ def create_admin_app(gw: Gateway, extra_routes: list[BaseRoute] | None = None) -
                     }
                     for name, b in state.backends.items()
                 },
+                "events": gw.events.rows(),
             }
         )
 

@@ -25,7 +25,7 @@ from proxy.gateway import Gateway, RequestRecord
 from proxy.observe.stats import quantile
 
 VARIANT_WINDOW_S = 300.0
-_ROWS = ("in_flight", "recent", "variants", "backends", "repairs")
+_ROWS = ("in_flight", "recent", "variants", "backends", "repairs", "events")
 _SHOWN = 50  # rows of a list the page shows at most (in-flight sessions, say)
 
 
@@ -151,6 +151,7 @@ def snapshot(
         "variants": variant_rows,
         "backends": backends,
         "repairs": repairs,
+        "events": gw.events.rows()[::-1],  # newest first; bounded (proxy/observe/events.py)
     }
 
 

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from policies.schema import PolicyDocument
 from policies.types import Endpoint
+from proxy.observe.events import MAX_EVENTS, EventKind
 
 
 class ErrorDetail(BaseModel):
@@ -103,7 +104,23 @@ class ReadyOut(BaseModel):
     routes: dict[str, bool] = Field(description="Per route: whether a variant of it is up.")
 
 
+class EventOut(BaseModel):
+    """One of the gateway's recent events (proxy/observe/events.py)."""
+
+    time: float = Field(description="Wall clock, seconds since the epoch.")
+    kind: EventKind
+    backend: str | None = Field(None, description="The backend, for health and repair events.")
+    version: str | None = Field(
+        None, description="The policy version applied, or kept when a file was refused."
+    )
+    detail: str = ""
+
+
 class StatusOut(BaseModel):
     policy_version: str
     backends: dict[str, BackendStatus]
     in_flight: int
+    events: list[EventOut] = Field(
+        description=f"The last {MAX_EVENTS} events at most: backend down / up / starting, "
+        "repairs, applied and refused policies; oldest first."
+    )

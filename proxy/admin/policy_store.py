@@ -26,6 +26,7 @@ from policies.diff import diff_documents
 from policies.loading import DEFAULT_LIMITS, DocumentLimits, dump_yaml
 from policies.schema import PolicyError, parse_policy
 from proxy.gateway import PolicyHolder
+from proxy.observe.events import EventLog
 
 log = logging.getLogger("specrouter.policy")
 
@@ -68,8 +69,12 @@ class PolicyStore:
         config: Path,
         state_dir: Path,
         limits: DocumentLimits = DEFAULT_LIMITS,
+        events: EventLog | None = None,
     ) -> None:
         self.holder = holder
+        # The gateway's event log (gw.events): applied and refused policies are shown on
+        # /admin/status and the dashboard.
+        self.events = events if events is not None else EventLog()
         self.limits = limits
         self.config = config
         self.dir = state_dir / "policy"
@@ -170,6 +175,11 @@ class PolicyStore:
             number = await asyncio.to_thread(self._record, policy, text, who, changes, note)
             self.holder.current = policy  # the swap: nothing above touched live requests
             log.warning("policy version %s applied by %s (#%d)", policy.version, who, number)
+            self.events.add(
+                "policy_applied",
+                version=policy.version,
+                detail=f"by {who} (#{number}){f': {note}' if note else ''}",
+            )
             return Applied(number, policy.version, changes)
 
     async def rollback(self, number: int, *, who: str, if_match: str | None) -> Applied:
@@ -208,6 +218,11 @@ class PolicyStore:
                     self.holder.current.version,
                     exc,
                 )
+                self.events.add(
+                    "policy_refused",
+                    version=self.holder.current.version,
+                    detail=f"edited file {self.config.name} refused, version kept: {exc}",
+                )
                 return False
             current = self.holder.current
             if policy.version == current.version:  # the file an apply (just) wrote: no edit
@@ -216,6 +231,9 @@ class PolicyStore:
             await asyncio.to_thread(self._record, policy, text, "file", changes)
             self.holder.current = policy
         log.warning("policy file %s edited: applied version %s", self.config, policy.version)
+        self.events.add(
+            "policy_applied", version=policy.version, detail=f"edited file {self.config.name}"
+        )
         return True
 
     def _read_config(self) -> bytes:

@@ -23,10 +23,17 @@ from policies.guard import advance
 from policies.types import GuardState
 from proxy.backends.repair import Repairer
 from proxy.gateway import Gateway
+from proxy.observe.events import EventKind
 from proxy.observe.metrics import BackendCollector
 from proxy.vllm_wire import Family
 
 log = logging.getLogger("specrouter.health")
+
+HEALTH_EVENTS: dict[str, EventKind] = {
+    "up": "backend_up",
+    "down": "backend_down",
+    "starting": "backend_starting",
+}
 
 VLLM_WANTED = {
     Family.RUNNING: "running",
@@ -227,6 +234,11 @@ class HealthMonitor:
                 self._health[name] = health
                 log.warning(
                     "backend %s is %s%s", name, health, "" if before is None else f" (was {before})"
+                )
+                self.gw.events.add(
+                    HEALTH_EVENTS[health],
+                    backend=name,
+                    detail="" if before is None else f"was {before}",
                 )
 
     def after_scrape(self) -> None:

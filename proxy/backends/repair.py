@@ -76,6 +76,7 @@ class Repairer:
 
     async def _run(self, attempt: Attempt, command: list[str], timeout: float) -> None:
         log.warning("repairing backend %s: %s", attempt.backend, " ".join(command))
+        self.gw.events.add("repair_started", backend=attempt.backend, detail=" ".join(command))
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command,
@@ -102,6 +103,11 @@ class Repairer:
             attempt.result,
             attempt.returncode,
             attempt.output.strip()[-300:],
+        )
+        self.gw.events.add(
+            "repair_finished",
+            backend=attempt.backend,
+            detail=f"{attempt.result} (exit {attempt.returncode})",
         )
 
     async def aclose(self) -> None:

@@ -54,6 +54,18 @@ function render(s) {
     `<li><code>${esc(r.backend)}</code> at ${new Date(r.time * 1000).toLocaleTimeString()}: ` +
     `<span class="outcome-${r.result === "ok" ? "ok" : "upstream_error"}">${esc(r.result)}</span></li>`).join("")
     : "<li>none</li>";
+  const events = s.events || [];  // newest first
+  $("#events").innerHTML = events.length ? events.map((e) =>
+    `<li>${new Date(e.time * 1000).toLocaleTimeString()} <span class="badge ${esc(eventClass(e.kind))}">${esc(e.kind)}</span> ` +
+    (e.backend ? `<code>${esc(e.backend)}</code> ` : "") + (e.version ? `<code>${esc(e.version)}</code> ` : "") +
+    esc(e.detail) + "</li>").join("")
+    : "<li>none</li>";
+}
+
+function eventClass(kind) {
+  if (kind === "backend_up" || kind === "policy_applied") return "up";
+  if (kind === "backend_starting" || kind.startsWith("repair")) return "starting";
+  return "down";
 }
 
 function connect() {
