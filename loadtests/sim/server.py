@@ -89,6 +89,11 @@ async def load(sim: Sim, request: Request) -> Response:
     return json_response({"server_load": 0})
 
 
+async def sim_requests(sim: Sim, request: Request) -> Response:
+    """Test-only truth: each recently finished request's own speculative counters, by id."""
+    return json_response(dict(sim.finished_spec))
+
+
 async def sim_stats(sim: Sim, request: Request) -> Response:
     s = sim.stats
     return json_response(
@@ -196,6 +201,7 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:
         routes += [
             r("/_sim/faults", sim_faults, ["GET", "POST", "DELETE"]),
             r("/_sim/stats", sim_stats, ["GET"]),
+            r("/_sim/requests", sim_requests, ["GET"]),
         ]
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}

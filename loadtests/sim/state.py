@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import orjson
@@ -33,6 +34,7 @@ from .textgen import derive_seed, split_pieces, token_ids
 # Tokenizing a long prompt takes milliseconds; beyond this size it runs in a worker thread so the
 # engine loop keeps its step deadlines.
 _THREAD_TOKENIZE_CHARS = 32_768
+FINISHED_SPEC_KEEP = 1024  # finished requests whose counters /_sim/requests keeps
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,9 @@ class Sim:
         self.dialect = dialect.dialect(config.vllm_version)
         self.fingerprint = f"vllm-{config.vllm_version}-{digest}"
         self._live: set[EngineRequest] = set()
+        # Test-only truth (`/_sim/requests`, with --faults): the last finished requests' own
+        # speculative counters by request id, for benchmarks that check the gateway's estimate.
+        self.finished_spec: OrderedDict[str, Json] = OrderedDict()
         self.playback: Playback | None = None  # recorded engine outputs (golden tests only)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -232,6 +237,15 @@ class Sim:
         self._live.discard(req)
         if not req.aborted:
             self.stats.completed += 1
+        if req.sequences and req.n == 1:
+            seq = req.sequences[0]
+            self.finished_spec[req.request_id] = {
+                "num_spec_steps": seq.spec.steps,
+                "num_accepted_draft_tokens": seq.spec.accepted,
+                "num_generated": seq.num_generated,
+            }
+            while len(self.finished_spec) > FINISHED_SPEC_KEEP:
+                self.finished_spec.popitem(last=False)
 
     def client_gone(self, req: EngineRequest) -> None:
         if not req.done:
