@@ -300,3 +300,70 @@ def test_idle_keep_alive_is_short_until_authenticated(stack: Stack) -> None:
 
     assert asyncio.run(idle_after(None)) is False
     assert asyncio.run(idle_after(CLIENT_KEY)) is True
+
+
+def _big_body() -> dict[str, Any]:
+    """About 7 MB: one user turn of a long `content` list (issue 22, point 7)."""
+    parts = [{"type": "text", "text": "word " * 10} for _ in range(100_000)]
+    return {"model": "coder", "max_tokens": 8, "messages": [{"role": "user", "content": parts}]}
+
+
+def _inline_read_s(raw: bytes) -> float:
+    """What reading the body on the loop costs, measured in-process: the parse, the field
+    checks, and the policy input's content readers (session, classifier signals)."""
+    from policies.inputs import body_signals
+    from policies.sessions import session_of
+    from proxy.relay.fields import check_fields
+
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        body = orjson.loads(raw)
+        assert check_fields("chat", body) is None
+        session_of("c", body, {})
+        body_signals(body, "chat")
+        best = min(best, time.perf_counter() - t)
+        del body
+    return best
+
+
+def test_large_body_does_not_stall_other_clients(stack: Stack) -> None:
+    """A 7 MB body is read in a worker thread: another client's /healthz, asked every few ms
+    meanwhile, is answered far sooner than reading that body on the loop would take."""
+    raw = orjson.dumps(_big_body())
+    assert 6_000_000 < len(raw) < 8 * 1024 * 1024
+    inline_s = _inline_read_s(raw)
+    healthz = _head(["GET /healthz HTTP/1.1", "host: {host}"])(stack.target)
+
+    async def go() -> tuple[Reply, list[float]]:
+        probe = await Conn.open(stack.target)
+        big = await Conn.open(stack.target)
+        latencies: list[float] = []
+        try:
+            assert (await probe.exchange(healthz)).status == 200
+            sent = asyncio.create_task(big.exchange(stack.target.request(CHAT, raw, CLIENT_KEY)))
+            async with asyncio.timeout(30):
+                while not sent.done():
+                    t = time.perf_counter()
+                    assert (await probe.exchange(healthz)).status == 200
+                    latencies.append(time.perf_counter() - t)
+                    await asyncio.sleep(0.002)
+                return await sent, latencies
+        finally:
+            await probe.close()
+            await big.close()
+
+    version = _version(stack.gw)
+    reply, latencies = asyncio.run(go())
+    # Served: the whole body reached the engine, which counted its 1.2M tokens and answered.
+    assert reply.status == 400, bytes(reply.body)[:300]
+    assert "1200011 input tokens" in reply.body.decode()
+    worst = max(latencies)
+    print(
+        f"inline read {inline_s * 1e3:.1f} ms; probes {len(latencies)}, worst {worst * 1e3:.1f} ms"
+    )
+    # orjson holds the GIL while it parses, so one stall of about its parse time remains; the
+    # rest of the reading (checks, session, signals) no longer adds to it.
+    assert worst < 0.1
+    assert worst < 0.75 * inline_s
+    _nothing_else_changed(stack, version)
