@@ -33,11 +33,9 @@ def request_view(
     headers: Mapping[bytes, bytes],
     now: float,
     session: SessionView | None = None,
-    signals: ContentSignals | None = None,
 ) -> RequestView:
     """`session`: the session table's view of the request's session (policies/sessions.py);
-    without one the session is identified here, as new. `signals`: the body's, when already
-    read (a large body's, off the event loop: proxy/relay/app.py)."""
+    without one the session is identified here, as new."""
     temperature = body.get("temperature")
     min_p = body.get("min_p")
     n = body.get("n")
@@ -66,7 +64,7 @@ def request_view(
         min_p=float(min_p) if _is_number(min_p) else None,
         has_logit_bias=bool(body.get("logit_bias")),
         n=n if type(n) is int else 1,
-        signals=signals if signals is not None else body_signals(body, endpoint),
+        signals=signals_from_body(body) if endpoint != "embeddings" else _NO_SIGNALS,
         pinned_variant=pinned.decode("latin-1") if pinned else None,
         # Canary stickiness per session (a client serving many users or running many agents
         # spreads them over both arms, each keeps its arm), per client without one.
@@ -75,11 +73,6 @@ def request_view(
         numeric_fields=numeric,
         session=session,
     )
-
-
-def body_signals(body: Mapping[str, Any], endpoint: Endpoint) -> ContentSignals:
-    """The classifier's signals of a body (none for an embedding)."""
-    return signals_from_body(body) if endpoint != "embeddings" else _NO_SIGNALS
 
 
 def _first_present(body: Mapping[str, Any], spellings: tuple[str, ...]) -> str | None:

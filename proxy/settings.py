@@ -79,13 +79,6 @@ class Settings(BaseSettings):
     max_logprobs: int = Field(5, ge=0, description="completions `logprobs` above this get 400")
     max_messages: int = Field(4096, ge=1, description="chat messages / responses input items")
     max_json_depth: int = Field(128, ge=2, le=250, description="request JSON nesting depth")
-    # Bodies above this are parsed and read (JSON, field checks, session and classifier
-    # signals) in a worker thread, not on the event loop every client shares. That reading
-    # costs ~11 us per KiB (a 7 MB content list: ~85 ms), a thread hop ~0.1 ms: at 256 KiB the
-    # inline cost (~3 ms) is still a small stall and already 30 hops; below it inline is cheaper.
-    offload_body_bytes: int = Field(
-        256 * 1024, ge=0, description="request bodies above this are parsed off the event loop"
-    )
     # Limits on what policy documents and engines may send (README, "Limits (engine side)").
     max_policy_bytes: int = Field(DEFAULT_LIMITS.max_bytes, description="policy document size")
     max_policy_rules: int = Field(DEFAULT_LIMITS.max_rules, description="rules over all routes")

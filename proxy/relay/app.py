@@ -13,15 +13,15 @@ from typing import Any
 import orjson
 
 from policies.engine import decide
-from policies.inputs import body_signals, for_body, request_view
-from policies.sessions import SessionId, session_of
-from policies.types import ContentSignals, Endpoint
+from policies.inputs import for_body, request_view
+from policies.sessions import session_of
+from policies.types import Endpoint
 from proxy import auth
 from proxy.gateway import Gateway, RequestRecord
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.errors import error_body
 from proxy.relay.exchange import Exchange
-from proxy.relay.fields import Limits, Problem, check_fields
+from proxy.relay.fields import Limits, check_fields
 from proxy.relay.forward import ENDPOINTS, forward
 from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import PULL
@@ -252,18 +252,12 @@ class PublicApp:
             return False
         except ConnectionResetError:
             return False
-        if len(raw) <= settings.offload_body_bytes:  # the hot path: inline, as it always was
-            x.read_off_loop = None
-            try:
-                body = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                await x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
-                return False
-            problem = check_fields(x.endpoint, body, self.limits)
-        else:
-            body, problem, x.read_off_loop = await asyncio.to_thread(
-                _read_large, raw, x.endpoint, self.limits, x.client.name, x.headers
-            )
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            await x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
+            return False
+        problem = check_fields(x.endpoint, body, self.limits)
         if problem is not None:
             await x.error(400, problem[0], param=problem[1], headers=rid)
             return False
@@ -280,13 +274,7 @@ class PublicApp:
             stream=body.get("stream") is True,
         )
         record.m.t_start = x.t0
-        signals: ContentSignals | None = None
-        if x.read_off_loop is not None:
-            sid, signals = x.read_off_loop
-        elif x.endpoint != "embeddings":
-            sid = session_of(x.client.name, body, x.headers)
-        else:
-            sid = None
+        sid = session_of(x.client.name, body, x.headers) if x.endpoint != "embeddings" else None
         table = gw.sessions
         session = None
         if sid is not None:
@@ -294,9 +282,7 @@ class PublicApp:
             session = table.view(sid, x.t0)
             record.session, record.subagent = sid.key, sid.subagent
             record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
-        view = request_view(
-            body, x.endpoint, x.model, x.client.name, x.headers, x.t0, session, signals
-        )
+        view = request_view(body, x.endpoint, x.model, x.client.name, x.headers, x.t0, session)
         decision = for_body(decide(view, gw.live.snapshot(), policy), x.endpoint, body)
         if sid is not None and decision.backend is not None:
             table.placed(sid, x.client.name, decision.backend, x.t0)
@@ -335,24 +321,6 @@ class PublicApp:
             extra.append((b"x-specrouter-defaults", applied.encode()))
         x.record, x.decision, x.extra = record, decision, extra
         return True
-
-
-def _read_large(
-    raw: bytes, endpoint: Endpoint, limits: Limits, client: str, headers: dict[bytes, bytes]
-) -> tuple[Any, Problem | None, tuple[SessionId | None, ContentSignals] | None]:
-    """`_read`'s work on a large body, in a worker thread: the body, its problem (the 400's),
-    and its session and classifier signals, the parts of the policy input that read the
-    content. orjson holds the GIL while it parses (about 5 ms per MB, one stall of that
-    length); the Python walks after it yield the loop every switch interval."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        return None, (f"request body is not valid JSON: {exc}", None), None
-    problem = check_fields(endpoint, body, limits)
-    if problem is not None:
-        return body, problem, None
-    sid = session_of(client, body, headers) if endpoint != "embeddings" else None
-    return body, None, (sid, body_signals(body, endpoint))
 
 
 def _nothing() -> None:

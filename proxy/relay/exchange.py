@@ -30,8 +30,7 @@ from proxy.relay.upstream import UpstreamError, UpstreamResponse
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
     from policies.schema import ClientSpec
-    from policies.sessions import SessionId
-    from policies.types import ContentSignals, Decision, Endpoint
+    from policies.types import Decision, Endpoint
     from proxy.gateway import Gateway, RequestRecord
     from proxy.relay.asgi import Send
     from proxy.relay.keepalive import Pinger
@@ -72,7 +71,6 @@ class Exchange(Generic[R]):
         "client",
         "body",
         "model",
-        "read_off_loop",
         "record",
         "decision",
         "extra",
@@ -93,9 +91,6 @@ class Exchange(Generic[R]):
     client: ClientSpec
     body: dict[str, Any]
     model: str
-    # A large body's session and classifier signals, read with it off the event loop; None
-    # when the body was small and read inline (app.py `_read`).
-    read_off_loop: tuple[SessionId | None, ContentSignals] | None
     record: RequestRecord
     decision: Decision
     extra: Headers  # response headers for the client: request id, defaults applied
