@@ -184,6 +184,10 @@ class EngineStream:
     def finish(self, ok: bool) -> None:
         """The relay is over: a complete response has already released its connection."""
         self.close()
+        # Nothing reads the stream now. The parser calls back into it (a cycle, freed only by a
+        # full collection) and the sink holds the client's connection: both go at once.
+        self.sink = None
+        del self._parser
 
     def take_pending(self) -> bytes:
         data, self.pending = b"".join(self.pending), []

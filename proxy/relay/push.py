@@ -18,7 +18,9 @@ Without the extension (another ASGI server) the gateway uses the pull loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -48,13 +50,19 @@ class PushChannel:
     __slots__ = ("_protocol", "_transport", "_flow")
 
     def __init__(self, protocol: Any) -> None:
-        self._protocol = protocol  # uvicorn's HttpToolsProtocol (our subclass)
+        # uvicorn's HttpToolsProtocol (our subclass), weakly: the channel sits in the scope the
+        # protocol holds, and a strong reference back would make each connection, TLS buffers
+        # and the request's objects included, a cycle that lives until a full collection.
+        self._protocol: Any = weakref.proxy(protocol)
         self._transport = protocol.transport  # both fixed for the connection's life
         self._flow = protocol.flow
 
     @property
     def gone(self) -> bool:
-        cycle = self._protocol.cycle
+        try:
+            cycle = self._protocol.cycle
+        except ReferenceError:  # the connection is over and its protocol freed
+            return True
         return cycle is None or cycle.disconnected or self._transport.is_closing()
 
     async def drain(self) -> None:
@@ -62,7 +70,8 @@ class PushChannel:
 
     def on_lost(self, callback: Callable[[], None] | None) -> None:
         """Called once when the client's connection closes (None: no longer)."""
-        self._protocol.on_lost = callback
+        with contextlib.suppress(ReferenceError):  # freed: closed, nothing left to call back
+            self._protocol.on_lost = callback
 
     def write(self, data: bytes) -> bool:
         """One chunk of the chunked body (the response start went out through ASGI); True
@@ -172,8 +181,19 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                 if remaining <= 0 and not stream._paused:
                     raise TimeoutError
                 await asyncio.wait({stream.done}, timeout=max(remaining, 0.05))
-            stream.done.result()
-            sink(b"")  # the clean end: a last frame held back for a `\n` that never came
+            failure = _failure(stream)
+            if failure is None:
+                sink(b"")  # the clean end: a last frame held back for a `\n` that never came
+            else:
+                outcome = "upstream_error"
+                if not watch.gone:
+                    status = 503 if watch.closing is not None else 502
+                    error = sse_error_event(
+                        status,
+                        watch.closing or f"upstream {failure}",
+                        responses=responses,
+                        messages=messages,
+                    )
         except TimeoutError:
             outcome = "timeout"
             error = sse_error_event(
@@ -182,16 +202,6 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                 responses=responses,
                 messages=messages,
             )
-        except UpstreamError as exc:
-            outcome = "upstream_error"
-            if not watch.gone:
-                status = 503 if watch.closing is not None else 502
-                error = sse_error_event(
-                    status,
-                    watch.closing or f"upstream {exc}",
-                    responses=responses,
-                    messages=messages,
-                )
         finally:
             for task in draining:
                 task.cancel()
@@ -207,6 +217,16 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                 continue
         break
     return await end_stream(send, filt, outcome, error)
+
+
+def _failure(stream: EngineStream) -> UpstreamError | None:
+    """How a finished stream failed, read rather than raised: raising would put the relay's
+    frame, and the whole request with it, in the traceback of an exception the stream's
+    futures keep, a cycle that only a full collection frees."""
+    failure = stream.done.exception()
+    if failure is None or isinstance(failure, UpstreamError):
+        return failure
+    raise failure  # not the engine's: as `result()` would
 
 
 async def _resume_after_drain(
@@ -245,9 +265,8 @@ async def relay_body_push(x: Exchange[EngineStream]) -> str:
             if remaining <= 0:
                 return "timeout"  # the body is left unended: the client sees it broken
             await asyncio.wait({stream.done}, timeout=remaining)
-        stream.done.result()
-    except UpstreamError:
-        return "client_gone" if watch.gone else "upstream_error"
+        if _failure(stream) is not None:
+            return "client_gone" if watch.gone else "upstream_error"
     finally:
         stream.close()
     if m.t_first_byte is None:
