@@ -158,6 +158,12 @@ class PulledResponse:
             self._resp.release()
         else:
             self._resp.close()
+        # A read that the client's leaving woke (proxy/relay/watch.py) raised the exception
+        # the reader keeps: its traceback holds the relay's frames, and through them this
+        # response and the whole request, a cycle that only a full collection frees.
+        failure = self.content.exception()
+        if failure is not None:
+            failure.__traceback__ = None
 
 
 class Upstream:

@@ -8,7 +8,9 @@ the engine behaves with its connections (the sim and vLLM keep them alive like `
 from __future__ import annotations
 
 import asyncio
+import gc
 import ssl
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -161,6 +163,26 @@ async def test_an_unfinished_response_closes_its_connection() -> None:
         assert pool.idle_count() == 0
         with pytest.raises(UpstreamError):
             await stream.done
+    pool.close()
+
+
+async def test_a_finished_stream_is_freed_without_the_cycle_collector() -> None:
+    """The parser calls back into its stream, and the sink holds the client's connection:
+    finish() breaks that cycle, so a relayed response goes at once, not at a full collection."""
+    pool = EnginePool()
+    async with engine() as (e, url):
+        e.mode = "stall"
+        stream = await open_engine_stream(pool, url, b"{}", {}, 2.0)
+        await stream.first
+        stream.attach(lambda data: None)
+        freed = weakref.ref(stream)
+        gc.disable()
+        try:
+            stream.finish(False)
+            del stream
+            assert freed() is None
+        finally:
+            gc.enable()
     pool.close()
 
 
