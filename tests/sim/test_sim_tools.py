@@ -22,9 +22,16 @@ from loadtests.harness.sim import SimServer, sse_data
 from loadtests.sim import scripted, toolparse, wire
 from loadtests.sim.scripted import Call, Tool, Turn
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared/reference/vllm-golden/0.28.0"
-if not GOLDEN.is_dir():
-    GOLDEN = Path("/work/shared/reference/vllm-golden/0.28.0")
+# shared/ inside the checkout, or beside it (CI lays a copy of shared/ next to the clone).
+_ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = next(
+    (
+        p / "reference/vllm-golden/0.28.0"
+        for p in (_ROOT / "shared", _ROOT.parent / "shared")
+        if (p / "reference/vllm-golden/0.28.0").is_dir()
+    ),
+    _ROOT.parent / "shared/reference/vllm-golden/0.28.0",
+)
 MODEL = "qwen3.8-27b"
 WEATHER = Call("get_weather", {"city": "Paris", "unit": "celsius"})
 
