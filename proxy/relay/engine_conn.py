@@ -77,7 +77,7 @@ class EngineStream:
     def __init__(self, loop: asyncio.AbstractEventLoop, conn: EngineConnection) -> None:
         self._loop = loop
         self._conn: EngineConnection | None = conn
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
         self.headers: dict[str, str] = {}
@@ -97,8 +97,11 @@ class EngineStream:
     def feed(self, data: bytes) -> None:
         self.last_activity = self._loop.time()
         self.received += len(data)
+        parser = self._parser
+        if parser is None:  # finished: bytes for no one (the connection is closed or released)
+            return
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self.abort(UpstreamError("connect", "engine answered with an upgrade"))
         except httptools.HttpParserError as exc:
@@ -127,6 +130,7 @@ class EngineStream:
         self.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        assert self._parser is not None  # the parser calls this while it parses
         self.status = self._parser.get_status_code()
         self.headers = {
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.raw_headers
@@ -146,6 +150,7 @@ class EngineStream:
 
     def on_message_complete(self) -> None:
         self._complete = True
+        assert self._parser is not None
         self._keep_alive = self._parser.should_keep_alive()  # only valid in this callback
         for fut in (self.head, self.first, self.done):
             if not fut.done():
@@ -187,7 +192,7 @@ class EngineStream:
         # Nothing reads the stream now. The parser calls back into it (a cycle, freed only by a
         # full collection) and the sink holds the client's connection: both go at once.
         self.sink = None
-        del self._parser
+        self._parser = None
 
     def take_pending(self) -> bytes:
         data, self.pending = b"".join(self.pending), []
