@@ -40,6 +40,7 @@ policy-sweep: $(STAMP)
 	$(PY) -m loadtests.bench.policy_sweep --policy policies/gb10.yaml
 
 overhead: $(STAMP)
+	./scripts/system-deps.sh nginx
 	$(PY) -m loadtests.bench.overhead
 
 soak: $(STAMP)

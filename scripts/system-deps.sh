@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Debian packages the test suite drives for real: Chromium (the dashboard test) and Prometheus
 # (promtool and a server evaluating the Grafana panels), Redis (limits shared by replicas).
-# Installed only when missing.
+# Installed only when missing. Extra packages a benchmark needs are named as arguments
+# (`system-deps.sh nginx`: the overhead benchmark's side-by-side reference), so `make test`
+# does not install them.
 set -euo pipefail
 need=()
+for extra in "$@"; do
+    command -v "$extra" >/dev/null 2>&1 || need+=("$extra")
+done
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
