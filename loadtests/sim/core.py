@@ -109,9 +109,11 @@ class EngineCore:
     def complete_step(self, plan: StepPlan, now: float) -> None:
         self.steps += 1
         batch = len(plan.decode)
+        # vLLM picks K from the step's scheduled requests (its batch-size schedule, if any)
+        k = self.profile.draft_tokens(batch + len(plan.prefill))
         for seq in plan.decode:
             if seq.state is State.DECODE:
-                self._decode(seq, batch, now)
+                self._decode(seq, batch, now, k)
         for seq, n in plan.prefill:
             if seq.state is not State.PREFILL:
                 continue
@@ -195,18 +197,18 @@ class EngineCore:
             prev = cur
         return out
 
-    def _decode(self, seq: Sequence, batch: int, now: float) -> None:
+    def _decode(self, seq: Sequence, batch: int, now: float, k: int) -> None:
         accepted = 0
-        if self.k:
+        if k:
             rnd = seq.rng.random
-            for c in self._conditionals(batch, seq.factor):
+            for c in self._conditionals(batch, seq.factor)[:k]:
                 if rnd() >= c:
                     break
                 accepted += 1
-            seq.spec.record(accepted)
+            seq.spec.record(accepted, k)
             m = self.metrics
             m.spec_drafts.inc()
-            m.spec_draft_tokens.inc(self.k)
+            m.spec_draft_tokens.inc(k)
             if accepted:
                 m.spec_accepted.inc(accepted)
                 for pos in range(accepted):

@@ -136,6 +136,19 @@ class Profile:
         )
         return max(s, 0.0)
 
+    def draft_tokens(self, batch: int) -> int:
+        """K for a step with `batch` running sequences: vLLM's batch-size schedule
+        (`num_speculative_tokens_per_batch_size`, looked up per step by its scheduler: 0.28.0
+        v1/core/sched/scheduler.py:1256), capped at num_spec_tokens; a gap or the tail past the
+        last range keeps the previous range's K (v1/spec_decode/dynamic/utils.py:100-131)."""
+        schedule = (self.speculative_config or {}).get("num_speculative_tokens_per_batch_size")
+        k = self.num_spec_tokens
+        for start, _end, scheduled in schedule or ():
+            if batch < start:
+                break
+            k = min(int(scheduled), self.num_spec_tokens)
+        return k
+
     def tokens_per_step(self, batch: int = 1) -> float:
         """Expected accepted tokens per target step (bonus included), temperature 0.7."""
         return 1.0 + sum(self.marginals(batch))

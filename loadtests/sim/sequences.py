@@ -63,11 +63,11 @@ class SpecStats:
     accepted: int = 0
     histogram: list[int] = field(default_factory=list)
 
-    def record(self, accepted: int) -> None:
+    def record(self, accepted: int, drafted: int | None = None) -> None:
         if not self.histogram:
             self.histogram = [0] * (self.num_spec_tokens + 1)
         self.steps += 1
-        self.drafted += self.num_spec_tokens
+        self.drafted += self.num_spec_tokens if drafted is None else drafted
         self.accepted += accepted
         self.histogram[accepted] += 1
 

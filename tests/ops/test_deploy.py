@@ -15,6 +15,7 @@ import yaml
 
 from policies.schema import load_policy, validate_policy
 from proxy.ops import deploy
+from proxy.ops.deploy import draft_schedule as deploy_schedule
 from proxy.ops.deploy import secret_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -346,6 +347,70 @@ def test_port_clash_is_refused() -> None:
     raw["backends"]["plain"]["url"] = "http://127.0.0.1:9101"
     with pytest.raises(deploy.DeployError, match="both listen on port 9101"):
         deploy.engine_plans(validate_policy(raw))
+
+
+def _scheduled(version: str, method: str) -> dict[str, Any]:
+    raw = _wide_policy()
+    big = raw["backends"]["big"]
+    big["engine"]["vllm_version"] = version
+    big["speculative"]["method"] = method
+    return raw
+
+
+# (release, method, honoured): read from each release's wheel (deploy/README.md, "Draft schedules")
+SCHEDULES = [
+    ("0.28.0", "dflash", True),
+    ("0.28.0", "mtp", True),
+    ("0.28.0", "suffix", True),
+    ("0.28.0", "custom_class", False),
+    ("0.32.0", "custom_class", False),
+    ("0.33.0", "dflash", True),
+    ("0.33.0", "mtp", True),
+    ("0.33.0", "suffix", False),
+    ("0.33.0", "medusa", False),
+]
+
+
+@pytest.mark.parametrize(("version", "method", "honoured"), SCHEDULES)
+def test_schedule_rendered_only_where_the_release_honours_it(
+    tmp_path: Path, version: str, method: str, honoured: bool
+) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(yaml.safe_dump(_scheduled(version, method)))
+    if honoured:
+        compose = _render(policy, tmp_path / "out")
+        schedule = _spec(compose["services"]["big-1"])["num_speculative_tokens_per_batch_size"]
+        assert schedule == [[1, 4, 4], [5, 16, 2]]
+        return
+    with pytest.raises(deploy.DeployError, match=f"vLLM {version} ignores .* method {method}"):
+        for plan in deploy.engine_plans(load_policy(policy))[0]:
+            deploy.engine_command(plan)
+    assert deploy.main(["render", str(policy), "--out", str(tmp_path / "out")]) != 0
+
+
+@pytest.mark.parametrize(("version", "method", "honoured"), SCHEDULES)
+def test_check_refuses_a_schedule_the_release_ignores(
+    tmp_path: Path, version: str, method: str, honoured: bool
+) -> None:
+    # The compose file states the schedule, as if written by hand: rendered with a method the
+    # release honours, then edited to the method under test.
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(yaml.safe_dump(_scheduled(version, "eagle3")))
+    _render(rendered, tmp_path / "out")
+    text = (tmp_path / "out" / "compose.yaml").read_text()
+    compose = yaml.safe_load(text.replace('"eagle3"', f'"{method}"'))
+    policy = tmp_path / "p.yaml"
+    policy.write_text(yaml.safe_dump(_scheduled(version, method)))
+    lines = deploy.check_compose(load_policy(policy), compose)
+    refused = [line for line in lines if "ignores num_speculative_tokens_per_batch_size" in line]
+    assert bool(refused) is not honoured, lines
+    assert [line for line in lines if line not in refused] == [], lines
+
+
+def test_schedule_on_an_unchecked_release_is_refused() -> None:
+    reason = deploy_schedule.refusal("0.27.0", "dflash")
+    assert reason is not None and "not known to have" in reason
+    assert deploy_schedule.refusal("0.28.0", "dflash") is None
 
 
 # -- a hand-edited compose file -----------------------------------------------------------------

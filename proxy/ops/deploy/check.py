@@ -13,7 +13,7 @@ from typing import Any
 
 from policies.spec.backends import BackendSpec, SpeculativeSpec
 from policies.spec.document import PolicyDocument
-from proxy.ops.deploy import llamacpp, versions
+from proxy.ops.deploy import draft_schedule, llamacpp, versions
 from proxy.ops.deploy.compose_read import EngineArgs, as_list, compose_engines
 from proxy.ops.deploy.compose_read import parse_vllm_args as parse_vllm_args
 from proxy.ops.deploy.launch_check import check_launch, check_memory
@@ -89,6 +89,10 @@ def _check_speculative(
             f"{where}: speculative method {policy.method} needs a drafter model "
             '("model" in --speculative-config)'
         )
+    if policy.num_speculative_tokens_per_batch_size is not None:
+        reason = draft_schedule.refusal(version, policy.method)
+        if reason is not None:
+            out.append(f"{where}: {reason}")
     if (
         version in versions.SUPPORTED
         and versions.has_flag(version, versions.PER_REQUEST_SPEC_FLAG)

@@ -88,20 +88,27 @@ def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
     return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
-def _literal_flags(func: ast.AST) -> Iterator[str]:
-    """The `--flags` of every `add_argument` call in `func`, with `--no-` for boolean ones."""
+def _add_argument_calls(func: ast.AST) -> Iterator[tuple[ast.Call, list[str]]]:
+    """Every `add_argument` call in `func`, with the literal `--flags` it names."""
     for node in ast.walk(func):
-        if not (
+        if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr == "add_argument"
         ):
-            continue
-        names = [
-            a.value
-            for a in node.args
-            if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")
-        ]
+            names = [
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant)
+                and isinstance(a.value, str)
+                and a.value.startswith("--")
+            ]
+            yield node, names
+
+
+def _literal_flags(func: ast.AST) -> Iterator[str]:
+    """The `--flags` of every `add_argument` call in `func`, with `--no-` for boolean ones."""
+    for node, names in _add_argument_calls(func):
         yield from names
         if any(
             k.arg == "action" and ast.unparse(k.value).endswith("BooleanOptionalAction")
@@ -191,20 +198,7 @@ def _engine_flags(read: Reader) -> Iterator[str]:
                 and isinstance(node.targets[0], ast.Name)
             ):
                 kwarg_sources[node.targets[0].id] = node.value.args[0].id
-        for node in ast.walk(func):
-            if not (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_argument"
-            ):
-                continue
-            names = [
-                a.value
-                for a in node.args
-                if isinstance(a, ast.Constant)
-                and isinstance(a.value, str)
-                and a.value.startswith("--")
-            ]
+        for node, names in _add_argument_calls(func):
             # `**x_kwargs["field"]`, also when spread into a dict that overrides a default
             subs = [
                 s

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from policies.spec.backends import BackendSpec, SpeculativeSpec
 from policies.spec.document import PolicyDocument
-from proxy.ops.deploy import memory, versions
+from proxy.ops.deploy import draft_schedule, memory, versions
 from proxy.ops.deploy.memory import NO_DRAFTER_METHODS as NO_DRAFTER_METHODS
 from proxy.ops.deploy.memory import EngineMemory, MemoryParams
 
@@ -184,6 +184,16 @@ def speculative_config(spec: SpeculativeSpec, drafter: str | None) -> dict[str, 
     return out
 
 
+def _check_schedule(plan: EnginePlan) -> None:
+    """A batch-size schedule is written only where the engine's release and method honour it."""
+    spec = plan.spec.speculative
+    if spec is None or spec.num_speculative_tokens_per_batch_size is None:
+        return
+    reason = draft_schedule.refusal(plan.version, spec.method)
+    if reason is not None:
+        raise DeployError(f"backend {plan.backend!r}: {reason}")
+
+
 def to_json(value: Any) -> str:
     """JSON for a command-line argument or a report line."""
     return json.dumps(value, separators=(", ", ": "))
@@ -228,6 +238,7 @@ def engine_command(plan: EnginePlan) -> list[str]:
     if spec.priority_scheduling:
         args.append("--scheduling-policy=priority")
     if spec.speculative is not None:
+        _check_schedule(plan)
         config = speculative_config(spec.speculative, drafter_ref(plan))
         args.append(f"--speculative-config={to_json(config)}")
         if versions.has_flag(plan.version, versions.PER_REQUEST_SPEC_FLAG):
