@@ -21,11 +21,12 @@ import orjson
 from policies.compiled import CompiledPolicy
 from policies.diff import diff_documents
 from policies.engine import decide
+from policies.explain import session_from_row
 from policies.lint import policy_warnings
 from policies.loading import load_policy
 from policies.spec.base import PolicyError
 from policies.spec.document import PolicyDocument
-from policies.types import Decision, LiveState, SessionView
+from policies.types import Decision, LiveState
 
 ENDPOINTS = ("chat", "completions", "embeddings", "responses", "messages")
 
@@ -122,7 +123,9 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     if args.session is not None:
         key = view.session.key if view.session is not None else "s-explain"
         try:
-            view = replace(view, session=SessionView(key, **_json_arg(args.session, "--session")))
+            view = replace(
+                view, session=session_from_row(key, _json_arg(args.session, "--session"))
+            )
         except TypeError as exc:
             raise _UsageError(f"--session: {exc}") from None
     if not view.numeric_fields:

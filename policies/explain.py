@@ -2,9 +2,17 @@
 
 Kept apart from the engine because the request path never needs it: it re-evaluates each rule to
 say why it matched or not, which costs several times the decision itself.
+
+`session_from_row` reads a session table row given by hand, for `specrouter policy explain
+--session` and the admin API's explain alike: the stickiness arithmetic (stay or move: the
+predicted decode gain over the expected remaining turns against the re-prefill cost) is then the
+`session` verdict of the decision.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
 
 from policies.compiled import CompiledRoute
 from policies.predicates import SELECT, is_available, is_tripped, load_count, temperature_in_range
@@ -19,7 +27,58 @@ from policies.spec.rules import (
     Rule,
     SamplingRule,
 )
-from policies.types import LiveState, RequestView, RuleVerdict
+from policies.types import LiveState, RequestView, RuleVerdict, SessionView
+
+SESSION_FIELDS: Final = (
+    "engine",
+    "prefix_tokens",
+    "turns",
+    "out_tokens_per_turn",
+    "mean_turns",
+    "subagent",
+)
+
+
+def session_from_row(key: str, row: Mapping[str, Any]) -> SessionView:
+    """The session table's row for `key`, as JSON gives it; TypeError names what is wrong."""
+    unknown = sorted(set(row) - set(SESSION_FIELDS))
+    if unknown:
+        raise TypeError(
+            f"unknown field(s) {', '.join(unknown)}; known: {', '.join(SESSION_FIELDS)}"
+        )
+    engine, mean = row.get("engine"), row.get("mean_turns")
+    if engine is not None and not isinstance(engine, str):
+        raise TypeError("engine must be a backend name or null")
+    try:
+        return SessionView(
+            key,
+            _boolean(row.get("subagent", False)),
+            engine,
+            _count(row.get("prefix_tokens", 0), "prefix_tokens"),
+            _count(row.get("turns", 0), "turns"),
+            _number(row.get("out_tokens_per_turn", 0.0), "out_tokens_per_turn"),
+            None if mean is None else _number(mean, "mean_turns"),
+        )
+    except ValueError as exc:
+        raise TypeError(str(exc)) from None
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("subagent must be true or false")
+    return value
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a count (an integer >= 0)")
+    return value
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"{name} must be a number >= 0")
+    return float(value)
 
 
 def verdicts_for(

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from proxy.backends.admission import Admission
 from proxy.backends.engines import EngineTable
 from proxy.backends.live import LiveTracker
+from proxy.backends.session_share import SessionShare
 from proxy.backends.session_table import SessionTable
 from proxy.observe.events import EventLog
 from proxy.observe.metrics import GatewayMetrics
@@ -87,7 +88,13 @@ class Gateway:
         self.admission = Admission()
         self.engine_table = EngineTable()
         self.limits: Limits = (
-            RedisLimits(settings.redis_url) if settings.redis_url else MemoryLimits()
+            RedisLimits(settings.redis_url, settings.redis_prefix)
+            if settings.redis_url
+            else MemoryLimits()
+        )
+        # Replicas share the session table through Redis, off the request path (`start`).
+        self.share = (
+            SessionShare(self.sessions, settings, self.metrics) if settings.redis_url else None
         )
         self.upstream = Upstream(
             connect_timeout=settings.connect_timeout_s,
@@ -126,7 +133,14 @@ class Gateway:
             decode_s=decode,
         )
 
+    def start(self) -> None:
+        """The background work that needs the running loop."""
+        if self.share is not None:
+            self.share.start()
+
     async def aclose(self) -> None:
+        if self.share is not None:
+            await self.share.aclose()
         self.conns.close()
         await self.upstream.aclose()
         await self.limits.aclose()

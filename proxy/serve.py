@@ -92,7 +92,28 @@ def parse_args(argv: list[str]) -> Settings:
         default=None,
         help="one line per finished request on stderr (no prompt or completion)",
     )
-    p.add_argument("--redis-url", help="redis://host:port/db: client limits shared by replicas")
+    flush_s, pull_s = (
+        Settings.model_fields[f].default for f in ("session_flush_s", "session_pull_s")
+    )
+    p.add_argument(
+        "--redis-url",
+        help="redis://host:port/db: client limits and the session table shared by replicas "
+        "(a session's row reaches the others within flush + pull interval: "
+        f"{flush_s + pull_s:g} s by default)",
+    )
+    p.add_argument("--redis-prefix", help="prefix of the gateway's Redis keys (default specrouter)")
+    p.add_argument(
+        "--session-flush-interval",
+        dest="session_flush_s",
+        type=float,
+        help=f"seconds between sends of local session changes to Redis (default {flush_s:g})",
+    )
+    p.add_argument(
+        "--session-pull-interval",
+        dest="session_pull_s",
+        type=float,
+        help=f"seconds between reads of other replicas' session changes (default {pull_s:g})",
+    )
     p.add_argument("--max-body-bytes", type=int)
     p.add_argument("--first-byte-timeout", dest="first_byte_timeout_s", type=float)
     p.add_argument("--idle-timeout", dest="idle_timeout_s", type=float)
@@ -240,6 +261,7 @@ class GatewayProcess:
             self.gw.sinks.append(access_sink)
         await self.requestlog.start()
         self.monitor.start()
+        self.gw.start()
         self._spawn(self._watch_policy_file())
         scheme = "http" if self.ssl is None else "https"
         admin_scheme = "http" if self.admin_ssl is None else "https"

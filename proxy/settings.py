@@ -51,7 +51,23 @@ class Settings(BaseSettings):
     state_dir: Path = Field(Path(".state"), description="certificates, policy versions, logs")
     access_log: bool = Field(False, description="one line per request on stderr (no content)")
 
-    redis_url: str | None = Field(None, description="shared client limits for replicas")
+    redis_url: str | None = Field(
+        None,
+        description="client limits and the session table shared by replicas (a session's row "
+        "reaches the others within session_flush_s + session_pull_s)",
+    )
+    redis_prefix: str = Field(
+        "specrouter", min_length=1, max_length=64, description="the gateway's keys in Redis"
+    )
+    # The session table's staleness across replicas is at most flush + pull (+ one round trip):
+    # a local change waits for the next flush, another replica reads it at its next pull.
+    session_flush_s: float = Field(0.5, gt=0, le=60, description="session changes sent this often")
+    session_pull_s: float = Field(
+        1.0, gt=0, le=60, description="other replicas' session changes read this often"
+    )
+    session_queue_max: int = Field(
+        10_000, ge=1, description="session changes held while Redis is away (oldest dropped)"
+    )
 
     max_body_bytes: int = Field(8 * 1024 * 1024, description="request bodies above this get 413")
     header_timeout_s: float = 10.0  # a slow-header client is cut after this (408)

@@ -59,11 +59,44 @@ class ExplainIn(BaseModel):
     )
     pin: str | None = Field(None, description="A pinned variant (`X-Specrouter-Variant`).")
     now: float | None = Field(None, description="Monotonic time of the request.")
+    headers: dict[str, str] | None = Field(
+        None,
+        description="The request's headers: its session is identified from them (agent "
+        "headers, then `user`, then the fingerprint) and looked up in the live session table.",
+    )
+    session: str | dict[str, Any] | None = Field(
+        None,
+        description="A session key of the live table (`s-...`, as the request log and the "
+        "dashboard show it), or a row given by hand: {engine, prefix_tokens, turns, "
+        "out_tokens_per_turn, mean_turns, subagent} (as `specrouter policy explain --session`).",
+    )
+
+
+class SessionOut(BaseModel):
+    """The session the explanation used, and the stickiness verdict with its arithmetic."""
+
+    key: str
+    source: str = Field(description="`table` (the live row), `given`, or `new` (no live row).")
+    engine: str | None
+    prefix_tokens: int
+    turns: int
+    out_tokens_per_turn: float
+    mean_turns: float | None
+    subagent: bool
+    verdict: str | None = Field(
+        None, description="new, stay, move or the constraint that moved it; null: not sticky."
+    )
+    detail: str = Field(
+        "",
+        description="e.g. the decode gain over the remaining turns vs the "
+        "re-prefill cost of the prefix",
+    )
 
 
 class ExplainOut(BaseModel):
     policy_version: str
     decision: dict[str, Any] = Field(description="The decision and every rule's verdict.")
+    session: SessionOut | None = Field(None, description="Null when nothing names a session.")
 
 
 class HistoryEntry(BaseModel):

@@ -21,9 +21,12 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from policies.engine import decide
+from policies.explain import session_from_row
 from policies.inputs import live_state_from_json, request_view
 from policies.loading import dump_yaml
 from policies.schema import PolicyError
+from policies.sessions import SessionId, session_of
+from policies.types import RuleVerdict, SessionView
 from proxy.admin.app import AdminError, admin_router
 from proxy.admin.models import (
     AppliedOut,
@@ -34,6 +37,7 @@ from proxy.admin.models import (
     PolicyIn,
     PolicyOut,
     RollbackIn,
+    SessionOut,
     ValidOut,
 )
 from proxy.admin.policy_store import Applied, PolicyStore, StaleVersion
@@ -220,14 +224,14 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
             client = data.client or (
                 policy.document.clients[0].name if policy.document.clients else "anonymous"
             )
-            headers = {} if data.pin is None else {b"x-specrouter-variant": data.pin.encode()}
+            headers = {k.lower().encode(): v.encode() for k, v in (data.headers or {}).items()}
+            if data.pin is not None:
+                headers[b"x-specrouter-variant"] = data.pin.encode()
+            # The table's clock (the relay's too), so a live row's idle time counts as there.
+            now = time.perf_counter() if data.now is None else data.now
+            session, source = _session_input(gw, data, client, headers, now)
             view = request_view(
-                body,
-                data.endpoint,
-                str(body.get("model", "")),
-                client,
-                headers,
-                time.monotonic() if data.now is None else data.now,
+                body, data.endpoint, str(body.get("model", "")), client, headers, now, session
             )
         except ValidationError as exc:
             raise AdminError(
@@ -241,7 +245,11 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
         decision = decide(view, state, policy, explain=True)
         out = asdict(decision)
         out["inject"] = dict(decision.inject)
-        return ExplainOut(policy_version=policy.version, decision=out)
+        return ExplainOut(
+            policy_version=policy.version,
+            decision=out,
+            session=_session_out(view.session, source, decision.verdicts),
+        )
 
     @router.get("/admin/policy/history", summary="Every applied version: who, when, what changed")
     async def history() -> HistoryOut:
@@ -276,6 +284,50 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
         return _applied(applied, response)
 
     return list(router.routes)
+
+
+def _session_input(
+    gw: Gateway, data: ExplainIn, client: str, headers: dict[bytes, bytes], now: float
+) -> tuple[SessionView | None, str]:
+    """(the session to explain with, where it came from): a row given by hand, a key of the
+    live table, or the request's own session (headers, `user`, fingerprint) looked up there,
+    as the relay does (proxy/relay/app.py)."""
+    if isinstance(data.session, dict):
+        sid = session_of(client, data.request, headers)
+        return session_from_row("s-explain" if sid is None else sid.key, data.session), "given"
+    if isinstance(data.session, str):
+        row = gw.sessions.get(data.session)
+        subagent = row is not None and row.subagent
+        sid = SessionId(data.session, "header", "", subagent)
+    elif data.endpoint == "embeddings":
+        return None, "new"
+    else:
+        found = session_of(client, data.request, headers)
+        if found is None:
+            return None, "new"
+        sid = found
+    view = gw.sessions.view(sid, now)
+    return view, "new" if view.engine is None else "table"
+
+
+def _session_out(
+    session: SessionView | None, source: str, verdicts: tuple[RuleVerdict, ...]
+) -> SessionOut | None:
+    if session is None:
+        return None
+    verdict = next((v for v in verdicts if v.rule == "session"), None)
+    return SessionOut(
+        key=session.key,
+        source=source,
+        engine=session.engine,
+        prefix_tokens=session.prefix_tokens,
+        turns=session.turns,
+        out_tokens_per_turn=session.out_tokens_per_turn,
+        mean_turns=session.mean_turns,
+        subagent=session.subagent,
+        verdict=None if verdict is None else verdict.verdict,
+        detail="" if verdict is None else verdict.detail,
+    )
 
 
 def _first(exc: ValidationError) -> str:

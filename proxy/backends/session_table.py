@@ -1,8 +1,9 @@
 """The session table: session key -> the engine holding its prefix, last seen, tokens held.
 
 Local and bounded (the policy's `sessions.table_size`, least recently seen dropped first), owned
-by the event loop: a lookup is one dict get. Per replica: `merge` takes a newer row from
-another replica, for a sharing task that is not written yet (`--redis-url` does not share it).
+by the event loop: a lookup is one dict get. Per replica: with `--redis-url` the sharing task
+(proxy/backends/session_share.py) hears of each local change through `on_change` and `merge`s
+other replicas' newer rows; the request path never waits on it.
 
 A request reads its session's row when it is decided (`view`), places a new or moved session
 on its engine then (`placed`, so a second request of the session arriving meanwhile follows it),
@@ -12,7 +13,7 @@ and adds what its turn cost when it ends (`finished`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from policies.sessions import SessionId
@@ -38,11 +39,24 @@ class SessionEntry:
     moves: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SharedRow:
+    """What replicas share of a row: enough for another replica's stickiness arithmetic."""
+
+    engine: str
+    last_seen: float  # monotonic, on the receiving replica's clock
+    prefix_tokens: int
+    turns: int
+    tokens_out: int
+
+
 class SessionTable:
     def __init__(self, size: int = 10_000, idle_s: float = 1800.0) -> None:
         self.size, self.idle_s = size, idle_s
         self._rows: OrderedDict[str, SessionEntry] = OrderedDict()
         self._turns = 0  # over the rows: the mean turns per session is _turns / len
+        # A local change to a row (not a merge): the sharing task queues the key.
+        self.on_change: Callable[[str], None] | None = None
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -86,6 +100,8 @@ class SessionTable:
             row.moves += 1
         row.last_seen = now
         self._rows.move_to_end(sid.key)
+        if self.on_change is not None:
+            self.on_change(sid.key)
 
     def finished(
         self,
@@ -114,17 +130,29 @@ class SessionTable:
         if prompt_tokens:  # what the engine's prefix cache now holds of this conversation
             row.prefix_tokens = prompt_tokens + completion_tokens
         row.last_seen = now
+        if self.on_change is not None:
+            self.on_change(key)
 
-    def merge(self, key: str, engine: str, seen: float, prefix_tokens: int) -> None:
-        """A row from another replica: taken when it is newer than ours."""
+    def merge(self, key: str, shared: SharedRow) -> bool:
+        """A row from another replica: taken when it was seen later than ours (last seen wins).
+        True when taken."""
         row = self._rows.get(key)
-        if row is not None and row.last_seen >= seen:
-            return
+        if row is not None and row.last_seen >= shared.last_seen:
+            return False
         if row is None:
-            row = self._rows[key] = SessionEntry(engine, seen)
-            self._evict()
-        row.engine, row.last_seen, row.prefix_tokens = engine, seen, prefix_tokens
+            row = self._rows[key] = SessionEntry(shared.engine, shared.last_seen)
+        elif row.engine != shared.engine:
+            row.moves += 1
+        self._turns += shared.turns - row.turns
+        row.engine, row.last_seen = shared.engine, shared.last_seen
+        row.prefix_tokens, row.turns, row.tokens_out = (
+            shared.prefix_tokens,
+            shared.turns,
+            shared.tokens_out,
+        )
         self._rows.move_to_end(key)
+        self._evict()
+        return True
 
     def recent(self, limit: int) -> Iterator[tuple[str, SessionEntry]]:
         """The most recently seen rows first."""

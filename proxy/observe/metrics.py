@@ -297,6 +297,19 @@ class GatewayMetrics:
             ("route", "backend"),
             registry=r,
         )
+        # --redis-url: the session table shared by replicas (proxy/backends/session_share.py)
+        self.session_share = Counter(
+            "specrouter_session_share_rows_total",
+            "Session rows sent to Redis, merged from other replicas, or dropped from a full queue.",
+            ("result",),  # sent, merged, dropped
+            registry=r,
+        )
+        self.session_share_errors = Counter(
+            "specrouter_session_share_errors_total",
+            "Failed exchanges with Redis for the session table (the local table keeps serving).",
+            ("op",),  # flush, pull
+            registry=r,
+        )
 
     def observe_request(
         self, route: str, backend: str, client: str, outcome: str, m: Measurement

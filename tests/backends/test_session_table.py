@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from policies.sessions import SessionId
-from proxy.backends.session_table import MIN_SESSIONS_FOR_MEAN, SessionTable
+from proxy.backends.session_table import MIN_SESSIONS_FOR_MEAN, SessionTable, SharedRow
 
 
 def sid(n: int, continues: bool = True) -> SessionId:
@@ -73,8 +73,21 @@ def test_idle_and_fresh_fingerprints_are_new() -> None:
 
 def test_merge_takes_newer_rows_only() -> None:
     t = SessionTable()
+    changed: list[str] = []
+    t.on_change = changed.append
     t.placed(sid(1), "agent", "a", 10.0)
-    t.merge(sid(1).key, "b", 5.0, 100)
+    assert not t.merge(sid(1).key, SharedRow("b", 5.0, 100, 0, 0))
     assert t.view(sid(1), 11.0).engine == "a"
-    t.merge(sid(1).key, "b", 12.0, 100)
-    assert (t.view(sid(1), 13.0).engine, t.view(sid(1), 13.0).prefix_tokens) == ("b", 100)
+    assert t.merge(sid(1).key, SharedRow("b", 12.0, 100, 3, 900))
+    v = t.view(sid(1), 13.0)
+    assert (v.engine, v.prefix_tokens, v.turns, v.out_tokens_per_turn) == ("b", 100, 3, 300.0)
+    assert changed == [sid(1).key]  # a merge is not a local change: it is not sent back
+
+
+def test_merge_keeps_the_bound_and_the_mean() -> None:
+    t = SessionTable(size=MIN_SESSIONS_FOR_MEAN)
+    for n in range(MIN_SESSIONS_FOR_MEAN + 3):
+        t.merge(sid(n).key, SharedRow("a", float(n), 0, 2, 0))
+    assert len(t) == MIN_SESSIONS_FOR_MEAN and t.get(sid(0).key) is None
+    t.merge(sid(5).key, SharedRow("a", 100.0, 0, 22, 0))  # a later turn count replaces ours
+    assert t.mean_turns() == (2 * (MIN_SESSIONS_FOR_MEAN - 1) + 22) / MIN_SESSIONS_FOR_MEAN

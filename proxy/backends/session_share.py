@@ -1,0 +1,205 @@
+"""The session table shared by replicas through Redis (`--redis-url`), off the request path.
+
+The request path only reads and writes the local table (proxy/backends/session_table.py). A
+local change queues the session's key (`changed`, one dict operation; a key already queued is
+not queued twice, the flush reads its current row). Two background loops do the rest:
+
+- flush, every `session_flush_s`: one pipeline of `SET <prefix>:sess:<key> <row> EX idle_s` per
+  queued key and `ZADD <prefix>:sess-changed <wall time> <key>`, the index of recent changes
+  (trimmed past the idle horizon, so it holds at most one member per live session);
+- pull, every `session_pull_s`: `ZRANGEBYSCORE` of the index since the last pull, `MGET` of
+  those rows, each merged into the local table when it was seen later than ours (last seen
+  wins; a replica's own rows are skipped).
+
+Why a scan of the index, not pub/sub: a message published while a replica is disconnected or
+not yet started is lost, the index is not; a replica starting, or back after Redis was away,
+catches up with every session changed within the idle horizon, in the same two round trips.
+
+Staleness: another replica sees a change within `session_flush_s + session_pull_s` (plus a
+round trip). Rows carry wall-clock times, so replicas' clocks are assumed to agree within
+`CLOCK_SKEW_S` (each pull reads that much of the index again; merging is idempotent).
+
+Redis away: the gateway serves from its local table; the first failure is logged once, both
+loops retry with a doubling backoff (at most `MAX_BACKOFF_S`), failures are counted in
+`specrouter_session_share_errors_total`. The queue stays bounded (`session_queue_max` keys,
+the oldest dropped and counted) whatever the outage's length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import orjson
+
+from proxy.backends.session_table import SessionTable, SharedRow
+from proxy.observe.metrics import GatewayMetrics
+from proxy.settings import Settings
+
+log = logging.getLogger("specrouter.sessions")
+
+CLOCK_SKEW_S: Final = 1.0
+MAX_BACKOFF_S: Final = 10.0
+PULL_BATCH: Final = 5_000  # index members per round trip; more are read at once after
+IO_TIMEOUT_S: Final = 2.0  # a Redis that hangs counts as away
+
+
+class SessionShare:
+    def __init__(
+        self, table: SessionTable, settings: Settings, metrics: GatewayMetrics, client: Any = None
+    ) -> None:
+        import redis.asyncio as aioredis
+
+        assert settings.redis_url is not None
+        self.table = table
+        self.flush_s, self.pull_s = settings.session_flush_s, settings.session_pull_s
+        self.queue_max = settings.session_queue_max
+        self._rows_key = f"{settings.redis_prefix}:sess:"
+        self._index_key = f"{settings.redis_prefix}:sess-changed"
+        self._redis: Any = client or aioredis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=IO_TIMEOUT_S,
+            socket_connect_timeout=IO_TIMEOUT_S,
+        )
+        self.replica = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._queue: dict[str, None] = {}  # insertion-ordered: the oldest is dropped first
+        self._cursor = time.time() - table.idle_s  # a new replica reads every live session
+        self._down = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._rows = metrics.session_share
+        self._errors = metrics.session_share_errors
+        table.on_change = self.changed
+
+    # The request path ---------------------------------------------------------------------
+
+    def changed(self, key: str) -> None:
+        queue = self._queue
+        if key in queue:
+            return
+        if len(queue) >= self.queue_max:
+            del queue[next(iter(queue))]
+            self._rows.labels("dropped").inc()
+        queue[key] = None
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # The background loops -----------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._every(self.flush_s, "flush", self.flush)),
+            loop.create_task(self._every(self.pull_s, "pull", self.pull)),
+        ]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._redis.aclose()
+
+    async def _every(self, interval: float, op: str, once: Callable[[], Awaitable[int]]) -> None:
+        backoff = interval
+        while True:
+            await asyncio.sleep(backoff)
+            try:
+                await asyncio.wait_for(once(), IO_TIMEOUT_S * 2)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any Redis failure: serve locally, retry
+                self._errors.labels(op).inc()
+                if not self._down:
+                    self._down = True
+                    log.warning(
+                        "Redis unreachable (%s: %s): sessions served from the local table, "
+                        "retrying",
+                        op,
+                        exc or type(exc).__name__,
+                    )
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            if self._down:
+                self._down = False
+                log.warning("Redis reachable again: sessions shared")
+            backoff = interval
+
+    async def flush(self) -> int:
+        """Send the queued rows; on failure they are queued again (bounded). Rows sent."""
+        if not self._queue:
+            return 0
+        keys, self._queue = list(self._queue), {}
+        wall = time.time()
+        offset = wall - time.perf_counter()  # the table's monotonic clock -> wall clock
+        ttl = max(1, int(self.table.idle_s))
+        pipe = self._redis.pipeline(transaction=False)
+        index: dict[str, float] = {}
+        for key in keys:
+            row = self.table.get(key)
+            if row is None:
+                continue  # dropped from the table meanwhile
+            value = orjson.dumps(
+                (
+                    self.replica,
+                    row.engine,
+                    row.last_seen + offset,
+                    row.prefix_tokens,
+                    row.turns,
+                    row.tokens_out,
+                )
+            )
+            pipe.set(self._rows_key + key, value, ex=ttl)
+            index[key] = wall
+        if not index:
+            return 0
+        pipe.zadd(self._index_key, index)
+        pipe.zremrangebyscore(self._index_key, "-inf", wall - self.table.idle_s)
+        try:
+            await pipe.execute()
+        except BaseException:
+            for key in keys:  # newer changes queued meanwhile keep their place
+                self.changed(key)
+            raise
+        self._rows.labels("sent").inc(len(index))
+        return len(index)
+
+    async def pull(self) -> int:
+        """Merge the rows other replicas changed since the last pull. Rows taken."""
+        taken = 0
+        while True:
+            found = await self._redis.zrangebyscore(
+                self._index_key, self._cursor, "+inf", start=0, num=PULL_BATCH, withscores=True
+            )
+            if not found:
+                return taken
+            keys = [k.decode() if isinstance(k, bytes) else str(k) for k, _ in found]
+            values = await self._redis.mget([self._rows_key + k for k in keys])
+            offset = time.time() - time.perf_counter()
+            for key, value in zip(keys, values, strict=True):
+                if value is not None:
+                    taken += self._merge(key, value, offset)
+            last = float(found[-1][1])
+            if len(found) < PULL_BATCH:
+                # Read the last CLOCK_SKEW_S again next time: a replica whose clock is behind
+                # may still add changes there.
+                self._cursor = max(self._cursor, last - CLOCK_SKEW_S)
+                return taken
+            self._cursor = last  # a full batch: go on from its end
+
+    def _merge(self, key: str, value: bytes, offset: float) -> int:
+        try:
+            replica, engine, seen, prefix, turns, out = orjson.loads(value)
+            if replica == self.replica:
+                return 0
+            shared = SharedRow(str(engine), float(seen) - offset, int(prefix), int(turns), int(out))
+        except (orjson.JSONDecodeError, TypeError, ValueError):
+            return 0  # not a row this version wrote: ignored, it expires
+        if not self.table.merge(key, shared):
+            return 0
+        self._rows.labels("merged").inc()
+        return 1

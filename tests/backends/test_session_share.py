@@ -1,0 +1,167 @@
+"""The session table shared by replicas through a real redis-server (two in-process gateways)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+import yaml
+
+from loadtests.harness.gateway import coder_policy
+from policies.compiled import compile_policy
+from policies.engine import decide
+from policies.inputs import request_view
+from policies.schema import load_policy
+from policies.sessions import session_of
+from policies.types import LiveState
+from proxy.backends.session_share import SessionShare
+from proxy.backends.session_table import SharedRow
+from proxy.gateway import Gateway
+from proxy.settings import Settings
+
+FLUSH_S = PULL_S = 0.1
+BOUND_S = FLUSH_S + PULL_S
+HEADERS = {b"x-session-id": b"conv-1"}
+BODY: dict[str, Any] = {"model": "coder", "messages": [{"role": "user", "content": "hi"}]}
+KEY = session_of("agent", BODY, HEADERS).key  # type: ignore[union-attr]
+
+
+def _gateway(tmp_path: Path, name: str, variants: list[str], redis_url: str, **kw: Any) -> Gateway:
+    """A replica whose rules place a new session on `variants[0]`."""
+    config = tmp_path / f"{name}.yaml"
+    urls = {"a": "http://127.0.0.1:9", "b": "http://127.0.0.1:10"}
+    config.write_text(yaml.safe_dump(coder_policy({v: urls[v] for v in variants})))
+    settings = Settings(
+        config=config,
+        state_dir=tmp_path / name,
+        redis_url=redis_url,
+        session_flush_s=FLUSH_S,
+        session_pull_s=PULL_S,
+        **kw,
+    )
+    return Gateway(settings, compile_policy(load_policy(config)))
+
+
+def _request(gw: Gateway) -> tuple[str | None, str]:
+    """What the relay does for a request (proxy/relay/app.py `_decide`): the table's view of
+    the session, the decision, the placement."""
+    sid = session_of("agent", BODY, HEADERS)
+    assert sid is not None
+    now = time.perf_counter()
+    view = request_view(BODY, "chat", "coder", "agent", HEADERS, now, gw.sessions.view(sid, now))
+    decision = decide(view, LiveState(), gw.policy.current)
+    assert decision.backend is not None
+    gw.sessions.placed(sid, "agent", decision.backend, now)
+    return decision.backend, decision.reason
+
+
+async def _until(check: Any, timeout: float) -> float:
+    start = time.perf_counter()
+    while not check():
+        assert time.perf_counter() - start < timeout, "not within the staleness bound"
+        await asyncio.sleep(0.01)
+    return time.perf_counter() - start
+
+
+async def test_a_session_placed_by_one_replica_sticks_on_the_other(
+    tmp_path: Path, redis_url: str
+) -> None:
+    a = _gateway(tmp_path, "a", ["a", "b"], redis_url)
+    b = _gateway(tmp_path, "b", ["b", "a"], redis_url)
+    a.start()
+    b.start()
+    try:
+        assert _request(a)[0] == "a"
+        key = KEY
+        a.sessions.finished(
+            key,
+            "a",
+            time.perf_counter(),
+            prompt_tokens=4000,
+            completion_tokens=500,
+            cached_tokens=0,
+            decode_s=1.0,
+        )
+        # a flush and a pull, each possibly just missed, and scheduling on a loaded machine
+        waited = await _until(lambda: b.sessions.get(key) is not None, 4 * BOUND_S + 1.0)
+        row = b.sessions.get(key)
+        assert row is not None and (row.engine, row.prefix_tokens, row.turns) == ("a", 4500, 1)
+        assert waited < 4 * BOUND_S + 1.0
+        # b's rules say b; the session stays where its prefix is
+        assert _request(b) == ("a", "session")
+        # b's turn goes back to a (last seen wins), with the turn count b knows
+        b.sessions.finished(
+            key,
+            "a",
+            time.perf_counter(),
+            prompt_tokens=5000,
+            completion_tokens=100,
+            cached_tokens=4500,
+            decode_s=0.5,
+        )
+        await _until(lambda: (a.sessions.get(key) or row).turns == 2, 4 * BOUND_S + 1.0)
+        again = a.sessions.get(key)
+        assert again is not None and again.prefix_tokens == 5100
+        sent = a.metrics.session_share.labels("sent")._value.get()
+        merged = b.metrics.session_share.labels("merged")._value.get()
+        assert sent >= 1 and merged >= 1
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_redis_killed_mid_run_the_local_table_serves(
+    tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = _gateway(tmp_path, "a", ["a", "b"], redis_url)
+    a.start()
+    try:
+        assert _request(a)[0] == "a"
+        await _until(lambda: a.metrics.session_share.labels("sent")._value.get() >= 1, 5.0)
+        killer = aioredis.Redis.from_url(redis_url)
+        try:
+            await killer.shutdown(nosave=True)
+        except Exception:  # noqa: BLE001 - the server closes the connection as it goes
+            pass
+        errors = a.metrics.session_share_errors
+        for _ in range(20):  # requests keep being decided from the local table, sticky
+            assert _request(a) == ("a", "default")
+            await asyncio.sleep(0.05)
+        await _until(lambda: errors.labels("pull")._value.get() >= 2, 10.0)
+        assert a.share is not None and a.share.queued() == 1  # kept for when Redis is back
+        unreachable = [r for r in caplog.records if "Redis unreachable" in r.getMessage()]
+        assert len(unreachable) == 1  # logged once, however many retries
+    finally:
+        await a.aclose()
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"  # nothing listens there once closed
+
+
+async def test_the_queue_is_bounded_while_redis_is_away(tmp_path: Path) -> None:
+    gw = _gateway(tmp_path, "a", ["a"], _dead_url(), session_queue_max=100)
+    share = gw.share
+    assert isinstance(share, SessionShare)
+    try:
+        for n in range(1000):
+            share.changed(f"s-{n:032x}")
+        assert share.queued() == 100
+        assert gw.metrics.session_share.labels("dropped")._value.get() == 900
+        for n in range(900, 1000):  # the newest are kept; a row must exist to be sent
+            gw.sessions.merge(f"s-{n:032x}", SharedRow("a", time.perf_counter(), 0, 0, 0))
+        with pytest.raises(Exception):  # noqa: B017 - whatever the client raises
+            await share.flush()
+        assert share.queued() == 100  # queued again, not lost, not grown
+        share.changed("s-new")
+        assert share.queued() == 100
+    finally:
+        await gw.aclose()
