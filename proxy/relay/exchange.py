@@ -197,6 +197,6 @@ class Exchange(Generic[R]):
             gw.live.failure(failed)
             gw.metrics.continuations.labels(record.route, failed, name).inc()
             record.backend, record.continued, record.continued_from = name, True, failed
-            filt.start_continuation()
+            filt.start_continuation(body)
             return new_resp, new_first
         return None
