@@ -51,7 +51,6 @@ class RequestRecord:
     status: int = 0
     outcome: str = "ok"
     retries: int = 0
-    continued: bool = False  # finished by another variant after its engine died mid-stream
     continued_from: str = ""  # the backend whose engine died, when continued
     concurrency: int = 0  # requests open on the serving backend when this one started, itself too
     policy_version: str = ""
@@ -60,6 +59,11 @@ class RequestRecord:
     subagent: bool = False
     started_wall: float = field(default_factory=time.time)
     m: Measurement = field(default_factory=lambda: Measurement(time.perf_counter()))
+
+    @property
+    def continued(self) -> bool:
+        """Finished by another variant after its engine died mid-stream."""
+        return self.continued_from != ""
 
 
 Sink = Callable[[RequestRecord], None]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sqlite3
 import statistics
 import sys
 import threading
@@ -30,6 +29,7 @@ from typing import Any
 import httpx
 
 from loadtests.harness.gateway import GatewayServer, coder_policy
+from loadtests.harness.requestlog import logged_rows
 from loadtests.harness.sim import SimServer
 
 SERVED = "qwen3.8-27b"
@@ -85,25 +85,7 @@ def _stream(gw: GatewayServer, rid: str, max_tokens: int, errors: list[str]) -> 
 
 
 def _rows(gw: GatewayServer, ids: set[str]) -> dict[str, dict[str, Any]]:
-    deadline = time.monotonic() + 10
-    while True:
-        conn = sqlite3.connect(gw.dir / "state" / "requests.sqlite3")
-        conn.row_factory = sqlite3.Row
-        try:
-            rows = {
-                r["request_id"]: dict(r)
-                for r in conn.execute(
-                    "SELECT request_id, tokens_per_step, tps_source FROM requests"
-                )
-                if r["request_id"] in ids
-            }
-        except sqlite3.OperationalError:
-            rows = {}
-        finally:
-            conn.close()
-        if len(rows) == len(ids) or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.2)
+    return logged_rows(gw.dir / "state", ids, "tokens_per_step, tps_source")
 
 
 def _truth(sim: SimServer) -> dict[str, float]:

@@ -196,7 +196,7 @@ class Exchange(Generic[R]):
             gw.metrics.upstream_errors.labels(failed, "midstream").inc()
             gw.live.failure(failed)
             gw.metrics.continuations.labels(record.route, failed, name).inc()
-            record.backend, record.continued, record.continued_from = name, True, failed
-            filt.start_continuation()
+            record.backend, record.continued_from = name, failed
+            filt.start_continuation(body)
             return new_resp, new_first
         return None

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from proxy.relay import sse
+from proxy.relay.continuation import stopped
 from proxy.relay.ends import (
     MESSAGES_ENDS,
     RESPONSES_ENDS,
@@ -91,6 +92,9 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     if watch.gone:
                         return "client_gone"
+                    if stopped(filt):  # a stop straddled the splice: the engine stops too
+                        resp.close()
+                        break
                     t = loop.time()
                     if t - rearmed >= 1.0:  # re-armed at most once a second: idle..idle+1 s
                         rearmed = t

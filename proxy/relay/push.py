@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from proxy.relay import sse
+from proxy.relay.continuation import stopped
 from proxy.relay.ends import (
     MESSAGES_ENDS,
     RESPONSES_ENDS,
@@ -162,6 +163,10 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
             if not out:
                 return
             ended[0] = at_end(out, ends)
+            if stopped(filt):  # a stop straddled the splice: closing aborts the engine's rest
+                channel.write(out)
+                stream.close()
+                return
             if channel.write(out) and not draining:
                 # The client reads slower than the engine writes: stop reading the engine
                 # until the client's socket drains (TCP then pushes back on the engine).
@@ -182,6 +187,8 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                     raise TimeoutError
                 await asyncio.wait({stream.done}, timeout=max(remaining, 0.05))
             failure = _failure(stream)
+            if stopped(filt):  # the gateway closed it: the stream ended at the client's stop
+                failure = None
             if failure is None:
                 sink(b"")  # the clean end: a last frame held back for a `\n` that never came
             else:

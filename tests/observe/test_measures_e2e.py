@@ -5,7 +5,6 @@ requests out of TTFT, `tps_source`, Server-Timing on every response."""
 from __future__ import annotations
 
 import re
-import sqlite3
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from loadtests.harness.gateway import GatewayServer, coder_policy
+from loadtests.harness.requestlog import logged_rows
 from loadtests.harness.sim import SimServer
 from loadtests.probe.frames import _frame_kind
 
@@ -55,23 +55,7 @@ def _timed(c: httpx.Client, path: str, body: dict[str, Any], rid: str) -> tuple[
 
 
 def _rows(gw: GatewayServer, ids: set[str]) -> dict[str, dict[str, Any]]:
-    deadline = time.monotonic() + 10
-    while True:
-        conn = sqlite3.connect(gw.dir / "state" / "requests.sqlite3")
-        conn.row_factory = sqlite3.Row
-        try:
-            rows = {
-                r["request_id"]: dict(r)
-                for r in conn.execute("SELECT * FROM requests")
-                if r["request_id"] in ids
-            }
-        except sqlite3.OperationalError:
-            rows = {}
-        finally:
-            conn.close()
-        if len(rows) == len(ids) or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.2)
+    return logged_rows(gw.dir / "state", ids)
 
 
 def test_ttft_tps_source_and_server_timing_through_the_gateway(stack: GatewayServer) -> None:

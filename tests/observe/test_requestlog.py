@@ -478,7 +478,8 @@ def test_session_and_agent_logged_as_hash_and_label() -> None:
 def test_a_continued_request_names_both_engines() -> None:
     log = RequestLog(Path("unused"))
     record = make_record(variant="shallow")
-    record.continued, record.continued_from = True, "deep"
+    record.continued_from = "deep"
+    assert record.continued and not make_record(1).continued
     log.sink(record)
     log.sink(make_record(1))
     continued, plain = (dict(zip(COLUMNS, row_of(p), strict=True)) for p in log._buffer)

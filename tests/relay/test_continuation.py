@@ -9,6 +9,7 @@ import pytest
 
 from loadtests.harness.gateway import GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
+from tests.relay.scripted_engine import ScriptedEngine
 
 SERVED = "qwen3.8-27b"
 
@@ -112,3 +113,61 @@ def test_no_continuation_for_several_choices(certs) -> None:
                 )
             frames = _frames(r.content)
             assert frames[-1] == b"data: [DONE]" and frames[-2].startswith(b'data: {"error"')
+
+
+# -- a stop string across the splice (a scripted engine: real ones cannot be made to split it) ----
+
+HEIR_REST = [" and", " more"] * 60
+
+
+@pytest.mark.parametrize("relay", ["push", "pull"])
+@pytest.mark.parametrize(
+    ("heir_first", "text"),
+    [
+        (["ld"], "Hello wor"),  # the stop completes in the continuation's first delta
+        (["l", "d"], "Hello wor"),  # over two deltas: the first is held, then dropped
+        (["l", "y"], None),  # a held beginning that does not complete: relayed after all
+    ],
+)
+def test_a_stop_string_straddling_the_splice_ends_the_answer(
+    certs, relay: str, heir_first: list[str], text: str | None
+) -> None:
+    stop = "world"
+    with (
+        ScriptedEngine(["Hel", "lo", " wor"], die=True) as victim,
+        ScriptedEngine([*heir_first, *HEIR_REST], gap_s=0.01) as heir,
+    ):
+        doc = coder_policy({"victim": victim.url, "heir": heir.url}, served="tiny", defaults={})
+        for backend in doc["backends"].values():
+            backend["kind"] = "llamacpp"
+        doc["routes"]["coder"]["continuation"] = True
+        with GatewayServer(doc, certs=certs, args=("--relay", relay)) as gw, gw.client() as c:
+            r = c.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "coder",
+                    "stream": True,
+                    "max_tokens": 500,
+                    "stop": ["zzz", stop],
+                    "stream_options": {"include_usage": True},
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            )
+        assert heir.bodies[0]["messages"][-1] == {"role": "assistant", "content": "Hello wor"}
+        frames = _frames(r.content)
+        assert frames[-1] == b"data: [DONE]" and b'"error"' not in r.content
+        chunks = [orjson.loads(f[6:]) for f in frames[:-1]]
+        assert len({ch["id"] for ch in chunks}) == 1
+        got = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks[:-1])
+        finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]]
+        finishes = [f for f in finishes if f]
+        if text is None:  # no stop: the heir's own end, every piece relayed
+            assert got == "Hello wor" + "".join(heir_first + HEIR_REST)
+            assert finishes == ["length"] and heir.finished.wait(5)
+            return
+        assert got == text and finishes == ["stop"]
+        # Every token generated is counted, the one the stop completed in included.
+        assert chunks[-1]["choices"] == []
+        assert chunks[-1]["usage"]["completion_tokens"] == 3 + len(heir_first)
+        assert heir.aborted.wait(5)  # the gateway closed the heir: its generation stops
+        assert heir.sent < len(heir_first) + len(HEIR_REST)
