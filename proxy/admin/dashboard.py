@@ -255,7 +255,7 @@ def dashboard_routes(
 
     async def asset(request: Request) -> Response:
         name = request.path_params["name"]
-        if name not in {"dashboard.js", "dashboard.css"}:
+        if name not in {"dashboard.js", "charts.js", "dashboard.css"}:
             return Response(status_code=404)
         media = "text/javascript" if name.endswith(".js") else "text/css"
         return Response(_static(name), media_type=media)

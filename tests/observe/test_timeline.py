@@ -63,6 +63,11 @@ CASES = [
         id="decode-rate-token-weighted",
     ),
     pytest.param(
+        [record(ttft=t / 1000) for t in (10, 11, 35)],
+        {"ttft_p50_ms": 11, "ttft_p95_ms": 35},
+        id="p95-of-three-is-the-largest",
+    ),
+    pytest.param(
         [record(tps=2.0), record(tps=3.0), record(tps=None)],
         {"tps": 2.5},
         id="tokens-per-step-mean-of-reporting",
