@@ -78,7 +78,8 @@ def start(stack: ExitStack, certs: Any, time_scale: float) -> GatewayServer:
 def photograph(page: Any, path: Path) -> None:
     page.wait_for_function(
         "[...document.querySelectorAll('#charts-agents canvas')]"
-        ".every((c) => Number(c.dataset.points) > 0)",
+        ".every((c) => Number(c.dataset.points) > 0) && "
+        "document.querySelectorAll('#inflight tbody tr').length === 0",
         timeout=15_000,
     )
     page.screenshot(path=str(path), full_page=True)
