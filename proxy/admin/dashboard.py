@@ -207,7 +207,7 @@ def encoded(snap: dict[str, Any], limit: int) -> bytes:
     snap = {
         **snap,
         "truncated": True,
-        **{k: snap[k][:_SHOWN] for k in _ROWS},
+        **{k: snap.get(k, [])[:_SHOWN] for k in _ROWS},
         "policy": {
             **policy,
             "history": [{**h, "changes": h.get("changes", [])[:10]} for h in policy["history"]],

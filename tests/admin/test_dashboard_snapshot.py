@@ -84,3 +84,6 @@ def test_fifty_agents_over_ninety_buckets_stay_under_the_bound(gw: Gateway) -> N
     data = orjson.dumps(snap)
     assert len(data) <= limit, len(data)  # whole: no row and no series cut
     assert encoded(snap, limit) == data
+    small = orjson.loads(encoded(snap, 64 * 1024))  # a smaller bound: agents halved, whole
+    assert small["truncated"] and 0 < len(small["agents"]) < 50
+    assert small["agents"][0] == snap["agents"][0] and small["timeline"] == snap["timeline"]
