@@ -29,6 +29,15 @@ def gw(tmp_path: Path) -> Gateway:
     return Gateway(settings, compile_policy(load_policy(config)))
 
 
+def virtual_timeline(gw: Gateway) -> Clock:
+    """The gateway's ring swapped for one on a virtual clock (the sink too)."""
+    clock = Clock()
+    timeline = Timeline(clock=clock)
+    gw.sinks[gw.sinks.index(gw.timeline.add)] = timeline.add
+    gw.timeline = timeline
+    return clock
+
+
 def turn(gw: Gateway, n: int, engine: str, *, cached: int | None, agent: str = "codex") -> None:
     """Turn `n` of session s-<n % 50>: placed, then finished through the gateway's sinks."""
     key = f"s-{n % 50:032x}"
@@ -45,9 +54,7 @@ def turn(gw: Gateway, n: int, engine: str, *, cached: int | None, agent: str = "
 
 
 def test_agent_rows_show_the_session_table_and_the_window(gw: Gateway) -> None:
-    clock = Clock()
-    gw.timeline = Timeline(clock=clock)
-    gw.sinks[-1] = gw.timeline.add
+    clock = virtual_timeline(gw)
     for n in (0, 50, 1):  # s-0 twice, s-1 once; only s-0's engine reports cached tokens
         turn(gw, n, "coder-dflash7", cached=30_000 if n != 1 else None)
     clock.now += 10
@@ -69,9 +76,7 @@ def test_agent_rows_show_the_session_table_and_the_window(gw: Gateway) -> None:
 
 
 def test_fifty_agents_over_ninety_buckets_stay_under_the_bound(gw: Gateway) -> None:
-    clock = Clock()
-    gw.timeline = Timeline(clock=clock)
-    gw.sinks[-1] = gw.timeline.add
+    clock = virtual_timeline(gw)
     for bucket in range(90):
         for n in range(bucket * 50, bucket * 50 + 50):
             turn(gw, n, ("coder-dflash7", "coder-mtp3")[n % 2], cached=n)
