@@ -48,7 +48,14 @@ def turn(gw: Gateway, n: int, engine: str, *, cached: int | None, agent: str = "
     m.spec = {"mean_acceptance_length": 3.1416}
     gw.finished(
         RequestRecord(
-            f"req-{n}", "agent", "chat", route="coder", backend=engine, session=key, agent=agent, m=m
+            f"req-{n}",
+            "agent",
+            "chat",
+            route="coder",
+            backend=engine,
+            session=key,
+            agent=agent,
+            m=m,
         )
     )
 
