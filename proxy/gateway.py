@@ -19,6 +19,7 @@ from proxy.backends.session_share import SessionShare
 from proxy.backends.session_table import SessionTable
 from proxy.observe.events import EventLog
 from proxy.observe.metrics import GatewayMetrics
+from proxy.observe.timeline import Timeline
 from proxy.operator import Operator
 from proxy.relay.engine_conn import EnginePool
 from proxy.relay.limits import Limits, MemoryLimits, RedisLimits
@@ -112,7 +113,8 @@ class Gateway:
         self.draining = False
         self.recent: deque[RequestRecord] = deque(maxlen=200)
         self.events = EventLog()  # health transitions, repairs, policy changes (bounded)
-        self.sinks: list[Sink] = [self.recent.append, self._session_turn]
+        self.timeline = Timeline()  # the dashboard's charts: 15 minutes of 10 s aggregates
+        self.sinks: list[Sink] = [self.recent.append, self._session_turn, self.timeline.add]
 
     def finished(self, record: RequestRecord) -> None:
         for sink in self.sinks:

@@ -25,7 +25,7 @@ from proxy.gateway import Gateway, RequestRecord
 from proxy.observe.stats import quantile
 
 VARIANT_WINDOW_S = 300.0
-_ROWS = ("in_flight", "recent", "variants", "backends", "repairs", "events")
+_ROWS = ("in_flight", "recent", "variants", "agents", "backends", "repairs", "events")
 _SHOWN = 50  # rows of a list the page shows at most (in-flight sessions, say)
 
 
@@ -56,6 +56,42 @@ def _record_row(r: RequestRecord) -> dict[str, Any]:
         "outcome": r.outcome,
         "finish": m.finish_reason,
     }
+
+
+def _agent_rows(gw: Gateway) -> list[dict[str, Any]]:
+    """The most recently active sessions (the session table's rows, at most _SHOWN), each with
+    its charts' series. The share of the engine: its completion tokens over all its engine
+    returned in the charts' window (a session that moved counts all its tokens there)."""
+    timeline, now = gw.timeline, time.perf_counter()
+    engine_tokens: dict[str, int] = {}
+    rows, keys = [], []
+    for key, e in gw.sessions.recent(_SHOWN):
+        keys.append(key)
+        if e.engine not in engine_tokens:
+            engine_tokens[e.engine] = timeline.tokens("variants", e.engine)
+        total, label = engine_tokens[e.engine], timeline.labels.get(key)
+        rows.append(
+            {
+                "session": key,  # the hash the request log stores, never the agent's own id
+                "agent": label.agent if label else e.source + ("/subagent" if e.subagent else ""),
+                "client": e.client,
+                "engine": e.engine,
+                "moves": e.moves,
+                "requests": e.turns,
+                "tokens_in": e.tokens_in,
+                "tokens_out": e.tokens_out,
+                "cached_tokens": e.cached_tokens if label and label.cache_reported else None,
+                "decode_s": round(e.decode_s, 2),
+                "engine_share": (
+                    round(min(1.0, timeline.tokens("agents", key) / total), 3) if total else None
+                ),
+                "idle_s": round(now - e.last_seen, 1),
+            }
+        )
+    series = timeline.series("agents", keys)
+    for key, row in zip(keys, rows, strict=True):
+        row["series"] = series[key]
+    return rows
 
 
 def snapshot(
@@ -149,6 +185,11 @@ def snapshot(
         "in_flight": in_flight,
         "recent": [_record_row(r) for r in reversed(recent[-25:])],
         "variants": variant_rows,
+        "agents": _agent_rows(gw),
+        "timeline": {
+            "bucket_s": gw.timeline.bucket_s,
+            "variants": gw.timeline.series("variants", gw.timeline.variant_names()),
+        },
         "backends": backends,
         "repairs": repairs,
         "events": gw.events.rows()[::-1],  # newest first; bounded (proxy/observe/events.py)
@@ -166,7 +207,7 @@ def encoded(snap: dict[str, Any], limit: int) -> bytes:
     snap = {
         **snap,
         "truncated": True,
-        **{k: snap[k][:_SHOWN] for k in _ROWS},
+        **{k: snap.get(k, [])[:_SHOWN] for k in _ROWS},
         "policy": {
             **policy,
             "history": [{**h, "changes": h.get("changes", [])[:10]} for h in policy["history"]],
@@ -214,7 +255,7 @@ def dashboard_routes(
 
     async def asset(request: Request) -> Response:
         name = request.path_params["name"]
-        if name not in {"dashboard.js", "dashboard.css"}:
+        if name not in {"dashboard.js", "charts.js", "dashboard.css"}:
             return Response(status_code=404)
         media = "text/javascript" if name.endswith(".js") else "text/css"
         return Response(_static(name), media_type=media)

@@ -6,6 +6,7 @@ import shutil
 import ssl
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -15,6 +16,31 @@ from loadtests.harness.sim import SimServer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SERVED = "qwen3.8-27b"
+
+
+def open_dashboard(pw: Any, gw: GatewayServer) -> tuple[Any, Any, list[str]]:
+    """Headless Chromium logged in to `gw`'s dashboard, live: (browser, page, URLs requested)."""
+    browser = pw.chromium.launch(
+        executable_path=CHROMIUM,
+        args=[
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ],
+    )
+    page = browser.new_page(viewport={"width": 1440, "height": 900}, ignore_https_errors=True)
+    urls: list[str] = []
+    page.on("request", lambda req: urls.append(req.url))
+    page.goto(f"{gw.admin}/dashboard")
+    page.fill("input[name=token]", ADMIN_TOKEN)
+    page.click("button[type=submit]")  # a POST: the token is in the body only
+    page.wait_for_selector("#status.live", timeout=10_000)
+    assert page.url == f"{gw.admin}/dashboard"
+    return browser, page, urls
 
 
 def test_snapshot_needs_a_token(certs) -> None:
@@ -42,26 +68,7 @@ def test_dashboard_shows_requests_live_in_chromium(certs, artifacts: Path) -> No
         ) as gw,
         sync_playwright() as pw,
     ):
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
-        page = browser.new_page(viewport={"width": 1440, "height": 900}, ignore_https_errors=True)
-        urls: list[str] = []
-        page.on("request", lambda req: urls.append(req.url))
-        page.goto(f"{gw.admin}/dashboard")
-        page.fill("input[name=token]", ADMIN_TOKEN)
-        page.click("button[type=submit]")  # a POST: the token is in the body only
-        page.wait_for_selector("#status.live", timeout=10_000)
-        assert page.url == f"{gw.admin}/dashboard"
+        browser, page, urls = open_dashboard(pw, gw)
         [cookie] = page.context.cookies()
         assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
         assert cookie["expires"] > 0 and cookie["path"] == "/dashboard"

@@ -34,6 +34,20 @@ function render(s) {
     <td class="num">${fmt(v.ttft_p50_ms, " ms", 0)}</td><td class="num">${fmt(v.ttft_p95_ms, " ms", 0)}</td>
     <td class="num">${fmt(v.itl_p50_ms, " ms")}</td><td class="num">${fmt(v.itl_p95_ms, " ms")}</td>
     <td class="num">${fmt(v.tokens_per_step, "", 2)}</td>`);
+  const agents = s.agents || [];
+  rows($("#agents tbody"), agents, (a) => `
+    <td><code title="${esc(a.session)}">${esc(a.session.slice(0, 12))}</code></td><td>${esc(a.agent)}</td>
+    <td>${esc(a.client)}</td><td>${esc(a.engine)}${a.moves ? ` <span class="count">(${a.moves})</span>` : ""}</td>
+    <td class="num">${a.requests}</td><td class="num">${a.tokens_in}</td><td class="num">${a.tokens_out}</td>
+    <td class="num">${a.cached_tokens === null ? "–" : a.cached_tokens + (a.tokens_in ? ` (${(100 * a.cached_tokens / a.tokens_in).toFixed(0)}%)` : "")}</td>
+    <td class="num">${fmt(a.decode_s, " s")}</td><td class="num">${a.engine_share === null ? "–" : (a.engine_share * 100).toFixed(0) + "%"}</td>
+    <td class="num">${fmt(a.idle_s, " s", 0)}</td>`);
+  if (s.timeline) {
+    drawCharts($("#charts-variants"), Object.entries(s.timeline.variants).map(([k, v]) => [esc(k), v]),
+      s.timeline.bucket_s);
+    drawCharts($("#charts-agents"), agents.slice(0, PALETTE.length).map((a) =>
+      [`<code>${esc(a.session.slice(0, 10))}</code> ${esc(a.agent)}`, a.series]), s.timeline.bucket_s);
+  }
   $("#inflight-count").textContent = `(${s.in_flight.length})`;
   rows($("#inflight tbody"), s.in_flight, (r) => `
     <td><code>${esc(r.id)}</code></td><td>${esc(r.client)}</td><td>${esc(r.route)}</td>
