@@ -18,12 +18,20 @@ from proxy import vllm_wire
 Json = dict[str, Any]
 
 
-class VLLMValidationError(ValueError):
-    """A validation error that names the offending parameter (vLLM's class of the same name)."""
+class VLLMValidationError(Exception):
+    """A validation error that names the offending parameter (vLLM's class of the same name).
+
+    Not a ValueError, as in vLLM: raised in a validator it escapes pydantic unwrapped and is
+    answered by vLLM's own error handler (`BadRequestError`, `<message> (parameter=<name>)`),
+    not as a "1 validation error" (golden err_400_cmpl_validation, err_400_stream_options)."""
 
     def __init__(self, message: str, *, parameter: str | None = None) -> None:
         super().__init__(message)
         self.parameter = parameter
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return base if self.parameter is None else f"{base} (parameter={self.parameter})"
 
 
 class RequestError(Exception):
@@ -167,12 +175,7 @@ def _clean_loc(loc: tuple[Any, ...]) -> str:
 
 def _validation_error(errors: list[dict[str, Any]], dotted: bool = False) -> RequestError:
     param: str | None = None
-    for err in errors:
-        ctx_error = err.get("ctx", {}).get("error")
-        if isinstance(ctx_error, VLLMValidationError):
-            param = ctx_error.parameter
-            break
-    if param is None and errors and errors[0].get("loc"):
+    if errors and errors[0].get("loc"):
         param = _clean_loc(tuple(errors[0]["loc"]))
     if dotted:  # vLLM 0.33 writes each error's `loc` as the dotted string
         errors = [
@@ -216,6 +219,8 @@ def parse(model: type[M], body: bytes, *, dotted_loc: bool = False) -> M:
         )
     try:
         return model.model_validate(data)
+    except VLLMValidationError as exc:
+        raise bad_request(str(exc), exc.parameter) from None
     except ValidationError as exc:
         errors: list[dict[str, Any]] = []
         for err in exc.errors(include_url=False):

@@ -61,16 +61,6 @@ EXPECTED_028: dict[str, tuple[int, str]] = {
         "matches)",
     ),
     "emb_base64": (1, "vectors: the simulator's hash-seeded vector differs from the fixture's"),
-    "err_400_cmpl_validation": (
-        1,
-        "missing prompt: vLLM answers VLLMValidationError (BadRequestError, `... "
-        "(parameter=prompt)`); the simulator a pydantic '1 validation error' (Bad Request)",
-    ),
-    "err_400_stream_options": (
-        1,
-        "stream_options without stream: same VLLMValidationError vs pydantic wrapping as "
-        "err_400_cmpl_validation (README, 'Notable differences')",
-    ),
     "metrics_k7_fresh": (
         15,
         "families the simulator does not export: cache_config_info, engine_sleep_state, "
@@ -132,8 +122,6 @@ EXPECTED_033: dict[str, tuple[int, str]] = {
         "simulator writes doubles",
     ),
     "emb_base64": EXPECTED_028["emb_base64"],
-    "err_400_cmpl_validation": EXPECTED_028["err_400_cmpl_validation"],
-    "err_400_stream_options": EXPECTED_028["err_400_stream_options"],
     "metrics_k7_fresh": (18, f"families the simulator does not export: {_MISSING_033}"),
     "metrics_k0": (
         38,
