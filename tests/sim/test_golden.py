@@ -41,19 +41,6 @@ EXPECTED_028: dict[str, tuple[int, str]] = {
         "count_tokens: the simulator's tokenizer counts the rendered prompt "
         "differently from the fixture's synthetic prompt ids",
     ),
-    **{
-        name: (
-            1,
-            "--enable-prompt-tokens-details: the simulator's Messages usage does not split "
-            "input_tokens into cache_read/cache_creation yet",
-        )
-        for name in ("anth_full_prompt_tokens_details", "anth_stream_prompt_tokens_details")
-    },
-    "anth_stream_error_midstream": (
-        3,
-        "engine finish_reason 'error' (as chat_stream_error_midstream): vLLM's translation "
-        "writes its error event and stops; the simulator closes the block and ends the message",
-    ),
     "emb_float_no_orjson": (
         1,
         "vLLM 0.28 without orjson importable writes Python doubles; the simulator imitates an "
@@ -76,30 +63,10 @@ EXPECTED_028: dict[str, tuple[int, str]] = {
     "metrics_k7": (39, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
 }
 
-# The simulator's Messages translation is 0.28.0's (the golden README lists 0.33's changes:
-# message_delta's stop_sequence, matched stop strings, Anthropic error type names, 404 aliases,
-# the mid-stream error, the `\n\n` after </think>).
-_ANTH_033_WHY = "Messages on 0.33: the simulator's translation is 0.28.0's"
-_ANTH_033 = {
-    "anth_count_tokens": 1,
-    "anth_err_400_count_tokens_tools_without_auto_tool_choice": 1,
-    "anth_err_400_tools_without_auto_tool_choice": 1,
-    "anth_err_400_validation": 1,
-    "anth_err_400_validation_max_tokens": 1,
-    "anth_err_404_count_tokens_unknown_model": 1,
-    "anth_err_404_unknown_model": 1,
-    "anth_full_prompt_tokens_details": 1,
-    "anth_full_stop_sequence": 1,
-    "anth_stream_error_midstream": 4,
-    "anth_stream_max_tokens": 1,
-    "anth_stream_plain": 1,
-    "anth_stream_prompt_tokens_details": 1,
-    # the `\n\n` after </think> as a first text delta: every later frame of the block shifts
-    "anth_stream_reasoning": 6,
-    "anth_stream_stop_sequence": 1,
-    "anth_stream_tools_qwen3_coder": 1,
-    "anth_stream_tools_qwen3_coder_noreasoning": 1,
-}
+# Messages on 0.33: the `\n\n` after </think> as a first text delta (the chat layer's difference,
+# chat_stream_reasoning below): every later frame of the block shifts.
+_ANTH_033 = {"anth_stream_reasoning": 6}
+_ANTH_033_WHY = "qwen3 reasoning: the `\n\n` after </think> (as chat_stream_reasoning)"
 _MISSING_033 = (
     "0.33's admission_rejections, prompt_tokens_cached_by_source and "
     "request_num_preemptions, and the 15 of 0.28's metrics_k7_fresh; every family "
@@ -107,6 +74,7 @@ _MISSING_033 = (
 )
 EXPECTED_033: dict[str, tuple[int, str]] = {
     **{name: (n, _ANTH_033_WHY) for name, n in _ANTH_033.items()},
+    "anth_count_tokens": EXPECTED_028["anth_count_tokens"],
     **{
         name: (
             1,
