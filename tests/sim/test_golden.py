@@ -63,26 +63,13 @@ EXPECTED_028: dict[str, tuple[int, str]] = {
     "metrics_k7": (39, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
 }
 
-# Messages on 0.33: the `\n\n` after </think> as a first text delta (the chat layer's difference,
-# chat_stream_reasoning below): every later frame of the block shifts.
-_ANTH_033 = {"anth_stream_reasoning": 6}
-_ANTH_033_WHY = "qwen3 reasoning: the `\n\n` after </think> (as chat_stream_reasoning)"
 _MISSING_033 = (
     "0.33's admission_rejections, prompt_tokens_cached_by_source and "
     "request_num_preemptions, and the 15 of 0.28's metrics_k7_fresh; every family "
     "the simulator exports matches"
 )
 EXPECTED_033: dict[str, tuple[int, str]] = {
-    **{name: (n, _ANTH_033_WHY) for name, n in _ANTH_033.items()},
     "anth_count_tokens": EXPECTED_028["anth_count_tokens"],
-    **{
-        name: (
-            1,
-            "qwen3 reasoning: 0.33 sends the `\\n\\n` after `</think>` as content in the "
-            "same chunk as the last reasoning; the simulator (0.28's parser) drops it",
-        )
-        for name in ("chat_stream_reasoning", "chat_stream_reasoning_continuous")
-    },
     "emb_base64": EXPECTED_028["emb_base64"],
     "metrics_k7_fresh": (18, f"families the simulator does not export: {_MISSING_033}"),
     "metrics_k0": (
