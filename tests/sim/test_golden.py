@@ -47,36 +47,23 @@ EXPECTED_028: dict[str, tuple[int, str]] = {
         "image with orjson installed (emb_float matches)",
     ),
     "emb_base64": (1, "vectors: the simulator's hash-seeded vector differs from the fixture's"),
-    "metrics_k7_fresh": (
-        15,
-        "families the simulator does not export: cache_config_info, engine_sleep_state, "
-        "estimated_{flops,read_bytes,write_bytes}_per_gpu, external_prefix_cache_{hits,queries}, "
-        "iteration_tokens, mm_cache_{hits,queries}, num_requests_waiting_by_reason, "
-        "prompt_tokens_{by_source,cached}, request_max_num_generation_tokens, "
-        "request_prefill_kv_computed_tokens; every family it does export matches",
-    ),
     "metrics_k0": (
-        35,
-        "the 15 missing families of metrics_k7_fresh, plus 20 whose values come from the "
-        "stats input.json recorded through PrometheusStatLogger (not replayed into the sim)",
+        26,
+        "the families whose values come from the stats input.json records through "
+        "PrometheusStatLogger (3 finished requests, not replayed into the sim); every other "
+        "family matches (metrics_k7_fresh: all of them)",
     ),
-    "metrics_k7": (39, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
+    "metrics_k7": (30, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
 }
 
-_MISSING_033 = (
-    "0.33's admission_rejections, prompt_tokens_cached_by_source and "
-    "request_num_preemptions, and the 15 of 0.28's metrics_k7_fresh; every family "
-    "the simulator exports matches"
-)
 EXPECTED_033: dict[str, tuple[int, str]] = {
     "anth_count_tokens": EXPECTED_028["anth_count_tokens"],
     "emb_base64": EXPECTED_028["emb_base64"],
-    "metrics_k7_fresh": (18, f"families the simulator does not export: {_MISSING_033}"),
     "metrics_k0": (
-        38,
-        "the 18 missing families of metrics_k7_fresh, plus the 20 recorded values (as in 0.28)",
+        28,
+        "as in 0.28, with 0.33's prompt_tokens_cached_by_source and request_num_preemptions",
     ),
-    "metrics_k7": (42, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
+    "metrics_k7": (32, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
 }
 EXPECTED = {"0.28.0": EXPECTED_028, "0.33.0": EXPECTED_033}
 
