@@ -118,6 +118,26 @@ class Family:
     SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
     SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
     SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label `position`
+    # Exported by both 0.28 and 0.33 (the simulator's values: see loadtests/sim/metrics.py).
+    CACHE_CONFIG_INFO = "vllm:cache_config_info"
+    SLEEP_STATE = "vllm:engine_sleep_state"  # label `sleep_state`
+    EST_FLOPS = "vllm:estimated_flops_per_gpu"  # MFU counters, zero without --enable-mfu-metrics
+    EST_READ_BYTES = "vllm:estimated_read_bytes_per_gpu"
+    EST_WRITE_BYTES = "vllm:estimated_write_bytes_per_gpu"
+    EXTERNAL_PREFIX_QUERIES = "vllm:external_prefix_cache_queries"
+    EXTERNAL_PREFIX_HITS = "vllm:external_prefix_cache_hits"
+    ITERATION_TOKENS = "vllm:iteration_tokens_total"  # a histogram, `_total` in its name
+    MM_CACHE_QUERIES = "vllm:mm_cache_queries"
+    MM_CACHE_HITS = "vllm:mm_cache_hits"
+    WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"  # label `reason`
+    PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source"  # label `source`
+    PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached"
+    REQUEST_MAX_GENERATION = "vllm:request_max_num_generation_tokens"
+    REQUEST_PREFILL_KV_COMPUTED = "vllm:request_prefill_kv_computed_tokens"
+    # 0.33 only.
+    ADMISSION_REJECTIONS = "vllm:admission_rejections"  # labels model_name, reason (no engine)
+    PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source"  # label `source`
+    REQUEST_PREEMPTIONS = "vllm:request_num_preemptions"
 
 
 def counter_sample(family: str) -> str:

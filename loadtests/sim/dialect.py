@@ -42,6 +42,17 @@ class Dialect:
     # with a bare 16-hex id (its output_item.done also carries `"summary":[]`) and the final
     # response gives the message a fresh `msg_…` id.
     responses_stable_message_id: bool
+    # /v1/messages errors: 0.33 maps the HTTP status to Anthropic's type names
+    # (`not_found_error`, ...) and answers a mid-stream engine error by closing the open block
+    # and sending `api_error`; 0.28 passes vLLM's internal names (`NotFoundError`) and, failing
+    # to parse the chat layer's error frame, sends pydantic's complaint with the block open.
+    anthropic_error_types: bool
+    # /v1/messages: 0.33's message_delta carries `stop_sequence`, and a matched stop string is
+    # `stop_reason: "stop_sequence"` with the string; 0.28 says `end_turn` and sends none.
+    anthropic_stop_sequence: bool
+    # qwen3 reasoning: 0.33 sends the text after `</think>` (its `\n\n`) as content; 0.28's
+    # parser drops the whitespace right after the end tag.
+    reasoning_keeps_newlines: bool
 
     def has_flag(self, flag: str) -> bool:
         return versions.has_flag(self.version, flag)
@@ -67,6 +78,9 @@ def dialect(version: str) -> Dialect:
         responses_incomplete_event=new,
         responses_prompt_cache=new,
         responses_stable_message_id=new,
+        anthropic_error_types=new,
+        anthropic_stop_sequence=new,
+        reasoning_keeps_newlines=new,
     )
 
 

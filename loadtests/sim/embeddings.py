@@ -12,7 +12,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import protocol, wire
+from . import float32, protocol, wire
 from .asgi import DropResponse, json_response
 from .protocol import EmbeddingRequest, RequestError
 from .state import Sim
@@ -29,11 +29,15 @@ def _embed(seed_parts: object, dim: int, out_dim: int) -> array.array[float]:
 
 def _embed_all(
     inputs: list[str | list[int]], dim: int, out_dim: int, fmt: str
-) -> list[list[float] | str]:
-    data: list[list[float] | str] = []
+) -> list[float32.Values | str]:
+    """float: vLLM writes the float32 values with orjson (0.33 always, 0.28 when orjson is
+    importable, as in its image), each as its shortest decimal."""
+    data: list[float32.Values | str] = []
     for x in inputs:
         vec = _embed(x if isinstance(x, str) else tuple(x), dim, out_dim)
-        data.append(base64.b64encode(vec.tobytes()).decode() if fmt == "base64" else vec.tolist())
+        data.append(
+            base64.b64encode(vec.tobytes()).decode() if fmt == "base64" else float32.shortest(vec)
+        )
     return data
 
 

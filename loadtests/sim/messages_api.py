@@ -1,9 +1,9 @@
 """`/v1/messages` and `/v1/messages/count_tokens`: Anthropic's Messages API on the same engine,
-as vLLM 0.28 serves it (a chat request underneath; bytes from messages_wire.py).
+as vLLM 0.28 and 0.33 serve it (a chat request underneath; bytes from messages_wire.py).
 
 A body that does not validate gets vLLM's generic OpenAI-shaped 400 (the Anthropic handler never
 sees it); errors the handler returns (unknown model, tools without a tool parser) are
-Anthropic-shaped with vLLM's internal type names.
+Anthropic-shaped, with vLLM's internal type names in 0.28 and Anthropic's in 0.33.
 
 With tools (and `--enable-auto-tool-choice --tool-call-parser`) or `--reasoning-parser`, the
 request is converted to the chat request vLLM builds (tools, tool_choice, tool_use / tool_result
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import field_validator
@@ -22,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from . import messages_wire as mw
-from . import protocol, scripted, toolparse, tooluse
+from . import preamble, protocol, scripted, toolparse, tooluse
 from .asgi import DropResponse, FrameSource, json_response
 from .engine import EngineRequest, SamplingSpec
 from .protocol import ChatMessage, ChatRequest, RequestError
@@ -61,8 +62,11 @@ class MessagesRequest(CountTokensRequest):
         return value
 
 
-def _error(status: int, err_type: str, message: str) -> RequestError:
-    return RequestError(status, mw.anthropic_error(err_type, message))
+def _error(sim: Sim, status: int, internal: str, message: str) -> RequestError:
+    """An error the Anthropic handler answers (in its shape; type names by version)."""
+    return RequestError(
+        status, mw.anthropic_error(mw.error_type(sim.dialect, status, internal), message)
+    )
 
 
 def _tool_result_text(content: Any) -> str:
@@ -181,13 +185,15 @@ def _structured(plan: tooluse.Plan, output_config: dict[str, Any] | None) -> too
 async def _prompt(
     sim: Sim, req: CountTokensRequest
 ) -> tuple[list[int], list[int], str, tooluse.Plan]:
-    if req.model != sim.model:
-        raise _error(404, "NotFoundError", f"The model `{req.model}` does not exist.")
+    try:
+        sim.check_model(req.model)  # vLLM's own check and message, in Anthropic's shape
+    except RequestError as err:
+        raise _error(sim, 404, "NotFoundError", str(err)) from None
     chat = _chat_request(req)
     try:
         tooluse.check_tool_choice(sim.config, scripted.chat_tools(chat.tools), chat.tool_choice)
     except RequestError:  # the same check, answered in Anthropic's shape
-        raise _error(400, "BadRequestError", tooluse.AUTO_TOOL_CHOICE_ERROR) from None
+        raise _error(sim, 400, "BadRequestError", tooluse.AUTO_TOOL_CHOICE_ERROR) from None
     plan = tooluse.chat_plan(sim.config, chat)
     if isinstance(req, MessagesRequest):
         plan = _structured(plan, req.output_config)
@@ -198,7 +204,7 @@ async def _prompt(
 
 async def count_tokens(sim: Sim, request: Request) -> Response:
     try:
-        req = protocol.parse(CountTokensRequest, await request.body())
+        req = sim.parse(CountTokensRequest, await request.body())
         ids, _, _, _ = await _prompt(sim, req)
     except RequestError as err:
         return json_response(err.body, err.status)
@@ -206,71 +212,84 @@ async def count_tokens(sim: Sim, request: Request) -> Response:
     return json_response({"input_tokens": n, "context_management": {"original_input_tokens": n}})
 
 
+@dataclass(frozen=True, slots=True)
+class _Prompt:
+    ids: list[int]
+    hashes: list[int]
+    text: str
+    plan: tooluse.Plan
+    max_tokens: int
+    temperature: float
+
+
 async def messages(sim: Sim, request: Request) -> Response:
-    sim.stats.requests += 1
-    gated = sim.gate()
-    if gated is not None:
-        return gated
-    try:
-        req = protocol.parse(MessagesRequest, await request.body())
-        prompt_ids, hashes, text, plan = await _prompt(sim, req)
-        max_tokens = protocol.resolve_max_tokens(
-            req.max_tokens, len(prompt_ids), sim.profile.max_model_len
+    async def prepare(req: MessagesRequest) -> _Prompt:
+        ids, hashes, text, plan = await _prompt(sim, req)
+        max_tokens, temperature = protocol.sampling(
+            req.max_tokens, len(ids), sim.profile.max_model_len, req.temperature, req.top_p
         )
-        temperature = 1.0 if req.temperature is None else req.temperature
-        protocol.check_sampling(1, temperature, req.top_p, max_tokens)
-    except RequestError as err:
-        sim.stats.errors += 1
-        return json_response(err.body, err.status)
+        return _Prompt(ids, hashes, text, plan, max_tokens, temperature)
+
+    admitted = await preamble.admit(sim, request, MessagesRequest, prepare)
+    if isinstance(admitted, Response):
+        return admitted
+    req, p = admitted
     if sim.drop_after() is not None and not req.stream:
         return DropResponse()
     message_id = sim.request_id(request, None, "chatcmpl")
     ereq = sim.new_request(
         message_id,
-        prompt_key=text,
-        prompt_ids=prompt_ids,
-        hashes=hashes,
+        prompt_key=p.text,
+        prompt_ids=p.ids,
+        hashes=p.hashes,
         sampling=SamplingSpec(
-            max_tokens=max_tokens, stop=tuple(req.stop_sequences or ()), temperature=temperature
+            max_tokens=p.max_tokens,
+            stop=tuple(req.stop_sequences or ()),
+            temperature=p.temperature,
         ),
         n=1,
         seed=None,
-        script=plan.script,
+        script=p.plan.script,
     )
     sim.submit(ereq)
     if req.stream:
         stream = mw.MessagesStream(
-            message_id=message_id, model=sim.model, prompt_tokens=len(prompt_ids)
+            message_id=message_id, model=sim.model, prompt_tokens=len(p.ids), d=sim.dialect
         )
-        return sim.stream_response(ereq, _frames(sim, ereq, stream, plan))
-    results = await sim.collect(ereq, request.receive)
-    if results is None:
-        return Response(status_code=499)
-    if sim.drop_after() is not None:
-        return DropResponse()
+        return sim.stream_response(ereq, _frames(sim, ereq, stream, p.plan))
+    results = await preamble.collect(sim, ereq, request)
+    if isinstance(results, Response):
+        return results
     (r,) = results
     content: str | None = r.text
     reasoning: str | None = None
     calls: list[dict[str, Any]] = []
     finish: str | None = r.finish_reason
-    if plan.parses:
+    if p.plan.parses:
         content, reasoning, calls = toolparse.parse_full(
-            r.text, reasoning=plan.reasoning, tool_parser=plan.tool_parser, tools=plan.schemas
+            r.text, reasoning=p.plan.reasoning, tool_parser=p.plan.tool_parser, tools=p.plan.schemas
         )
-        finish = _finish(plan, finish, bool(calls))
+        finish = _finish(p.plan, finish, bool(calls))
     return json_response(
         mw.message(
             message_id,
             sim.model,
             content,
             finish,
-            len(prompt_ids),
+            len(p.ids),
             len(r.token_ids),
-            None,
+            _cached(sim, ereq),
             reasoning=reasoning,
             calls=calls,
+            stop_reason=r.stop_reason,
+            d=sim.dialect,
         )
     )
+
+
+def _cached(sim: Sim, req: EngineRequest) -> int | None:
+    """The prompt's cached tokens, reported apart with `--enable-prompt-tokens-details`."""
+    return req.cached_tokens if sim.config.enable_prompt_tokens_details else None
 
 
 def _finish(plan: tooluse.Plan, finish: str | None, called: bool) -> str | None:
@@ -290,13 +309,14 @@ async def _frames(
         for d in deltas:
             tokens += len(d.token_ids)
             if parser is None or d.finish_reason == "error":
-                out += stream.delta(d.text, d.finish_reason)
+                out += stream.delta(d.text, d.finish_reason, d.stop_reason)
                 continue
             delta = parser.feed(d.text, d.token_ids, d.finish_reason is not None)
             finish = _finish(plan, d.finish_reason, parser.tool_calls_streamed)
-            out += stream.chat_delta(delta, finish)
+            out += stream.chat_delta(delta, finish, d.stop_reason)
         if out:
             yield out
     sim.finished(req)
-    if not req.aborted:
+    if not req.aborted and not stream.failed:  # an engine error ended the stream already
+        stream.cached = _cached(sim, req)
         yield stream.end(tokens)

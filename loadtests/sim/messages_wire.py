@@ -1,12 +1,13 @@
-"""vLLM 0.28's Anthropic Messages bytes, built from the engine's output (sans-io).
+"""vLLM's Anthropic Messages bytes (0.28 and 0.33), built from the engine's output (sans-io).
 
 vLLM serves `/v1/messages` by turning the request into a chat request (with continuous usage
 when streaming) and translating the chat stream's chunks into Anthropic events
 (`message_stream_converter`), or the chat body into a message (`messages_full_converter`). This
 module writes what that translation yields, fed the chat layer's deltas (toolparse.ChatParser:
 text, reasoning, tool calls): `event: <type>\\ndata: <json>\\n\\n` frames, `type` first and
-`index` after `delta`/`content_block`, no `ping`, no `[DONE]`. Checked byte for byte against the
-0.28.0 `anth_*` golden fixtures (tests/sim/test_golden_messages.py, tests/sim/test_golden.py).
+`index` after `delta`/`content_block`, no `ping`, no `[DONE]`. What 0.33 changed (stop
+sequences, error type names, the mid-stream error) follows the Dialect. Checked byte for byte
+against the `anth_*` golden fixtures (tests/sim/test_golden_messages.py, tests/sim/test_golden.py).
 """
 
 from __future__ import annotations
@@ -18,9 +19,21 @@ import orjson
 
 from proxy.vllm_wire import EVENT, FRAME_END, Json
 
-# 0.28 maps the chat finish reason; a matched stop string is reported as `end_turn`, and no
-# `stop_sequence` is sent.
+from .dialect import Dialect, dialect
+
+# The chat finish reason, mapped; 0.28 reports a matched stop string as `end_turn` too.
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+V028 = dialect("0.28.0")
+# 0.33's names for an error's HTTP status (Anthropic's vocabulary).
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
 
 # 0.28's converter cannot parse the chat layer's mid-stream error frame and reports pydantic's
 # complaint about it instead (the chat error's message is always vLLM's "Internal server error").
@@ -40,8 +53,22 @@ def event(kind: str, obj: Json) -> bytes:
 
 
 def anthropic_error(err_type: str, message: str) -> Json:
-    """`translate_error_response`: 0.28 passes vLLM's internal error type name."""
+    """`translate_error_response`'s body."""
     return {"type": "error", "error": {"type": err_type, "message": message}}
+
+
+def error_type(d: Dialect, status: int, internal: str) -> str:
+    """0.28 passes vLLM's internal error type name (`NotFoundError`), 0.33 maps the status."""
+    if not d.anthropic_error_types:
+        return internal
+    return ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+
+
+def stop(d: Dialect, finish_reason: str | None, stop_reason: object) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence): 0.33 reports a matched stop string as `stop_sequence`."""
+    if d.anthropic_stop_sequence and finish_reason == "stop" and isinstance(stop_reason, str):
+        return "stop_sequence", stop_reason
+    return STOP_REASONS.get(finish_reason or "stop", "end_turn"), None
 
 
 def usage(prompt_tokens: int, output_tokens: int, cached: int | None) -> Json:
@@ -94,17 +121,24 @@ def message(
     *,
     reasoning: str | None = None,
     calls: list[Json] | None = None,
+    stop_reason: object = None,
+    d: Dialect = V028,
 ) -> Json:
-    """A full (non-streaming) message: `model_dump(exclude_none=True)`, no `stop_sequence`."""
-    return {
+    """A full (non-streaming) message: `model_dump(exclude_none=True)`, so `stop_sequence` only
+    when one matched (0.33)."""
+    reason, sequence = stop(d, finish_reason, stop_reason)
+    body: Json = {
         "id": message_id,
         "type": "message",
         "role": "assistant",
         "content": content_blocks(text, reasoning, calls or []),
         "model": model,
-        "stop_reason": STOP_REASONS.get(finish_reason or "stop", "end_turn"),
-        "usage": usage(prompt_tokens, output_tokens, cached),
+        "stop_reason": reason,
     }
+    if sequence is not None:
+        body["stop_sequence"] = sequence
+    body["usage"] = usage(prompt_tokens, output_tokens, cached)
+    return body
 
 
 def _block_event(kind: str, index: int, **fields: Json) -> bytes:
@@ -121,8 +155,15 @@ class MessagesStream:
     """
 
     def __init__(
-        self, *, message_id: str, model: str, prompt_tokens: int, cached: int | None = None
+        self,
+        *,
+        message_id: str,
+        model: str,
+        prompt_tokens: int,
+        cached: int | None = None,
+        d: Dialect = V028,
     ) -> None:
+        self.d = d
         self.message_id, self.model = message_id, model
         self.prompt_tokens, self.cached = prompt_tokens, cached
         self.kind: str | None = None  # the open block's type
@@ -131,6 +172,7 @@ class MessagesStream:
         self.tool_ids: dict[int, str] = {}  # chat tool-call index -> tool_use id
         self.pending: list[str] = []  # text held back while a tool_use block is open
         self.finish_reason: str | None = None
+        self.stop_reason: object = None  # the matched stop string, if one was
         self.failed = False
 
     def start(self) -> bytes:
@@ -156,18 +198,25 @@ class MessagesStream:
     def block_open(self) -> bool:
         return self.kind is not None
 
-    def delta(self, text: str, finish_reason: str | None) -> list[bytes]:
+    def delta(
+        self, text: str, finish_reason: str | None, stop_reason: object = None
+    ) -> list[bytes]:
         """A plain text step (no parsers): the chat layer's `{"content": text}`."""
-        return self.chat_delta({"content": text}, finish_reason)
+        return self.chat_delta({"content": text}, finish_reason, stop_reason)
 
-    def chat_delta(self, delta: Json | None, finish_reason: str | None) -> list[bytes]:
-        """One chat chunk's events. An `error` finish ends the stream here: 0.28 leaves the
-        open block open and sends neither `message_delta` nor `message_stop`."""
+    def chat_delta(
+        self, delta: Json | None, finish_reason: str | None, stop_reason: object = None
+    ) -> list[bytes]:
+        """One chat chunk's events. An `error` finish ends the stream here, with neither
+        `message_delta` nor `message_stop`: 0.28 leaves the open block open, 0.33 closes it."""
         if finish_reason == "error":
             self.failed = True
-            return [event("error", anthropic_error("internal_error", MIDSTREAM_ERROR))]
+            if not self.d.anthropic_error_types:
+                return [event("error", anthropic_error("internal_error", MIDSTREAM_ERROR))]
+            error = anthropic_error("api_error", "Internal server error")
+            return [*self._close(), event("error", error)]
         if finish_reason is not None:
-            self.finish_reason = finish_reason
+            self.finish_reason, self.stop_reason = finish_reason, stop_reason
         if not delta:
             return []
         out: list[bytes] = []
@@ -258,13 +307,16 @@ class MessagesStream:
         """From the final usage chunk and `[DONE]`: close the block(s), `message_delta`, stop."""
         out = self._close()
         out += self._close()  # the text block a closing tool_use block may have opened
-        reason = STOP_REASONS.get(self.finish_reason or "stop", "end_turn")
+        reason, sequence = stop(self.d, self.finish_reason, self.stop_reason)
+        delta: Json = {"stop_reason": reason}
+        if self.d.anthropic_stop_sequence:
+            delta["stop_sequence"] = sequence
         out.append(
             event(
                 "message_delta",
                 {
                     "type": "message_delta",
-                    "delta": {"stop_reason": reason},
+                    "delta": delta,
                     "usage": usage(self.prompt_tokens, output_tokens, self.cached),
                 },
             )

@@ -1,7 +1,8 @@
 """vLLM's Prometheus metrics, with vLLM's names, types, labels and buckets, on a private registry.
 
-Each simulated server owns its registry (several sims may share a test process). Only the
-series a gateway or dashboard reads are kept (see the wire-format reference, §3). Durations are
+Each simulated server owns its registry (several sims may share a test process). The series a
+gateway or dashboard reads are recorded here (see the wire-format reference, §3); the rest of
+vLLM's families, for the version imitated, come from metrics_more.py. Durations are
 observed in wall-clock seconds, i.e. already multiplied by `--time-scale`: that is what a client
 of this process measures; `/version` reports the scale for tools that want unscaled figures.
 """
@@ -11,7 +12,10 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder
 
-from proxy.vllm_wire import Family
+from proxy.vllm_wire import Family, counter_sample
+
+from .dialect import DEFAULT
+from .metrics_more import MoreMetrics
 
 TTFT_BUCKETS = (
     0.001,
@@ -100,11 +104,20 @@ def _one_two_five(limit: int) -> list[float]:
 class SimMetrics:
     """All series of one engine; children are pre-bound to (model_name, engine="0")."""
 
-    def __init__(self, model_name: str, max_model_len: int, num_spec_tokens: int) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        num_spec_tokens: int,
+        *,
+        vllm_version: str = DEFAULT,
+        block_size: int = 16,
+    ) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
         names = ["model_name", "engine"]
         lv = (model_name, "0")
+        self._labels = dict(zip(names, lv, strict=True))
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, names, registry=reg, multiprocess_mode="mostrecent")
@@ -149,6 +162,13 @@ class SimMetrics:
         # vLLM pre-creates every finished_reason series so rates start at zero.
         self.success = {r: success.labels(*lv, r) for r in FINISH_REASONS}
         token_buckets = _one_two_five(max_model_len)
+        self.more = MoreMetrics(
+            reg,
+            lv,
+            new=vllm_version != "0.28.0",
+            token_buckets=token_buckets,
+            block_size=block_size,
+        )
         self.request_prompt_tokens = histogram(
             Family.REQUEST_PROMPT_TOKENS, "Number of prefill tokens processed.", token_buckets
         ).labels(*lv)
@@ -220,6 +240,14 @@ class SimMetrics:
             )
             self.spec_per_pos = [per_pos.labels(*lv, str(p)) for p in range(num_spec_tokens)]
 
+    def _value(self, sample: str) -> float:
+        return self.registry.get_sample_value(sample, self._labels) or 0.0
+
     def exposition(self, accept_header: str) -> tuple[bytes, str]:
+        self.more.sync(
+            prompt_tokens=self._value(counter_sample(Family.PROMPT_TOKENS)),
+            cached_tokens=self._value(counter_sample(Family.PREFIX_CACHE_HITS)),
+            waiting=self._value(Family.WAITING),
+        )
         encoder, content_type = choose_encoder(accept_header)
         return encoder(self.registry), content_type

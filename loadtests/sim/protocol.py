@@ -18,12 +18,20 @@ from proxy import vllm_wire
 Json = dict[str, Any]
 
 
-class VLLMValidationError(ValueError):
-    """A validation error that names the offending parameter (vLLM's class of the same name)."""
+class VLLMValidationError(Exception):
+    """A validation error that names the offending parameter (vLLM's class of the same name).
+
+    Not a ValueError, as in vLLM: raised in a validator it escapes pydantic unwrapped and is
+    answered by vLLM's own error handler (`BadRequestError`, `<message> (parameter=<name>)`),
+    not as a "1 validation error" (golden err_400_cmpl_validation, err_400_stream_options)."""
 
     def __init__(self, message: str, *, parameter: str | None = None) -> None:
         super().__init__(message)
         self.parameter = parameter
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return base if self.parameter is None else f"{base} (parameter={self.parameter})"
 
 
 class RequestError(Exception):
@@ -165,19 +173,31 @@ def _clean_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) if parts else ".".join(str(p) for p in loc)
 
 
+def _short_input(value: Any) -> Any:
+    """0.33's `input` of a validation error: a string as is, a container by its size, any other
+    value as its text ('<dict of 2 items>', '0')."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    return str(value)
+
+
+def _short_033(err: dict[str, Any]) -> dict[str, Any]:
+    out = dict(err)
+    if "loc" in out:
+        out["loc"] = ".".join(str(p) for p in out["loc"])
+    if "input" in out:
+        out["input"] = _short_input(out["input"])
+    return out
+
+
 def _validation_error(errors: list[dict[str, Any]], dotted: bool = False) -> RequestError:
     param: str | None = None
-    for err in errors:
-        ctx_error = err.get("ctx", {}).get("error")
-        if isinstance(ctx_error, VLLMValidationError):
-            param = ctx_error.parameter
-            break
-    if param is None and errors and errors[0].get("loc"):
+    if errors and errors[0].get("loc"):
         param = _clean_loc(tuple(errors[0]["loc"]))
-    if dotted:  # vLLM 0.33 writes each error's `loc` as the dotted string
-        errors = [
-            {**e, "loc": ".".join(str(p) for p in e["loc"])} if "loc" in e else e for e in errors
-        ]
+    if dotted:  # vLLM 0.33: each error's `loc` as the dotted string, `input` in short
+        errors = [_short_033(e) for e in errors]
     count = len(errors)
     message = f"{count} validation {'error' if count == 1 else 'errors'}:\n"
     message += "".join(f"  {err}\n" for err in errors)
@@ -216,6 +236,8 @@ def parse(model: type[M], body: bytes, *, dotted_loc: bool = False) -> M:
         )
     try:
         return model.model_validate(data)
+    except VLLMValidationError as exc:
+        raise bad_request(str(exc), exc.parameter) from None
     except ValidationError as exc:
         errors: list[dict[str, Any]] = []
         for err in exc.errors(include_url=False):
@@ -309,6 +331,20 @@ def check_sampling(n: int, temperature: float, top_p: float | None, max_tokens: 
         raise bad_request(f"top_p must be in (0, 1], got {top_p}.", "top_p")
     if max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+
+
+def sampling(
+    requested: int | None,
+    prompt_len: int,
+    max_model_len: int,
+    temperature: float | None,
+    top_p: float | None,
+) -> tuple[int, float]:
+    """(max_tokens, temperature) of a one-answer request, checked as vLLM does."""
+    max_tokens = resolve_max_tokens(requested, prompt_len, max_model_len)
+    temp = 1.0 if temperature is None else temperature
+    check_sampling(1, temp, top_p, max_tokens)
+    return max_tokens, temp
 
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int) -> int:

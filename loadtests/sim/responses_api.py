@@ -4,38 +4,46 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import protocol, toolparse, tooluse
+from . import preamble, protocol, toolparse, tooluse
 from .asgi import DropResponse, FrameSource, json_response
 from .engine import EngineRequest, SamplingSpec
-from .protocol import RequestError, ResponsesRequest
+from .protocol import ChatMessage, ResponsesRequest
 from .responses_tools import ResponsesItems
 from .responses_wire import ResponsesEvents
 from .state import Sim
 
 
+@dataclass(frozen=True, slots=True)
+class _Prompt:
+    messages: list[ChatMessage]
+    plan: tooluse.Plan
+    ids: list[int]
+    hashes: list[int]
+    max_tokens: int
+    temperature: float
+
+
 async def responses(sim: Sim, request: Request) -> Response:
-    sim.stats.requests += 1
-    gated = sim.gate()
-    if gated is not None:
-        return gated
-    try:
-        req = sim.parse(ResponsesRequest, await request.body())
+    async def prepare(req: ResponsesRequest) -> _Prompt:
         sim.check_model(req.model)
         messages = protocol.render_responses_input(req)
         plan = tooluse.responses_plan(sim.config, req, messages)
-        prompt_ids, hashes = await sim.tokenize(protocol.render_chat(messages, req.tools))
-        max_tokens = protocol.resolve_max_tokens(
-            req.max_output_tokens, len(prompt_ids), sim.profile.max_model_len
+        ids, hashes = await sim.tokenize(protocol.render_chat(messages, req.tools))
+        max_tokens, temperature = protocol.sampling(
+            req.max_output_tokens, len(ids), sim.profile.max_model_len, req.temperature, req.top_p
         )
-        temperature = 1.0 if req.temperature is None else req.temperature
-        protocol.check_sampling(1, temperature, req.top_p, max_tokens)
-    except RequestError as err:
-        sim.stats.errors += 1
-        return json_response(err.body, err.status)
+        return _Prompt(messages, plan, ids, hashes, max_tokens, temperature)
+
+    admitted = await preamble.admit(sim, request, ResponsesRequest, prepare)
+    if isinstance(admitted, Response):
+        return admitted
+    req, p = admitted
+    messages, plan, prompt_ids, temperature = p.messages, p.plan, p.ids, p.temperature
     if sim.drop_after() is not None and not req.stream:
         return DropResponse()
     rid = request.headers.get("x-request-id") or secrets.token_hex(8)
@@ -43,8 +51,8 @@ async def responses(sim: Sim, request: Request) -> Response:
         f"resp_{rid}",
         prompt_key=("responses", [m.model_dump() for m in messages]).__repr__(),
         prompt_ids=prompt_ids,
-        hashes=hashes,
-        sampling=SamplingSpec(max_tokens=max_tokens, temperature=temperature),
+        hashes=p.hashes,
+        sampling=SamplingSpec(max_tokens=p.max_tokens, temperature=temperature),
         n=1,
         seed=req.seed,
         script=plan.script,
@@ -55,7 +63,7 @@ async def responses(sim: Sim, request: Request) -> Response:
         created=int(time.time()),
         model=sim.model,
         temperature=temperature,
-        max_output_tokens=max_tokens,
+        max_output_tokens=p.max_tokens,
         instructions=req.instructions,
         tools=req.tools,
         tool_choice=req.tool_choice,
@@ -68,11 +76,9 @@ async def responses(sim: Sim, request: Request) -> Response:
         if plan.parses:
             return sim.stream_response(ereq, _parsed_frames(sim, ereq, events, plan, items))
         return sim.stream_response(ereq, _responses_frames(sim, ereq, events))
-    results = await sim.collect(ereq, request.receive)
-    if results is None:
-        return Response(status_code=499)
-    if sim.drop_after() is not None:
-        return DropResponse()
+    results = await preamble.collect(sim, ereq, request)
+    if isinstance(results, Response):
+        return results
     (result,) = results
     text = result.text
     truncated = result.finish_reason == "length"

@@ -110,7 +110,13 @@ class Sim:
         self.profile = profile
         self.model = config.served_model_name
         self.embed_dim = config.embed_dim or profile.embed_dim
-        self.metrics = SimMetrics(self.model, profile.max_model_len, profile.num_spec_tokens)
+        self.metrics = SimMetrics(
+            self.model,
+            profile.max_model_len,
+            profile.num_spec_tokens,
+            vllm_version=config.vllm_version,
+            block_size=profile.block_size,
+        )
         self.core = EngineCore(
             profile,
             self.metrics,

@@ -10,7 +10,7 @@ vLLM's chat stream (`DeltaMessage`: content, reasoning, tool_calls, only the fie
 * reasoning (`--reasoning-parser qwen3`): text between `<think>` and `</think>`; a step holding
   only `<think>` yields no chunk; with the Qwen3 engine parser (qwen3 + qwen3_coder) and with the
   reasoning parser alone, the newlines right after `</think>` are not streamed as content, with
-  hermes they are;
+  hermes they are (0.33, `keep_newlines`: with the reasoning parser alone they are too);
 * qwen3_coder: the name once `<function=NAME>` is complete, the arguments as JSON text one complete
   parameter at a time (string values left open, closed by the next parameter or `</function>`);
 * hermes: the name once its string is complete, then the raw `arguments` text as it arrives, the
@@ -140,9 +140,15 @@ class ChatParser:
     """vLLM 0.28.0's reasoning + tool parsing of one chat choice, one engine step at a time."""
 
     def __init__(
-        self, *, reasoning: bool, tool_parser: str | None, tools: dict[str, Json] | None = None
+        self,
+        *,
+        reasoning: bool,
+        tool_parser: str | None,
+        tools: dict[str, Json] | None = None,
+        keep_newlines: bool = False,
     ) -> None:
         self.reasoning = reasoning
+        self.keep_newlines = keep_newlines
         self.tool_parser = tool_parser
         self.schemas = tools or {}
         self.text = ""
@@ -203,7 +209,8 @@ class ChatParser:
             return rest
         self.pos += end + len(END_THINK)
         self.in_reasoning = False
-        self.skip_newlines = self.tool_parser != "hermes"
+        keep = self.tool_parser == "hermes" or (self.keep_newlines and self.tool_parser is None)
+        self.skip_newlines = not keep
         return rest[:end]
 
     def _content_part(self) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 from proxy import vllm_wire
 
 from . import scripted, toolparse
+from .dialect import dialect
 from .protocol import ChatMessage, ChatRequest, RequestError, ResponsesRequest
 from .scripted import Tool, Turn
 from .sequences import Script
@@ -38,10 +39,14 @@ class Plan:
     tool_parser: str | None  # the tool parser that runs (None: not for this request)
     schemas: dict[str, dict[str, Any]]
     named: bool  # a named tool_choice: finish_reason stays "stop"
+    keep_newlines: bool = False  # 0.33: see ChatParser
 
     def parser(self) -> toolparse.ChatParser:
         return toolparse.ChatParser(
-            reasoning=self.reasoning, tool_parser=self.tool_parser, tools=self.schemas
+            reasoning=self.reasoning,
+            tool_parser=self.tool_parser,
+            tools=self.schemas,
+            keep_newlines=self.keep_newlines,
         )
 
     @property
@@ -68,8 +73,9 @@ def _plan(
     reasoning = config.reasoning_parser is not None
     thinking = thinking and reasoning
     offered = bool(tools) and tool_choice != "none"
+    keep = dialect(config.vllm_version).reasoning_keeps_newlines
     if not offered and not thinking:
-        return Plan(None, None, reasoning, None, {}, named=False)
+        return Plan(None, None, reasoning, None, {}, named=False, keep_newlines=keep)
     turn = scripted.decide(tools, tool_choice, calls_made, thinking=thinking)
     # "required" and a named function are decoded without the auto parser; the simulator writes
     # their calls in the configured parser's markup (hermes without one) and parses them back.
@@ -79,7 +85,7 @@ def _plan(
     script = Script(tuple(toolparse.pieces(text)), complete)
     schemas = {t.name: t.parameters for t in tools}
     named = isinstance(tool_choice, dict)
-    return Plan(turn, script, reasoning, tool_parser, schemas, named)
+    return Plan(turn, script, reasoning, tool_parser, schemas, named, keep)
 
 
 def chat_plan(config: SimConfig, req: ChatRequest) -> Plan:

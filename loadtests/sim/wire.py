@@ -9,6 +9,7 @@ follows the reference (`shared/reference/vllm-wire-format.md` §1, §2.4, §6, �
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from proxy.vllm_wire import Json, sse, usage
@@ -397,7 +398,12 @@ def completion_response(
 
 
 def embedding_response(
-    *, request_id: str, created: int, model: str, data: list[list[float] | str], prompt_tokens: int
+    *,
+    request_id: str,
+    created: int,
+    model: str,
+    data: Sequence[Sequence[object] | str],
+    prompt_tokens: int,
 ) -> Json:
     return {
         "id": request_id,

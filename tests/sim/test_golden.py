@@ -41,105 +41,29 @@ EXPECTED_028: dict[str, tuple[int, str]] = {
         "count_tokens: the simulator's tokenizer counts the rendered prompt "
         "differently from the fixture's synthetic prompt ids",
     ),
-    **{
-        name: (
-            1,
-            "--enable-prompt-tokens-details: the simulator's Messages usage does not split "
-            "input_tokens into cache_read/cache_creation yet",
-        )
-        for name in ("anth_full_prompt_tokens_details", "anth_stream_prompt_tokens_details")
-    },
-    "anth_stream_error_midstream": (
-        3,
-        "engine finish_reason 'error' (as chat_stream_error_midstream): vLLM's translation "
-        "writes its error event and stops; the simulator closes the block and ends the message",
-    ),
-    "emb_float": (
+    "emb_float_no_orjson": (
         1,
-        "0.28 answers embeddings with ORJSONResponse (float32 shortest repr, -0.08396084); the "
-        "simulator writes float32 values as doubles, the no-orjson form (emb_float_no_orjson "
-        "matches)",
+        "vLLM 0.28 without orjson importable writes Python doubles; the simulator imitates an "
+        "image with orjson installed (emb_float matches)",
     ),
     "emb_base64": (1, "vectors: the simulator's hash-seeded vector differs from the fixture's"),
-    "err_400_cmpl_validation": (
-        1,
-        "missing prompt: vLLM answers VLLMValidationError (BadRequestError, `... "
-        "(parameter=prompt)`); the simulator a pydantic '1 validation error' (Bad Request)",
-    ),
-    "err_400_stream_options": (
-        1,
-        "stream_options without stream: same VLLMValidationError vs pydantic wrapping as "
-        "err_400_cmpl_validation (README, 'Notable differences')",
-    ),
-    "metrics_k7_fresh": (
-        15,
-        "families the simulator does not export: cache_config_info, engine_sleep_state, "
-        "estimated_{flops,read_bytes,write_bytes}_per_gpu, external_prefix_cache_{hits,queries}, "
-        "iteration_tokens, mm_cache_{hits,queries}, num_requests_waiting_by_reason, "
-        "prompt_tokens_{by_source,cached}, request_max_num_generation_tokens, "
-        "request_prefill_kv_computed_tokens; every family it does export matches",
-    ),
     "metrics_k0": (
-        35,
-        "the 15 missing families of metrics_k7_fresh, plus 20 whose values come from the "
-        "stats input.json recorded through PrometheusStatLogger (not replayed into the sim)",
+        26,
+        "the families whose values come from the stats input.json records through "
+        "PrometheusStatLogger (3 finished requests, not replayed into the sim); every other "
+        "family matches (metrics_k7_fresh: all of them)",
     ),
-    "metrics_k7": (39, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
+    "metrics_k7": (30, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
 }
 
-# The simulator's Messages translation is 0.28.0's (the golden README lists 0.33's changes:
-# message_delta's stop_sequence, matched stop strings, Anthropic error type names, 404 aliases,
-# the mid-stream error, the `\n\n` after </think>).
-_ANTH_033_WHY = "Messages on 0.33: the simulator's translation is 0.28.0's"
-_ANTH_033 = {
-    "anth_count_tokens": 1,
-    "anth_err_400_count_tokens_tools_without_auto_tool_choice": 1,
-    "anth_err_400_tools_without_auto_tool_choice": 1,
-    "anth_err_400_validation": 1,
-    "anth_err_400_validation_max_tokens": 1,
-    "anth_err_404_count_tokens_unknown_model": 1,
-    "anth_err_404_unknown_model": 1,
-    "anth_full_prompt_tokens_details": 1,
-    "anth_full_stop_sequence": 1,
-    "anth_stream_error_midstream": 4,
-    "anth_stream_max_tokens": 1,
-    "anth_stream_plain": 1,
-    "anth_stream_prompt_tokens_details": 1,
-    # the `\n\n` after </think> as a first text delta: every later frame of the block shifts
-    "anth_stream_reasoning": 6,
-    "anth_stream_stop_sequence": 1,
-    "anth_stream_tools_qwen3_coder": 1,
-    "anth_stream_tools_qwen3_coder_noreasoning": 1,
-}
-_MISSING_033 = (
-    "0.33's admission_rejections, prompt_tokens_cached_by_source and "
-    "request_num_preemptions, and the 15 of 0.28's metrics_k7_fresh; every family "
-    "the simulator exports matches"
-)
 EXPECTED_033: dict[str, tuple[int, str]] = {
-    **{name: (n, _ANTH_033_WHY) for name, n in _ANTH_033.items()},
-    **{
-        name: (
-            1,
-            "qwen3 reasoning: 0.33 sends the `\\n\\n` after `</think>` as content in the "
-            "same chunk as the last reasoning; the simulator (0.28's parser) drops it",
-        )
-        for name in ("chat_stream_reasoning", "chat_stream_reasoning_continuous")
-    },
-    "emb_float": (
-        1,
-        "0.33 always encodes embeddings with orjson (float32 shortest repr); the "
-        "simulator writes doubles",
-    ),
+    "anth_count_tokens": EXPECTED_028["anth_count_tokens"],
     "emb_base64": EXPECTED_028["emb_base64"],
-    "err_400_cmpl_validation": EXPECTED_028["err_400_cmpl_validation"],
-    "err_400_stream_options": EXPECTED_028["err_400_stream_options"],
-    "metrics_k7_fresh": (18, f"families the simulator does not export: {_MISSING_033}"),
     "metrics_k0": (
-        38,
-        "the 18 missing families of metrics_k7_fresh, plus the 20 recorded values (as in 0.28)",
+        28,
+        "as in 0.28, with 0.33's prompt_tokens_cached_by_source and request_num_preemptions",
     ),
-    "metrics_k7": (42, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
+    "metrics_k7": (32, "as metrics_k0, with the 4 spec_decode families' recorded values too"),
 }
 EXPECTED = {"0.28.0": EXPECTED_028, "0.33.0": EXPECTED_033}
 

@@ -63,7 +63,7 @@ def test_stream_options_without_stream(sim: SimServer) -> None:
     resp = post(sim, {"model": MODEL, "messages": MSGS, "stream_options": {"include_usage": True}})
     assert resp.status_code == 400
     err = resp.json()["error"]
-    assert err["param"] == "stream_options" and err["type"] == "Bad Request"
+    assert err["param"] == "stream_options" and err["type"] == "BadRequestError"
     assert "Stream options can only be defined when `stream=True`." in err["message"]
 
 

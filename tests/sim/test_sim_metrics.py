@@ -158,3 +158,40 @@ def test_prefix_cache_counters(sim: SimServer) -> None:
         after[series("vllm:prompt_tokens_total")] - before[series("vllm:prompt_tokens_total")]
         == 2 * prompt
     )
+
+
+def _samples(m: Any) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = m.exposition("text/plain")[0].decode()
+    return {
+        s.name + str(sorted(s.labels.items())): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+
+
+@pytest.mark.parametrize("version", ["0.28.0", "0.33.0"])
+def test_derived_families_follow_the_recorded_ones(version: str) -> None:
+    """Cached prompt tokens are the prefix-cache hits, by source local; the waiting requests
+    are all waiting for capacity; 0.33's own families exist in 0.33 mode only."""
+    from loadtests.sim.metrics import SimMetrics
+
+    m = SimMetrics(MODEL, 4096, 0, vllm_version=version)
+    m.prompt_tokens.inc(100)
+    m.prefix_hits.inc(64)
+    m.waiting.set(3)
+    lv = [("engine", "0"), ("model_name", MODEL)]
+    for _ in range(2):  # a second scrape adds nothing
+        got = _samples(m)
+        assert got["vllm:prompt_tokens_cached_total" + str(lv)] == 64
+        by_source = "vllm:prompt_tokens_by_source_total"
+        assert got[by_source + str(sorted([*lv, ("source", "local_cache_hit")]))] == 64
+        assert got[by_source + str(sorted([*lv, ("source", "local_compute")]))] == 36
+        waiting = "vllm:num_requests_waiting_by_reason"
+        assert got[waiting + str(sorted([*lv, ("reason", "capacity")]))] == 3
+    cached_by_source = "vllm:prompt_tokens_cached_by_source_total"
+    device = str(sorted([*lv, ("source", "device")]))
+    assert (cached_by_source + device in got) == (version == "0.33.0")
+    if version == "0.33.0":
+        assert got[cached_by_source + device] == 64
