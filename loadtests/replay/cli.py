@@ -81,12 +81,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="the simulator's time scale (--sim default 0.05; else 1.0)",
     )
     where.add_argument("--duration", type=float, default=60.0, help="wall seconds")
+    where.add_argument(
+        "--warmup",
+        type=float,
+        default=0.0,
+        help="wall seconds not measured: turns started before it and the engines' counters "
+        "until then are left out (0: the whole run is measured, cold caches included)",
+    )
     where.add_argument("--progress-s", type=float, default=5.0, help="progress line every S s")
     where.add_argument("--out", type=Path, default=None, help="write replay.json and replay.png")
     w = p.add_argument_group("workload (defaults: the seeds' traffic shape)")
     w.add_argument("--agents", type=int, default=d.agents, help="1-16 agents at once")
     w.add_argument("--turns", type=int, default=d.turns, help="turns per session")
-    w.add_argument("--initial-context", type=int, default=d.initial_context, help="tokens")
+    w.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=d.shared_prefix,
+        help="system prompt + tools every session of one agent kind sends first, tokens",
+    )
+    w.add_argument(
+        "--initial-context",
+        type=int,
+        default=d.initial_context,
+        help="each session's own repository context, tokens",
+    )
     w.add_argument(
         "--new-tokens",
         type=int,
@@ -174,8 +192,18 @@ def _counters(urls: list[str]) -> dict[str, float] | None:
     return out
 
 
-async def _run(driver: Driver, progress_s: float) -> list[TurnResult]:
+async def _snapshot(delay_s: float, urls: list[str]) -> dict[str, float] | None:
+    await asyncio.sleep(delay_s)
+    return await asyncio.to_thread(_counters, urls)
+
+
+async def _run(
+    driver: Driver, progress_s: float, warmup_s: float, urls: list[str]
+) -> tuple[list[TurnResult], dict[str, float] | None]:
+    """The run, and the engines' counters at the end of the warm-up (None: no warm-up, or the
+    run ended first)."""
     task = asyncio.ensure_future(driver.run())
+    snap = asyncio.ensure_future(_snapshot(warmup_s, urls)) if warmup_s > 0 else None
     t0 = time.monotonic()
     while not task.done():
         await asyncio.wait([task], timeout=progress_s)
@@ -187,7 +215,10 @@ async def _run(driver: Driver, progress_s: float) -> list[TurnResult]:
                 file=sys.stderr,
                 flush=True,
             )
-    return task.result()
+    if snap is not None and not snap.done():
+        snap.cancel()
+        return task.result(), None
+    return task.result(), None if snap is None else snap.result()
 
 
 def replay(
@@ -204,14 +235,21 @@ def replay(
         verify=target.verify,
         api_key=target.api_key,
     )
-    turns = asyncio.run(_run(driver, args.progress_s))
+    turns, warm = asyncio.run(_run(driver, args.progress_s, args.warmup, target.metrics))
     wall = time.monotonic() - t0
     cpu = {"client": (self_cpu() - me0) / wall}
     cpu.update({who: (cpu_seconds(p) - cpu0[who]) / wall for who, p in target.pids.items()})
     after = _counters(target.metrics)
-    engines = None if before is None or after is None else report.delta(before, after)
+    start = warm or before
+    engines = None if start is None or after is None else report.delta(start, after)
     return report.build(
-        turns, params=asdict(params), time_scale=scale, wall_s=wall, engines=engines, cpu=cpu
+        turns,
+        params=asdict(params),
+        time_scale=scale,
+        wall_s=wall,
+        engines=engines,
+        cpu=cpu,
+        warmup_s=args.warmup / scale if warm is not None else 0.0,
     )
 
 
@@ -224,6 +262,7 @@ def main(argv: list[str]) -> int:
         params = WorkloadParams(
             agents=args.agents,
             turns=args.turns,
+            shared_prefix=args.shared_prefix,
             initial_context=args.initial_context,
             new_tokens=args.new_tokens,
             gen_tokens=args.gen_tokens,

@@ -2,8 +2,8 @@
 
     python -m loadtests.replay.table [--agents 1 2 4 8 16] [--duration 60] [--time-scale 0.1]
 
-One run per cell, one after another (one simulator and one gateway at a time); each cell's
-replay.json is kept under --out. Prints the Markdown table the README shows.
+One run per cell, one after another (one simulator and one gateway at a time), measured after
+--warmup; each cell's replay.json is kept under --out. Prints the Markdown table the README shows.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def _cell(agents: int, temperature: str, args: argparse.Namespace) -> dict[str, 
         str(args.duration),
         "--time-scale",
         str(args.time_scale),
+        "--warmup",
+        str(args.warmup),
         "--seed",
         str(args.seed),
         "--out",
@@ -60,15 +62,16 @@ def row(agents: int, temperature: str, data: dict[str, Any]) -> str:
     return (
         f"| {agents} | {temperature} | {o['turns']} | {_p(o['turn_s'])} | "
         f"{_p(o['ttft_s'])} | {_p(o['decode_tok_s'])} | "
-        f"{'-' if hit is None else f'{hit:.1%}'} | {o.get('preemptions', 0):.0f} | "
+        f"{'-' if hit is None else f'{hit:.1%}'} | {o.get('prefilled_per_turn') or 0:.0f} | "
+        f"{o.get('preemptions', 0):.0f} | "
         f"{ctx.get('p50', 0) / 1000:.0f}K / {ctx.get('max', 0) / 1000:.0f}K | {cpu:.0%} |"
     )
 
 
 HEADER = (
     "| agents | temperature | turns | turn s p50 / p95 | TTFT s p50 / p95 | "
-    "decode tok/s p50 / p95 | prefix hits | preemptions | context p50 / max | "
-    "busiest CPU |\n|---|---|---|---|---|---|---|---|---|---|"
+    "decode tok/s p50 / p95 | prefix hits | prefilled / turn | preemptions | "
+    "context p50 / max | busiest CPU |\n|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -78,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--temperatures", nargs="+", default=["0.7", "unset"])
     p.add_argument("--duration", type=float, default=60.0, help="wall seconds per cell")
     p.add_argument("--time-scale", type=float, default=0.1)
+    p.add_argument(
+        "--warmup", type=float, default=5.0, help="wall seconds per cell left out of the figures"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("sessions-table"))
     p.add_argument("extra", nargs="*", help="more replay flags, after --")

@@ -1,6 +1,9 @@
 """Coding-agent sessions as the seeds describe their traffic (pure: no I/O, no clock).
 
-A session starts from a system prompt and a repository context, then runs turns: each turn
+A session starts from its agent kind's system prompt and tool definitions (the same for every
+session of that kind: `shared_prefix` tokens, so a new session's first turn finds them in the
+prefix cache, as real agents' do; subagents are a kind of their own) and a repository context of
+its own, then runs turns: each turn
 sends the whole conversation so far (the message array grows, so every turn's prompt extends
 the previous one and the prefix cache serves it, as in production), gets ~460 generated tokens,
 "runs tools" for a while and appends their output (~4,000 new prompt tokens). A session ends
@@ -14,6 +17,7 @@ Defaults are the facts' shape (shared/GB10-facts.md): 41 M prompt tokens for 192
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import dataclass, field
@@ -28,7 +32,9 @@ APIS = ("chat", "responses", "messages")
 class WorkloadParams:
     agents: int = 2
     turns: int = 16  # per session
-    initial_context: int = 8000  # system prompt + repository context, tokens
+    # System prompt and tool definitions every session of one agent kind sends first, tokens.
+    shared_prefix: int = 20_000
+    initial_context: int = 8000  # the session's own repository context, tokens
     new_tokens: int = 4000  # tool output appended per turn, tokens
     gen_tokens: int = 460  # mean generated tokens per turn (log-normal)
     gen_sigma: float = 0.6
@@ -57,6 +63,16 @@ class WorkloadParams:
 def _text(seed: int, tokens: int) -> str:
     """About `tokens` tokens of code-like text (the simulator's tokenizer splits it back)."""
     return "".join(CodeText(seed).next_pieces(max(1, tokens)))
+
+
+@functools.cache
+def _shared_prefix(seed: int, subagent: bool, tokens: int) -> str:
+    """The system prompt every session of one agent kind starts with (main agent or subagent)."""
+    head = "You are a coding agent working in a repository. Use the tools to read, edit "
+    head += "and test code; answer with code.\n"
+    if subagent:
+        head = "You are a subagent: do the one task you are given and report.\n"
+    return head + (_text(derive_seed(seed, subagent, "shared"), tokens) if tokens > 0 else "")
 
 
 def tool_defs(n: int) -> list[dict[str, Any]]:
@@ -117,8 +133,8 @@ class Session:
         context = params.subagent_context if subagent else params.initial_context
         self.turns_left = params.subagent_turns if subagent else params.turns
         system = (
-            "You are a coding agent working in a repository. Use the tools to read, edit "
-            "and test code; answer with code.\n\n# Repository context\n"
+            _shared_prefix(params.seed, subagent, params.shared_prefix)
+            + "\n\n# Repository context\n"
             + _text(derive_seed(*self.key, "context"), context)
         )
         self.messages: list[dict[str, str]] = [
@@ -129,7 +145,7 @@ class Session:
                 "the backlog and make the tests pass.",
             },
         ]
-        self.context_tokens = context + 40
+        self.context_tokens = params.shared_prefix + context + 40
         self.turn = 0
 
     @property

@@ -11,12 +11,15 @@ from dataclasses import dataclass
 
 from .device import Device
 from .metrics import SimMetrics
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, chain
 from .profiles import Profile
 from .sequences import Delta, EngineRequest, Sequence, State
-from .textgen import EOS_TOKEN_ID, token_ids
+from .textgen import EOS_TOKEN_ID, piece_id, split_pieces, token_ids
 
 _ACCEPT_CAP = 0.99  # no draft position is certain, whatever the multipliers say
+# Newline runs by token id: a chat prompt ends with one ("<|im_start|>assistant\n"), and the
+# stand-in tokenizer merges it with an answer's leading newlines when the next prompt holds both.
+_NEWLINE_RUNS = {piece_id("\n" * k): "\n" * k for k in range(1, 9)}
 
 
 @dataclass(slots=True)
@@ -233,6 +236,8 @@ class EngineCore:
         elif seq.num_generated + take >= sp.max_tokens:
             finish = "length"
         pieces = seq.text.next_pieces(take - 1 if eos else take)
+        if seq.pieces is not None:
+            seq.pieces.extend(pieces)
         ids = token_ids(pieces)
         if eos:
             ids.append(EOS_TOKEN_ID)
@@ -253,7 +258,30 @@ class EngineCore:
             text = new_text
         req.push(Delta(seq.index, text, ids, finish, stop_reason))
         if finish is not None:
+            self._cache_output(seq, eos)
             self._finish(seq, finish, now)
+
+    def _cache_output(self, seq: Sequence, eos: bool) -> None:
+        """The full blocks decoding filled join the prefix cache, as vLLM hashes every full
+        block of a request, so the next turn (whose prompt holds this answer) hits them.
+
+        vLLM hashes the generated ids, which its tokenizer gives back when the answer is sent
+        again; the stand-in tokenizer merges newline runs across pieces, so the output is hashed
+        as the next prompt will split it: the prompt's last newline run, the answer, and the
+        end-of-turn marker (the template writes `<|im_end|>` where EOS was generated)."""
+        req = seq.request
+        if seq.pieces is None or req.tail_ids is None:
+            return
+        tail = list(req.tail_ids)
+        lead = _NEWLINE_RUNS.get(tail[-1], "") if tail else ""
+        if lead:
+            tail.pop()
+        text = lead + "".join(seq.pieces) + ("<|im_end|>" if eos else "")
+        prev = req.block_hashes[-1] if req.block_hashes else 0
+        self.cache.insert(
+            chain(tail + token_ids(split_pieces(text)), self.profile.block_size, prev)
+        )
+        seq.pieces = None
 
     def _apply_stop(self, seq: Sequence, new_text: str, final: bool) -> tuple[str, str | None]:
         sp = seq.request.sampling

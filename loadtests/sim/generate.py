@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -51,13 +51,37 @@ async def _generate(
     return json_response(answer(p, created, results))
 
 
+_Req = TypeVar("_Req", ChatRequest, CompletionRequest)
+
+
+async def _parsed(sim: Sim, request: Request, model: type[_Req]) -> _Req:
+    """The request body, validated, for the served model (raises RequestError)."""
+    req = sim.parse(model, await request.body())
+    sim.check_model(req.model)
+    return req
+
+
+def _chunk_args(sim: Sim, p: Prepared, created: int) -> dict[str, Any]:
+    """What a chat and a completions stream's chunks are built from alike."""
+    return {
+        "request_id": p.request_id,
+        "created": created,
+        "model": sim.model,
+        "include_usage": p.include_usage,
+        "continuous_usage": p.continuous_usage,
+        "fingerprint": sim.fingerprint,
+        "prompt_tokens": p.prompt_tokens,
+        "return_token_ids": p.return_token_ids,
+        **sim.chunk_dialect(),
+    }
+
+
 async def chat_completions(sim: Sim, request: Request) -> Response:
     plan = tooluse.Plan(None, None, False, None, {}, named=False)
 
     async def prepare() -> Prepared:
         nonlocal plan
-        req = sim.parse(ChatRequest, await request.body())
-        sim.check_model(req.model)
+        req = await _parsed(sim, request, ChatRequest)
         plan = tooluse.chat_plan(sim.config, req)
         return await sim.prepare(
             request,
@@ -70,18 +94,10 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
 
     def stream(p: Prepared, created: int) -> FrameSource:
         chunks = wire.ChatChunks(
-            request_id=p.request_id,
-            created=created,
-            model=sim.model,
-            include_usage=p.include_usage,
-            continuous_usage=p.continuous_usage,
-            fingerprint=sim.fingerprint,
-            prompt_tokens=p.prompt_tokens,
             prompt_token_ids=p.prompt_ids,
-            return_token_ids=p.return_token_ids,
-            **sim.chunk_dialect(),
             parsers=[plan.parser() for _ in range(p.engine_req.n)] if plan.parses else None,
             tool_finish=not plan.named,
+            **_chunk_args(sim, p, created),
         )
         return _frames(sim, p, chunks.role, chunks.content, chunks.usage_chunk)
 
@@ -198,8 +214,7 @@ async def _frames(
 
 async def completions(sim: Sim, request: Request) -> Response:
     async def prepare() -> Prepared:
-        req = sim.parse(CompletionRequest, await request.body())
-        sim.check_model(req.model)
+        req = await _parsed(sim, request, CompletionRequest)
         prompt = req.prompt
         text: str | None = None
         ids: list[int] | None = None
@@ -215,17 +230,7 @@ async def completions(sim: Sim, request: Request) -> Response:
         return await sim.prepare(request, req, "cmpl", text, ids)
 
     def stream(p: Prepared, created: int) -> FrameSource:
-        chunks = wire.CompletionChunks(
-            request_id=p.request_id,
-            created=created,
-            model=sim.model,
-            include_usage=p.include_usage,
-            continuous_usage=p.continuous_usage,
-            fingerprint=sim.fingerprint,
-            prompt_tokens=p.prompt_tokens,
-            return_token_ids=p.return_token_ids,
-            **sim.chunk_dialect(),
-        )
+        chunks = wire.CompletionChunks(**_chunk_args(sim, p, created))
         return _frames(sim, p, None, chunks.content, chunks.usage_chunk)
 
     def answer(p: Prepared, created: int, results: list[Result]) -> dict[str, Any]:

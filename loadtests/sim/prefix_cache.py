@@ -1,9 +1,25 @@
-"""The prefix cache: computed KV blocks by chained block hash, least recently used out first."""
+"""The prefix cache: computed KV blocks by chained block hash, least recently used out first.
+
+A block's hash chains its tokens with the previous block's hash, as vLLM's does, so a block hits
+only after the same whole prefix. Prompt blocks and the blocks a sequence filled while decoding
+are hashed alike (`chain`), so the next turn, whose prompt holds this one's answer, hits both.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
+
+
+def chain(ids: Seq[int], block_size: int, prev: int = 0) -> list[int]:
+    """The hashes of the full blocks of `ids`, chained after the block whose hash is `prev`
+    (0: from the start of the sequence); a partial last block has none."""
+    out: list[int] = []
+    h = prev
+    for i in range(0, len(ids) - block_size + 1, block_size):
+        h = hash((h, tuple(ids[i : i + block_size])))
+        out.append(h)
+    return out
 
 
 class PrefixCache:

@@ -95,6 +95,7 @@ class Sequence:
         "kv_tokens",
         "in_cache",
         "preempted",
+        "pieces",
     )
 
     def __init__(self, request: EngineRequest, index: int, profile: Profile) -> None:
@@ -134,6 +135,8 @@ class Sequence:
         self.kv_tokens = request.prompt_len
         self.in_cache = 0  # of its KV tokens, those that are prefix-cache blocks
         self.preempted = False  # once preempted, it recomputes instead of starting afresh
+        # Its generated pieces, kept to hash the blocks decoding fills (core._cache_output).
+        self.pieces: list[str] | None = None if request.tail_ids is None else []
 
 
 class EngineRequest:
@@ -150,6 +153,7 @@ class EngineRequest:
         key: int,
         arrival: float,
         script: Script | None = None,
+        tail_ids: Seq[int] | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_len = prompt_len
@@ -159,6 +163,9 @@ class EngineRequest:
         self.key = key
         self.arrival = arrival
         self.script = script
+        # The prompt's tokens after its last full block: the output's blocks chain on from them
+        # (None: not known, the output is not cached).
+        self.tail_ids = None if tail_ids is None else list(tail_ids)
         self.sequences: list[Sequence] = []
         self.cached_tokens = 0
         self.aborted = False

@@ -26,6 +26,7 @@ from .engine import Engine, EngineCore, EngineRequest, SamplingSpec
 from .faults import Faults
 from .metrics import SimMetrics
 from .playback import Playback
+from .prefix_cache import chain
 from .profiles import Profile
 from .protocol import ChatRequest, CompletionRequest
 from .sequences import Script
@@ -195,13 +196,7 @@ class Sim:
         return self.block_hashes(token_ids(split_pieces(text)))
 
     def block_hashes(self, ids: list[int]) -> tuple[list[int], list[int]]:
-        bs = self.profile.block_size
-        hashes: list[int] = []
-        h = 0
-        for i in range(0, len(ids) - bs + 1, bs):
-            h = hash((h, tuple(ids[i : i + bs])))
-            hashes.append(h)
-        return ids, hashes
+        return ids, chain(ids, self.profile.block_size)
 
     def new_request(
         self,
@@ -230,6 +225,7 @@ class Sim:
             key=key,
             arrival=asyncio.get_running_loop().time(),
             script=script,
+            tail_ids=prompt_ids[len(hashes) * self.profile.block_size :],
         )
 
     def submit(self, req: EngineRequest) -> None:

@@ -32,7 +32,12 @@ def test_turns_extend_the_previous_prompt() -> None:
 def test_sessions_compact_at_the_context_limit() -> None:
     s = Session(
         WorkloadParams(
-            turns=50, initial_context=1000, new_tokens=400, gen_tokens=100, max_context=2500
+            turns=50,
+            shared_prefix=500,
+            initial_context=1000,
+            new_tokens=400,
+            gen_tokens=100,
+            max_context=2500,
         ),
         0,
         0,
@@ -43,6 +48,18 @@ def test_sessions_compact_at_the_context_limit() -> None:
         s.record("a", 100)
         turns += 1
     assert turns < 50 and s.context_tokens <= 2500
+
+
+def test_sessions_of_one_kind_share_their_system_prefix() -> None:
+    params = WorkloadParams(shared_prefix=2000, initial_context=500)
+    a, b = Session(params, 0, 0), Session(params, 1, 3)
+    sub = Session(params, 0, 1001, subagent=True)
+    sa, sb, ss = (s.next_turn().messages[0]["content"] for s in (a, b, sub))
+    shared = sa[: len(sa) - len(sa.partition("# Repository context")[2])]
+    assert len(shared) > 4000 and sb.startswith(shared)  # the agent kind's prompt and tools
+    assert sa != sb  # each session's own repository context follows
+    assert not ss.startswith(shared[:200])  # subagents are a kind of their own
+    assert a.context_tokens == 2000 + 500 + 40
 
 
 def test_generated_tokens_average_the_mean() -> None:
@@ -99,6 +116,23 @@ def test_summary_figures() -> None:
     assert len(built["warnings"]) == 1 and "client" in built["warnings"][0]
 
 
+def test_turns_in_the_warm_up_are_not_measured() -> None:
+    early, late = _turn(0, 10.0), _turn(0, 30.0)
+    late.start_s = 100.0
+    built = report.build(
+        [early, late],
+        params={},
+        time_scale=0.1,
+        wall_s=20.0,
+        engines={"prefix_queries": 1000.0, "prefix_hits": 960.0, "preemptions": 0.0},
+        cpu={},
+        warmup_s=50.0,
+    )
+    o = built["overall"]
+    assert o["turns"] == 1 and o["turn_s"]["p50"] == 30.0 and len(built["turns"]) == 2
+    assert o["prefilled_per_turn"] == 40.0 and "50 s warm-up" in built["window"]
+
+
 def test_engine_counters() -> None:
     text = (
         '# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{engine="0"} 5\n'
@@ -126,8 +160,12 @@ def test_replay_smoke_through_the_gateway(tmp_path: Path) -> None:
         "3",
         "--time-scale",
         "0.02",
+        "--shared-prefix",
+        "800",
         "--initial-context",
         "600",
+        "--warmup",
+        "1",
         "--new-tokens",
         "300",
         "--gen-tokens",
@@ -152,5 +190,7 @@ def test_replay_smoke_through_the_gateway(tmp_path: Path) -> None:
     assert set(data["per_agent"]) == {"0", "1"}
     assert o["prefix_hit_rate"] > 0.3  # turns extend each other's prompts
     assert o["preemptions"] == 0
+    assert data["warmup_s"] == 50.0 and "warm-up" in data["window"]  # 1 s wall at 0.02
+    assert o["turns"] == sum(1 for t in data["turns"] if t["start_s"] >= 50.0)
     assert (tmp_path / "replay.png").stat().st_size > 1000
     assert {t["temperature"] for t in data["turns"]} == {0.7, None}

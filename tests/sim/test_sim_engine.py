@@ -8,7 +8,9 @@ import pytest
 
 from loadtests.sim.engine import Delta, EngineCore, EngineRequest, SamplingSpec
 from loadtests.sim.metrics import SimMetrics
+from loadtests.sim.prefix_cache import chain
 from loadtests.sim.profiles import BUILTIN_PROFILES, Profile, ProfileError, load_profiles
+from loadtests.sim.textgen import split_pieces, token_ids
 
 
 def make_core(profile: str | Profile = "dflash7-prob-block", **kw: int) -> EngineCore:
@@ -205,6 +207,54 @@ def test_prefix_cache_hits_for_a_repeated_prompt() -> None:
     warm = core.plan_step(10.0).duration
     assert again.cached_tokens == 3999  # the last token is always recomputed
     assert cold > 1.9 and warm < 0.2  # ~2 s of prefill at 2,000 tokens/s, then almost none
+
+
+def _chat_prompt(turns: list[tuple[str, str]]) -> tuple[list[int], list[int], list[int]]:
+    """A rendered conversation's ids, block hashes and tail (what Sim.new_request passes)."""
+    text = "".join(f"<|im_start|>{role}\n{body}<|im_end|>\n" for role, body in turns)
+    ids = token_ids(split_pieces(text + "<|im_start|>assistant\n"))
+    hashes = chain(ids, 16)
+    return ids, hashes, ids[len(hashes) * 16 :]
+
+
+def test_generated_blocks_serve_the_next_turn() -> None:
+    # vLLM hashes every full block, those decoding filled too: the next turn, whose prompt holds
+    # this turn's answer, finds them cached and prefills only what the tools added.
+    core = make_core()
+    history = [("system", "You write code.\n" * 40), ("user", "Implement it.")]
+    ids, hashes, tail = _chat_prompt(history)
+    first = EngineRequest(
+        "t1",
+        prompt_len=len(ids),
+        block_hashes=hashes,
+        sampling=SamplingSpec(max_tokens=300, min_tokens=300),
+        n=1,
+        key=1,
+        arrival=0.0,
+        tail_ids=tail,
+    )
+    core.add(first)
+    deltas = run(core, [first])["t1"]
+    answer = "".join(d.text for step in deltas for d in step)
+    assert sum(len(d.token_ids) for step in deltas for d in step) == 300
+    ids2, hashes2, tail2 = _chat_prompt([*history, ("assistant", answer), ("user", "x = 1\n" * 50)])
+    second = EngineRequest(
+        "t2",
+        prompt_len=len(ids2),
+        block_hashes=hashes2,
+        sampling=SamplingSpec(max_tokens=5),
+        n=1,
+        key=2,
+        arrival=0.0,
+        tail_ids=tail2,
+    )
+    core.add(second)
+    core.plan_step(100.0)  # admission, on the core's virtual clock
+    # All of the first prompt and of the answer, but the block the end-of-turn marker completes.
+    assert second.cached_tokens >= (len(ids) + 300) // 16 * 16 - 16
+    assert second.cached_tokens > len(ids) + 250
+    added = len(ids2) - len(ids) - 300  # the tools' output and the template's markers
+    assert len(ids2) - second.cached_tokens <= added + 32
 
 
 def test_acceptance_collapse_factor() -> None:
