@@ -282,7 +282,9 @@ class PublicApp:
             session = table.view(sid, x.t0)
             record.session, record.subagent = sid.key, sid.subagent
             record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
-        view = request_view(body, x.endpoint, x.model, x.client.name, x.headers, x.t0, session)
+        view = request_view(
+            body, x.endpoint, x.model, x.client.name, x.headers, x.t0, session, identified=True
+        )
         decision = for_body(decide(view, gw.live.snapshot(), policy), x.endpoint, body)
         if sid is not None and decision.backend is not None:
             table.placed(sid, x.client.name, decision.backend, x.t0)

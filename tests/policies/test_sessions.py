@@ -160,3 +160,18 @@ def test_canary_key_is_the_session() -> None:
         {"model": "e", "input": "x", "user": "u"}, "embeddings", "e", "agent", {}, 0.0
     )
     assert embed.session is None
+
+
+def test_a_caller_that_found_no_session_is_not_fingerprinted_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The gateway identifies the session before the view (proxy/relay/app.py): a headerless
+    # first turn is fingerprinted once, not once more here.
+    calls: list[str] = []
+    monkeypatch.setattr(
+        "policies.inputs.session_of", lambda client, *_: calls.append(client) or None
+    )
+    view = request_view(chat("hi"), "chat", "m", "agent", {}, 0.0, None, identified=True)
+    assert view.session is None and calls == []
+    request_view(chat("hi"), "chat", "m", "agent", {}, 0.0)
+    assert calls == ["agent"]
