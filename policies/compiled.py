@@ -28,6 +28,7 @@ from policies.spec.references import check_references
 from policies.spec.routes import RouteSpec
 from policies.spec.rules import SELECTOR_KINDS, GuardRule, HealthRule, Rule
 from policies.spec.sessions import SessionsSpec
+from policies.types import FIELD_NAMES
 
 DefaultItems = tuple[tuple[str, Any], ...]
 
@@ -187,8 +188,12 @@ def _compile_route(name: str, spec: RouteSpec, doc: PolicyDocument) -> CompiledR
 # The output-token limit has a name per API (chat's old and new, responses'): a clamp on one
 # applies to all, or a client would pick the name the route does not clamp. The decision speaks
 # the canonical `max_tokens` (policies/inputs.py folds each API's spelling into it and
-# `for_body` spells the result as the request did: policies/types.py FIELD_NAMES).
-OUTPUT_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+# `for_body` spells the result as the request did): the names are FIELD_NAMES' own.
+OUTPUT_TOKEN_FIELDS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        ("max_tokens", *(f for names in FIELD_NAMES.values() for f in names.get("max_tokens", ())))
+    )
+)
 
 
 def _clamps(

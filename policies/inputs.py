@@ -33,14 +33,17 @@ def request_view(
     headers: Mapping[bytes, bytes],
     now: float,
     session: SessionView | None = None,
+    *,
+    identified: bool = False,
 ) -> RequestView:
     """`session`: the session table's view of the request's session (policies/sessions.py);
-    without one the session is identified here, as new."""
+    without one the session is identified here, as new, unless the caller already tried
+    (`identified`: the request has no session, and fingerprinting it again would find none)."""
     temperature = body.get("temperature")
     min_p = body.get("min_p")
     n = body.get("n")
     pinned = headers.get(b"x-specrouter-variant")
-    if session is None and endpoint != "embeddings":
+    if session is None and not identified and endpoint != "embeddings":
         sid = session_of(client, body, headers)
         session = None if sid is None else SessionView(sid.key, sid.subagent)
     numeric = {k: v for k, v in body.items() if _is_number(v)}

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from policies.compiled import CompiledRoute
-from policies.spec.rules import CanaryRule, ClientRule, ContentRule, LoadRule, SamplingRule
+from policies.spec.rules import SELECTOR_KINDS, LoadRule, SamplingRule
 from policies.types import BackendState, LiveState, RequestView
 
 _UNKNOWN: Final = BackendState()  # a backend the gateway has not observed yet counts as up, idle
@@ -35,41 +35,32 @@ def load_count(rule: LoadRule, state: LiveState, route: CompiledRoute) -> int:
     return total
 
 
-def _select_load(
-    rule: LoadRule,
+def select(
+    rule: Any,
     view: RequestView,
     state: LiveState,
     route: CompiledRoute,
     content_class: str | None,
     temperature: float,
 ) -> str | None:
-    # "At most N" counts this request: with N = 2, two agents share the deep variant, a third
-    # goes elsewhere.
-    if load_count(rule, state, route) + 1 <= rule.max_in_flight:
-        return rule.use
-    return rule.otherwise
-
-
-def _select_content(
-    rule: ContentRule,
-    view: RequestView,
-    state: LiveState,
-    route: CompiledRoute,
-    content_class: str | None,
-    temperature: float,
-) -> str | None:
-    return rule.use if content_class in rule.classes else None
-
-
-def _select_sampling(
-    rule: SamplingRule,
-    view: RequestView,
-    state: LiveState,
-    route: CompiledRoute,
-    content_class: str | None,
-    temperature: float,
-) -> str | None:
-    return rule.use if temperature_in_range(rule, temperature) else None
+    """The variant a selector rule picks, or None to let the next rule decide: its `use` when
+    the rule matches; a load rule that does not match picks its `otherwise`."""
+    kind = rule.kind  # a string compare: isinstance on a pydantic model goes through ABCMeta
+    use: str | None = rule.use
+    if kind == "load":
+        # "At most N" counts this request: with N = 2, two agents share the deep variant, a
+        # third goes elsewhere.
+        otherwise: str | None = rule.otherwise
+        return use if load_count(rule, state, route) + 1 <= rule.max_in_flight else otherwise
+    if kind == "content":
+        matched = content_class in rule.classes
+    elif kind == "sampling":
+        matched = temperature_in_range(rule, temperature)
+    elif kind == "client":
+        matched = view.client in rule.clients
+    else:
+        matched = kind == "canary" and view.canary_bucket * 100.0 < rule.percent
+    return use if matched else None
 
 
 def temperature_in_range(rule: SamplingRule, temperature: float) -> bool:
@@ -78,35 +69,8 @@ def temperature_in_range(rule: SamplingRule, temperature: float) -> bool:
     return (low is None or temperature >= low) and (high is None or temperature < high)
 
 
-def _select_canary(
-    rule: CanaryRule,
-    view: RequestView,
-    state: LiveState,
-    route: CompiledRoute,
-    content_class: str | None,
-    temperature: float,
-) -> str | None:
-    return rule.use if view.canary_bucket * 100.0 < rule.percent else None
-
-
-def _select_client(
-    rule: ClientRule,
-    view: RequestView,
-    state: LiveState,
-    route: CompiledRoute,
-    content_class: str | None,
-    temperature: float,
-) -> str | None:
-    return rule.use if view.client in rule.clients else None
-
-
-SELECT: Final[dict[str, Selector]] = {
-    "load": _select_load,
-    "content": _select_content,
-    "sampling": _select_sampling,
-    "canary": _select_canary,
-    "client": _select_client,
-}
+# One selector serves every kind; looked up by kind (policies/engine.py, policies/explain.py).
+SELECT: Final[dict[str, Selector]] = dict.fromkeys(SELECTOR_KINDS, select)
 
 
 def is_available(name: str, route: CompiledRoute, state: LiveState) -> bool:

@@ -21,7 +21,7 @@ raw id never leaves this module.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -45,6 +45,11 @@ PARENT_HEADERS: Final = (
 MAX_ID_BYTES: Final = 256  # a longer id is cut: a key is a hash, the bound is on work done
 BILLING_PREFIX: Final = "x-anthropic-billing-header:"
 FINGERPRINT_CHARS: Final = 65_536  # at most this much of the prefix is hashed (~20 us)
+# At most this many content parts are read (system and first user turn together): a real prefix
+# has a handful (Claude Code's system blocks, a prompt and a few reminders), and a list of
+# 100,000 one-character parts would otherwise be walked to the end on every request (~15 ms for
+# a 7 MB list, the event loop stalled meanwhile).
+FINGERPRINT_PARTS: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,60 +104,83 @@ def _make(
 
 def fingerprint(body: Mapping[str, Any]) -> tuple[bytes, bool] | None:
     """(digest of the system prompt and the first user turn, whether earlier turns are in the
-    request), or None without a user turn."""
-    system: list[str] = []
-    first_user: str | None = None
+    request), or None without a user turn. Reads at most `FINGERPRINT_CHARS` characters in
+    `FINGERPRINT_PARTS` content parts, however long the lists the client sent."""
+    walk = _Prefix()
+    first_user: Iterable[str] = ()
     history = False
     messages = body.get("messages")
     if isinstance(messages, list):  # chat and Messages
-        system += _texts(body.get("system"))
+        walk.add(_texts(body.get("system")))
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
                 continue
             role = m.get("role")
             if role in ("system", "developer"):
-                system += _texts(m.get("content"))
+                walk.add(_texts(m.get("content")))
             elif role == "user":
-                first_user = "\n".join(_texts(m.get("content")))
-                history = len(messages) > i + 1
+                first_user, history = _texts(m.get("content")), len(messages) > i + 1
                 break
     else:  # Responses
-        system += _texts(body.get("instructions"))
+        walk.add(_texts(body.get("instructions")))
         first_user, history = _first_user_input(body.get("input"))
-    if not first_user:
+    walk.add(("\x00",))
+    if not walk.add(first_user, sep="\n"):
         return None
-    h = hashlib.blake2b(digest_size=16)
-    budget = FINGERPRINT_CHARS
-    for text in (*system, "\x00", first_user):
-        if budget <= 0:
-            break
-        piece = text[:budget]
-        budget -= len(piece)
-        h.update(piece.encode("utf-8", "surrogatepass"))
-    return h.digest(), history
+    return walk.h.digest(), history
 
 
-def _first_user_input(value: Any) -> tuple[str | None, bool]:
+class _Prefix:
+    """The stable prefix's digest, fed text by text within the budgets: the digest of the
+    texts' first `FINGERPRINT_CHARS` characters, without reading the rest."""
+
+    __slots__ = ("h", "chars", "parts")
+
+    def __init__(self) -> None:
+        self.h = hashlib.blake2b(digest_size=16)
+        self.chars = FINGERPRINT_CHARS
+        self.parts = FINGERPRINT_PARTS
+
+    def add(self, texts: Iterable[str], sep: str = "") -> bool:
+        """Hash `texts` joined by `sep`; whether the joined text is non-empty (a user turn
+        without text is no user turn)."""
+        found = False
+        for n, text in enumerate(texts):
+            if n:
+                self._hash(sep)
+            found = found or bool(text) or (n > 0 and bool(sep))
+            self._hash(text)
+            self.parts -= 1
+            if self.parts <= 0 or (self.chars <= 0 and found):
+                break
+        return found
+
+    def _hash(self, text: str) -> None:
+        if self.chars > 0:
+            piece = text[: self.chars]
+            self.chars -= len(piece)
+            self.h.update(piece.encode("utf-8", "surrogatepass"))
+
+
+def _first_user_input(value: Any) -> tuple[Iterable[str], bool]:
     if isinstance(value, str):
-        return value, False
+        return (value,), False
     if isinstance(value, list):
         for i, item in enumerate(value):
             if isinstance(item, dict) and item.get("role") == "user":
-                return "\n".join(_texts(item.get("content"))), len(value) > i + 1
-    return None, False
+                return _texts(item.get("content")), len(value) > i + 1
+    return (), False
 
 
-def _texts(content: Any) -> list[str]:
-    """The text of a message content (a string or a list of parts), billing lines dropped."""
+def _texts(content: Any) -> Iterator[str]:
+    """The texts of a message content (a string or a list of parts), billing lines dropped,
+    read lazily: the caller stops at its budget."""
     if isinstance(content, str):
-        return [_strip_billing(content)]
-    if isinstance(content, list):
-        return [
-            _strip_billing(p["text"])
-            for p in content
-            if isinstance(p, dict) and isinstance(p.get("text"), str)
-        ]
-    return []
+        yield _strip_billing(content)
+    elif isinstance(content, list):
+        for p in content:
+            if isinstance(p, dict) and isinstance(p.get("text"), str):
+                yield _strip_billing(p["text"])
 
 
 def _strip_billing(text: str) -> str:

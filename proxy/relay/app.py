@@ -21,7 +21,7 @@ from proxy.gateway import Gateway, RequestRecord
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.errors import error_body
 from proxy.relay.exchange import Exchange
-from proxy.relay.fields import Limits, check_fields
+from proxy.relay.fields import Encoded, Limits, check_fields
 from proxy.relay.forward import ENDPOINTS, forward
 from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import PULL
@@ -257,11 +257,12 @@ class PublicApp:
         except orjson.JSONDecodeError as exc:
             await x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
             return False
-        problem = check_fields(x.endpoint, body, self.limits)
+        encoded: Encoded = {}
+        problem = check_fields(x.endpoint, body, self.limits, encoded)
         if problem is not None:
             await x.error(400, problem[0], param=problem[1], headers=rid)
             return False
-        x.body, x.model = body, body["model"]
+        x.body, x.model, x.encoded = body, body["model"], encoded
         return True
 
     async def _decide(self, x: Exchange[Any]) -> bool:
@@ -282,7 +283,9 @@ class PublicApp:
             session = table.view(sid, x.t0)
             record.session, record.subagent = sid.key, sid.subagent
             record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
-        view = request_view(body, x.endpoint, x.model, x.client.name, x.headers, x.t0, session)
+        view = request_view(
+            body, x.endpoint, x.model, x.client.name, x.headers, x.t0, session, identified=True
+        )
         decision = for_body(decide(view, gw.live.snapshot(), policy), x.endpoint, body)
         if sid is not None and decision.backend is not None:
             table.placed(sid, x.client.name, decision.backend, x.t0)

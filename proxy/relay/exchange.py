@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from policies.types import Decision, Endpoint
     from proxy.gateway import Gateway, RequestRecord
     from proxy.relay.asgi import Send
+    from proxy.relay.fields import Encoded
     from proxy.relay.keepalive import Pinger
     from proxy.relay.measure import StreamFilter
     from proxy.relay.push import PushChannel
@@ -70,6 +71,7 @@ class Exchange(Generic[R]):
         "anthropic",
         "client",
         "body",
+        "encoded",
         "model",
         "record",
         "decision",
@@ -90,6 +92,7 @@ class Exchange(Generic[R]):
     # once authenticated and decided (app.py)
     client: ClientSpec
     body: dict[str, Any]
+    encoded: Encoded  # the body's containers as `check_fields` serialised them, for the rewrite
     model: str
     record: RequestRecord
     decision: Decision

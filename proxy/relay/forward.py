@@ -177,7 +177,7 @@ async def open_engine(
     inject = dict(decision.inject)
     if decision.priority is not None and backend.priority_scheduling:
         inject.setdefault("priority", decision.priority)
-    payload = upstream_body(body, inject, backend.served_model_name, usage)
+    payload = upstream_body(body, inject, backend.served_model_name, usage, x.encoded)
     up_headers = _upstream_headers(
         x.headers, x.request_id, x.gw.operator.secret(backend.api_key), x.record.session
     )

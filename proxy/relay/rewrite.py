@@ -13,6 +13,7 @@ import orjson
 
 from policies.capabilities import EngineKind, capabilities
 from policies.types import Endpoint
+from proxy.relay.fields import Encoded
 
 # Endpoints whose streams carry vLLM's `stream_options` usage frames.
 USAGE_ENDPOINTS: frozenset[Endpoint] = frozenset({"chat", "completions"})
@@ -51,8 +52,14 @@ def plan_usage(body: dict[str, Any], endpoint: Endpoint, backend_kind: EngineKin
 
 
 def upstream_body(
-    body: dict[str, Any], inject: dict[str, Any], served_model: str, usage: UsagePlan
+    body: dict[str, Any],
+    inject: dict[str, Any],
+    served_model: str,
+    usage: UsagePlan,
+    encoded: Encoded | None = None,
 ) -> bytes:
+    """The body for the engine. `encoded`: the containers `check_fields` serialised, copied
+    as they are wherever the body still holds the very value checked."""
     out = dict(body)
     out.update(inject)
     out["model"] = served_model
@@ -61,4 +68,7 @@ def upstream_body(
         opts["include_usage"] = True
         opts["continuous_usage_stats"] = True
         out["stream_options"] = opts
+    for name, (value, json) in (encoded or {}).items():
+        if out.get(name) is value:
+            out[name] = json
     return orjson.dumps(out)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from policies.classify import SCAN_CHARS, classify, signals_from_body
+from policies.classify import SCAN_CHARS, SCAN_PARTS, classify, signals_from_body
 from policies.types import ContentSignals
 
 
@@ -88,3 +88,19 @@ BODIES: list[tuple[str, dict[str, Any], ContentSignals]] = [
 )
 def test_signals_from_body(body: dict[str, Any], expected: ContentSignals) -> None:
     assert signals_from_body(body) == expected
+
+
+def test_a_long_content_list_is_sampled_at_its_ends() -> None:
+    # 100,000 parts: the system prompt's first parts and a turn's last parts are read, no more.
+    def parts(at: int, text: str) -> list[dict[str, str]]:
+        out = [{"type": "text", "text": "plain words"} for _ in range(100_000)]
+        out[at] = {"type": "text", "text": text}
+        return out
+
+    def signals(system: list[dict[str, str]], turn: list[dict[str, str]]) -> ContentSignals:
+        return signals_from_body({"messages": [{"role": "system", "content": system}, user(turn)]})
+
+    assert signals(parts(0, "a coding agent"), parts(-1, "see src/app.py")) == ContentSignals(
+        code_in_recent_messages=True, system_prompt_mentions_code=True
+    )
+    assert signals(parts(SCAN_PARTS, "a coding agent"), parts(-SCAN_PARTS - 1, "see a.py")) == NONE

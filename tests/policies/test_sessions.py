@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from policies.inputs import request_view
-from policies.sessions import SessionId, fingerprint, session_of
+from policies.sessions import FINGERPRINT_PARTS, SessionId, fingerprint, session_of
 
 SYSTEM = "You are a coding agent."
 BILLING = "x-anthropic-billing-header: cc_version=2.1.80.a1b; cc_entrypoint=cli; cch={};"
@@ -116,6 +116,22 @@ def test_fingerprint_skips_claude_codes_billing_block() -> None:
     assert one is not None and two is not None and one.key == two.key
 
 
+def test_fingerprint_reads_a_bounded_prefix_of_a_long_content_list() -> None:
+    # 100,000 parts (a 7 MB list): the parts past the bound are not read, so they do not count.
+    def turn(*texts: str) -> dict[str, Any]:
+        body = chat("")
+        body["messages"][1]["content"] = [{"type": "text", "text": t} for t in texts]
+        return body
+
+    head = [f"part {i}" for i in range(FINGERPRINT_PARTS)]
+    one, two = (
+        fingerprint(turn(*head, *["a"] * 100_000)),
+        fingerprint(turn(*head, *["b"] * 100_000)),
+    )
+    assert one is not None and one == two
+    assert fingerprint(turn(*head[:2])) != one
+
+
 def test_fingerprint_of_responses_and_no_user_turn() -> None:
     turn1 = {"model": "m", "instructions": SYSTEM, "input": "fix it"}
     turn2 = {
@@ -144,3 +160,18 @@ def test_canary_key_is_the_session() -> None:
         {"model": "e", "input": "x", "user": "u"}, "embeddings", "e", "agent", {}, 0.0
     )
     assert embed.session is None
+
+
+def test_a_caller_that_found_no_session_is_not_fingerprinted_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The gateway identifies the session before the view (proxy/relay/app.py): a headerless
+    # first turn is fingerprinted once, not once more here.
+    calls: list[str] = []
+    monkeypatch.setattr(
+        "policies.inputs.session_of", lambda client, *_: calls.append(client) or None
+    )
+    view = request_view(chat("hi"), "chat", "m", "agent", {}, 0.0, None, identified=True)
+    assert view.session is None and calls == []
+    request_view(chat("hi"), "chat", "m", "agent", {}, 0.0)
+    assert calls == ["agent"]

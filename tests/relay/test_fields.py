@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from proxy.relay.app import ENDPOINTS
-from proxy.relay.fields import FIELDS, Limits, check_fields, client_request_id
+from proxy.relay.fields import FIELDS, Encoded, Limits, check_fields, client_request_id
 from proxy.relay.openapi import build_spec, spec
+from proxy.relay.rewrite import plan_usage, upstream_body
 from proxy.settings import Settings
 
 
@@ -97,6 +99,14 @@ def test_check_fields(endpoint, body, expected) -> None:
             ("`metadata` has an integer beyond 64 bits", "metadata"),
         ),
         ("chat", {"seed": -1e19}, ("`seed` must be an integer", "seed")),
+        ("chat", {"x": 1e20}, ("`x` has an integer beyond 64 bits", "x")),
+        (
+            "chat",
+            {"tools": [{"code": "size+1; [1e+5,"}], "x": {"y": [3, -2.5e19]}},
+            ("`x` has an integer beyond 64 bits", "x"),
+        ),
+        # `e+` in text, and numbers with an exponent within 64 bits: no problem.
+        ("chat", {"x": ["a+b", "2e+30,", {"k": "[1e+20]"}], "y": [1.5e17, 1e-7]}, None),
         # Within bounds: passes.
         (
             "chat",
@@ -118,6 +128,29 @@ def test_check_fields(endpoint, body, expected) -> None:
 def test_types_and_limits(endpoint, body, expected) -> None:
     base = {"model": "coder", "messages": [], "prompt": "hi", "input": "hi"}
     assert check_fields(endpoint, {**base, **body}) == expected
+
+
+def test_the_checked_containers_are_serialised_once_for_the_upstream_body() -> None:
+    body = {
+        "model": "coder",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "x + 1 é"}]}],
+        "stream": True,
+        "stream_options": {"include_usage": False},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "stop": ["\n"],
+        "temperature": 0.5,
+    }
+    encoded: Encoded = {}
+    assert check_fields("chat", body, Limits(), encoded) is None
+    assert set(encoded) == {"messages", "stream_options", "tools", "stop"}
+    assert all(orjson.dumps(j) == orjson.dumps(body[k]) for k, (_, j) in encoded.items())
+    usage = plan_usage(body, "chat", "vllm")
+    assert usage.injected  # stream_options is rewritten: its checked bytes are not reused
+    # The policy's injected `stop` replaces the client's: the new value is written, not the old.
+    inject = {"temperature": 0.7, "stop": ["END"]}
+    out = upstream_body(body, inject, "served", usage, encoded)
+    assert out == upstream_body(body, inject, "served", usage)
+    assert orjson.loads(out)["stop"] == ["END"] and b'"x + 1 \xc3\xa9"' in out
 
 
 def test_limits_are_the_settings() -> None:
