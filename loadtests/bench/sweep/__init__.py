@@ -1,6 +1,6 @@
 """The sweep that decides (issue 19): what a policy buys agent sessions on one GB10 and on two.
 
-    python -m loadtests.bench.sweep [--quick] [--out sweep-out/]      # `make sweep`
+    python -m loadtests.bench.sweep [--quick] [--out .state/sweep]      # `make sweep`
 
 Every configuration (configs.py) runs `specrouter replay`'s agent sessions (loadtests/replay/)
 on simulated GB10s for each cell, agents x temperature, with repeats interleaved (each repeat

@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="repeat r runs seed + r")
     p.add_argument("--budget-s", type=float, default=None, help="start no run after this")
-    p.add_argument("--out", type=Path, default=Path("sweep-out"))
+    p.add_argument("--out", type=Path, default=Path(".state/sweep"))
     return p
 
 
