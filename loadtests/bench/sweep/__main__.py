@@ -76,7 +76,9 @@ def premises(plan: Plan, wall_s: float) -> str:
     )
 
 
-def write(plan: Plan, records: list[dict[str, Any]], out: Path, wall_s: float) -> dict[str, Any]:
+def write(
+    plan: Plan, records: list[dict[str, Any]], out: Path, wall_s: float, *, png: bool = True
+) -> dict[str, Any]:
     agg = aggregate(records)
     machines = {c.name: c.machines for c in plan.configs}
     verdict = verdicts(agg, machines)
@@ -94,7 +96,7 @@ def write(plan: Plan, records: list[dict[str, Any]], out: Path, wall_s: float) -
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(doc, indent=1))
     (out / "sweep.md").write_text(markdown(agg, verdict, order, text))
-    if agg:
+    if agg and png:
         plot(agg, order, out / "sweep.png", f"specrouter sweep, time scale {plan.time_scale:g}")
     return doc
 
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
 
     def checkpoint(records: list[dict[str, Any]]) -> None:
-        write(plan, records, args.out, time.monotonic() - t0)
+        write(plan, records, args.out, time.monotonic() - t0, png=False)  # the PNG at the end
 
     records = run(plan, args.out, checkpoint=checkpoint)
     doc = write(plan, records, args.out, time.monotonic() - t0)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from loadtests.replay.cli import replay
 from loadtests.replay.workload import WorkloadParams
 
@@ -119,7 +121,9 @@ def run(
         seed = plan.seed + r
         try:
             figures = run_one(config, agents, temp, seed, plan, out)
-        except RuntimeError as err:  # a process that did not start: recorded, the sweep goes on
+        except (RuntimeError, OSError, httpx.HTTPError) as err:
+            # a process that did not start, an engine's /metrics unreadable: recorded, and the
+            # sweep goes on (one run must not cost hours of others)
             figures = {"turns": 0, "errors": 0, "failed": str(err)[-500:]}
         records.append(
             {

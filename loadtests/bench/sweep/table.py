@@ -9,7 +9,8 @@ from .verdict import METRICS
 
 HEADER = (
     "| agents | temperature | configuration | turn s p50 | turn s p95 | TTFT s p95 | "
-    "decode tok/s (all agents) | runs | errors |\n|---|---|---|---|---|---|---|---|---|"
+    "decode tok/s (all agents) | runs | errors | busiest CPU |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -41,12 +42,14 @@ def markdown(
             t, p95, ttft, dec = (f[m] for m in METRICS)
             rows.append(
                 f"| {key[0]} | {key[1]} | {name} | {fmt(t)} | {fmt(p95)} | {fmt(ttft, 2)} | "
-                f"{fmt(dec)} | {f['ok_runs']}/{f['runs']} | {f['errors']} |"
+                f"{fmt(dec)} | {f['ok_runs']}/{f['runs']} | {f['errors']} | {f['cpu_max']:.0%} |"
             )
     lines = [
         premises,
         "",
-        "Each figure: median over runs [min-max over runs]; runs: runs with turns / runs.",
+        "Each figure: median over runs [min-max over runs]; runs: runs with turns / runs; "
+        "busiest CPU: the most loaded of client, gateway and simulator in any run (share of "
+        "one core; above 80 % the figures are this machine's, not the GB10's).",
         "",
         HEADER,
         *rows,

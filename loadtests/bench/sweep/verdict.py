@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 METRICS = ("turn_p50", "turn_p95", "ttft_p95", "decode_agg")
+EXTRA = ("prefix_hit_rate", "preemptions")  # in the JSON, to read a result by
 DECIDING = ("turn_p50", "turn_p95")  # lower is better
 
 
@@ -42,7 +43,9 @@ def aggregate(records: Sequence[Mapping[str, Any]]) -> dict[tuple[int, str], dic
                 "runs": len(recs),
                 "ok_runs": len(ok),
                 "errors": sum(r.get("errors", 0) for r in recs),
-                **{m: spread(r.get(m) for r in ok) for m in METRICS},
+                # the busiest of client, gateway and simulator over the runs, share of a core
+                "cpu_max": max((r.get("cpu_max", 0.0) for r in recs), default=0.0),
+                **{m: spread(r.get(m) for r in ok) for m in (*METRICS, *EXTRA)},
             }
     return out
 
