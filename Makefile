@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint demo calibrate sessions policy-sweep overhead soak clean system-deps deploy-render deploy-check dashboards-check
+.PHONY: install test lint demo calibrate sessions sweep policy-sweep overhead soak clean system-deps deploy-render deploy-check dashboards-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -35,6 +35,12 @@ calibrate: $(STAMP)
 # The README's sessions table: `specrouter replay --sim` over 1-16 agents x {0.7, unset}.
 sessions: $(STAMP)
 	$(PY) -m loadtests.replay.table
+
+# The sweep that decides (issue 19): agent sessions over every configuration, interleaved
+# repeats. Hours in full (it prints its expected wall time); SWEEP_ARGS=--quick for ~10 min.
+# Results in .state/sweep/ (sweep.json, sweep.md, sweep.png).
+sweep: $(STAMP)
+	$(PY) -m loadtests.bench.sweep $(SWEEP_ARGS)
 
 policy-sweep: $(STAMP)
 	$(PY) -m loadtests.bench.policy_sweep --policy policies/gb10.yaml

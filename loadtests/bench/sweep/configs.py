@@ -1,0 +1,137 @@
+"""What the sweep compares: each configuration's devices, engines and gateway policy.
+
+A configuration is a set of simulated devices (one `specrouter sim` process each: engines on one
+device share its clock and memory, loadtests/sim/device.py), the device model's `overlap`
+(0: co-located steps serialise; 0.6: partial overlap, the figure tests/probe/test_probe_pair.py
+recovers) and either no gateway (`direct`) or a policy file cut to the engines the configuration
+has (loadtests.bench.policy_sweep.restrict: backends on the simulators' URLs, rules naming an
+absent variant dropped, the bench client's key).
+
+An engine alone on its device keeps the deployed engine's 36 GiB KV budget (the whole machine);
+co-located engines split the machine as `specrouter deploy render` does (loadtests/sim/colocate.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+POLICIES = Path(__file__).resolve().parents[3] / "policies"
+GB10 = POLICIES / "gb10.yaml"
+PAIR = POLICIES / "gb10-pair.yaml"
+ROUTE = "coder"
+SERIAL, PARTIAL = 0.0, 0.6  # the device model's two contention settings
+# The policies' coding backends and the simulated profile each runs (policy_sweep.profile_for
+# matches them on `speculative`; tests/bench/test_sweep.py checks they agree).
+PROFILES = {
+    "coder-dflash7": "dflash7-prob-block",
+    "coder-dflash5": "dflash5-prob-block",
+    "coder-mtp3": "mtp3",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    name: str
+    what: str  # one line for the README and the table
+    devices: tuple[tuple[str, ...], ...]  # backends per device
+    overlap: float = SERIAL
+    policy: Path | None = None  # None: the first engine straight, no gateway
+    machines: int = 1  # GB10s it needs: the verdict compares like with like
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        return tuple(b for dev in self.devices for b in dev)
+
+    @property
+    def colocated(self) -> bool:
+        return any(len(dev) > 1 for dev in self.devices)
+
+
+def _both(name: str, what: str, devices: tuple[tuple[str, ...], ...], policy: Path) -> list[Config]:
+    return [
+        Config(f"{name}@serial", f"{what}; co-located steps serialise", devices, SERIAL, policy),
+        Config(
+            f"{name}@overlap{PARTIAL:g}",
+            f"{what}; co-located steps overlap {PARTIAL:g}",
+            devices,
+            PARTIAL,
+            policy,
+        ),
+    ]
+
+
+def all_configs() -> list[Config]:
+    d7, d5, mtp = "coder-dflash7", "coder-dflash5", "coder-mtp3"
+    return [
+        Config(
+            "direct",
+            "the deployed engine straight, no gateway: DFlash2 block 7 probabilistic + block, "
+            "whole machine (a client that sets nothing gets the checkpoint's 1.0)",
+            ((d7,),),
+        ),
+        *(
+            Config(
+                f"alone-{b.removeprefix('coder-')}",
+                f"{b} alone through the gateway (gb10.yaml cut to it: 0.7 default, clamps, "
+                "health), whole machine",
+                ((b,),),
+                policy=GB10,
+            )
+            for b in (d7, d5, mtp)
+        ),
+        *_both(
+            "gb10",
+            "policies/gb10.yaml as shipped: three engines on one GB10, memory split as rendered",
+            ((d7, d5, mtp),),
+            GB10,
+        ),
+        *_both(
+            "pair",
+            "policies/gb10-pair.yaml: block 7 + block 5 on one GB10, sessions sticky",
+            ((d7, d5),),
+            PAIR,
+        ),
+        Config(
+            "gb10-2dev",
+            "policies/gb10.yaml on two GB10s: block 7 alone on one; block 5 and the MTP "
+            "fallback (idle unless a rule sends it traffic) share the other",
+            ((d7,), (d5, mtp)),
+            policy=GB10,
+            machines=2,
+        ),
+        Config(
+            "pair-2dev",
+            "policies/gb10-pair.yaml on two GB10s, one engine each (whole machine each)",
+            ((d7,), (d5,)),
+            policy=PAIR,
+            machines=2,
+        ),
+    ]
+
+
+def by_name(names: list[str] | None) -> list[Config]:
+    configs = all_configs()
+    if not names:
+        return configs
+    known = {c.name: c for c in configs}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise ValueError(
+            f"unknown configuration(s) {', '.join(missing)} (one of {', '.join(known)})"
+        )
+    return [known[n] for n in names]
+
+
+def gateway_policy(config: Config, urls: dict[str, str], key_sha: str) -> dict[str, Any]:
+    """The configuration's policy on the simulated engines, for the bench client's key."""
+    from loadtests.bench.policy_sweep import restrict
+
+    assert config.policy is not None
+    doc = yaml.safe_load(config.policy.read_text())
+    out = restrict(doc, ROUTE, list(config.engines), urls, key_sha)
+    out["clients"][0]["may_pin"] = False  # the agents are ordinary clients
+    return out

@@ -1,0 +1,149 @@
+"""Runs the sweep's schedule: every repeat runs every cell, and within a cell every configuration
+once, in an order rotated per repeat and cell, so no configuration always runs first or last.
+
+Each run is `specrouter replay` (loadtests.replay.cli.replay) against a freshly started
+configuration; the repeat's seed is the same for every configuration of a cell (the same
+sessions, the same content), different between repeats. Results are written after every run,
+so a sweep stopped early (Ctrl-C, --budget-s) keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from loadtests.replay.cli import replay
+from loadtests.replay.workload import WorkloadParams
+
+from .configs import Config
+from .launch import started
+
+# Seconds to start and stop a configuration on this machine (measured, 2 cores): processes per
+# device plus the gateway; used only for the expected wall time printed before the sweep.
+START_S = {"direct": 1.0, "gateway": 2.5, "colocated": 4.0}
+TAIL_S = 1.5  # turns in flight at the deadline finish; metrics are read
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    configs: list[Config]
+    agents: list[int]
+    temperatures: list[float | None]
+    repeats: int
+    duration_s: float  # wall seconds per run
+    time_scale: float
+    seed: int = 0
+    budget_s: float | None = None  # stop starting runs after this many wall seconds
+
+    def cells(self) -> list[tuple[int, float | None]]:
+        return [(a, t) for a in self.agents for t in self.temperatures]
+
+    def schedule(self) -> list[tuple[int, int, float | None, Config]]:
+        """(repeat, agents, temperature, configuration), interleaved per repeat."""
+        out = []
+        n = len(self.configs)
+        for r in range(self.repeats):
+            for c, (agents, temp) in enumerate(self.cells()):
+                shift = (r + c) % n
+                for config in self.configs[shift:] + self.configs[:shift]:
+                    out.append((r, agents, temp, config))
+        return out
+
+    def expected_s(self) -> float:
+        def start(c: Config) -> float:
+            if c.policy is None:
+                return START_S["direct"]
+            return START_S["colocated" if c.colocated or len(c.devices) > 1 else "gateway"]
+
+        total = sum(self.duration_s + TAIL_S + start(c) for _, _, _, c in self.schedule())
+        return total if self.budget_s is None else min(total, self.budget_s)
+
+
+def temp_label(t: float | None) -> str:
+    return "unset" if t is None else f"{t:g}"
+
+
+def summarize_run(report: dict[str, Any], scale: float) -> dict[str, Any]:
+    """The figures the sweep compares, from one replay report."""
+    o = report["overall"]
+    wall_unscaled = report["wall_s"] / scale
+    return {
+        "turns": o["turns"],
+        "errors": o["errors"],
+        "turn_p50": o["turn_s"].get("p50"),
+        "turn_p95": o["turn_s"].get("p95"),
+        "ttft_p95": o["ttft_s"].get("p95"),
+        # every generated token of the run over its unscaled wall time: what the device delivered
+        "decode_agg": o["generated_tokens"] / wall_unscaled if wall_unscaled > 0 else None,
+        "prefix_hit_rate": o.get("prefix_hit_rate"),
+        "preemptions": o.get("preemptions"),
+        "cpu_max": max(report["cpu_core_share"].values(), default=0.0),
+        "warnings": report["warnings"],
+        "error_samples": report["error_samples"],
+    }
+
+
+def run_one(
+    config: Config, agents: int, temp: float | None, seed: int, plan: Plan, out: Path | None
+) -> dict[str, Any]:
+    params = WorkloadParams(agents=agents, temperatures=(temp,), seed=seed)
+    args = argparse.Namespace(duration=plan.duration_s, progress_s=max(30.0, plan.duration_s))
+    with started(config, time_scale=plan.time_scale, seed=seed) as (target, kv):
+        report = replay(args, params, target, plan.time_scale)
+    if out is not None:
+        path = out / "runs" / f"a{agents}-t{temp_label(temp)}" / f"{config.name}-s{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report))
+    return {**summarize_run(report, plan.time_scale), "kv_tokens": kv}
+
+
+def run(
+    plan: Plan,
+    out: Path | None,
+    *,
+    checkpoint: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    schedule = plan.schedule()
+    t0 = time.monotonic()
+    for i, (r, agents, temp, config) in enumerate(schedule):
+        if plan.budget_s is not None and time.monotonic() - t0 > plan.budget_s:
+            print(f"sweep: budget of {plan.budget_s:g} s spent after {i} runs", file=sys.stderr)
+            break
+        seed = plan.seed + r
+        try:
+            figures = run_one(config, agents, temp, seed, plan, out)
+        except (RuntimeError, OSError, httpx.HTTPError) as err:
+            # a process that did not start, an engine's /metrics unreadable: recorded, and the
+            # sweep goes on (one run must not cost hours of others)
+            figures = {"turns": 0, "errors": 0, "failed": str(err)[-500:]}
+        records.append(
+            {
+                "config": config.name,
+                "agents": agents,
+                "temperature": temp_label(temp),
+                "repeat": r,
+                "seed": seed,
+                "order": i,
+                **figures,
+            }
+        )
+        p50 = figures.get("turn_p50")
+        print(
+            f"sweep: [{i + 1}/{len(schedule)}] {time.monotonic() - t0:6.0f} s  repeat {r} "
+            f"agents {agents} temp {temp_label(temp)} {config.name}: {figures['turns']} turns, "
+            f"turn p50 {'-' if p50 is None else f'{p50:.1f}'} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        if checkpoint is not None:
+            checkpoint(records)
+    return records
