@@ -143,3 +143,16 @@ class Family:
 def counter_sample(family: str) -> str:
     """The sample name of a counter family (`vllm:generation_tokens` -> `..._total`)."""
     return family + "_total"
+
+
+# vLLM 0.33's Anthropic error type names, by HTTP status (Anthropic's own vocabulary; 0.28
+# names every error by its OpenAI class). The gateway adds its own 503 below.
+ANTHROPIC_ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}

@@ -17,23 +17,13 @@ import uuid
 
 import orjson
 
-from proxy.vllm_wire import EVENT, FRAME_END, Json
+from proxy.vllm_wire import ANTHROPIC_ERROR_TYPES, EVENT, FRAME_END, Json
 
 from .dialect import Dialect, dialect
 
 # The chat finish reason, mapped; 0.28 reports a matched stop string as `end_turn` too.
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 V028 = dialect("0.28.0")
-# 0.33's names for an error's HTTP status (Anthropic's vocabulary).
-ANTHROPIC_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    529: "overloaded_error",
-}
 
 # 0.28's converter cannot parse the chat layer's mid-stream error frame and reports pydantic's
 # complaint about it instead (the chat error's message is always vLLM's "Internal server error").

@@ -26,17 +26,9 @@ _TYPES = {
 }
 
 
-# Anthropic's error type names, by HTTP status (what its SDKs map to exception classes).
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
+# Anthropic's error type names, by HTTP status (what its SDKs map to exception classes): vLLM's,
+# and a 503 (the gateway's own "no variant can take it") named as Anthropic names overload.
+_ANTHROPIC_TYPES = {**vllm_wire.ANTHROPIC_ERROR_TYPES, 503: "overloaded_error"}
 
 
 def anthropic_type(status: int) -> str:
