@@ -13,6 +13,7 @@ import logging
 import resource
 import socket
 import ssl
+import weakref
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -206,7 +207,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # The push relay's channel to this connection (proxy/relay/push.py), as an ASGI extension.
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})  # type: ignore[assignment]
         extensions["specrouter.push"] = PushChannel(self)
-        extensions["specrouter.authenticated"] = self.authenticated
+        extensions["specrouter.authenticated"] = _weakly(self.authenticated)
         super().on_headers_complete()
 
     def _ambiguity(self) -> tuple[int, str, str] | None:
@@ -233,6 +234,20 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         callback, self.on_lost = self.on_lost, None
         if callback is not None:
             callback()
+
+
+def _weakly(method: Callable[[], None]) -> Callable[[], None]:
+    """`method`, without holding its object: a protocol's bound method in its own scope is a
+    cycle that keeps the connection (TLS buffers, the request's objects) until a full
+    collection, hundreds of them under load (tests/bench/test_faults.py's RSS bound)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:  # None: the connection is over and its protocol freed
+            bound()
+
+    return call
 
 
 class QuietSignalsServer(uvicorn.Server):
