@@ -99,6 +99,22 @@ class Demo:
     def terminal(self) -> str:
         return "".join(self.output)
 
+    def client(self) -> httpx.Client:
+        """An httpx client on the base URL, trusting the demo's CA, with the client key."""
+        return httpx.Client(
+            base_url=self.base,
+            verify=ssl.create_default_context(cafile=self.ca),
+            headers={"authorization": f"Bearer {self.key}"},
+            timeout=30,
+        )
+
+    def admin_get(self, path: str) -> httpx.Response:
+        return httpx.get(
+            f"http://127.0.0.1:{self.admin_port}{path}",
+            headers={"authorization": f"Bearer {self.admin_token}"},
+            timeout=10,
+        )
+
 
 def start_demo(tmp: Path, *, time_scale: float = 0.1, timeout: float = 60.0) -> Demo:
     port, admin_port = free_port(), free_port()
