@@ -312,9 +312,9 @@ def test_no_shipped_file_holds_a_usable_admin_token() -> None:
 
 def test_shipped_policies_validate_against_their_operator_files(tmp_path: Path) -> None:
     from policies.schema import parse_policy
+    from proxy.operator import Operator, OperatorSpec
     from proxy.ops.demo import DEMO_POLICY, write_demo_operator
     from proxy.ops.deploy import render_operator
-    from proxy.operator import Operator, OperatorSpec
 
     repo = Path(__file__).resolve().parents[2]
     configmap = next(
