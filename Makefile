@@ -43,7 +43,7 @@ sweep: $(STAMP)
 	$(PY) -m loadtests.bench.sweep $(SWEEP_ARGS)
 
 policy-sweep: $(STAMP)
-	$(PY) -m loadtests.bench.policy_sweep --policy policies/gb10.yaml
+	$(PY) -m loadtests.bench.policy_sweep --policy policies/gb10-three.yaml
 
 overhead: $(STAMP)
 	./scripts/system-deps.sh nginx

@@ -62,10 +62,12 @@ def _speculative(where: str, spec: SpeculativeSpec) -> list[str]:
 def _route(where: str, route: RouteSpec, doc: PolicyDocument) -> list[str]:
     out = []
     speculative = [v for v in route.variants if doc.backends[v].is_speculative]
-    if route.task == "generate" and speculative and len(route.variants) == 1:
+    # A guarded repair is the lone engine's fallback: it is restarted, not left down.
+    alone = len(route.variants) == 1 and doc.backends[route.variants[0]].repair is None
+    if route.task == "generate" and speculative and alone:
         out.append(
-            f"{where}: a single speculative variant and no fallback; a crash of the speculative "
-            "path leaves the route without a backend"
+            f"{where}: a single speculative variant, no fallback and no repair; a crash of the "
+            "speculative path leaves the route without a backend"
         )
     for defaults in (route.defaults, *route.defaults_by_class.values()):
         min_p = defaults.get("min_p")

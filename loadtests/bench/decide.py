@@ -199,14 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     gb10 = CompiledPolicy(
-        load_policy(Path(__file__).resolve().parents[2] / "policies" / "gb10.yaml")
+        load_policy(Path(__file__).resolve().parents[2] / "policies" / "gb10-three.yaml")
     )
     twenty = twenty_rule_policy()
     agent = _view("coder", "agent")
     scenarios: list[tuple[str, RequestView, LiveState, CompiledPolicy, Any]] = [
         ("20 rules, the 20th decides", agent, _state("deep", "mtp"), twenty, decide),
         (
-            "gb10.yaml (3 rules)",
+            "gb10-three.yaml (3 rules)",
             _view("qwen3.8-27b", "coding-agent"),
             _state("coder-dflash7", "coder-mtp3"),
             gb10,

@@ -38,3 +38,4 @@ class DeploymentSpec(StrictModel):
     reserved_gib: Annotated[float, Field(ge=0)] | None = None  # OS, gateway, monitoring
     embed_memory_share: Annotated[float, Field(gt=0, lt=1)] | None = None  # per embedder
     engine_overhead_gib: Annotated[float, Field(ge=0)] | None = None  # per coding engine
+    kv_budget_gib: Annotated[float, Field(gt=0)] | None = None  # per coding engine: at most this

@@ -1,7 +1,8 @@
 """`specrouter demo`: the gateway on simulated GB10 backends, from a fresh clone.
 
 Starts one simulated engine per backend of `policies/demo.yaml` (its profile follows the
-backend's speculative description), makes a local CA and server certificate in the state
+backend's speculative description) and an operator file whose repair actions clear a simulated
+engine's injected faults, makes a local CA and server certificate in the state
 directory (kept and reused), a demo client key, and runs the gateway on
 https://127.0.0.1:8443. Ctrl-C stops everything.
 """
@@ -66,6 +67,24 @@ def write_demo_policy(source: Path, state: Path, key: str) -> Path:
         + "\n"
         + yaml.safe_dump(doc, sort_keys=False)
     )
+    return out
+
+
+def write_demo_operator(policy: Path, state: Path) -> Path:
+    """The demo's operator file: each repair action the policy names "restarts" its simulated
+    engines by clearing their injected faults (what a restart does to a crashed engine)."""
+    actions: dict[str, list[str]] = {}
+    for backend in load_policy(policy).backends.values():
+        if backend.repair is not None:
+            urls = [f"{u}/_sim/faults" for u in backend.engine_urls]
+            code = (
+                "import sys, urllib.request as r\n"
+                "for u in sys.argv[1:]: r.urlopen(r.Request(u, method='DELETE'), timeout=5)"
+            )
+            actions[backend.repair.action] = [sys.executable, "-c", code, *urls]
+    out = state / "operator.yaml"
+    out.write_text(yaml.safe_dump({"actions": {n: {"command": c} for n, c in actions.items()}}))
+    out.chmod(0o600)  # the gateway refuses an operator file others may write
     return out
 
 
@@ -182,6 +201,7 @@ def main(argv: list[str]) -> int:
     key = demo_key(state)
     admin_token = demo_admin_token(state)
     policy = write_demo_policy(args.policy, state, key)
+    operator = write_demo_operator(policy, state)
     host, port = args.listen.rsplit(":", 1)
     base = f"https://{host}:{port}/v1"
     model = load_policy(policy).routes[next(iter(load_policy(policy).routes))].models[0]
@@ -227,6 +247,8 @@ def main(argv: list[str]) -> int:
                     admin_token,
                     "--state-dir",
                     str(state),
+                    "--operator-file",
+                    str(operator),
                     *(["--access-log"] if args.access_log else []),
                 ]
             )

@@ -1,7 +1,8 @@
 """`specrouter demo` as a user starts it, on free ports in a temp state directory.
 
 The demo policy's backend ports are rewritten to free ones (other test runs share loopback);
-everything else is the shipped policies/demo.yaml. The banner is parsed for what a user copies.
+everything else is the shipped policies/demo.yaml (or, for tests that need several variants, the
+`policy` given, e.g. policies/demo-three.yaml). The banner is parsed for what a user copies.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def policy_on_free_ports(out: Path) -> Path:
-    doc = yaml.safe_load(DEMO_POLICY.read_text())
+def policy_on_free_ports(out: Path, source: Path = DEMO_POLICY) -> Path:
+    doc = yaml.safe_load(source.read_text())
     for backend in doc["backends"].values():
         parts = urlsplit(backend["url"])
         backend["url"] = f"{parts.scheme}://127.0.0.1:{free_port()}"
@@ -116,7 +117,9 @@ class Demo:
         )
 
 
-def start_demo(tmp: Path, *, time_scale: float = 0.1, timeout: float = 60.0) -> Demo:
+def start_demo(
+    tmp: Path, *, time_scale: float = 0.1, timeout: float = 60.0, policy: Path = DEMO_POLICY
+) -> Demo:
     port, admin_port = free_port(), free_port()
     state = tmp / "state"
     cmd = [
@@ -127,7 +130,7 @@ def start_demo(tmp: Path, *, time_scale: float = 0.1, timeout: float = 60.0) -> 
         "--state-dir",
         str(state),
         "--policy",
-        str(policy_on_free_ports(tmp / "demo.yaml")),
+        str(policy_on_free_ports(tmp / "demo.yaml", policy)),
         "--listen",
         f"127.0.0.1:{port}",
         "--admin-listen",

@@ -66,14 +66,14 @@ def test_access_log_has_one_line_per_request_without_content(demo: Demo) -> None
 
 
 def test_terminal_shows_backend_down_and_up(demo: Demo) -> None:
-    url = re.search(r"coder-mtp3\s+mtp3\s+(\S+)", demo.banner)
+    url = re.search(r"coder-dflash7\s+dflash7-prob-block\s+(\S+)", demo.banner)
     assert url
     httpx.post(url.group(1) + "/_sim/faults", json={"mode": "health_fail"}).raise_for_status()
     try:
         # Within its startup window a failing engine is "starting" (still loading), then "down".
         wait_for(
             lambda: (
-                re.search(r"backend coder-mtp3 is (down|starting) \(was up\)", demo.terminal())
+                re.search(r"backend coder-dflash7 is (down|starting) \(was up\)", demo.terminal())
                 is not None
             ),
             "down",
@@ -83,7 +83,7 @@ def test_terminal_shows_backend_down_and_up(demo: Demo) -> None:
         httpx.delete(url.group(1) + "/_sim/faults").raise_for_status()
     wait_for(
         lambda: (
-            re.search(r"backend coder-mtp3 is up \(was (down|starting)\)", demo.terminal())
+            re.search(r"backend coder-dflash7 is up \(was (down|starting)\)", demo.terminal())
             is not None
         ),
         "up",

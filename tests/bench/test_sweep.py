@@ -12,7 +12,14 @@ import yaml
 
 from loadtests.bench.policy_sweep import profile_for
 from loadtests.bench.sweep import __main__ as cli
-from loadtests.bench.sweep.configs import GB10, PAIR, PROFILES, all_configs, by_name, gateway_policy
+from loadtests.bench.sweep.configs import (
+    PAIR,
+    PROFILES,
+    THREE,
+    all_configs,
+    by_name,
+    gateway_policy,
+)
 from loadtests.bench.sweep.runner import Plan
 from loadtests.bench.sweep.verdict import aggregate, decide, verdicts
 from policies.schema import validate_policy
@@ -71,7 +78,7 @@ def test_schedule_interleaves_configurations_per_repeat() -> None:
 
 
 def test_every_configuration_policy_is_valid_on_the_simulators() -> None:
-    for path in (GB10, PAIR):
+    for path in (THREE, PAIR):
         for name, spec in yaml.safe_load(path.read_text())["backends"].items():
             if name in PROFILES:
                 assert profile_for(spec.get("speculative")) == PROFILES[name]

@@ -17,10 +17,13 @@ from policies.schema import load_policy, validate_policy
 from proxy.ops import deploy
 from proxy.ops.deploy import draft_schedule as deploy_schedule
 from proxy.ops.deploy import secret_env
+from proxy.ops.deploy.cli import memory_report
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
-GB10 = ROOT / "policies" / "gb10.yaml"
+GB10 = ROOT / "policies" / "gb10.yaml"  # shipped: the deployed engine alone, whole machine
+THREE = ROOT / "policies" / "gb10-three.yaml"  # the former default: three co-located engines
+PAIR = ROOT / "policies" / "gb10-pair.yaml"  # two or more GB10s, one engine each
 DEMO = ROOT / "policies" / "demo.yaml"
 PROMTOOL = shutil.which("promtool")
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
@@ -45,8 +48,8 @@ def _spec(service: dict[str, Any]) -> dict[str, Any]:
 # -- the rendered files -------------------------------------------------------------------------
 
 
-def test_rendered_compose_has_the_deployed_gb10_stack(tmp_path: Path) -> None:
-    compose = _render(GB10, tmp_path)
+def test_rendered_compose_has_the_three_engine_stack(tmp_path: Path) -> None:
+    compose = _render(THREE, tmp_path)
     services = compose["services"]
     assert set(services) == {
         "coder-dflash7",
@@ -119,7 +122,7 @@ def test_rendered_compose_has_the_deployed_gb10_stack(tmp_path: Path) -> None:
     )
 
     gateway = services["gateway"]
-    assert "--config=/etc/specrouter/policy/gb10.yaml" in gateway["command"]
+    assert "--config=/etc/specrouter/policy/gb10-three.yaml" in gateway["command"]
     assert any(v.endswith(":/etc/specrouter/tls:ro") for v in gateway["volumes"])
     assert "specrouter-state:/var/lib/specrouter" in gateway["volumes"]
     assert gateway["environment"]["SPECROUTER_CODER_KEY"].startswith("${SPECROUTER_CODER_KEY:?")
@@ -128,7 +131,71 @@ def test_rendered_compose_has_the_deployed_gb10_stack(tmp_path: Path) -> None:
     for volume in services["grafana"]["volumes"][:2]:
         assert (tmp_path / volume.split(":")[0]).resolve().is_dir(), volume
     policy_dir = next(v for v in gateway["volumes"] if v.endswith(":/etc/specrouter/policy"))
-    assert (tmp_path / policy_dir.split(":")[0] / "gb10.yaml").resolve() == GB10.resolve()
+    assert (tmp_path / policy_dir.split(":")[0] / "gb10-three.yaml").resolve() == THREE.resolve()
+
+
+def test_rendered_compose_has_the_shipped_single_engine(tmp_path: Path) -> None:
+    compose = _render(GB10, tmp_path)
+    services = compose["services"]
+    assert set(services) == {
+        "coder-dflash7",
+        "embed-large",
+        "embed-small",
+        "gateway",
+        "prometheus",
+        "grafana",
+    }
+    args = services["coder-dflash7"]["command"]
+    assert "--max-model-len=262144" in args and "--scheduling-policy=priority" in args
+    # The deployed engine's 36 GiB KV budget, which holds three 262144-token contexts.
+    kv = f"--kv-cache-memory-bytes=${{KV_CACHE_BYTES_CODER_DFLASH7:-{36 * 1024**3}}}"
+    assert kv in args
+    [line] = memory_report(load_policy(GB10))
+    assert "813,427 KV tokens" in line and "max-model-len 262,144 fits" in line
+    spec = _spec(services["coder-dflash7"])
+    assert (spec["method"], spec["num_speculative_tokens"]) == ("dflash", 7)
+    assert "--config=/etc/specrouter/policy/gb10.yaml" in services["gateway"]["command"]
+    # The repair the policy names is defined in the rendered operator file: a restart of the
+    # engine's container as compose names it, and the policy validates against that file.
+    operator = yaml.safe_load((tmp_path / "operator.yaml").read_text())
+    assert operator["actions"]["restart-coder"]["command"] == [
+        "docker",
+        "restart",
+        f"{compose['name']}-coder-dflash7-1",
+    ]
+    assert load_policy(GB10).backends["coder-dflash7"].repair is not None
+    from proxy.operator import load_operator
+
+    context = load_operator(tmp_path / "operator.yaml").context
+    assert "restart-coder" in context.actions
+    load_policy(GB10, context=context)
+
+
+def test_a_kv_budget_below_one_request_is_refused(tmp_path: Path) -> None:
+    raw = yaml.safe_load(GB10.read_text())
+    raw["deployment"]["kv_budget_gib"] = 10  # 262144 tokens need 11.6 GiB with block 7
+    with pytest.raises(deploy.DeployError, match="10 GiB KV budget holds less than one"):
+        deploy.engine_plans(validate_policy(raw))
+
+
+def test_the_pair_renders_on_two_gb10s(tmp_path: Path) -> None:
+    """As gb10-pair.yaml says: block 5 on the second GB10, block 7 with the whole machine here."""
+    raw = yaml.safe_load(PAIR.read_text())
+    raw["backends"]["coder-dflash5"]["url"] = "http://gb10-b:8003"
+    policy = tmp_path / "pair2.yaml"
+    policy.write_text(yaml.safe_dump(raw))
+    compose = _render(policy, tmp_path / "out")
+    assert "coder-dflash5" not in compose["services"] and "coder-dflash7" in compose["services"]
+    text = (tmp_path / "out" / "compose.yaml").read_text()
+    assert "# Not run here: coder-dflash5 (http://gb10-b:8003 is on another machine)." in text
+    [line] = memory_report(load_policy(policy))
+    assert "coder-dflash7" in line and "fits" in line
+    assert deploy.main(["check", str(policy), str(tmp_path / "out" / "compose.yaml")]) == 0
+    from policies.spec.context import ValidationContext
+
+    hosts = frozenset({"127.0.0.1", "gb10-b"})
+    context = ValidationContext(secrets=frozenset({"coder-key"}), engine_hosts=hosts)
+    load_policy(policy, context=context)
 
 
 def test_every_compose_variable_is_in_env_example(tmp_path: Path) -> None:
@@ -309,7 +376,7 @@ def _wide_policy() -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("name", ["gb10", "demo", "wide"])
+@pytest.mark.parametrize("name", ["gb10", "gb10-three", "gb10-pair", "demo", "demo-three", "wide"])
 def test_render_then_check_round_trips(tmp_path: Path, name: str) -> None:
     if name == "wide":
         policy = tmp_path / "wide.yaml"
@@ -504,18 +571,18 @@ EDITS: list[tuple[str, str, str, str]] = [
     ("old", "new", "message"), [e[:3] for e in EDITS], ids=[e[3] for e in EDITS]
 )
 def test_a_hand_edit_is_reported(tmp_path: Path, old: str, new: str, message: str) -> None:
-    _render(GB10, tmp_path)
+    _render(THREE, tmp_path)
     path = tmp_path / "compose.yaml"
     path.write_text(_edit(path.read_text(), old, new))
-    diffs = deploy.check_compose(load_policy(GB10), yaml.safe_load(path.read_text()))
+    diffs = deploy.check_compose(load_policy(THREE), yaml.safe_load(path.read_text()))
     assert any(message in d for d in diffs), diffs
-    assert deploy.main(["check", str(GB10), str(path)]) == 1
+    assert deploy.main(["check", str(THREE), str(path)]) == 1
 
 
 def test_check_lists_every_difference_at_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _render(GB10, tmp_path)
+    _render(THREE, tmp_path)
     path = tmp_path / "compose.yaml"
     text = _edit(path.read_text(), '"num_speculative_tokens": 7', '"num_speculative_tokens": 5')
     text = _edit(text, "--max-num-seqs=64", "--max-num-seqs=8")
@@ -527,7 +594,7 @@ def test_check_lists_every_difference_at_once(
         "command": ["/models/x", "--port=8099"],
     }
     path.write_text(yaml.safe_dump(compose))
-    assert deploy.main(["check", str(GB10), str(path)]) == 1
+    assert deploy.main(["check", str(THREE), str(path)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert any("num_speculative_tokens is 5" in line for line in out)
     assert any("embed-large" in line and "--max-num-seqs is '8'" in line for line in out)
@@ -545,7 +612,7 @@ def test_check_notices_the_gateway_serving_another_policy(tmp_path: Path) -> Non
 
 
 def test_check_reads_string_commands_and_the_api_server_module() -> None:
-    doc = load_policy(GB10)
+    doc = load_policy(THREE)
     compose = {
         "services": {
             "coder-mtp3": {
@@ -586,7 +653,7 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_check_live_with_canned_answers() -> None:
-    doc = load_policy(GB10)
+    doc = load_policy(THREE)
     per_pos = "\n".join(
         f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}} 0.0'
         for i in range(5)
@@ -632,7 +699,7 @@ def test_check_live_against_simulated_engines(
         ) as dflash,
         SimServer("mtp3", served_model_name="qwen3.8-27b", spec_metrics="none") as mtp,
     ):
-        raw = yaml.safe_load(GB10.read_text())
+        raw = yaml.safe_load(THREE.read_text())
         raw["deployment"]["vllm_version"] = "0.29.0"  # has the per-request spec summary
         raw["backends"]["coder-dflash7"]["url"] = dflash.url
         raw["backends"]["coder-mtp3"]["url"] = mtp.url

@@ -14,7 +14,8 @@ from proxy.ops import deploy
 from proxy.ops.deploy import flagtable, versions
 
 ROOT = Path(__file__).resolve().parents[2]
-GB10 = ROOT / "policies" / "gb10.yaml"
+GB10 = ROOT / "policies" / "gb10.yaml"  # the deployed engine alone
+THREE = ROOT / "policies" / "gb10-three.yaml"  # three co-located engines
 
 # What the deployment relies on, per release (read from each release's wheel).
 FLAGS = [
@@ -153,8 +154,8 @@ def test_the_generator_reads_a_source_tree_and_a_wheel(
 # -- render and check per release ---------------------------------------------------------------
 
 
-def _gb10(version: str) -> dict[str, Any]:
-    raw: dict[str, Any] = yaml.safe_load(GB10.read_text())
+def _gb10(version: str, path: Path = GB10) -> dict[str, Any]:
+    raw: dict[str, Any] = yaml.safe_load(path.read_text())
     raw["deployment"] = {**raw["deployment"], "vllm_version": version}
     return raw
 
@@ -185,7 +186,7 @@ def test_the_shipped_028_compose_passes_and_its_split_holds_every_max_model_len(
     assert doc.deployment.vllm_version == "0.28.0"
     plans, _ = deploy.engine_plans(doc)
     coders = [p for p in plans if p.memory is not None]
-    assert len(coders) == 3
+    assert len(coders) == 1 and coders[0].max_model_len == 262144
     assert all(p.memory is not None and p.memory.holds_max_model_len for p in coders)
     compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
     assert deploy.check_compose(doc, compose) == []
@@ -197,7 +198,7 @@ def test_a_wrong_split_is_refused(tmp_path: Path) -> None:
     """The old render: 0.26 each and no --max-model-len (262,144) leaves a few GiB of KV."""
     doc = load_policy(GB10)
     compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
-    for name in ("coder-dflash7", "coder-dflash5", "coder-mtp3"):
+    for name in ("coder-dflash7",):
         command = compose["services"][name]["command"]
         compose["services"][name]["command"] = [
             "--gpu-memory-utilization=0.26" if a.startswith("--gpu-memory-utilization") else a
@@ -206,7 +207,7 @@ def test_a_wrong_split_is_refused(tmp_path: Path) -> None:
         ]
     diffs = deploy.check_compose(doc, compose)
     refused = [d for d in diffs if "vLLM refuses to start it" in d]
-    assert len(refused) == 3, diffs
+    assert len(refused) == 1, diffs
     assert any(
         "coder-dflash7" in d and "less than one --max-model-len 262,144" in d for d in refused
     )
@@ -215,7 +216,7 @@ def test_a_wrong_split_is_refused(tmp_path: Path) -> None:
 def test_a_policy_whose_engines_cannot_fit_is_not_rendered(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    raw = _gb10("0.28.0")
+    raw = _gb10("0.28.0", THREE)
     for name in ("coder-dflash7", "coder-dflash5", "coder-mtp3"):
         raw["backends"][name]["engine"]["max_model_len"] = 262144
     policy = tmp_path / "full.yaml"
@@ -237,7 +238,7 @@ def test_render_and_policy_check_print_each_engines_kv(
     out = capsys.readouterr().out
     assert specrouter(["policy", "check", str(GB10)]) == 0
     checked = capsys.readouterr().out
-    for name in ("coder-dflash7", "coder-dflash5", "coder-mtp3"):
+    for name in ("coder-dflash7",):
         line = next(x for x in out.splitlines() if f"vLLM 0.28.0 {name}:" in x)
         assert "KV tokens" in line and "x 262K" in line and "x 100K" in line and "fits" in line
         assert line in checked
@@ -245,7 +246,7 @@ def test_render_and_policy_check_print_each_engines_kv(
 
 
 def test_hermes_is_the_alternative_parser() -> None:
-    raw = _gb10("0.28.0")
+    raw = _gb10("0.28.0", THREE)
     raw["backends"]["coder-mtp3"]["engine"]["tool_call_parser"] = "hermes"
     doc = validate_policy(raw)
     plans, _ = deploy.engine_plans(doc)

@@ -16,7 +16,8 @@ from policies.lint import policy_warnings
 from policies.schema import load_policy, validate_policy
 
 ROOT = Path(__file__).resolve().parents[2]
-GB10 = ROOT / "policies" / "gb10.yaml"
+# The multi-variant policy: the warnings below change its rules and variants.
+GB10 = ROOT / "policies" / "gb10-three.yaml"
 
 
 def gb10() -> dict[str, Any]:
@@ -39,6 +40,13 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_shipped_policies_have_no_warnings() -> None:
     for path in sorted((ROOT / "policies").glob("*.yaml")):
         assert policy_warnings(load_policy(path)) == [], path
+
+
+def test_the_shipped_single_engine_is_covered_by_its_repair() -> None:
+    data: dict[str, Any] = yaml.safe_load((ROOT / "policies" / "gb10.yaml").read_text())
+    assert data["routes"]["coder"]["variants"] == ["coder-dflash7"]
+    del data["backends"]["coder-dflash7"]["repair"]
+    assert any("no fallback and no repair" in w for w in policy_warnings(validate_policy(data)))
 
 
 def _with(change: str, value: Any) -> dict[str, Any]:
@@ -72,7 +80,7 @@ WARNINGS = [
         "single-speculative-variant",
         "routes.coder",
         {"models": ["coder"], "variants": ["coder-dflash7"]},
-        "routes.coder: a single speculative variant and no fallback",
+        "routes.coder: a single speculative variant, no fallback and no repair",
     ),
     (
         "min-p-default",

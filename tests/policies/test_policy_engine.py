@@ -811,13 +811,13 @@ def test_explain_rows(
     assert got[rule] == (verdict, detail)
 
 
-def test_gb10_policy_moves_with_load() -> None:
+def test_gb10_three_policy_moves_with_load() -> None:
     from pathlib import Path
 
     from policies.schema import compile_policy, load_policy
 
     root = Path(__file__).resolve().parents[2] / "policies"
-    policy = compile_policy(load_policy(root / "gb10.yaml"))
+    policy = compile_policy(load_policy(root / "gb10-three.yaml"))
     request = RequestView(endpoint="chat", model="qwen3.8-27b", client="coding-agent")
     quiet = decide(request, LiveState(), policy)
     busy = decide(request, LiveState(backends={"coder-dflash7": BackendState(in_flight=2)}), policy)

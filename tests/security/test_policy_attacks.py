@@ -310,9 +310,11 @@ def test_no_shipped_file_holds_a_usable_admin_token() -> None:
     assert checked >= 3  # env.example, the systemd env, compose
 
 
-def test_shipped_policies_validate_against_their_operator_files() -> None:
+def test_shipped_policies_validate_against_their_operator_files(tmp_path: Path) -> None:
     from policies.schema import parse_policy
     from proxy.operator import Operator, OperatorSpec
+    from proxy.ops.demo import DEMO_POLICY, write_demo_operator
+    from proxy.ops.deploy import render_operator
 
     repo = Path(__file__).resolve().parents[2]
     configmap = next(
@@ -321,8 +323,12 @@ def test_shipped_policies_validate_against_their_operator_files() -> None:
     pairs = [
         (configmap["data"]["policy.yaml"], configmap["data"]["operator.yaml"]),
         ((repo / "policies/gb10.yaml").read_text(), (repo / "deploy/operator.yaml").read_text()),
-        ((repo / "policies/demo.yaml").read_text(), "{}"),
+        (DEMO_POLICY.read_text(), write_demo_operator(DEMO_POLICY, tmp_path).read_text()),
+        ((repo / "policies/demo-three.yaml").read_text(), "{}"),
     ]
+    for name in ("gb10-three", "gb10-pair"):
+        text = (repo / f"policies/{name}.yaml").read_text()
+        pairs.append((text, render_operator(parse_policy(text))))
     for policy, operator in pairs:
         spec = OperatorSpec.model_validate(yaml.safe_load(operator) or {})
         parse_policy(policy, Operator(spec).context)

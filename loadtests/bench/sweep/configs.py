@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 POLICIES = Path(__file__).resolve().parents[3] / "policies"
-GB10 = POLICIES / "gb10.yaml"
+THREE = POLICIES / "gb10-three.yaml"  # the former default: what `gb10@...` measures
 PAIR = POLICIES / "gb10-pair.yaml"
 ROUTE = "coder"
 SERIAL, PARTIAL = 0.0, 0.6  # the device model's two contention settings
@@ -76,18 +76,19 @@ def all_configs() -> list[Config]:
         *(
             Config(
                 f"alone-{b.removeprefix('coder-')}",
-                f"{b} alone through the gateway (gb10.yaml cut to it: 0.7 default, clamps, "
+                f"{b} alone through the gateway (gb10-three.yaml cut to it: 0.7 default, clamps, "
                 "health), whole machine",
                 ((b,),),
-                policy=GB10,
+                policy=THREE,
             )
             for b in (d7, d5, mtp)
         ),
         *_both(
             "gb10",
-            "policies/gb10.yaml as shipped: three engines on one GB10, memory split as rendered",
+            "policies/gb10-three.yaml (the former default): three engines on one GB10, memory "
+            "split as rendered",
             ((d7, d5, mtp),),
-            GB10,
+            THREE,
         ),
         *_both(
             "pair",
@@ -97,10 +98,10 @@ def all_configs() -> list[Config]:
         ),
         Config(
             "gb10-2dev",
-            "policies/gb10.yaml on two GB10s: block 7 alone on one; block 5 and the MTP "
+            "policies/gb10-three.yaml on two GB10s: block 7 alone on one; block 5 and the MTP "
             "fallback (idle unless a rule sends it traffic) share the other",
             ((d7,), (d5, mtp)),
-            policy=GB10,
+            policy=THREE,
             machines=2,
         ),
         Config(

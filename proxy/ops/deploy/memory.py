@@ -55,6 +55,9 @@ class MemoryParams:
     # peak at 16,384 batched tokens (0.28's default) on a 5,120-wide model, CUDA graphs for up
     # to 16 sequences x (1 + draft) positions, the sampler and the CUDA/torch context.
     engine_overhead_gib: float = 4.0
+    # A coding engine's KV at most (None: all the split leaves it). The deployed engine alone
+    # ran with MEASURED_KV_BUDGET_GIB: a policy that states it renders what was measured.
+    kv_budget_gib: float | None = None
 
     @property
     def usable_gib(self) -> float:
@@ -186,8 +189,8 @@ def split(
     coders: list[CoderDemand], embedders: int, params: MemoryParams = MemoryParams()
 ) -> list[EngineMemory]:
     """Each coding engine gets its weights, its overhead and the KV of one max-model-len
-    request; what is left is shared equally as more KV. Raises MemorySplitError when even
-    that does not fit."""
+    request; what is left is shared equally as more KV, up to `params.kv_budget_gib`. Raises
+    MemorySplitError when even that does not fit, or when the budget holds no such request."""
     budget = coder_budget_gib(embedders, params)
     base = [weights_gib(c.method) + params.engine_overhead_gib + kv_need_gib(c) for c in coders]
     spare = budget - sum(base)
@@ -199,8 +202,19 @@ def split(
             f"and {budget:.1f} GiB are left after {params.reserved_gib:g} GiB reserved and "
             f"{embedders} embedding engine(s): lower max_model_len or run fewer engines"
         )
+    cap = params.kv_budget_gib
+    short = [c.name for c in coders if cap is not None and cap < kv_need_gib(c)]
+    if short:
+        raise MemorySplitError(
+            f"a {cap:g} GiB KV budget holds less than one max-model-len request of "
+            f"{', '.join(short)}: raise kv_budget_gib or lower max_model_len"
+        )
     extra = spare / max(len(coders), 1)
-    return [_engine(c, kv_need_gib(c) + extra, params) for c in coders]
+    kv = [kv_need_gib(c) + extra for c in coders]
+    return [
+        _engine(c, k if cap is None else min(k, cap), params)
+        for c, k in zip(coders, kv, strict=True)
+    ]
 
 
 def describe(engine: EngineMemory) -> str:

@@ -134,6 +134,7 @@ def memory_params(doc: PolicyDocument) -> MemoryParams:
         engine_overhead_gib=default.engine_overhead_gib
         if d.engine_overhead_gib is None
         else d.engine_overhead_gib,
+        kv_budget_gib=d.kv_budget_gib,
     )
 
 

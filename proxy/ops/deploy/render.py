@@ -381,9 +381,21 @@ def _secret_vars(doc: PolicyDocument) -> list[str]:
     return sorted({secret_env(b.api_key) for b in doc.backends.values() if b.api_key})
 
 
+def _repair_actions(doc: PolicyDocument) -> dict[str, list[str]]:
+    """Each repair action the policy names: a restart of the containers compose gives the
+    backends that name it (project `specrouter`, so `specrouter-SERVICE-1`)."""
+    plans, _ = engine_plans(doc)
+    actions: dict[str, list[str]] = {}
+    for plan in plans:
+        repair = plan.spec.repair
+        if repair is not None:
+            actions.setdefault(repair.action, []).append(f"specrouter-{plan.service}-1")
+    return {name: ["docker", "restart", *containers] for name, containers in actions.items()}
+
+
 def render_operator(doc: PolicyDocument) -> str:
-    """The operator file: each secret the policy names, read from the stack's environment; the
-    engines on loopback. Repair actions, if any, are the operator's to add here by hand."""
+    """The operator file: each secret the policy names, read from the stack's environment; each
+    repair action it names, a docker restart of its engines; the engines on loopback."""
     names = sorted({b.api_key for b in doc.backends.values() if b.api_key})
     lines = [
         "# Rendered by `specrouter deploy render`. What the admin-editable policy may name but",
@@ -391,10 +403,19 @@ def render_operator(doc: PolicyDocument) -> str:
         "secrets:" + ("" if names else " {}"),
     ]
     lines += [f"  {n}: {{env: {secret_env(n)}}}" for n in names]
-    lines += [
-        "actions: {}   # e.g. restart-coder: {command: [docker, restart, NAME]}",
-        "engine_hosts: ['127.0.0.1', '::1', localhost]",
-    ]
+    actions = _repair_actions(doc)
+    if actions:
+        lines += [
+            "# Run by the gateway (proxy/backends/repair.py), so it needs the docker CLI and the",
+            "# daemon's socket: on the host (deploy/systemd), or mounted into its container.",
+            "actions:",
+        ]
+        lines += [
+            f"  {n}: {{command: {json.dumps(c)}, timeout_s: 120}}" for n, c in sorted(actions.items())
+        ]
+    else:
+        lines.append("actions: {}   # e.g. restart-coder: {command: [docker, restart, NAME]}")
+    lines.append("engine_hosts: ['127.0.0.1', '::1', localhost]")
     return "\n".join(lines) + "\n"
 
 
