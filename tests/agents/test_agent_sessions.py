@@ -1,7 +1,8 @@
 """Real agents keep one engine per session through the demo while other traffic varies the load
 (issue 18's "Done when"; the headerless case by fingerprint is tests/relay/test_sessions_e2e.py).
 
-The demo's policy routes by load (`deep-block-when-quiet`: coder-dflash7 while the route holds at
+The shipped demo runs one coding engine (policies/gb10.yaml's single winner), so this module runs
+the demo on its three-variant policy (policies/demo-three.yaml), which routes by load (`deep-block-when-quiet`: coder-dflash7 while the route holds at
 most two sequences, coder-dflash5 otherwise) and keeps sessions sticky; its backends state no
 decode rate, so no move pays for itself. A session placed while quiet is on coder-dflash7; on the
 turns where other sessions' streams keep the route busy the rule says coder-dflash5, and the
@@ -16,19 +17,31 @@ import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anthropic
 import pytest
 
-from tests.agents.demo import Demo
+from tests.agents.demo import ROOT, Demo, start_demo, stop_demo
 from tests.agents.recipes import recipes
 
 pytestmark = pytest.mark.slow
 
 PLACED = "coder-dflash7"  # where the rule puts a session that starts while the route is quiet
 RULE = "deep-block-when-quiet"
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """The demo on a policy with a load rule over two variants, so stickiness has a choice."""
+    running = start_demo(
+        Path(tmp_path_factory.mktemp("demo3")), policy=ROOT / "policies" / "demo-three.yaml"
+    )
+    try:
+        yield running
+    finally:
+        stop_demo(running)
 
 
 def _wait(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
