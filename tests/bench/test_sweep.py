@@ -12,6 +12,7 @@ import yaml
 
 from loadtests.bench.policy_sweep import profile_for
 from loadtests.bench.sweep import __main__ as cli
+from loadtests.bench.sweep import paired
 from loadtests.bench.sweep.configs import (
     PAIR,
     PROFILES,
@@ -118,3 +119,51 @@ def test_smallest_sweep_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "| 1 | unset | direct |" in table and "wins on one GB10" in table
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert list((out / "runs" / "a1-tunset").glob("*.json"))
+
+
+def _rec(config: str, repeat: int, p50: float, turns: int = 5) -> dict[str, object]:
+    return {
+        "config": config,
+        "agents": 2,
+        "temperature": "unset",
+        "repeat": repeat,
+        "turns": turns,
+        "turn_p50": p50,
+    }
+
+
+def test_paired_ratios_take_out_the_repeat_to_repeat_spread() -> None:
+    # seed 1's sessions are twice as slow for everyone: the ratio to direct stays 0.5
+    records = [
+        _rec("direct", 0, 10.0),
+        _rec("fast", 0, 5.0),
+        _rec("direct", 1, 20.0),
+        _rec("fast", 1, 10.0),
+        _rec("broken", 0, 3.0, turns=0),  # no turns: not a figure
+        _rec("orphan", 2, 1.0),  # its repeat has no direct run: nothing to divide by
+    ]
+    table = paired.ratios(records)
+    assert table[(2, "unset")]["fast"] == {"n": 2, "median": 0.5, "min": 0.5, "max": 0.5}
+    assert table[(2, "unset")]["direct"]["median"] == 1.0
+    assert "broken" not in table[(2, "unset")] and "orphan" not in table[(2, "unset")]
+    text = paired.markdown(table, ["direct", "fast", "missing"])
+    assert "| 2 | unset | 0.50 [0.50-0.50] | - |" in text
+
+
+def test_rerender_rebuilds_the_tables_from_a_sweep_json() -> None:
+    from loadtests.bench.sweep.rerender import render
+
+    runs = [
+        {**_rec(c, r, p50), "turn_p95": 2 * p50, "errors": 0}
+        for c, r, p50 in (("direct", 0, 10.0), ("fast", 0, 5.0), ("direct", 1, 12.0))
+    ]
+    runs.append({**_rec("fast", 1, 6.0), "turn_p95": 12.0, "errors": 0})
+    doc = {
+        "premises": "P.",
+        "configs": {"direct": {"machines": 1}, "fast": {"machines": 1}},
+        "runs": runs,
+    }
+    text = render(doc)
+    assert text.startswith("P.")
+    assert "| 2 | unset | **fast** |" in text  # wins on one GB10
+    assert text.count("| 2 | unset | 0.50 [0.50-0.50] |") == 2  # paired p50 and p95

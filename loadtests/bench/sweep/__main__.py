@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import paired
 from .configs import PARTIAL, all_configs, by_name
 from .plot import plot
 from .runner import Plan, run
@@ -95,7 +96,11 @@ def write(
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(doc, indent=1))
-    (out / "sweep.md").write_text(markdown(agg, verdict, order, text))
+    paired_text = "".join(
+        "\n" + paired.markdown(paired.ratios(records, m), order, m)
+        for m in ("turn_p50", "turn_p95")
+    )
+    (out / "sweep.md").write_text(markdown(agg, verdict, order, text) + paired_text)
     if agg and png:
         plot(agg, order, out / "sweep.png", f"specrouter sweep, time scale {plan.time_scale:g}")
     return doc
