@@ -167,3 +167,22 @@ def test_rerender_rebuilds_the_tables_from_a_sweep_json() -> None:
     assert text.startswith("P.")
     assert "| 2 | unset | **fast** |" in text  # wins on one GB10
     assert text.count("| 2 | unset | 0.50 [0.50-0.50] |") == 2  # paired p50 and p95
+
+
+def test_matched_turns_compare_only_the_turns_both_runs_finished(tmp_path: Path) -> None:
+    from loadtests.bench.sweep import matched
+
+    def turn(session: int, ctx: int, s: float) -> dict[str, object]:
+        return {"agent": 0, "session": session, "context_tokens": ctx, "turn_s": s}
+
+    cell = tmp_path / "a1-tunset"
+    cell.mkdir()
+    straight = [turn(0, 100, 10.0), turn(0, 200, 10.0)]
+    # twice as fast on the same two turns, and one more turn the short window let it finish
+    faster = [turn(0, 100, 5.0), turn(0, 200, 5.0), turn(0, 300, 1.0)]
+    (cell / "direct-s0.json").write_text(json.dumps({"turns": straight}))
+    (cell / "fast-s0.json").write_text(json.dumps({"turns": faster}))
+    figures = matched.table(tmp_path)
+    assert figures[(1, "unset")]["fast"]["median"] == 0.5
+    assert figures[(1, "unset")]["fast"]["matched"] == 2
+    assert "| 1 | unset | 0.50 [0.50-0.50] (2) |" in matched.markdown(figures, ["direct", "fast"])

@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import paired
+from . import matched, paired
 from .plot import plot
 from .table import markdown
 from .verdict import aggregate, verdicts
 
 
-def render(doc: dict[str, Any], png: Path | None = None) -> str:
+def render(doc: dict[str, Any], png: Path | None = None, runs: Path | None = None) -> str:
     records = doc["runs"]
     order = list(doc["configs"])
     machines = {name: c["machines"] for name, c in doc["configs"].items()}
@@ -23,6 +23,8 @@ def render(doc: dict[str, Any], png: Path | None = None) -> str:
     text = markdown(agg, verdicts(agg, machines), order, doc["premises"])
     for metric in ("turn_p50", "turn_p95"):
         text += "\n" + paired.markdown(paired.ratios(records, metric), order, metric)
+    if runs is not None and runs.is_dir():
+        text += "\n" + matched.markdown(matched.table(runs), order)
     if png is not None and agg:
         plot(agg, order, png, "specrouter sweep")
     return text
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args[0])
     doc = json.loads((out / "sweep.json").read_text())
-    text = render(doc, out / "sweep.png")
+    text = render(doc, out / "sweep.png", out / "runs")
     (out / "sweep.md").write_text(text)
     print(text)
     return 0
