@@ -10,11 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import paired
 from .configs import PARTIAL, all_configs, by_name
-from .plot import plot
+from .rerender import render
 from .runner import Plan, run
-from .table import markdown
 from .verdict import aggregate, verdicts
 
 
@@ -83,7 +81,6 @@ def write(
     agg = aggregate(records)
     machines = {c.name: c.machines for c in plan.configs}
     verdict = verdicts(agg, machines)
-    order = [c.name for c in plan.configs]
     text = premises(plan, wall_s)
     doc = {
         "premises": text,
@@ -96,13 +93,9 @@ def write(
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_text(json.dumps(doc, indent=1))
-    paired_text = "".join(
-        "\n" + paired.markdown(paired.ratios(records, m), order, m)
-        for m in ("turn_p50", "turn_p95")
-    )
-    (out / "sweep.md").write_text(markdown(agg, verdict, order, text) + paired_text)
-    if agg and png:
-        plot(agg, order, out / "sweep.png", f"specrouter sweep, time scale {plan.time_scale:g}")
+    # the tables (figures, verdicts, paired and matched ratios) are rebuilt from the JSON itself
+    png_path = out / "sweep.png" if agg and png else None
+    (out / "sweep.md").write_text(render(doc, png_path, out / "runs"))
     return doc
 
 
