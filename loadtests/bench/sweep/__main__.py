@@ -45,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="repeat r runs seed + r")
     p.add_argument("--budget-s", type=float, default=None, help="start no run after this")
+    p.add_argument(
+        "--warmup", type=float, default=0.0, help="wall seconds of each run not measured (0)"
+    )
     p.add_argument("--out", type=Path, default=Path(".state/sweep"))
     return p
 
@@ -61,6 +64,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         time_scale=args.time_scale or d.time_scale,
         seed=args.seed,
         budget_s=args.budget_s,
+        warmup_s=args.warmup,
     )
 
 
@@ -69,7 +73,7 @@ def premises(plan: Plan, wall_s: float) -> str:
         f"Simulated GB10s (loadtests/sim, device model loadtests/sim/device.py: co-located steps "
         f"serialise at @serial, overlap {PARTIAL:g} at @overlap{PARTIAL:g}); time scale "
         f"{plan.time_scale:g}, {plan.duration_s:g} s wall ({plan.duration_s / plan.time_scale:g} s "
-        f"unscaled) per run, {plan.repeats} repeat(s) per cell interleaved, seeds {plan.seed}.."
+        f"unscaled) per run, the first {plan.warmup_s:g} s wall not measured, {plan.repeats} repeat(s) per cell interleaved, seeds {plan.seed}.."
         f"{plan.seed + plan.repeats - 1}; `specrouter replay`'s default sessions; every duration "
         f"unscaled; sweep wall time {wall_s:.0f} s."
     )

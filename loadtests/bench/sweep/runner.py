@@ -42,6 +42,7 @@ class Plan:
     time_scale: float
     seed: int = 0
     budget_s: float | None = None  # stop starting runs after this many wall seconds
+    warmup_s: float = 0.0  # wall seconds of each run not measured
 
     def cells(self) -> list[tuple[int, float | None]]:
         return [(a, t) for a in self.agents for t in self.temperatures]
@@ -95,9 +96,10 @@ def run_one(
     config: Config, agents: int, temp: float | None, seed: int, plan: Plan, out: Path | None
 ) -> dict[str, Any]:
     params = WorkloadParams(agents=agents, temperatures=(temp,), seed=seed)
-    # no warm-up cut: every configuration starts cold the same way (the shared prefix uncached)
+    # every configuration starts cold the same way (the shared prefix uncached); --warmup leaves
+    # that start out of the figures (turns started before it, and the engines' counters)
     args = argparse.Namespace(
-        duration=plan.duration_s, progress_s=max(30.0, plan.duration_s), warmup=0.0
+        duration=plan.duration_s, progress_s=max(30.0, plan.duration_s), warmup=plan.warmup_s
     )
     with started(config, time_scale=plan.time_scale, seed=seed) as (target, kv):
         report = replay(args, params, target, plan.time_scale)
