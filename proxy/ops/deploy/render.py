@@ -411,7 +411,8 @@ def render_operator(doc: PolicyDocument) -> str:
             "actions:",
         ]
         lines += [
-            f"  {n}: {{command: {json.dumps(c)}, timeout_s: 120}}" for n, c in sorted(actions.items())
+            f"  {n}: {{command: {json.dumps(c)}, timeout_s: 120}}"
+            for n, c in sorted(actions.items())
         ]
     else:
         lines.append("actions: {}   # e.g. restart-coder: {command: [docker, restart, NAME]}")
