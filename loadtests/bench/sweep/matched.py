@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .paired import REFERENCE
+from .paired import REFERENCE, ratio_table
 from .verdict import spread
 
 TurnKey = tuple[Any, Any, Any]
@@ -69,23 +69,9 @@ def markdown(
     order: list[str],
     reference: str = REFERENCE,
 ) -> str:
-    shown = [n for n in order if n != reference]
-    lines = [
+    title = (
         f"Matched turns: the total time of the turns both runs finished, over `{reference}`'s, "
         "per repeat (same sessions); median [min-max] over repeats, and the matched turns in all; "
-        "below 1.00 is faster than the engine straight.",
-        "",
-        "| agents | temperature | " + " | ".join(shown) + " |",
-        "|---|---|" + "---|" * len(shown),
-    ]
-    for key in sorted(figures):
-        cells = []
-        for name in shown:
-            s = figures[key].get(name, {"n": 0})
-            cells.append(
-                f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}] ({s['matched']})"
-                if s.get("n")
-                else "-"
-            )
-        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        "below 1.00 is faster than the engine straight."
+    )
+    return ratio_table(title, figures, order, reference, suffix=" ({matched})")

@@ -37,16 +37,18 @@ def ratios(
     }
 
 
-def markdown(
+def ratio_table(
+    title: str,
     table: Mapping[tuple[int, str], Mapping[str, Mapping[str, Any]]],
     order: list[str],
-    metric: str = "turn_p50",
     reference: str = REFERENCE,
+    suffix: str = "",
 ) -> str:
+    """A ratio per cell and configuration (the reference left out), each median [min-max];
+    `suffix` is formatted with the figure's fields (the matched turn count, say)."""
     shown = [n for n in order if n != reference]
     lines = [
-        f"Paired by repeat: {metric} as a ratio of `{reference}`'s in the same repeat (same "
-        "sessions), median [min-max] over repeats; below 1.00 is faster than the engine straight.",
+        title,
         "",
         "| agents | temperature | " + " | ".join(shown) + " |",
         "|---|---|" + "---|" * len(shown),
@@ -56,7 +58,22 @@ def markdown(
         for name in shown:
             s = table[key].get(name, {"n": 0})
             cells.append(
-                f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]" if s.get("n") else "-"
+                f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]" + suffix.format(**s)
+                if s.get("n")
+                else "-"
             )
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def markdown(
+    table: Mapping[tuple[int, str], Mapping[str, Mapping[str, Any]]],
+    order: list[str],
+    metric: str = "turn_p50",
+    reference: str = REFERENCE,
+) -> str:
+    title = (
+        f"Paired by repeat: {metric} as a ratio of `{reference}`'s in the same repeat (same "
+        "sessions), median [min-max] over repeats; below 1.00 is faster than the engine straight."
+    )
+    return ratio_table(title, table, order, reference)
