@@ -178,8 +178,12 @@ class Upstream:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
+            # One connection per request: aiohttp keeps bytes an engine sends to an idle
+            # kept-alive connection and hands them to the next request on it as its answer
+            # (a late response, or a health check's answer, read as a client's). Event streams
+            # take the push relay's pool, which closes such a connection instead.
             connector = aiohttp.TCPConnector(
-                limit=0, limit_per_host=0, keepalive_timeout=30, enable_cleanup_closed=True
+                limit=0, limit_per_host=0, force_close=True, enable_cleanup_closed=True
             )
             # No total timeout: a stream lasts as long as generation does; the relay enforces
             # the first-byte and idle timeouts itself.

@@ -321,7 +321,8 @@ def test_engine_attack(
         time.sleep(0.4)  # the unsolicited answer has arrived on the kept connection
     # Another client, on whatever connection the gateway reuses: its own answer, promptly.
     started = time.monotonic()
-    assert _post(gw, "ok", key=OTHER_KEY)[::2] == (200, SEEN)
+    got = _post(gw, "ok", key=OTHER_KEY)
+    assert got[::2] == (200, SEEN), got
     assert time.monotonic() - started < 2
     assert _version(gw) == version
     assert _fds(gw.proc.pid) <= fds + 8
