@@ -3,15 +3,13 @@ from the gateway, and no request leaves loopback."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from loadtests.harness.gateway import GatewayServer, coder_policy
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from tests.admin.browser import CHROMIUM, launch
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is installed by `make test`")
@@ -22,18 +20,7 @@ def test_admin_docs_render_every_operation_offline(certs, artifacts: Path) -> No
         GatewayServer(coder_policy({"a": "http://127.0.0.1:9"}), certs=certs) as gw,
         sync_playwright() as pw,
     ):
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = launch(pw)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         requested: list[str] = []
         outside: list[str] = []

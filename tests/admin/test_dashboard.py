@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import ssl
 import threading
 from pathlib import Path
@@ -13,25 +12,14 @@ import pytest
 
 from loadtests.harness.gateway import ADMIN_TOKEN, GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
+from tests.admin.browser import CHROMIUM, launch
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SERVED = "qwen3.8-27b"
 
 
 def open_dashboard(pw: Any, gw: GatewayServer) -> tuple[Any, Any, list[str]]:
     """Headless Chromium logged in to `gw`'s dashboard, live: (browser, page, URLs requested)."""
-    browser = pw.chromium.launch(
-        executable_path=CHROMIUM,
-        args=[
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-        ],
-    )
+    browser = launch(pw)
     page = browser.new_page(viewport={"width": 1440, "height": 900}, ignore_https_errors=True)
     urls: list[str] = []
     page.on("request", lambda req: urls.append(req.url))
