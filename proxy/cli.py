@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("loadtests.replay.cli", "replay coding-agent sessions (sessions table)"),
     "report": ("proxy.ops.report", "summarise the request log by variant, temperature, load"),
     "deploy": ("proxy.ops.deploy.cli", "render and check the GB10 deployment from the policy"),
+    "connect": ("proxy.ops.connect.command", "print or write an agent's settings for a gateway"),
 }
 
 

@@ -25,6 +25,7 @@ import yaml
 from policies.schema import BackendSpec, load_policy
 from proxy import auth
 from proxy.certs import make_local_ca
+from proxy.ops.connect.gateway import record_demo_endpoint
 
 DEMO_POLICY = Path(__file__).resolve().parents[2] / "policies" / "demo.yaml"
 
@@ -120,7 +121,9 @@ def banner(base: str, ca: Path, key: str, model: str, state: Path) -> list[str]:
         "What the requests did (TTFT, ITL, tokens per step by variant):",
         f"  {py} -m proxy.cli report --state-dir {state.resolve()}",
         "",
-        "Codex, aider, Claude Code, the Anthropic and Node SDKs: README.md, section Clients.",
+        "Codex, aider, Claude Code, the OpenAI and Anthropic SDKs, set up for this demo",
+        "(docs/connect.md; AGENT: codex, claude-code, aider, openai, anthropic):",
+        f"  {py} -m proxy.cli connect AGENT --state-dir {state.resolve()} --write",
         "",
     ]
 
@@ -205,6 +208,7 @@ def main(argv: list[str]) -> int:
     host, port = args.listen.rsplit(":", 1)
     base = f"https://{host}:{port}/v1"
     model = load_policy(policy).routes[next(iter(load_policy(policy).routes))].models[0]
+    record_demo_endpoint(state, base, model)  # for `specrouter connect`
 
     from proxy.serve import main as serve_main
 

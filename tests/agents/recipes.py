@@ -1,4 +1,4 @@
-"""The README's client recipes, extracted exactly as printed (`<!-- recipe: NAME -->` + a block)."""
+"""The README's (or a docs page's) client recipes, extracted exactly as printed (`<!-- recipe: NAME -->` + a block)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from tests.agents.demo import ROOT, Demo
 _RECIPE = re.compile(r"<!-- recipe: (\S+) -->\n```\w*\n(.*?)```", re.S)
 
 
-def recipes() -> dict[str, str]:
-    return dict(_RECIPE.findall((ROOT / "README.md").read_text()))
+def recipes(doc: str = "README.md") -> dict[str, str]:
+    return dict(_RECIPE.findall((ROOT / doc).read_text()))
 
 
 def run_recipe(

@@ -1,0 +1,185 @@
+"""What each agent reads, for one gateway: the files `--write` writes and the command using them.
+
+Every agent gets an environment file of its own to `source` (the key, the CA setting its runtime
+reads; 0600); what else it reads:
+
+    codex        `[model_providers.NAME]` merged into `$CODEX_HOME/config.toml` and the profile
+                 `$CODEX_HOME/NAME.config.toml` (`codex -p NAME` layers it on the user's config;
+                 Codex 0.171 refuses `-p NAME` while a legacy `[profiles.NAME]` table exists, so
+                 that table goes). CA: SSL_CERT_FILE, without which Codex loops on
+                 "Reconnecting..." with no hint.
+    claude-code  a settings file of its own (`claude --settings FILE`): base URL without /v1, the
+                 model for every tier, the gateway hint headers, the key through apiKeyHelper.
+                 CA: NODE_EXTRA_CA_CERTS.
+    aider        a config file of its own (`aider --config FILE`). CA: SSL_CERT_FILE.
+    openai       the SDKs' own variables (Python and Node): OPENAI_BASE_URL, OPENAI_API_KEY.
+    anthropic    ANTHROPIC_BASE_URL (no /v1), ANTHROPIC_API_KEY.
+
+SSL_CERT_FILE names a bundle of the system's CAs and the gateway's (it replaces the default roots;
+NODE_EXTRA_CA_CERTS adds to them, so it names the gateway's CA alone).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from proxy.ops.connect.files import Planned, ca_bundle, merge_toml, system_roots
+from proxy.ops.connect.gateway import Gateway
+
+AGENTS = ("codex", "claude-code", "aider", "openai", "anthropic")
+
+
+@dataclass(frozen=True)
+class Plan:
+    agent: str
+    files: list[Planned]
+    run: list[str]  # how to use what was written
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Places:
+    config: Path  # our own files: env files, settings, the CA bundle
+    codex_home: Path
+
+
+def default_places() -> Places:
+    home = Path.home()
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "specrouter"
+    return Places(config, Path(os.environ.get("CODEX_HOME") or home / ".codex"))
+
+
+def plan(agent: str, gw: Gateway, places: Places, name: str = "specrouter") -> Plan:
+    builders = {
+        "codex": _codex,
+        "claude-code": _claude_code,
+        "aider": _aider,
+        "openai": _openai,
+        "anthropic": _anthropic,
+    }
+    return builders[agent](gw, places, name)
+
+
+def _env_file(agent: str, gw: Gateway, places: Places, run: str, extra: dict[str, str]) -> Planned:
+    lines = [
+        f"# `specrouter connect {agent}`: this gateway for {agent}. Use: source this file, then",
+        f"#   {run}",
+        f"export SPECROUTER_URL={shlex.quote(gw.url)}",
+        f"export SPECROUTER_KEY={shlex.quote(gw.key)}",
+    ]
+    if gw.ca is not None:
+        lines.append(f"export SPECROUTER_CA={shlex.quote(str(gw.ca))}")
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in extra.items()]
+    return Planned(places.config / f"{agent}.env", "\n".join(lines) + "\n", private=True)
+
+
+def _tls(
+    gw: Gateway, places: Places, *, python: bool, node: bool
+) -> tuple[dict[str, str], list[Planned]]:
+    """The CA variables a runtime reads, and the bundle file SSL_CERT_FILE names."""
+    if gw.ca is None:
+        return {}, []
+    env: dict[str, str] = {}
+    files: list[Planned] = []
+    if python:
+        bundle = places.config / "ca-bundle.pem"
+        env["SSL_CERT_FILE"] = str(bundle)
+        shown = f"(the system's CAs, {system_roots()}, then the gateway's, {gw.ca})\n"
+        files.append(Planned(bundle, ca_bundle(gw.ca), shown=shown))
+    if node:
+        env["NODE_EXTRA_CA_CERTS"] = str(gw.ca)
+    return env, files
+
+
+def _codex(gw: Gateway, places: Places, name: str) -> Plan:
+    provider = {
+        "name": name,
+        "base_url": gw.url,
+        "env_key": "SPECROUTER_KEY",
+        "wire_api": "responses",
+    }
+    config = places.codex_home / "config.toml"
+    merge = functools.partial(
+        merge_toml,
+        path=("model_providers", name),
+        table=provider,
+        unset=(("profiles", name),),
+        unset_equal=(("profile", name),),
+    )
+    fragment = f"[model_providers.{name}]\n" + "".join(
+        f"{k} = {json.dumps(v)}\n" for k, v in provider.items()
+    )
+    profile = f"model = {json.dumps(gw.model)}\nmodel_provider = {json.dumps(name)}\n"
+    run = f"codex -p {name}"
+    env, bundle = _tls(gw, places, python=True, node=False)
+    files = [
+        Planned(config, fragment, merge=lambda text: merge(text)),
+        Planned(places.codex_home / f"{name}.config.toml", profile),
+        _env_file("codex", gw, places, run, env),
+        *bundle,
+    ]
+    notes = [
+        f"{config}: only [model_providers.{name}] is added or replaced (and a legacy [profiles.{name}], which Codex refuses beside -p {name}, removed); the rest stays as written"
+    ]
+    return Plan("codex", files, [f"source {files[2].path} && {run}"], notes)
+
+
+def _claude_code(gw: Gateway, places: Places, name: str) -> Plan:
+    settings_path = places.config / "claude-code.settings.json"
+    env = {
+        "ANTHROPIC_BASE_URL": gw.root,
+        "ANTHROPIC_MODEL": gw.model,
+        # side requests (titles, subagents) name a tier: each tier is the gateway's model
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": gw.model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": gw.model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": gw.model,
+        # request class, agent type, compaction... as x-claude-code-* headers (2.1.273+)
+        "CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1",
+    }
+    settings = {"env": env, "apiKeyHelper": 'printf %s "$SPECROUTER_KEY"'}
+    run = f"claude --settings {settings_path}"
+    tls, _ = _tls(gw, places, python=False, node=True)
+    env_file = _env_file("claude-code", gw, places, run, tls)
+    files = [Planned(settings_path, json.dumps(settings, indent=2) + "\n"), env_file]
+    return Plan("claude-code", files, [f"source {env_file.path} && {run}"])
+
+
+def _aider(gw: Gateway, places: Places, name: str) -> Plan:
+    conf_path = places.config / "aider.conf.yml"
+    conf = {
+        "model": f"openai/{gw.model}",
+        "openai-api-base": gw.url,
+        "show-model-warnings": False,  # the gateway's model is not in litellm's table
+    }
+    run = f"aider --config {conf_path}"
+    tls, bundle = _tls(gw, places, python=True, node=False)
+    env_file = _env_file("aider", gw, places, run, {"AIDER_OPENAI_API_KEY": gw.key, **tls})
+    files = [Planned(conf_path, yaml.safe_dump(conf, sort_keys=False)), env_file, *bundle]
+    return Plan("aider", files, [f"source {env_file.path} && {run}"])
+
+
+def _openai(gw: Gateway, places: Places, name: str) -> Plan:
+    tls, bundle = _tls(gw, places, python=True, node=True)
+    env = {"OPENAI_BASE_URL": gw.url, "OPENAI_API_KEY": gw.key, **tls}
+    run = f"python -c 'import openai; print(openai.OpenAI().models.retrieve(\"{gw.model}\"))'"
+    env_file = _env_file("openai", gw, places, run, env)
+    return Plan(
+        "openai", [env_file, *bundle], [f"source {env_file.path} && {run}"], [f"model: {gw.model}"]
+    )
+
+
+def _anthropic(gw: Gateway, places: Places, name: str) -> Plan:
+    tls, bundle = _tls(gw, places, python=True, node=True)
+    env = {"ANTHROPIC_BASE_URL": gw.root, "ANTHROPIC_API_KEY": gw.key, **tls}
+    run = "python  # anthropic.Anthropic() reads ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY"
+    env_file = _env_file("anthropic", gw, places, run, env)
+    return Plan(
+        "anthropic", [env_file, *bundle], [f"source {env_file.path}"], [f"model: {gw.model}"]
+    )

@@ -1,0 +1,61 @@
+"""`specrouter connect AGENT`: print (or --write) an agent's configuration for this gateway.
+
+Against the demo (run from the clone while `make demo` runs) it needs no flags: the base URL,
+CA file, client key and model come from the demo's state directory. Against a deployed gateway:
+`--url`, `--ca` (omit it for a publicly trusted certificate) and `--key` (or SPECROUTER_URL,
+SPECROUTER_CA, SPECROUTER_KEY). The gateway is asked once (GET /models) so that a wrong CA or key
+is said here, not by an agent retrying in silence. docs/connect.md is the guide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from proxy.ops.connect import agents, files
+from proxy.ops.connect.gateway import ConnectError, Gateway, check, resolve
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="specrouter connect", description=__doc__)
+    p.add_argument("agent", choices=agents.AGENTS)
+    p.add_argument("--write", action="store_true", help="write the files (backups of changed ones)")
+    p.add_argument("--url", help="the gateway's base URL (…/v1); default: the demo's")
+    p.add_argument("--ca", type=Path, help="CA file that verifies the gateway's certificate")
+    p.add_argument("--key", help="client key (default: SPECROUTER_KEY, else the demo's)")
+    p.add_argument("--model", help="model name (default: the first the gateway serves)")
+    p.add_argument("--name", default="specrouter", help="Codex provider and profile name")
+    p.add_argument("--state-dir", type=Path, default=Path(".state/demo"), help="the demo's")
+    p.add_argument("--no-check", action="store_true", help="do not ask the gateway (needs --model)")
+    args = p.parse_args(argv)
+    try:
+        gw = _gateway(args)
+    except ConnectError as exc:
+        print(f"specrouter connect: {exc}", file=sys.stderr)
+        return 1
+    plan = agents.plan(args.agent, gw, agents.default_places(), args.name)
+    if args.write:
+        print(f"specrouter connect {plan.agent}: {gw.url} (model {gw.model})")
+        for planned in plan.files:
+            print("  " + files.write(planned))
+    else:
+        for planned in plan.files:
+            how = " (merged)" if planned.merge else ""
+            print(f"# {planned.path}{how}\n{planned.shown or planned.text}")
+        print("# --write writes these (a backup of each file it changes)")
+    for note in plan.notes:
+        print(f"# {note}")
+    print("Then:\n" + "\n".join(f"  {line}" for line in plan.run))
+    return 0
+
+
+def _gateway(args: argparse.Namespace) -> Gateway:
+    url, ca, key, model = resolve(
+        url=args.url, ca=args.ca, key=args.key, model=args.model, state=args.state_dir
+    )
+    if args.no_check:
+        if model is None:
+            raise ConnectError("--no-check needs --model")
+        return Gateway(url, ca, key, model)
+    return check(url, ca, key, model)

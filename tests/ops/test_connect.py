@@ -1,0 +1,167 @@
+"""`specrouter connect` without a gateway: what it prints and writes, merged into a user's own
+Codex config.toml (comments and other tables kept), backups, modes, and where its defaults come
+from (flags, SPECROUTER_* variables, the demo's state directory). The agents themselves run
+against the demo with these files in tests/agents/test_connect.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from proxy.certs import make_local_ca
+from proxy.ops.connect.files import merge_toml
+from proxy.ops.connect.gateway import record_demo_endpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+USER_CONFIG = """\
+# my Codex settings
+model = "gpt-5"  # my default
+model_reasoning_effort = "high"
+
+[model_providers.other]
+name = "other"
+base_url = "https://other.example/v1"
+
+[profiles.specrouter]
+model = "stale"
+
+[shell_environment_policy]
+inherit = "all"
+"""
+
+
+def connect(home: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SPECROUTER_", "CODEX_"))}
+    clean.pop("XDG_CONFIG_HOME", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "connect", *args],
+        cwd=ROOT,
+        env={**clean, "HOME": str(home), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def demo_state(tmp_path: Path) -> Path:
+    """A demo state directory as `specrouter demo` leaves it (no gateway running)."""
+    state = tmp_path / "state"
+    make_local_ca(state / "tls")
+    (state / "client.key").write_text("sk-demo-test\n")
+    record_demo_endpoint(state, "https://127.0.0.1:18443/v1", "qwen3.8-27b")
+    return state
+
+
+def test_merge_keeps_the_users_config_and_drops_only_our_legacy_profile() -> None:
+    provider = {"name": "specrouter", "base_url": "https://h/v1", "env_key": "K"}
+    merged = merge_toml(
+        USER_CONFIG,
+        ("model_providers", "specrouter"),
+        provider,
+        unset=(("profiles", "specrouter"),),
+        unset_equal=(("profile", "specrouter"),),
+    )
+    assert "# my Codex settings\n" in merged and '"gpt-5"  # my default' in merged
+    doc = tomllib.loads(merged)
+    assert doc["model"] == "gpt-5" and doc["model_reasoning_effort"] == "high"
+    assert doc["model_providers"]["other"]["base_url"] == "https://other.example/v1"
+    assert doc["model_providers"]["specrouter"] == provider
+    assert "profiles" not in doc  # Codex refuses `-p specrouter` beside it
+    assert doc["shell_environment_policy"] == {"inherit": "all"}
+    # Merging again changes nothing; a changed URL replaces our table, and only it.
+    assert merge_toml(merged, ("model_providers", "specrouter"), provider) == merged
+    moved = merge_toml(merged, ("model_providers", "specrouter"), {**provider, "base_url": "x"})
+    assert tomllib.loads(moved)["model_providers"]["specrouter"]["base_url"] == "x"
+    assert moved.replace('"x"', '"https://h/v1"') == merged
+    # An empty file gets the table alone; a selector naming another profile stays.
+    assert tomllib.loads(merge_toml("", ("p", "n"), {"a": "b"})) == {"p": {"n": {"a": "b"}}}
+    kept = merge_toml('profile = "work"\n', ("p", "n"), {}, unset_equal=(("profile", "n"),))
+    assert tomllib.loads(kept)["profile"] == "work"
+
+
+def test_codex_write_merges_backs_up_and_reruns_unchanged(tmp_path: Path, demo_state: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    config = home / ".codex" / "config.toml"
+    config.write_text(USER_CONFIG)
+    out = connect(home, "codex", "--state-dir", str(demo_state), "--no-check", "--write")
+    backups = list(config.parent.glob("config.toml.bak-*"))
+    assert len(backups) == 1 and backups[0].read_text() == USER_CONFIG, out
+    doc = tomllib.loads(config.read_text())
+    assert doc["model_providers"]["specrouter"] == {
+        "name": "specrouter",
+        "base_url": "https://127.0.0.1:18443/v1",  # the demo's, from its state directory
+        "env_key": "SPECROUTER_KEY",
+        "wire_api": "responses",
+    }
+    assert doc["model"] == "gpt-5" and "other" in doc["model_providers"]
+    profile = tomllib.loads((home / ".codex" / "specrouter.config.toml").read_text())
+    assert profile == {"model": "qwen3.8-27b", "model_provider": "specrouter"}
+    env = home / ".config" / "specrouter" / "codex.env"
+    assert env.stat().st_mode & 0o777 == 0o600  # it holds the key
+    text = env.read_text()
+    assert "export SPECROUTER_KEY=sk-demo-test\n" in text
+    bundle = home / ".config" / "specrouter" / "ca-bundle.pem"
+    assert f"export SSL_CERT_FILE={bundle}\n" in text
+    ca = (demo_state / "tls" / "ca.pem").read_text()
+    assert bundle.read_text().endswith(ca) and bundle.read_text().count("BEGIN CERTIFICATE") > 1
+    # Again: nothing changes, so nothing is written and no second backup appears.
+    again = connect(home, "codex", "--state-dir", str(demo_state), "--no-check", "--write")
+    assert again.count("unchanged") == 4 and "wrote" not in again
+    assert len(list(config.parent.glob("config.toml.bak-*"))) == 1
+
+
+def test_print_shows_what_write_would_write_and_writes_nothing(
+    tmp_path: Path, demo_state: Path
+) -> None:
+    home = tmp_path / "home"
+    out = connect(home, "claude-code", "--state-dir", str(demo_state), "--no-check")
+    assert not home.exists()
+    settings = out.split("claude-code.settings.json\n", 1)[1].split("\n# ", 1)[0]
+    env = json.loads(settings)["env"]
+    assert env["ANTHROPIC_BASE_URL"] == "https://127.0.0.1:18443"  # no /v1
+    assert env["CLAUDE_CODE_GATEWAY_HINT_HEADERS"] == "1"
+    assert env["ANTHROPIC_MODEL"] == env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "qwen3.8-27b"
+    assert f"export NODE_EXTRA_CA_CERTS={(demo_state / 'tls' / 'ca.pem').resolve()}" in out
+    assert "claude --settings " in out
+
+
+def test_a_deployed_gateway_from_flags_and_variables(tmp_path: Path, demo_state: Path) -> None:
+    """--url never borrows the demo's CA or key; without --ca no CA setting is written."""
+    home = tmp_path / "home"
+    args = ("--url", "https://gw.example:8443", "--model", "coder", "--no-check")
+    out = connect(
+        home, "openai", "--state-dir", str(demo_state), *args, env={"SPECROUTER_KEY": "k1"}
+    )
+    assert "export OPENAI_BASE_URL=https://gw.example:8443/v1\n" in out
+    assert "export OPENAI_API_KEY=k1\n" in out
+    assert "SSL_CERT_FILE" not in out and "NODE_EXTRA_CA_CERTS" not in out
+    ca = demo_state / "tls" / "ca.pem"
+    out = connect(home, "anthropic", *args, "--ca", str(ca), "--key", "k2", "--write")
+    env = (home / ".config" / "specrouter" / "anthropic.env").read_text()
+    assert "export ANTHROPIC_BASE_URL=https://gw.example:8443\n" in env
+    assert "export ANTHROPIC_API_KEY=k2\n" in env
+    assert f"export NODE_EXTRA_CA_CERTS={ca.resolve()}\n" in env
+
+
+def test_no_key_is_an_error_that_says_where_keys_come_from(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "connect", "codex", "--state-dir", str(tmp_path)],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SPECROUTER_")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "--key" in done.stderr and "SPECROUTER_KEY" in done.stderr
