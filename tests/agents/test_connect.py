@@ -90,6 +90,29 @@ def npm_bin(agents: Path, name: str) -> Path:
     return bin_dir
 
 
+def pinned() -> dict[str, str]:
+    """scripts/agents.versions: package -> the version scripts/agents.sh installs."""
+    lines = (ROOT / "scripts" / "agents.versions").read_text().splitlines()
+    return {ln.split()[1]: ln.split()[2] for ln in lines if ln.strip() and not ln.startswith("#")}
+
+
+def test_the_agents_run_here_are_the_pinned_versions(agents: Path) -> None:
+    versions = pinned()
+    assert set(versions) == {"@openai/codex", "@anthropic-ai/claude-code", "openai", "aider-chat"}
+    docs = (ROOT / "docs" / "connect.md").read_text()
+    for package, version in versions.items():
+        assert version in docs, package  # docs/connect.md names the versions tested
+        if package == "aider-chat":
+            found = list(
+                agents.glob(f"aider/lib/python3*/site-packages/aider_chat-{version}.dist-info")
+            )
+            assert found or not (agents / "aider" / "bin" / "aider").exists(), package
+            continue
+        manifest = agents / "npm" / "node_modules" / package / "package.json"
+        if manifest.exists():
+            assert json.loads(manifest.read_text())["version"] == version, package
+
+
 def test_codex(demo: Demo, agents: Path, tmp_path: Path) -> None:
     bin_dir = npm_bin(agents, "codex")
     home, work = tmp_path / "home", tmp_path / "work"

@@ -28,6 +28,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomlkit
 import yaml
 
 from proxy.ops.connect.files import Planned, ca_bundle, merge_toml, system_roots
@@ -113,20 +114,19 @@ def _codex(gw: Gateway, places: Places, name: str) -> Plan:
         unset=(("profiles", name),),
         unset_equal=(("profile", name),),
     )
-    fragment = f"[model_providers.{name}]\n" + "".join(
-        f"{k} = {json.dumps(v)}\n" for k, v in provider.items()
-    )
-    profile = f"model = {json.dumps(gw.model)}\nmodel_provider = {json.dumps(name)}\n"
+    fragment = tomlkit.dumps({"model_providers": {name: provider}})
+    profile = tomlkit.dumps({"model": gw.model, "model_provider": name})
     run = f"codex -p {name}"
     env, bundle = _tls(gw, places, python=True, node=False)
     files = [
-        Planned(config, fragment, merge=lambda text: merge(text)),
+        Planned(config, fragment, merge=merge),
         Planned(places.codex_home / f"{name}.config.toml", profile),
         _env_file("codex", gw, places, run, env),
         *bundle,
     ]
     notes = [
-        f"{config}: only [model_providers.{name}] is added or replaced (and a legacy [profiles.{name}], which Codex refuses beside -p {name}, removed); the rest stays as written"
+        f"{config}: only [model_providers.{name}] is added or replaced, and a legacy"
+        f" [profiles.{name}] (Codex refuses it beside -p {name}) removed; the rest stays"
     ]
     return Plan("codex", files, [f"source {files[2].path} && {run}"], notes)
 

@@ -10,6 +10,7 @@ is said here, not by an agent retrying in silence. docs/connect.md is the guide.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ca", type=Path, help="CA file that verifies the gateway's certificate")
     p.add_argument("--key", help="client key (default: SPECROUTER_KEY, else the demo's)")
     p.add_argument("--model", help="model name (default: the first the gateway serves)")
-    p.add_argument("--name", default="specrouter", help="Codex provider and profile name")
+    p.add_argument("--name", default="specrouter", type=_name, help="Codex provider and profile")
     p.add_argument("--state-dir", type=Path, default=Path(".state/demo"), help="the demo's")
     p.add_argument("--no-check", action="store_true", help="do not ask the gateway (needs --model)")
     args = p.parse_args(argv)
@@ -48,6 +49,12 @@ def main(argv: list[str]) -> int:
         print(f"# {note}")
     print("Then:\n" + "\n".join(f"  {line}" for line in plan.run))
     return 0
+
+
+def _name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", value):
+        raise argparse.ArgumentTypeError("letters, digits, '-' and '_' only")
+    return value
 
 
 def _gateway(args: argparse.Namespace) -> Gateway:
