@@ -11,7 +11,7 @@ The map (each folder one concern; a request's way through is ``relay/``, top to 
                 the live dashboard and its static files
     observe/    Prometheus metrics (every name defined once), the request log, statistics
     ops/        offline commands: ``specrouter report``, ``demo``, ``deploy`` (plan, render,
-                check)
+                check), ``connect`` (an agent's settings for a gateway)
 
     cli.py      the ``specrouter`` command and its subcommands
     settings.py every server setting, once (flags, then SPECROUTER_* variables, then defaults)
