@@ -18,7 +18,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -32,9 +32,6 @@ from proxy.vllm_wire import (
     SPEC_DECODING,
     USAGE_KEY,
 )
-
-if TYPE_CHECKING:
-    from proxy.relay.events import EventReader
 
 _USAGE_OFFSET = len(USAGE_KEY) - 1  # where the usage object's `{` starts in the span
 _FINISH = b'"finish_reason":"'
@@ -253,6 +250,13 @@ class Measurement:
         metrics = obj.get(METRICS)
         if isinstance(metrics, dict) and isinstance(metrics.get(SPEC_DECODING), dict):
             self.spec = metrics[SPEC_DECODING]
+
+
+class EventReader(Protocol):
+    """A typed event stream's reader (proxy/relay/events.py): `StreamFilter` hands it the frames
+    it does not interpret itself."""
+
+    def read(self, frame: bytes, now: float) -> None: ...
 
 
 class StreamFilter:
