@@ -31,12 +31,13 @@ if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
     from policies.schema import ClientSpec
     from policies.types import Decision, Endpoint
-    from proxy.gateway import Gateway, RequestRecord
+    from proxy.gateway import Gateway
     from proxy.relay.asgi import Send
     from proxy.relay.fields import Encoded
     from proxy.relay.keepalive import Pinger
     from proxy.relay.measure import StreamFilter
     from proxy.relay.push import PushChannel
+    from proxy.relay.record import RequestRecord
     from proxy.relay.watch import DisconnectWatch
 
 R = TypeVar("R", bound=UpstreamResponse)
