@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The coding agents tests/agents/ drives against the demo, installed OUTSIDE the clone and only
-# when missing: Codex CLI, Claude Code and the openai SDK for Node (npm; README's Node recipe),
+# when missing: Codex CLI, Claude Code and the openai SDK for Node (npm; docs/clients.md's Node recipe),
 # aider (its own Python 3.11 venv: aider-chat needs Python < 3.13). Prints the cache directory. Override it with SPECROUTER_AGENTS_DIR.
 set -euo pipefail
 dir="${SPECROUTER_AGENTS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/specrouter/agents}"

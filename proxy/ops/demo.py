@@ -120,7 +120,7 @@ def banner(base: str, ca: Path, key: str, model: str, state: Path) -> list[str]:
         "What the requests did (TTFT, ITL, tokens per step by variant):",
         f"  {py} -m proxy.cli report --state-dir {state.resolve()}",
         "",
-        "Codex, aider, Claude Code, the Anthropic and Node SDKs: README.md, section Clients.",
+        "Codex, aider, Claude Code, the Anthropic and Node SDKs: docs/clients.md.",
         "",
     ]
 

@@ -4,7 +4,7 @@ The gateway asks vLLM for continuous usage so it can count tokens per chunk; `St
 takes those additions back out so the client's bytes are what vLLM would have sent for the
 client's own request. It does no I/O and reads no clock: the relay passes `now` in.
 
-One meaning of each measure, for every API (the README's metrics table says the same):
+One meaning of each measure, for every API (docs/metrics.md says the same):
 - TTFT: streams only, arrival of the request to the relay of the first frame that carries a
   generated token (text, reasoning, tool-call arguments); a role-only chunk, `response.created`,
   `message_start`, pings and comments are not tokens. A non-streaming request has its e2e only.

@@ -1,4 +1,4 @@
-"""The README's client recipes, extracted exactly as printed (`<!-- recipe: NAME -->` + a block)."""
+"""docs/clients.md's recipes, extracted exactly as printed (`<!-- recipe: NAME -->` + a block)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ _RECIPE = re.compile(r"<!-- recipe: (\S+) -->\n```\w*\n(.*?)```", re.S)
 
 
 def recipes() -> dict[str, str]:
-    return dict(_RECIPE.findall((ROOT / "README.md").read_text()))
+    return dict(_RECIPE.findall((ROOT / "docs" / "clients.md").read_text()))
 
 
 def run_recipe(
