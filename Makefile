@@ -28,11 +28,11 @@ test: lint system-deps
 demo: $(STAMP)
 	$(VENV)/bin/specrouter demo
 
-# Benchmarks (loopback only, bounded; figures in the README). None runs in `make test`.
+# Benchmarks (loopback only, bounded; figures in docs/, docs/benchmarks.md). None runs in `make test`.
 calibrate: $(STAMP)
 	$(PY) -m loadtests.probe.calibrate
 
-# The README's sessions table: `specrouter replay --sim` over 1-16 agents x {0.7, unset}.
+# docs/replay.md's sessions table: `specrouter replay --sim` over 1-16 agents x {0.7, unset}.
 sessions: $(STAMP)
 	$(PY) -m loadtests.replay.table
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from proxy.backends.admission import Admission
@@ -23,7 +22,7 @@ from proxy.observe.timeline import Timeline
 from proxy.operator import Operator
 from proxy.relay.engine_conn import EnginePool
 from proxy.relay.limits import Limits, MemoryLimits, RedisLimits
-from proxy.relay.measure import Measurement
+from proxy.relay.record import RequestRecord
 from proxy.relay.upstream import Upstream
 from proxy.relay.watch import DisconnectWatch
 from proxy.settings import Settings
@@ -31,40 +30,6 @@ from proxy.settings import Settings
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
     from policies.spec.context import ValidationContext
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """One request, from arrival to its last byte; what the log, metrics and dashboard see."""
-
-    request_id: str
-    client: str
-    endpoint: str
-    route: str = ""
-    backend: str = ""
-    reason: str = ""
-    canary: bool = False
-    content_class: str | None = None
-    defaults_applied: tuple[str, ...] = ()
-    temperature: float | None = None  # effective: the client's or the injected default
-    temperature_defaulted: bool = False
-    stream: bool = False
-    status: int = 0
-    outcome: str = "ok"
-    retries: int = 0
-    continued_from: str = ""  # the backend whose engine died, when continued
-    concurrency: int = 0  # requests open on the serving backend when this one started, itself too
-    policy_version: str = ""
-    session: str = ""  # the session key (policies/sessions.py), a hash: never the raw id
-    agent: str = ""  # the agent program (claude-code, codex, ...), "/subagent" for a subagent
-    subagent: bool = False
-    started_wall: float = field(default_factory=time.time)
-    m: Measurement = field(default_factory=lambda: Measurement(time.perf_counter()))
-
-    @property
-    def continued(self) -> bool:
-        """Finished by another variant after its engine died mid-stream."""
-        return self.continued_from != ""
 
 
 Sink = Callable[[RequestRecord], None]

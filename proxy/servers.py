@@ -20,8 +20,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.relay.channel import PushChannel
 from proxy.relay.errors import error_body
-from proxy.relay.push import PushChannel
 
 log = logging.getLogger("specrouter.servers")
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The coding agents tests/agents/ drives against the demo, installed OUTSIDE the clone at exactly
 # the versions pinned in scripts/agents.versions: Codex CLI, Claude Code and the openai SDK for
-# Node (npm), aider (its own Python 3.11 venv: aider-chat needs Python < 3.13). A package whose
+# Node (npm; docs/clients.md's Node recipe), aider (its own Python 3.11 venv: aider-chat needs Python < 3.13). A package whose
 # installed version differs from its pin (or is missing) is (re)installed; warm, nothing is.
 # Prints the cache directory. Override it with SPECROUTER_AGENTS_DIR.
 set -euo pipefail

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grimp
+
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 500
 SIZED = ("proxy", "policies", "loadtests")
@@ -33,6 +35,20 @@ def test_import_contracts_are_kept() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert " 0 broken" in done.stdout
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import circle between modules anywhere, however long, imports made only for type
+    checking included (a reader of either file still needs the other)."""
+    graph = grimp.build_graph("proxy", "policies", "loadtests", "tests", cache_dir=None)
+    assert len(graph.modules) > 200  # the walk found the tree
+    circles = set()
+    for importer in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            back = graph.find_shortest_chain(importer=imported, imported=importer)
+            if back is not None:
+                circles.add(" -> ".join((importer, *back)))
+    assert not circles, "break these import circles:\n" + "\n".join(sorted(circles))
 
 
 def _modules() -> list[Path]:

@@ -14,7 +14,7 @@ import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from proxy.relay.push import PushChannel
+from proxy.relay.channel import PushChannel
 from proxy.servers import GuardedHttpToolsProtocol, bind, make_server
 
 # Hooks we override, with the signatures we override them with.

@@ -1,5 +1,5 @@
-"""`specrouter probe` of the tiny llama.cpp engines, direct and through the gateway (the README's
-backend section quotes its output).
+"""`specrouter probe` of the tiny llama.cpp engines, direct and through the gateway (docs/backends.md
+quotes its output).
 
     python -m loadtests.bench.llamacpp_probe [--runs 3] [--window 8] [--out DIR]
 

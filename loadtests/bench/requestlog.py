@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from proxy.gateway import RequestRecord
 from proxy.observe.requestlog import RequestLog
 from proxy.relay.measure import Measurement
+from proxy.relay.record import RequestRecord
 
 TARGET_US = 20.0
 

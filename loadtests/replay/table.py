@@ -1,9 +1,9 @@
-"""The README's sessions table: `specrouter replay --sim` over agents x temperatures.
+"""docs/replay.md's sessions table: `specrouter replay --sim` over agents x temperatures.
 
     python -m loadtests.replay.table [--agents 1 2 4 8 16] [--duration 60] [--time-scale 0.1]
 
 One run per cell, one after another (one simulator and one gateway at a time), measured after
---warmup; each cell's replay.json is kept under --out. Prints the Markdown table the README shows.
+--warmup; each cell's replay.json is kept under --out. Prints the Markdown table docs/replay.md shows.
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ from proxy.admin.identity import Denied
 from proxy.admin.login import login_form, login_routes, refused, viewer
 from proxy.admin.policy_store import PolicyStore
 from proxy.backends.health import HealthMonitor
-from proxy.gateway import Gateway, RequestRecord
+from proxy.gateway import Gateway
 from proxy.observe.stats import quantile
+from proxy.relay.record import RequestRecord
 
 VARIANT_WINDOW_S = 300.0
 _ROWS = ("in_flight", "recent", "variants", "agents", "backends", "repairs", "events")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from proxy.gateway import RequestRecord
+from proxy.relay.record import RequestRecord
 
 log = logging.getLogger("specrouter.access")
 

@@ -431,7 +431,7 @@ class BackendReading(Protocol):
 
 
 def markdown_table() -> str:
-    """The README's metrics table, generated from the definitions above (one source of truth)."""
+    """docs/metrics.md's metrics table, generated from the definitions above (one source of truth)."""
     g = GatewayMetrics()
     lines = ["| name | type | labels | meaning |", "|---|---|---|---|"]
     for family in g.registry.collect():

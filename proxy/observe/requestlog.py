@@ -27,7 +27,7 @@ from proxy.observe.requestlog_schema import INSERT, open_db
 from proxy.relay.measure import Measurement
 
 if TYPE_CHECKING:
-    from proxy.gateway import RequestRecord
+    from proxy.relay.record import RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from proxy.gateway import RequestRecord
+    from proxy.relay.record import RequestRecord
 
 BUCKET_S = 10.0
 BUCKETS = 90  # 15 minutes

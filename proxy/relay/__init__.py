@@ -4,18 +4,23 @@
 - exchange.py: `Exchange`, the one object that carries the request along the path.
 - forward.py: attempts, admission, the engine lease, retries before the first byte, the
   response start.
+- lease.py: `Lease`, a request's hold on one engine.
 - keepalive.py: the response headers and pings while no engine byte came (a route's
   `keepalive_s`).
 - push.py | pull.py: the body relayed from the engine's read callback | by an async pull loop.
 - ends.py: how a relayed event stream ends (its end event, the last bytes, the outcome).
 - watch.py: `DisconnectWatch`, the client's leaving turned into an upstream abort.
-- continuation.py: a stream broken mid-answer, finished by another variant.
+- continuation.py | resume.py: a stream broken mid-answer, finished by another variant (the
+  filter and the body | the new engine asked).
 - engine_conn.py | upstream.py: kept-alive engine connections (push) | the aiohttp client
   (pull), both answering with an `UpstreamResponse`.
 - measure.py: per-request measurement and the stream filter.
+- record.py: `RequestRecord`, one request from arrival to its last byte, handed to the
+  gateway's sinks (request log, metrics, dashboard).
 - sse.py, rewrite.py: event-stream framing; the upstream request body.
 
-Beside the path: asgi.py (ASGI types and one-shot answers), errors.py (error bodies),
+Beside the path: asgi.py (ASGI types and one-shot answers), channel.py (`PushChannel`, the
+client's connection for the push relay), errors.py (error bodies),
 limits.py (client rate limits), openapi.py and openapi_schemas.py (the served API
 description, its schemas).
 """

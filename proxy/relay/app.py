@@ -17,16 +17,18 @@ from policies.inputs import for_body, request_view
 from policies.sessions import session_of
 from policies.types import Endpoint
 from proxy import auth
-from proxy.gateway import Gateway, RequestRecord
+from proxy.gateway import Gateway
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
+from proxy.relay.channel import PushChannel
 from proxy.relay.errors import error_body
 from proxy.relay.exchange import Exchange
 from proxy.relay.fields import Encoded, Limits, check_fields
 from proxy.relay.forward import ENDPOINTS, forward
 from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import PULL
-from proxy.relay.push import PUSH, PushChannel
+from proxy.relay.push import PUSH
 from proxy.relay.ready import readiness
+from proxy.relay.record import RequestRecord
 from proxy.relay.watch import DisconnectWatch
 from proxy.throttle import AuthThrottle, source_of
 

@@ -10,18 +10,14 @@ token counts from the final event, so ITL and tokens per step are request averag
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
-from proxy.relay.measure import Measurement
+from proxy.relay.measure import EventReader, Measurement
 from proxy.vllm_wire import EVENT
 
 _DATA = b"\ndata: "
-
-
-class EventReader(Protocol):
-    def read(self, frame: bytes, now: float) -> None: ...
 
 
 def event_type(frame: bytes) -> bytes:

@@ -13,30 +13,24 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from proxy.backends.engines import prefix_affinity
 from proxy.relay.asgi import respond
-from proxy.relay.continuation import (
-    ContinuableFilter,
-    can_continue,
-    continuation_body,
-    continuation_refused,
-)
 from proxy.relay.errors import error_body
 from proxy.relay.fields import client_request_id
-from proxy.relay.forward import Lease, open_engine
 from proxy.relay.measure import Measurement
-from proxy.relay.upstream import UpstreamError, UpstreamResponse
+from proxy.relay.upstream import UpstreamResponse
 
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
     from policies.schema import ClientSpec
     from policies.types import Decision, Endpoint
-    from proxy.gateway import Gateway, RequestRecord
+    from proxy.gateway import Gateway
     from proxy.relay.asgi import Send
+    from proxy.relay.channel import PushChannel
     from proxy.relay.fields import Encoded
     from proxy.relay.keepalive import Pinger
+    from proxy.relay.lease import Lease
     from proxy.relay.measure import StreamFilter
-    from proxy.relay.push import PushChannel
+    from proxy.relay.record import RequestRecord
     from proxy.relay.watch import DisconnectWatch
 
 R = TypeVar("R", bound=UpstreamResponse)
@@ -120,7 +114,7 @@ class Exchange(Generic[R]):
         self.resp: R | None = None  # the engine's answer being relayed now
         self.first = b""  # its first body bytes, read before the response start
         self.rename: tuple[bytes, bytes] | None = None  # served model name -> client's
-        self.continuable = False  # a broken stream may be continued (`resume`)
+        self.continuable = False  # a broken stream may be continued (resume.py)
 
     async def _start(self, message: dict[str, Any]) -> None:
         """Every response's start, whoever sends it: `Server-Timing` with what is known now
@@ -153,53 +147,3 @@ class Exchange(Generic[R]):
             error_body(status, message, param=param, type_=type_, anthropic=self.anthropic),
             headers,
         )
-
-    async def resume(self) -> tuple[R, bytes] | None:
-        """Continue a broken chat stream on another variant of the same weights; the relays
-        ask once per request."""
-        gw, policy, record, body, filt = self.gw, self.policy, self.record, self.body, self.filt
-        route = policy.routes[record.route]
-        if not route.spec.continuation or self.endpoint != "chat" or not can_continue(body, filt):
-            return None
-        failed = record.backend
-        state = gw.live.snapshot()
-        before = policy.backend(failed)
-        for name in route.variants:
-            backend = policy.backend(name)
-            health = state.backends.get(name)
-            if name == failed or (health is not None and health.health != "up"):
-                continue
-            refused = continuation_refused(before, backend)
-            if refused is not None:
-                gw.metrics.continuations_refused.labels(record.route, failed, name, refused).inc()
-                continue
-            if not gw.admission.try_acquire(name, backend.max_concurrency):
-                continue  # a continuation does not queue
-            base = (
-                backend.engine_urls[0]
-                if len(backend.engine_urls) == 1
-                else gw.engine_table.pick(backend.engine_urls, prefix_affinity(body))
-            )
-            new_lease = Lease.begin(self, name, base, backend.max_concurrency)
-            assert isinstance(filt, ContinuableFilter)
-            cont = continuation_body(body, filt.partial(), filt.m.completion_tokens)
-            try:
-                new_resp, new_first = await open_engine(self, cont, backend, base, True)
-            except UpstreamError as exc:
-                gw.metrics.upstream_errors.labels(name, exc.kind).inc()
-                new_lease.release(gw)
-                if exc.accepted:
-                    return None  # that engine has the continuation: not sent again
-                continue
-            if self.resp is not None:
-                self.resp.close()
-            if self.lease is not None:
-                self.lease.release(gw)
-            self.resp, self.lease = new_resp, new_lease
-            gw.metrics.upstream_errors.labels(failed, "midstream").inc()
-            gw.live.failure(failed)
-            gw.metrics.continuations.labels(record.route, failed, name).inc()
-            record.backend, record.continued_from = name, failed
-            filt.start_continuation(body)
-            return new_resp, new_first
-        return None

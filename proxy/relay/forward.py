@@ -18,13 +18,13 @@ from proxy.relay.continuation import ContinuableFilter
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_with_error
 from proxy.relay.events import reader_for
 from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
+from proxy.relay.lease import Lease
 from proxy.relay.measure import StreamFilter, withhold_estimate
 from proxy.relay.rewrite import plan_usage, upstream_body
 from proxy.relay.upstream import RESPONSE_ALLOW, UpstreamError, not_an_answer
 
 if TYPE_CHECKING:
     from policies.schema import BackendSpec
-    from proxy.gateway import Gateway
     from proxy.relay.exchange import Exchange, R
 
 # The public paths that generate; each goes to the same path on the engine.
@@ -99,7 +99,7 @@ async def _connect(x: Exchange[R]) -> bool:
                 break
             finally:
                 gw.metrics.queued.labels(backend_name).dec()
-        x.lease = lease = Lease.begin(x, backend_name, base, backend.max_concurrency)
+        x.lease = lease = Lease.begin(x.gw, record, backend_name, base, backend.max_concurrency)
         try:
             x.resp, x.first = await open_engine(x, x.body, backend, base, i + 1 < len(attempts))
             gw.live.success(backend_name)
@@ -279,31 +279,6 @@ def _engine_message(first: bytes, status: int) -> str:
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return f"backend answered {status}"
     return str(message)
-
-
-class Lease:
-    """One request's hold on one engine: admission slot, in-flight counts, gauges."""
-
-    __slots__ = ("backend", "base", "limit", "route")
-
-    def __init__(self, backend: str, base: str, limit: int, route: str) -> None:
-        self.backend, self.base, self.limit, self.route = backend, base, limit, route
-
-    @classmethod
-    def begin(cls, x: Exchange[Any], backend: str, base: str, limit: int) -> Lease:
-        """The admission slot is already held; count the request everywhere else."""
-        gw, record = x.gw, x.record
-        gw.live.begin(backend)
-        gw.engine_table.state(base).in_flight += 1
-        record.concurrency = gw.live.get(backend).in_flight
-        gw.metrics.in_flight.labels(record.route, backend).inc()
-        return cls(backend, base, limit, record.route)
-
-    def release(self, gw: Gateway) -> None:
-        gw.live.end(self.backend)
-        gw.engine_table.state(self.base).in_flight -= 1
-        gw.metrics.in_flight.labels(self.route, self.backend).dec()
-        gw.admission.release(self.backend, self.limit)
 
 
 def _upstream_headers(

@@ -14,7 +14,7 @@ Each target step yields one token of its own plus the draft tokens it accepted, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -26,9 +26,6 @@ from policies.capabilities import (
     TIMINGS_PREDICTED_N,
     TIMINGS_PROMPT_N,
 )
-
-if TYPE_CHECKING:
-    from proxy.relay.measure import Measurement
 
 TIMINGS = b'"' + TIMINGS_KEY.encode() + b'":{'
 _TOKEN_FRAME = b'"finish_reason":null'  # every frame but the finish and usage chunks
@@ -54,7 +51,16 @@ def frame_timings(frame: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def record_timings(m: Measurement, timings: dict[str, Any]) -> None:
+class Counts(Protocol):
+    """What `record_timings` fills in: a request's record (proxy/relay/measure.py's Measurement)."""
+
+    completion_tokens: int
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    spec: dict[str, Any] | None
+
+
+def record_timings(m: Counts, timings: dict[str, Any]) -> None:
     """The engine's own count of the request: tokens, prompt, cache and, when it drafted,
     accepted draft tokens and target steps (the same keys vLLM's per-request summary uses)."""
     predicted = timings.get(TIMINGS_PREDICTED_N)

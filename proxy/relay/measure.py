@@ -4,7 +4,7 @@ The gateway asks vLLM for continuous usage so it can count tokens per chunk; `St
 takes those additions back out so the client's bytes are what vLLM would have sent for the
 client's own request. It does no I/O and reads no clock: the relay passes `now` in.
 
-One meaning of each measure, for every API (the README's metrics table says the same):
+One meaning of each measure, for every API (docs/metrics.md says the same):
 - TTFT: streams only, arrival of the request to the relay of the first frame that carries a
   generated token (text, reasoning, tool-call arguments); a role-only chunk, `response.created`,
   `message_start`, pings and comments are not tokens. A non-streaming request has its e2e only.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -32,9 +32,6 @@ from proxy.vllm_wire import (
     SPEC_DECODING,
     USAGE_KEY,
 )
-
-if TYPE_CHECKING:
-    from proxy.relay.events import EventReader
 
 _USAGE_OFFSET = len(USAGE_KEY) - 1  # where the usage object's `{` starts in the span
 _FINISH = b'"finish_reason":"'
@@ -253,6 +250,13 @@ class Measurement:
         metrics = obj.get(METRICS)
         if isinstance(metrics, dict) and isinstance(metrics.get(SPEC_DECODING), dict):
             self.spec = metrics[SPEC_DECODING]
+
+
+class EventReader(Protocol):
+    """A typed event stream's reader (proxy/relay/events.py): `StreamFilter` hands it the frames
+    it does not interpret itself."""
+
+    def read(self, frame: bytes, now: float) -> None: ...
 
 
 class StreamFilter:

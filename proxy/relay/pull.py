@@ -30,6 +30,7 @@ from proxy.relay.ends import (
 )
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
+from proxy.relay.resume import resume_stream
 from proxy.relay.upstream import PulledResponse, UpstreamError
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
 
     The response start has been sent. After the first byte there is no retry: a failing
     backend ends the stream with vLLM's error event and `[DONE]`, so no client hangs, unless
-    `x.resume` gives a continuation stream from another engine (proxy/relay/continuation.py).
+    `resume_stream` gives a continuation stream from another engine (proxy/relay/resume.py).
     """
     resp, data, send, watch, filt, ends = x.resp, x.first, x.send, x.watch, x.filt, x.ends
     assert resp is not None
@@ -132,7 +133,7 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
             return "client_gone"
         outcome, error = check_end(outcome, error, saw_done, m, responses, messages)
         if outcome != "ok" and resume and watch.closing is None:
-            resumed = await x.resume()
+            resumed = await resume_stream(x)
             resume = False  # once per request
             if resumed is not None:
                 resp, data = resumed

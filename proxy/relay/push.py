@@ -8,7 +8,7 @@ framed, filtered and written to the client's transport inside `data_received`: n
 per chunk. Backpressure is explicit: when the client's transport pauses writing, the engine's
 transport pauses reading.
 
-Two halves: `PushChannel`, an ASGI extension that our server protocol (proxy/servers.py) puts in
+Two halves: `PushChannel` (proxy/relay/channel.py), an ASGI extension that our server protocol (proxy/servers.py) puts in
 the scope (`scope["extensions"]["specrouter.push"]`) to write chunked body bytes straight to the
 client's transport after the response start went through ASGI; and `EngineStream`
 (proxy/relay/engine_conn.py), one streaming response from an engine on a kept-alive connection.
@@ -18,13 +18,12 @@ Without the extension (another ASGI server) the gateway uses the pull loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from proxy.relay import sse
+from proxy.relay.channel import PushChannel
 from proxy.relay.continuation import stopped
 from proxy.relay.ends import (
     MESSAGES_ENDS,
@@ -39,52 +38,11 @@ from proxy.relay.ends import (
 from proxy.relay.engine_conn import EngineStream, open_engine_stream
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
+from proxy.relay.resume import resume_stream
 from proxy.relay.upstream import UpstreamError
 
 if TYPE_CHECKING:
     from proxy.relay.exchange import Exchange
-
-
-class PushChannel:
-    """Write access to one client connection, for the response in progress."""
-
-    __slots__ = ("_protocol", "_transport", "_flow")
-
-    def __init__(self, protocol: Any) -> None:
-        # uvicorn's HttpToolsProtocol (our subclass), weakly: the channel sits in the scope the
-        # protocol holds, and a strong reference back would make each connection, TLS buffers
-        # and the request's objects included, a cycle that lives until a full collection.
-        self._protocol: Any = weakref.proxy(protocol)
-        self._transport = protocol.transport  # both fixed for the connection's life
-        self._flow = protocol.flow
-
-    @property
-    def gone(self) -> bool:
-        try:
-            cycle = self._protocol.cycle
-        except ReferenceError:  # the connection is over and its protocol freed
-            return True
-        return cycle is None or cycle.disconnected or self._transport.is_closing()
-
-    async def drain(self) -> None:
-        await self._flow.drain()
-
-    def on_lost(self, callback: Callable[[], None] | None) -> None:
-        """Called once when the client's connection closes (None: no longer)."""
-        with contextlib.suppress(ReferenceError):  # freed: closed, nothing left to call back
-            self._protocol.on_lost = callback
-
-    def write(self, data: bytes) -> bool:
-        """One chunk of the chunked body (the response start went out through ASGI); True
-        when the client's socket is full and the engine should wait.
-
-        The hot path, once per relayed chunk: a closing transport is the one sign of a client
-        gone that matters here (uvicorn marks the cycle disconnected as it closes).
-        """
-        transport = self._transport
-        if not transport.is_closing():
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        return bool(self._flow.write_paused)
 
 
 Sink = Callable[[bytes], None]
@@ -217,7 +175,7 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
             return "client_gone"
         outcome, error = check_end(outcome, error, ended[0], m, responses, messages)
         if outcome != "ok" and resume and watch.closing is None:
-            resumed = await x.resume()
+            resumed = await resume_stream(x)
             resume = False  # once per request
             if resumed is not None:
                 stream, first = resumed

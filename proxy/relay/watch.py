@@ -34,7 +34,7 @@ def _close(response: _Closable, reason: str) -> None:
 
 
 class LostHook(Protocol):
-    """Our server's connection (proxy/relay/push.py's PushChannel): it calls back when it closes."""
+    """Our server's connection (proxy/relay/channel.py's PushChannel): it calls back when it closes."""
 
     @property
     def gone(self) -> bool: ...

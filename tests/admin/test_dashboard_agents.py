@@ -127,7 +127,7 @@ def test_agent_rows_and_charts_in_chromium(certs, artifacts: Path) -> None:
 
 
 def main(out: Path) -> None:
-    """The README's picture: more turns at a slower pace, so the charts span a few buckets."""
+    """docs/dashboard.md's picture: more turns at a slower pace, so the charts span a few buckets."""
     import tempfile
 
     from playwright.sync_api import sync_playwright

@@ -13,9 +13,10 @@ from policies.compiled import compile_policy
 from policies.schema import load_policy
 from policies.sessions import SessionId
 from proxy.admin.dashboard import encoded, snapshot
-from proxy.gateway import Gateway, RequestRecord
+from proxy.gateway import Gateway
 from proxy.observe.timeline import Timeline
 from proxy.relay.measure import Measurement
+from proxy.relay.record import RequestRecord
 from proxy.settings import Settings
 from tests.observe.test_timeline import Clock
 

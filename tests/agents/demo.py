@@ -77,7 +77,7 @@ class Demo:
         return match.group(1)
 
     def env(self) -> dict[str, str]:
-        """What README.md's Clients section exports, for this demo."""
+        """What docs/clients.md's first recipe exports, for this demo."""
         return {
             **os.environ,
             "SPECROUTER_URL": self.base,

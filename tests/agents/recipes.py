@@ -1,4 +1,4 @@
-"""The README's (or a docs page's) client recipes, extracted exactly as printed (`<!-- recipe: NAME -->` + a block)."""
+"""A docs page's client recipes (docs/clients.md by default), extracted exactly as printed (`<!-- recipe: NAME -->` + a block)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from tests.agents.demo import ROOT, Demo
 _RECIPE = re.compile(r"<!-- recipe: (\S+) -->\n```\w*\n(.*?)```", re.S)
 
 
-def recipes(doc: str = "README.md") -> dict[str, str]:
+def recipes(doc: str = "docs/clients.md") -> dict[str, str]:
     return dict(_RECIPE.findall((ROOT / doc).read_text()))
 
 

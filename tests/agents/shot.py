@@ -4,7 +4,7 @@
 
 Starts the demo, gives each agent its own client key (an edit of the demo's policy file, which
 the gateway applies live) so the dashboard's client column tells them apart, runs the three as
-README.md's recipes, then photographs the dashboard in headless Chromium.
+docs/clients.md's recipes, then photographs the dashboard in headless Chromium.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""aider (its own Python 3.11 venv) edits a scratch file through the demo, as README.md says."""
+"""aider (its own Python 3.11 venv) edits a scratch file through the demo, as docs/clients.md says."""
 
 from __future__ import annotations
 

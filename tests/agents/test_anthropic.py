@@ -1,4 +1,4 @@
-"""The Anthropic Python SDK and Claude Code over /v1/messages with tools, as README.md says.
+"""The Anthropic Python SDK and Claude Code over /v1/messages with tools, as docs/clients.md says.
 
 The demo's engines run with `--enable-auto-tool-choice --tool-call-parser`, so the simulator
 answers with its scripted tool calls (tool_use blocks) and then a final answer. Claude Code's

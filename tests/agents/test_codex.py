@@ -1,4 +1,4 @@
-"""Codex CLI (`codex exec`, its sandbox on) against the demo over TLS, configured as README.md says."""
+"""Codex CLI (`codex exec`, its sandbox on) against the demo over TLS, configured as docs/clients.md says."""
 
 from __future__ import annotations
 

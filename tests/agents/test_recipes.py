@@ -1,4 +1,4 @@
-"""README.md's Clients section run as printed against the demo: curl, openai-python, openai-node."""
+"""docs/clients.md's recipes run as printed against the demo: curl, openai-python, openai-node."""
 
 from __future__ import annotations
 

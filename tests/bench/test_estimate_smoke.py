@@ -1,6 +1,6 @@
 """The chunk-estimate benchmark runs: `--quick` (one cell, 1 stream, no merging model) prints
 its cell with a finite error against the simulator's own counts. No bound on the error: the
-figure belongs to the benchmark (README, "How good is the chunk estimate")."""
+figure belongs to the benchmark (docs/estimate.md)."""
 
 from __future__ import annotations
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy.gateway import RequestRecord
 from proxy.observe.requestlog import RequestLog, decode_tokens_per_s, itl_quantiles, row_of
 from proxy.observe.requestlog_schema import COLUMNS, open_db
 from proxy.observe.stats import quantile
 from proxy.relay.measure import Measurement
+from proxy.relay.record import RequestRecord
 
 
 def make_record(

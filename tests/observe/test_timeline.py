@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from proxy.gateway import RequestRecord
 from proxy.observe.timeline import Timeline
 from proxy.relay.measure import Measurement
+from proxy.relay.record import RequestRecord
 
 
 @dataclass

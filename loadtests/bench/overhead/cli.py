@@ -15,7 +15,8 @@ import orjson
 import loadtests.bench.overhead as package
 from loadtests.bench.overhead.plan import log, make_plan, run_plan
 from loadtests.bench.overhead.report import GOALS, describe, paced_cpu_ratio, render, summarize
-from loadtests.bench.overhead.rounds import Bench, RoundResult
+from loadtests.bench.overhead.result import RoundResult
+from loadtests.bench.overhead.rounds import Bench
 from loadtests.bench.overhead.stack import TARGETS, Stack
 
 

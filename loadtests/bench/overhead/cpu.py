@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from loadtests.bench.overhead.rounds import RoundResult
+from loadtests.bench.overhead.result import RoundResult
 
 
 @dataclass(frozen=True)

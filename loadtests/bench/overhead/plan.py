@@ -7,7 +7,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from loadtests.bench.overhead.rounds import Bench, RoundResult, Spec
+from loadtests.bench.overhead.result import RoundResult
+from loadtests.bench.overhead.rounds import Bench, Spec
 from loadtests.bench.overhead.stack import TARGETS
 from loadtests.harness.procfs import rss_bytes
 

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loadtests.bench.overhead.plan import Plan
-from loadtests.bench.overhead.rounds import RoundResult, pct
+from loadtests.bench.overhead.result import RoundResult
+from loadtests.bench.overhead.rounds import pct
 
 # Targets of issue 3 (2-core machine): metric -> (comparison, bound).
 GOALS: dict[str, tuple[str, float]] = {

@@ -6,11 +6,11 @@ import asyncio
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from loadtests.bench.overhead.client import ClientConn, Pool, Shot, Tally, request_bytes
 from loadtests.bench.overhead.cpu import CpuSample, account
+from loadtests.bench.overhead.result import RoundResult
 from loadtests.bench.overhead.stack import Arm, Stack
 from loadtests.harness.procfs import cpu_seconds, cpu_split, rss_bytes, self_cpu
 
@@ -25,29 +25,6 @@ class Spec:
     spread_s: float  # arrivals: exponential gaps with mean spread/streams
     think_s: tuple[float, float] = (0.0, 0.0)
     warmup_s: float = 0.0
-
-
-@dataclass
-class RoundResult:
-    target: str
-    kind: str
-    repeat: int
-    ok: bool = True
-    error: str = ""
-    requests: int = 0
-    failed: int = 0
-    chunks: int = 0
-    wall_s: float = 0.0
-    ttft_p50_ms: float | None = None
-    gap_p99_ms: float | None = None
-    cpu_s: float | None = None
-    cpu_per_chunk_us: float | None = None
-    cpu_pct: float | None = None
-    pacer_cpu_pct: float | None = None
-    client_cpu_pct: float | None = None
-    rate: float | None = None
-    rss_mb: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def pct(values: Sequence[float], q: float) -> float | None:

@@ -36,7 +36,7 @@ PROFILES = {
 @dataclass(frozen=True, slots=True)
 class Config:
     name: str
-    what: str  # one line for the README and the table
+    what: str  # one line for docs/sweep.md and the table
     devices: tuple[tuple[str, ...], ...]  # backends per device
     overlap: float = SERIAL
     policy: Path | None = None  # None: the first engine straight, no gateway

@@ -1,0 +1,52 @@
+"""`PushChannel`: write access to one client connection, an ASGI extension that our server
+protocol (proxy/servers.py) puts in the scope (`scope["extensions"]["specrouter.push"]`) for the
+push relay (proxy/relay/push.py) to write chunked body bytes straight to the client's transport."""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+
+class PushChannel:
+    """Write access to one client connection, for the response in progress."""
+
+    __slots__ = ("_protocol", "_transport", "_flow")
+
+    def __init__(self, protocol: Any) -> None:
+        # uvicorn's HttpToolsProtocol (our subclass), weakly: the channel sits in the scope the
+        # protocol holds, and a strong reference back would make each connection, TLS buffers
+        # and the request's objects included, a cycle that lives until a full collection.
+        self._protocol: Any = weakref.proxy(protocol)
+        self._transport = protocol.transport  # both fixed for the connection's life
+        self._flow = protocol.flow
+
+    @property
+    def gone(self) -> bool:
+        try:
+            cycle = self._protocol.cycle
+        except ReferenceError:  # the connection is over and its protocol freed
+            return True
+        return cycle is None or cycle.disconnected or self._transport.is_closing()
+
+    async def drain(self) -> None:
+        await self._flow.drain()
+
+    def on_lost(self, callback: Callable[[], None] | None) -> None:
+        """Called once when the client's connection closes (None: no longer)."""
+        with contextlib.suppress(ReferenceError):  # freed: closed, nothing left to call back
+            self._protocol.on_lost = callback
+
+    def write(self, data: bytes) -> bool:
+        """One chunk of the chunked body (the response start went out through ASGI); True
+        when the client's socket is full and the engine should wait.
+
+        The hot path, once per relayed chunk: a closing transport is the one sign of a client
+        gone that matters here (uvicorn marks the cycle disconnected as it closes).
+        """
+        transport = self._transport
+        if not transport.is_closing():
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return bool(self._flow.write_paused)

@@ -1,0 +1,43 @@
+"""`RequestRecord`: one request from arrival to its last byte, built by the request path and
+handed to the gateway's sinks (the request log, metrics, the dashboard's timeline)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from proxy.relay.measure import Measurement
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request, from arrival to its last byte; what the log, metrics and dashboard see."""
+
+    request_id: str
+    client: str
+    endpoint: str
+    route: str = ""
+    backend: str = ""
+    reason: str = ""
+    canary: bool = False
+    content_class: str | None = None
+    defaults_applied: tuple[str, ...] = ()
+    temperature: float | None = None  # effective: the client's or the injected default
+    temperature_defaulted: bool = False
+    stream: bool = False
+    status: int = 0
+    outcome: str = "ok"
+    retries: int = 0
+    continued_from: str = ""  # the backend whose engine died, when continued
+    concurrency: int = 0  # requests open on the serving backend when this one started, itself too
+    policy_version: str = ""
+    session: str = ""  # the session key (policies/sessions.py), a hash: never the raw id
+    agent: str = ""  # the agent program (claude-code, codex, ...), "/subagent" for a subagent
+    subagent: bool = False
+    started_wall: float = field(default_factory=time.time)
+    m: Measurement = field(default_factory=lambda: Measurement(time.perf_counter()))
+
+    @property
+    def continued(self) -> bool:
+        """Finished by another variant after its engine died mid-stream."""
+        return self.continued_from != ""
