@@ -10,7 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from proxy.backends.admission import Admission
 from proxy.backends.engines import EngineTable
@@ -58,6 +58,11 @@ class RequestRecord:
     session: str = ""  # the session key (policies/sessions.py), a hash: never the raw id
     agent: str = ""  # the agent program (claude-code, codex, ...), "/subagent" for a subagent
     subagent: bool = False
+    model: str = ""  # as the client named it
+    # OpenTelemetry, when on (proxy/observe/otel.py): the request's open span, and the
+    # `traceparent` that carries its context to the engines ("" when off: the client's goes).
+    span: Any = None
+    traceparent: str = ""
     started_wall: float = field(default_factory=time.time)
     m: Measurement = field(default_factory=lambda: Measurement(time.perf_counter()))
 
@@ -68,6 +73,8 @@ class RequestRecord:
 
 
 Sink = Callable[[RequestRecord], None]
+# Called when a request is decided, with its headers (proxy/observe/otel.py's `begin`).
+Begin = Callable[[RequestRecord, dict[bytes, bytes]], None]
 
 
 class PolicyHolder:
@@ -115,6 +122,7 @@ class Gateway:
         self.events = EventLog()  # health transitions, repairs, policy changes (bounded)
         self.timeline = Timeline()  # the dashboard's charts: 15 minutes of 10 s aggregates
         self.sinks: list[Sink] = [self.recent.append, self._session_turn, self.timeline.add]
+        self.begin: Begin | None = None  # set with a tracing sink (proxy/serve.py)
 
     def finished(self, record: RequestRecord) -> None:
         for sink in self.sinks:
