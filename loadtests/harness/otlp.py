@@ -196,3 +196,21 @@ class OtlpReceiver:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"OTLP receiver: nothing matched within {timeout:g} s")
             time.sleep(0.05)
+
+
+def main() -> None:
+    """`python -m loadtests.harness.otlp`: a receiver process that keeps nothing and prints a
+    count line every 2 s (the overhead bench's collector), until SIGTERM."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with OtlpReceiver(keep=False) as receiver:
+        print(f"otlp receiver on {receiver.url}", flush=True)
+        while True:
+            time.sleep(2.0)
+            print(f"{receiver.requests} exports, {receiver.span_count} spans", flush=True)
+
+
+if __name__ == "__main__":
+    main()
