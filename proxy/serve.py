@@ -10,7 +10,7 @@ import ssl
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies.compiled import CompiledPolicy, compile_policy
 from policies.schema import PolicyError, load_policy
@@ -24,13 +24,15 @@ from proxy.gateway import Gateway
 from proxy.memory import tune_allocator
 from proxy.observe.accesslog import access_sink
 from proxy.observe.metrics_app import create_metrics_app
-from proxy.observe.otel import SHUTDOWN_S, Telemetry
 from proxy.observe.requestlog import RequestLog
 from proxy.operator import Operator, OperatorError, load_operator
 from proxy.relay.app import PublicApp
 from proxy.safety import UnsafeSettings, check_startup
 from proxy.servers import bind, make_server, url_of
 from proxy.settings import Settings, is_loopback, split_hostport
+
+if TYPE_CHECKING:
+    from proxy.observe.otel import Telemetry
 
 log = logging.getLogger("specrouter")
 
@@ -274,6 +276,9 @@ class GatewayProcess:
         if self.settings.access_log:
             self.gw.sinks.append(access_sink)
         if self.settings.otlp_endpoint:
+            # Imported only when on: the SDK, protobuf and requests add ~0.1 s to every start.
+            from proxy.observe.otel import Telemetry
+
             self.telemetry = Telemetry(
                 self.settings.otlp_endpoint,
                 self.gw.policy,
@@ -315,7 +320,7 @@ async def _stop_telemetry(telemetry: Telemetry) -> None:
         done.set()
 
     threading.Thread(target=stop, name="otel-shutdown", daemon=True).start()
-    if not await asyncio.to_thread(done.wait, SHUTDOWN_S):
+    if not await asyncio.to_thread(done.wait, telemetry.shutdown_s):
         log.warning("OpenTelemetry: the collector did not take the last export in time")
 
 

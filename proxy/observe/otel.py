@@ -94,6 +94,7 @@ class Telemetry:
             i.name: meter.create_histogram(i.name, unit=i.unit, description=i.description)
             for i in genai.INSTRUMENTS
         }
+        self.shutdown_s = SHUTDOWN_S
         self.failures = 0  # records whose span or metrics could not be built (logged once)
 
     # --- the request path -------------------------------------------------------------------
