@@ -216,3 +216,23 @@ def test_a_dead_collector_fails_no_request(certs: Any, sim: SimServer) -> None:
             r = c.post("/v1/chat/completions", json={"model": "coder", "messages": ASK})
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
     assert sim.traceparents()["otel-dead-0"].startswith("00-")  # still traced to the engine
+
+
+def test_a_rejected_request_has_its_span_without_an_engine(
+    traced: tuple[GatewayServer, OtlpReceiver], sim: SimServer
+) -> None:
+    gw, otlp = traced
+    with gw.client() as c:
+        r = c.post(
+            "/v1/chat/completions",
+            json={"model": "no-such-model", "messages": ASK},
+            headers={"x-request-id": "otel-rejected"},
+        )
+    assert 400 <= r.status_code < 500
+    span = otlp.wait(lambda: otlp.spans_named("chat no-such-model"))[0]
+    a = span.attributes
+    assert a["specrouter.outcome"] == "rejected" and a["error.type"] == "rejected"
+    assert a["http.response.status_code"] == r.status_code
+    assert span.status_code == 0, "a policy's 4xx is the client's error, not the gateway's"
+    assert "gen_ai.provider.name" not in a and "specrouter.ttft_s" not in a
+    assert "otel-rejected" not in sim.traceparents()
