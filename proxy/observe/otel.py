@@ -131,7 +131,7 @@ class Telemetry:
     def _finished(self, record: RequestRecord) -> None:
         m, span = record.m, record.span
         provider, served = self._backend(record.backend)
-        if span is not None:
+        if span is not None and span.is_recording():  # not when the client's trace is unsampled
             span.set_attributes(genai.span_attributes(record, provider, served))
             if genai.is_error(record):
                 span.set_status(Status(StatusCode.ERROR, record.outcome))

@@ -236,3 +236,25 @@ def test_a_rejected_request_has_its_span_without_an_engine(
     assert span.status_code == 0, "a policy's 4xx is the client's error, not the gateway's"
     assert "gen_ai.provider.name" not in a and "specrouter.ttft_s" not in a
     assert "otel-rejected" not in sim.traceparents()
+
+
+def test_an_unsampled_client_trace_stays_unsampled(
+    traced: tuple[GatewayServer, OtlpReceiver], sim: SimServer
+) -> None:
+    gw, otlp = traced
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    body = {"model": "coder", "messages": ASK, "stream": True, "max_tokens": 8}
+    before = otlp.latest("gen_ai.server.request.duration")
+    count = sum(p.count for p in before.points) if before is not None else 0
+    headers = {"x-request-id": "otel-unsampled", "traceparent": f"00-{trace_id}-{parent}-00"}
+    _stream(gw, "/v1/chat/completions", body, headers)
+
+    def counted() -> bool:
+        metric = otlp.latest("gen_ai.server.request.duration")
+        return metric is not None and sum(p.count for p in metric.points) > count
+
+    otlp.wait(counted)  # the metrics still count it
+    sent = sim.traceparents()["otel-unsampled"]
+    assert sent.startswith(f"00-{trace_id}-") and sent.endswith("-00") and parent not in sent
+    ids = {s.attributes.get("specrouter.request_id") for s in otlp.spans_named("chat coder")}
+    assert "otel-unsampled" not in ids
