@@ -9,7 +9,8 @@ The map (each folder one concern; a request's way through is ``relay/``, top to 
                 admission queues, several engines per variant, guarded repair
     admin/      the admin listener: policy API and its store (versions, audit, rollback), status,
                 the live dashboard and its static files
-    observe/    Prometheus metrics (every name defined once), the request log, statistics
+    observe/    Prometheus metrics (every name defined once), the request log, statistics,
+                OpenTelemetry GenAI spans and metrics (off unless --otlp-endpoint)
     ops/        offline commands: ``specrouter report``, ``demo``, ``deploy`` (plan, render,
                 check), ``connect`` (an agent's settings for a gateway)
 

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 
 Sink = Callable[[RequestRecord], None]
+# Called when a request is decided, with its headers (proxy/observe/otel.py's `begin`).
+Begin = Callable[[RequestRecord, dict[bytes, bytes]], None]
 
 
 class PolicyHolder:
@@ -80,6 +82,7 @@ class Gateway:
         self.events = EventLog()  # health transitions, repairs, policy changes (bounded)
         self.timeline = Timeline()  # the dashboard's charts: 15 minutes of 10 s aggregates
         self.sinks: list[Sink] = [self.recent.append, self._session_turn, self.timeline.add]
+        self.begin: Begin | None = None  # set with a tracing sink (proxy/serve.py)
 
     def finished(self, record: RequestRecord) -> None:
         for sink in self.sinks:

@@ -50,6 +50,14 @@ class Settings(BaseSettings):
     )
     state_dir: Path = Field(Path(".state"), description="certificates, policy versions, logs")
     access_log: bool = Field(False, description="one line per request on stderr (no content)")
+    # OpenTelemetry GenAI spans and metrics (proxy/observe/otel.py): off unless set. The SDK's
+    # own OTEL_* variables (headers, timeouts, sampler, resource) apply to what is exported.
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/HTTP collector base URL (http://host:4318): GenAI spans, metrics"
+    )
+    otlp_metrics_interval_s: float = Field(
+        10.0, gt=0, le=3600, description="the GenAI metrics are exported this often"
+    )
 
     redis_url: str | None = Field(
         None,

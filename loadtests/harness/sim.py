@@ -128,6 +128,13 @@ class SimServer:
         data: dict[str, Any] = resp.json()
         return data
 
+    def traceparents(self) -> dict[str, str]:
+        """The `traceparent` each recent request came with, by its `x-request-id`."""
+        resp = httpx.get(f"{self.url}/_sim/traceparents", timeout=5)
+        resp.raise_for_status()
+        data: dict[str, str] = resp.json()
+        return data
+
     def fault(self, mode: str, **params: Any) -> dict[str, Any]:
         resp = httpx.post(f"{self.url}/_sim/faults", json={"mode": mode, **params}, timeout=5)
         resp.raise_for_status()

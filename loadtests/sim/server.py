@@ -36,6 +36,9 @@ def _route(
     handler: Callable[[Sim, Request], Awaitable[Response]], sim: Sim
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
+        traceparent = request.headers.get("traceparent")
+        if traceparent is not None and sim.config.faults:
+            sim.saw_traceparent(request.headers.get("x-request-id", ""), traceparent)
         return await handler(sim, request)
 
     return endpoint
@@ -92,6 +95,11 @@ async def load(sim: Sim, request: Request) -> Response:
 async def sim_requests(sim: Sim, request: Request) -> Response:
     """Test-only truth: each recently finished request's own speculative counters, by id."""
     return json_response(dict(sim.finished_spec))
+
+
+async def sim_traceparents(sim: Sim, request: Request) -> Response:
+    """Test-only truth: the `traceparent` recent requests came with, by `x-request-id`."""
+    return json_response(dict(sim.traceparents))
 
 
 async def sim_stats(sim: Sim, request: Request) -> Response:
@@ -202,6 +210,7 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:
             r("/_sim/faults", sim_faults, ["GET", "POST", "DELETE"]),
             r("/_sim/stats", sim_stats, ["GET"]),
             r("/_sim/requests", sim_requests, ["GET"]),
+            r("/_sim/traceparents", sim_traceparents, ["GET"]),
         ]
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}

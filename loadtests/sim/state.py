@@ -140,6 +140,14 @@ class Sim:
         # speculative counters by request id, for benchmarks that check the gateway's estimate.
         self.finished_spec: OrderedDict[str, Json] = OrderedDict()
         self.playback: Playback | None = None  # recorded engine outputs (golden tests only)
+        # Test-only truth (`/_sim/traceparents`, with --faults): the W3C `traceparent` each
+        # recent request came with, by its `x-request-id` (vLLM parents its spans to it).
+        self.traceparents: OrderedDict[str, str] = OrderedDict()
+
+    def saw_traceparent(self, request_id: str, traceparent: str) -> None:
+        self.traceparents[request_id] = traceparent
+        while len(self.traceparents) > FINISHED_SPEC_KEEP:
+            self.traceparents.popitem(last=False)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

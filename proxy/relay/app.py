@@ -276,7 +276,9 @@ class PublicApp:
             endpoint=x.endpoint,
             stream=body.get("stream") is True,
         )
-        record.m.t_start = x.t0
+        record.m.t_start, record.model = x.t0, x.model
+        if gw.begin is not None:
+            gw.begin(record, x.headers)
         sid = session_of(x.client.name, body, x.headers) if x.endpoint != "embeddings" else None
         table = gw.sessions
         session = None

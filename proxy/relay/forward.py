@@ -178,11 +178,14 @@ async def open_engine(
     if decision.priority is not None and backend.priority_scheduling:
         inject.setdefault("priority", decision.priority)
     payload = upstream_body(body, inject, backend.served_model_name, usage, x.encoded)
+    record = x.record
     up_headers = _upstream_headers(
-        x.headers, x.request_id, x.gw.operator.secret(backend.api_key), x.record.session
+        x.headers, x.request_id, x.gw.operator.secret(backend.api_key), record.session
     )
+    if record.traceparent:  # the gateway's span is the engine's parent (proxy/observe/otel.py)
+        up_headers["traceparent"] = record.traceparent
     if x.resp is None:  # not a continuation: this attempt is the one the timings describe
-        m = x.record.m
+        m = record.m
         m.t_engine, m.t_headers = time.perf_counter(), None
     resp, first = await x.relay.open(x, base + x.path, payload, up_headers, check_status)
     refused = not_an_answer(resp.status, resp.headers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from proxy.relay.measure import Measurement
 
@@ -34,6 +35,11 @@ class RequestRecord:
     session: str = ""  # the session key (policies/sessions.py), a hash: never the raw id
     agent: str = ""  # the agent program (claude-code, codex, ...), "/subagent" for a subagent
     subagent: bool = False
+    model: str = ""  # as the client named it
+    # OpenTelemetry, when on (proxy/observe/otel.py): the request's open span, and the
+    # `traceparent` that carries its context to the engines ("" when off: the client's goes).
+    span: Any = None
+    traceparent: str = ""
     started_wall: float = field(default_factory=time.time)
     m: Measurement = field(default_factory=lambda: Measurement(time.perf_counter()))
 

@@ -38,6 +38,14 @@ class _Echo(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(b"{}")
 
+    def do_GET(self) -> None:
+        # The gateway's health checks and scrapes: healthy, no metrics. Without this the checks
+        # get 501 and, on a slow machine, mark the backend down before the test sends (a 503).
+        self.send_response(200)
+        self.send_header("content-type", "text/plain")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
     def log_message(self, *args: object) -> None:
         pass
 

@@ -56,13 +56,18 @@ def main(argv: list[str] | None = None) -> int:
         help="chunks per paced response (48; an agent's ~460-token answer at ~4 "
         "tokens a step is ~115): the request's own CPU is spread over them",
     )
+    ap.add_argument(
+        "--otlp",
+        action="store_true",
+        help="the gateway exports OpenTelemetry (--otlp-endpoint) to a receiver on loopback",
+    )
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]
     plan = make_plan(args.quick, args.repeats, args.paced_tokens)
     signal.signal(signal.SIGTERM, _interrupt)
     t_start = time.monotonic()
     try:
-        with Stack(nginx=not args.no_nginx) as stack:
+        with Stack(nginx=not args.no_nginx, otlp=args.otlp) as stack:
             names = [n for n in TARGETS if n in stack.targets]
             log(
                 f"pacer pid {stack.pacer.pid if stack.pacer else '?'}, gateway pid "
@@ -83,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             for child in stack.children:
                 if not child.alive():
                     log(f"{child.name} exited during the run:\n{''.join(child.output[-20:])}")
+            if stack.otlp is not None:
+                log(f"gateway telemetry: {''.join(stack.otlp.output[-1:]).strip()}")
     except KeyboardInterrupt:
         log("interrupted: everything started was stopped")
         return 130

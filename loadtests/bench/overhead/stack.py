@@ -45,10 +45,15 @@ class Arm:
 class Stack:
     """Pacer, gateway and (when installed) nginx on loopback; everything stopped on exit."""
 
-    def __init__(self, *, nginx: bool = True, workdir: Path | None = None) -> None:
+    def __init__(
+        self, *, nginx: bool = True, workdir: Path | None = None, otlp: bool = False
+    ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-overhead-")
         self.dir = workdir or Path(self._tmp.name)
         self.want_nginx = nginx
+        # The gateway exports OpenTelemetry to a receiver process of its own on loopback.
+        self.want_otlp = otlp
+        self.otlp: Child | None = None
         self.children: list[Child] = []
         self.targets: dict[str, Arm] = {}
         self.pacer: Child | None = None
@@ -123,7 +128,19 @@ class Stack:
         }
         policy_path = self.dir / "policy.yaml"
         policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
-        args = serve_args(policy_path, self.dir / "state", ADMIN_TOKEN, certs=certs)
+        extra: tuple[str, ...] = ()
+        if self.want_otlp:
+            self.otlp = self._spawn(
+                Child(
+                    "otlp",
+                    [sys.executable, "-m", "loadtests.harness.otlp"],
+                    ready=re.compile(r"otlp receiver on (http://127\.0\.0\.1:\d+)"),
+                    detach=True,
+                )
+            )
+            assert self.otlp.match is not None
+            extra = ("--otlp-endpoint", self.otlp.match.group(1))
+        args = serve_args(policy_path, self.dir / "state", ADMIN_TOKEN, certs=certs, extra=extra)
         self.gateway = self._spawn(
             Child("gateway", cli("serve", *args), ready=SERVE_READY, detach=True)
         )
