@@ -121,13 +121,10 @@ def banner(base: str, ca: Path, key: str, model: str, state: Path) -> list[str]:
         "What the requests did (TTFT, ITL, tokens per step by variant):",
         f"  {py} -m proxy.cli report --state-dir {state.resolve()}",
         "",
-<<<<<<< HEAD
         "Codex, aider, Claude Code, the OpenAI and Anthropic SDKs, set up for this demo",
         "(docs/connect.md; AGENT: codex, claude-code, aider, openai, anthropic):",
         f"  {py} -m proxy.cli connect AGENT --state-dir {state.resolve()} --write",
-=======
-        "Codex, aider, Claude Code, the Anthropic and Node SDKs: docs/clients.md.",
->>>>>>> readme
+        "Each by hand: docs/clients.md.",
         "",
     ]
 
