@@ -11,18 +11,7 @@ import pytest
 
 from proxy.relay.events import MessagesReader, ResponsesReader, reader_for
 from proxy.relay.measure import TPS_SOURCES, Measurement, StreamFilter
-
-_ROOT = Path(__file__).resolve().parents[2]
-# ../shared beside the checkout (or beside the folder of worktrees), or shared/ inside it
-GOLDEN = next(
-    (
-        d / "shared" / "reference" / "vllm-golden"
-        for d in (_ROOT, _ROOT.parent, _ROOT.parent.parent)
-        if (d / "shared" / "reference" / "vllm-golden").is_dir()
-    ),
-    _ROOT / "missing",
-)
-needs_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden fixtures not here")
+from tests.golden import GOLDEN
 
 
 def _frames(path: Path) -> list[bytes]:
@@ -42,7 +31,6 @@ def _first(frames: list[bytes], marker: bytes) -> float:
     return float(next(i for i, f in enumerate(frames) if marker in f) + 1)
 
 
-@needs_golden
 @pytest.mark.parametrize("version", ["0.28.0", "0.33.0"])
 @pytest.mark.parametrize(
     "name, marker, output, finish",
@@ -90,7 +78,6 @@ def test_messages_reader_on_the_golden_streams(
     assert itl[0] == pytest.approx((last_delta - m.ttft) / (m.completion_tokens - 1))
 
 
-@needs_golden
 def test_messages_reader_cached_tokens_and_error() -> None:
     m, _, _ = _relay(GOLDEN / "0.28.0" / "anth_stream_prompt_tokens_details.sse", "messages")
     assert (m.prompt_tokens, m.cached_tokens, m.completion_tokens) == (17, 16, 14)
@@ -98,7 +85,6 @@ def test_messages_reader_cached_tokens_and_error() -> None:
     assert m.error is not None and "validation errors" in m.error
 
 
-@needs_golden
 @pytest.mark.parametrize(
     "version, name, final, output",
     [
@@ -109,8 +95,6 @@ def test_messages_reader_cached_tokens_and_error() -> None:
 )
 def test_responses_measured_like_chat(version: str, name: str, final: str, output: int) -> None:
     path = GOLDEN / version / f"{name}.sse"
-    if not path.exists():
-        pytest.skip(f"no {name} in {version}")
     m, out, frames = _relay(path, "responses")
     assert out == b"".join(frames)
     assert m.ttft == _first(frames, b"event: response.output_text.delta")  # not .created
