@@ -182,10 +182,10 @@ class GatewayMetrics:
         )
         self.acceptance = FastHistogram(
             "specrouter_request_acceptance_length",
-            "Tokens per target step, per request. source: engine "
-            "(its per-request report, exact), chunks (the "
-            "gateway's count per decode chunk), average ((output "
-            "tokens - 1) / (token events - 1)).",
+            "Tokens per target step, per request: (output tokens - 1) / "
+            "decode steps. source: where the steps come from: engine (its "
+            "per-request report, the chunk count as a floor), chunks (one "
+            "per decode chunk), average (one per token event after the first).",
             rbs,
             ACCEPTANCE_BUCKETS,
         )
@@ -224,13 +224,15 @@ class GatewayMetrics:
         )
         self.spec_steps = Counter(
             "specrouter_spec_steps_total",
-            "Target steps of requests with acceptance measured (source as for acceptance).",
+            "Decode steps of requests with tokens per step measured (source as for "
+            "specrouter_request_acceptance_length).",
             rbs,
             registry=r,
         )
         self.spec_accepted = Counter(
             "specrouter_spec_accepted_tokens_total",
-            "Accepted draft tokens of those requests (bonus excluded).",
+            "Accepted draft tokens of those requests that reached the answer: output "
+            "tokens - 1 - decode steps.",
             rbs,
             registry=r,
         )
@@ -327,7 +329,8 @@ class GatewayMetrics:
             self.itl.observe_weighted(key, gaps, tokens)
         if m.step_gaps:
             self.step.observe_many(key, m.step_gaps)
-            self.tokens_per_step.observe_many((route, backend, "chunks"), m.step_tokens)
+            if m.estimate_void is None:  # chunks are steps (not llama.cpp's token frames)
+                self.tokens_per_step.observe_many((route, backend, "chunks"), m.step_tokens)
         source = m.tps_source
         if source is not None:
             self._observe_tps(route, backend, source, m)
@@ -339,18 +342,17 @@ class GatewayMetrics:
             self.tokens.labels(route, backend, "completion").inc(m.completion_tokens)
 
     def _observe_tps(self, route: str, backend: str, source: TpsSource, m: Measurement) -> None:
-        counted = m.accepted_and_steps
-        if source == "average" and counted is not None:
+        count = m.step_count
+        if count is None:
+            return
+        if source == "average":
             # one sample per step of the request's mean, so sum / count stays tokens per step
             self.tokens_per_step.observe_weighted(
-                (route, backend, source), (float(counted[0] + counted[1]),), (counted[1],)
+                (route, backend, source), (float(count.tokens),), (count.steps,)
             )
-        acc = m.acceptance
-        if acc is not None:
-            self.acceptance.observe((route, backend, source), acc)
-        if counted is not None:
-            self.spec_accepted.labels(route, backend, source).inc(counted[0])
-            self.spec_steps.labels(route, backend, source).inc(counted[1])
+        self.acceptance.observe((route, backend, source), count.per_step)
+        self.spec_accepted.labels(route, backend, source).inc(count.accepted)
+        self.spec_steps.labels(route, backend, source).inc(count.steps)
 
 
 # Each backend's engine state, re-exported from the gateway's scrapes so that one Prometheus
