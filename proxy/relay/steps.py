@@ -62,17 +62,17 @@ class StepCount:
         return self.tokens - self.steps
 
 
-def decode_steps(
-    completion_tokens: int,
+def steps_of(
+    tokens: float,
     *,
-    accepted: int | None = None,
-    drafted_steps: int | None = None,
-    chunks: int | None = None,
-    max_step_tokens: int | None = None,
-) -> StepCount | None:
-    """A request's decode steps from what the engine and the stream gave (module docstring);
-    None when there is no decode step or nothing to count them by."""
-    tokens = completion_tokens - 1
+    accepted: float | None = None,
+    drafted_steps: float | None = None,
+    chunks: float | None = None,
+    max_step_tokens: float | None = None,
+) -> float | None:
+    """The decode steps that gave `tokens` tokens after the first (one request's, or a window's
+    of many), from what the engine and the stream gave (module docstring); None when there is
+    no token to count or nothing to count the steps by."""
     if tokens <= 0:
         return None
     bounds = [b for b in (drafted_steps, chunks) if b is not None and b > 0]
@@ -82,7 +82,27 @@ def decode_steps(
         return None
     if max_step_tokens is not None and max_step_tokens > 0:
         bounds.append(math.ceil(tokens / max_step_tokens))
-    return StepCount(tokens, min(tokens, max(bounds)))
+    return min(tokens, max(bounds))
+
+
+def decode_steps(
+    completion_tokens: int,
+    *,
+    accepted: int | None = None,
+    drafted_steps: int | None = None,
+    chunks: int | None = None,
+    max_step_tokens: int | None = None,
+) -> StepCount | None:
+    """One request's decode steps (`steps_of`), the first token left out."""
+    tokens = completion_tokens - 1
+    steps = steps_of(
+        tokens,
+        accepted=accepted,
+        drafted_steps=drafted_steps,
+        chunks=chunks,
+        max_step_tokens=max_step_tokens,
+    )
+    return None if steps is None else StepCount(tokens, int(steps))
 
 
 def estimate_steps(
