@@ -246,9 +246,7 @@ def test_never_above_draft_length_plus_one() -> None:
         ({}, None),  # nothing to count by
     ],
 )
-def test_decode_steps_is_the_largest_lower_bound(
-    bounds: dict[str, int], steps: int | None
-) -> None:
+def test_decode_steps_is_the_largest_lower_bound(bounds: dict[str, int], steps: int | None) -> None:
     got = decode_steps(11, **bounds)
     assert (got.steps if got else None) == steps
 
