@@ -177,9 +177,9 @@ def snapshot(
                 "waiting": b.waiting if b else None,
                 "kv_usage": b.kv_usage if b else None,
                 "decode_tokens_per_s": None if decode is None else round(decode, 1),
-                # The same definition as per request, pooled over the window's requests (the
-                # scraped `1 + accepted / drafts` is the guards' input, not shown).
-                "acceptance": _round(per_step.get(name)),
+                # The engine's counters over the guards' window, by the same definition as per
+                # request (proxy/backends/health.py); the variants' rows pool the requests'.
+                "acceptance": _round(b.acceptance if b else None),
                 "guard_tripped": bool(guard and guard.tripped),
                 "per_position": [round(x, 3) for x in window.per_position(60.0)] if window else [],
             }

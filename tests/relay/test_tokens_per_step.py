@@ -265,3 +265,40 @@ def test_arithmetic() -> None:
         False,
     ]
     assert drafts_every_step("something_new") is None and drafts_every_step(None) is None
+
+
+def _scrape(t: float, gen: float, first: float, drafts: float, accepted: float) -> str:
+    return (
+        "# TYPE vllm:generation_tokens_total counter\n"
+        f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {gen}\n'
+        "# TYPE vllm:spec_decode_num_drafts_total counter\n"
+        f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {drafts}\n'
+        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+        f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}\n'
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        f'vllm:time_to_first_token_seconds_bucket{{le="+Inf",model_name="m"}} {first}\n'
+        f'vllm:time_to_first_token_seconds_count{{model_name="m"}} {first}\n'
+        f'vllm:time_to_first_token_seconds_sum{{model_name="m"}} {first / 10}\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("gen", "first", "drafts", "accepted", "expected"),
+    [
+        (104, 4, 40, 62, 100 / 40),  # every step drafts; 2 accepted past answers' ends
+        (104, 4, 10, 30, 100 / 70),  # ngram: 10 of 70 steps drafted (1 + 30 / 10 = 4.0)
+        (104, 4, 0, 0, None),  # no speculative decoding
+    ],
+)
+def test_backend_window_by_the_same_definition(
+    gen: float, first: float, drafts: float, accepted: float, expected: float | None
+) -> None:
+    """The guards' and the dashboard's per-backend figure, from the engine's counters."""
+    from proxy.backends.health import EngineWindow, parse_vllm_metrics
+
+    window = EngineWindow()
+    window.add(parse_vllm_metrics(_scrape(0.0, 1000, 10, 100, 150), 0.0))
+    after = _scrape(5.0, 1000 + gen, 10 + first, 100 + drafts, 150 + accepted)
+    window.add(parse_vllm_metrics(after, 5.0))
+    got = window.acceptance(60.0)
+    assert got == (None if expected is None else pytest.approx(expected))
