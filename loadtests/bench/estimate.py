@@ -89,14 +89,17 @@ def _rows(gw: GatewayServer, ids: set[str]) -> dict[str, dict[str, Any]]:
 
 
 def _truth(sim: SimServer) -> dict[str, float]:
-    """Tokens per target step of each finished request, by the client's request id."""
+    """Tokens per target step of each finished request, by the client's request id: the one
+    definition (proxy/relay/steps.py), (tokens - 1) / decode steps. The simulated engine drafts
+    at every decode step, so its drafted steps are its decode steps (1 + accepted / steps would
+    count the drafts accepted past `max_tokens`)."""
     resp = httpx.get(f"{sim.url}/_sim/requests", timeout=5)
     resp.raise_for_status()
     out: dict[str, float] = {}
     for sim_id, c in resp.json().items():
         steps = c["num_spec_steps"]
         if steps > 0:  # the sim names it `<endpoint prefix>-<x-request-id>`
-            out[sim_id.split("-", 1)[1]] = 1.0 + c["num_accepted_draft_tokens"] / steps
+            out[sim_id.split("-", 1)[1]] = (c["num_generated"] - 1) / steps
     return out
 
 
