@@ -20,29 +20,13 @@ gateway has (each is exact in its own case, none can exceed the true count):
   unless outputs were held back (a detokenizer's partial character, a tool-call parser's
   buffer, a slow client's merged outputs, `stream_interval`);
 - `tokens / max_step_tokens`: a step gives at most the draft length + 1 tokens.
+So the figure needs no knowledge of the method: whichever bound is exact for it is the largest.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-# vLLM `--speculative-config` methods that propose a draft at every decode step, and those that
-# propose one only when a lookup finds a match (their drafted-step count is short).
-DRAFTS_EVERY_STEP = frozenset(
-    {"draft_model", "mtp", "eagle", "eagle3", "dflash", "medusa", "mlp_speculator"}
-)
-DRAFTS_ON_MATCH = frozenset({"ngram", "ngram_gpu", "suffix"})
-
-
-def drafts_every_step(method: str | None) -> bool | None:
-    """Whether a method's drafted-step count is its decode-step count (None: not known).
-    vLLM names MTP variants per model (`deepseek_mtp`, `qwen3_next_mtp`, ...)."""
-    if method is None:
-        return None
-    if method in DRAFTS_ON_MATCH:
-        return False
-    return method in DRAFTS_EVERY_STEP or method.endswith("_mtp") or None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,6 @@ from proxy.relay.measure import Measurement, StreamFilter, withhold_estimate
 from proxy.relay.steps import (
     StepCount,
     decode_steps,
-    drafts_every_step,
     estimate_steps,
     pooled,
     steps_of,
@@ -258,13 +257,6 @@ def test_arithmetic() -> None:
     assert pooled([StepCount(10, 5), StepCount(30, 10)]) == pytest.approx(40 / 15)
     assert pooled([]) is None
     assert steps_of(100.5, accepted=50.5, drafted_steps=40.0) == 50.0  # windows of floats
-    assert [drafts_every_step(m) for m in ("dflash", "deepseek_mtp", "ngram", "suffix")] == [
-        True,
-        True,
-        False,
-        False,
-    ]
-    assert drafts_every_step("something_new") is None and drafts_every_step(None) is None
 
 
 def _scrape(t: float, gen: float, first: float, drafts: float, accepted: float) -> str:
