@@ -6,8 +6,8 @@ count of tokens per chunk, proxy/relay/measure.py) behind the real gateway. Each
 `--rounds` rounds of N concurrent chat streams (N = 1, 4, 16), with and without the simulator's
 output-merging model (`--frontend-chunk-ms`: a MODEL of vLLM's API server falling behind, not a
 measurement of vLLM). The truth is the simulator's own per request: its accepted draft tokens
-and target steps (`/_sim/requests`, a test-only endpoint), tokens per step = 1 + accepted /
-steps. The estimate is the request log's `tokens_per_step` where `tps_source` is "chunks";
+and target steps (`/_sim/requests`, a test-only endpoint), tokens per step = (tokens - 1) /
+steps (docs/tokens-per-step.md). The estimate is the request log's `tokens_per_step` where `tps_source` is "chunks";
 a request whose estimate the gateway withheld (a chunk of more than num_speculative_tokens + 1
 tokens: outputs merged) counts in the withheld share, not in the error.
 
