@@ -6,8 +6,8 @@ count of tokens per chunk, proxy/relay/measure.py) behind the real gateway. Each
 `--rounds` rounds of N concurrent chat streams (N = 1, 4, 16), with and without the simulator's
 output-merging model (`--frontend-chunk-ms`: a MODEL of vLLM's API server falling behind, not a
 measurement of vLLM). The truth is the simulator's own per request: its accepted draft tokens
-and target steps (`/_sim/requests`, a test-only endpoint), tokens per step = 1 + accepted /
-steps. The estimate is the request log's `tokens_per_step` where `tps_source` is "chunks";
+and target steps (`/_sim/requests`, a test-only endpoint), tokens per step = (tokens - 1) /
+steps (docs/tokens-per-step.md). The estimate is the request log's `tokens_per_step` where `tps_source` is "chunks";
 a request whose estimate the gateway withheld (a chunk of more than num_speculative_tokens + 1
 tokens: outputs merged) counts in the withheld share, not in the error.
 
@@ -89,14 +89,17 @@ def _rows(gw: GatewayServer, ids: set[str]) -> dict[str, dict[str, Any]]:
 
 
 def _truth(sim: SimServer) -> dict[str, float]:
-    """Tokens per target step of each finished request, by the client's request id."""
+    """Tokens per target step of each finished request, by the client's request id: the one
+    definition (proxy/relay/steps.py), (tokens - 1) / decode steps. The simulated engine drafts
+    at every decode step, so its drafted steps are its decode steps (1 + accepted / steps would
+    count the drafts accepted past `max_tokens`)."""
     resp = httpx.get(f"{sim.url}/_sim/requests", timeout=5)
     resp.raise_for_status()
     out: dict[str, float] = {}
     for sim_id, c in resp.json().items():
         steps = c["num_spec_steps"]
         if steps > 0:  # the sim names it `<endpoint prefix>-<x-request-id>`
-            out[sim_id.split("-", 1)[1]] = 1.0 + c["num_accepted_draft_tokens"] / steps
+            out[sim_id.split("-", 1)[1]] = (c["num_generated"] - 1) / steps
     return out
 
 

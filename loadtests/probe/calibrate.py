@@ -280,7 +280,7 @@ def _report(
             if not ok:
                 failures.append(f"{name} N={n} tokens/s")
 
-    print("\nAccepted tokens per target step at 1 stream: 1 + accepted/drafts from the counters")
+    print("\nTokens per target step at 1 stream, from the counters (docs/tokens-per-step.md)")
     print(f"{'profile':<20}  {'measured':>8}  {'target':>7}  {'diff':>7}  {'runs':>4}  spread")
     for name in profiles:
         facts = FACTS.get(name)

@@ -10,11 +10,14 @@ in policies/capabilities.py's LlamaCppFamily, are read the same way: `tokens_pre
 * `vllm:spec_decode_num_drafts_total`: one per sequence per target step that drafted;
 * `vllm:spec_decode_num_accepted_tokens_total` and `..._per_pos_total{position}` (0-based).
 
-Accepted tokens per target step = 1 + delta(accepted) / delta(drafts) (the bonus token counted),
-on both engines: llama.cpp's delta(generated) / delta(n_decode) agrees but for the prompt's own
-decode calls (5.72 against 5.77 at temperature 0, 2.40 against 2.41 at 0.7, on 989-token tiny
-answers), so `decodes` is read, not used. Acceptance at position p = delta(per_pos[p]) /
-delta(drafts). The gateway re-exports the same
+Tokens per target step is the gateway's one definition (proxy/relay/steps.py) over the window:
+(delta(generated) - delta(first tokens)) / decode steps, the first tokens counted by vLLM's TTFT
+histogram (0 where nothing counts them: llama.cpp, the gateway's re-export), the decode steps the
+larger of delta(drafts) (exact for methods that draft at every step) and the tokens less
+delta(accepted) (exact for ngram and suffix, whose steps without a match draw no draft). It was
+1 + delta(accepted) / delta(drafts), which ngram overstated and which counted drafts accepted past
+an answer's end. llama.cpp's `decodes` (n_decode) also counts the prompt's decode calls, so it is
+read, not used. Acceptance at position p = delta(per_pos[p]) / delta(drafts). The gateway re-exports the same
 counters per backend as `specrouter_backend_*{backend}` (proxy/observe/metrics.py).
 """
 
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies.capabilities import LlamaCppFamily
+from proxy.relay.steps import steps_of
 from proxy.vllm_wire import Family
 
 _ENGINE = {
@@ -35,6 +39,7 @@ _ENGINE = {
     Family.SPEC_ACCEPTED: "accepted",
     Family.RUNNING: "running",
     Family.WAITING: "waiting",
+    Family.TTFT + "_count": "first_tokens",  # one sample per request's first token
     LlamaCppFamily.GENERATION_TOKENS: "generation",
     LlamaCppFamily.PROMPT_TOKENS: "prompt",
     LlamaCppFamily.SPEC_DRAFTS: "drafts",
@@ -141,7 +146,7 @@ class WindowFigures:
     tok_s: float
     drafts: float
     accepted: float
-    tokens_per_step: float | None  # None without speculative decoding
+    tokens_per_step: float | None  # None without speculative decoding (no draft counted)
     accept_per_pos: tuple[float, ...]  # rate per draft position, position 1 first
 
 
@@ -150,6 +155,9 @@ def window_figures(before: Reading, after: Reading, window_s: float) -> WindowFi
     generated = max(0.0, after.get("generation") - before.get("generation"))
     drafts = max(0.0, after.get("drafts") - before.get("drafts"))
     accepted = max(0.0, after.get("accepted") - before.get("accepted"))
+    first = max(0.0, after.get("first_tokens") - before.get("first_tokens"))
+    decoded = generated - first
+    steps = steps_of(decoded, accepted=accepted, drafted_steps=drafts) if drafts > 0 else None
     per_pos: tuple[float, ...] = ()
     if drafts > 0:
         per_pos = tuple(
@@ -162,6 +170,6 @@ def window_figures(before: Reading, after: Reading, window_s: float) -> WindowFi
         tok_s=generated / window_s if window_s > 0 else 0.0,
         drafts=drafts,
         accepted=accepted,
-        tokens_per_step=1.0 + accepted / drafts if drafts > 0 else None,
+        tokens_per_step=decoded / steps if steps else None,
         accept_per_pos=per_pos,
     )

@@ -24,6 +24,7 @@ from proxy.backends.health import HealthMonitor
 from proxy.gateway import Gateway
 from proxy.observe.stats import quantile
 from proxy.relay.record import RequestRecord
+from proxy.relay.steps import StepCount, pooled
 
 VARIANT_WINDOW_S = 300.0
 _ROWS = ("in_flight", "recent", "variants", "agents", "backends", "repairs", "events")
@@ -32,6 +33,10 @@ _SHOWN = 50  # rows of a list the page shows at most (in-flight sessions, say)
 
 def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 2)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def _record_row(r: RequestRecord) -> dict[str, Any]:
@@ -50,7 +55,7 @@ def _record_row(r: RequestRecord) -> dict[str, Any]:
         "ttft_ms": _ms(m.ttft),
         "itl_p50_ms": _ms(quantile(itl, 0.5)),
         "itl_p95_ms": _ms(quantile(itl, 0.95)),
-        "tokens_per_step": None if m.acceptance is None else round(m.acceptance, 2),
+        "tokens_per_step": _round(m.acceptance),
         "tps_source": m.tps_source,
         "tokens": m.completion_tokens,
         "e2e_s": None if m.e2e is None else round(m.e2e, 2),
@@ -120,16 +125,19 @@ def snapshot(
         )
     recent = list(gw.recent)
     variants: dict[str, dict[str, list[float]]] = {}
+    counts: dict[str, list[StepCount]] = {}  # per backend, for tokens per step pooled
     for r in recent:
         if now_wall - r.started_wall > VARIANT_WINDOW_S or r.outcome != "ok" or not r.backend:
             continue
-        v = variants.setdefault(r.backend, {"n": [], "ttft": [], "itl": [], "tps": []})
+        v = variants.setdefault(r.backend, {"n": [], "ttft": [], "itl": []})
         v["n"].append(1.0)
         if r.m.ttft is not None:  # streams only: a non-streaming request has no TTFT
             v["ttft"].append(r.m.ttft)
         v["itl"] += r.m.itl_per_token()
-        if r.m.acceptance is not None:
-            v["tps"].append(r.m.acceptance)
+        count = r.m.step_count
+        if count is not None:
+            counts.setdefault(r.backend, []).append(count)
+    per_step = {name: pooled(c) for name, c in counts.items()}
     variant_rows = [
         {
             "variant": name,
@@ -139,7 +147,7 @@ def snapshot(
             "ttft_p95_ms": _ms(quantile(v["ttft"], 0.95)),
             "itl_p50_ms": _ms(quantile(v["itl"], 0.5)),
             "itl_p95_ms": _ms(quantile(v["itl"], 0.95)),
-            "tokens_per_step": None if not v["tps"] else round(sum(v["tps"]) / len(v["tps"]), 2),
+            "tokens_per_step": _round(per_step.get(name)),
         }
         for name, v in sorted(variants.items())
     ]
@@ -170,7 +178,9 @@ def snapshot(
                 "waiting": b.waiting if b else None,
                 "kv_usage": b.kv_usage if b else None,
                 "decode_tokens_per_s": None if decode is None else round(decode, 1),
-                "acceptance": None if b is None or b.acceptance is None else round(b.acceptance, 2),
+                # The engine's counters over the guards' window, by the same definition as per
+                # request (proxy/backends/health.py); the variants' rows pool the requests'.
+                "acceptance": _round(b.acceptance if b else None),
                 "guard_tripped": bool(guard and guard.tripped),
                 "per_position": [round(x, 3) for x in window.per_position(60.0)] if window else [],
             }

@@ -2,7 +2,9 @@
 (bodies bounded: /health 64 KiB, /metrics `max_metrics_bytes`, parsed in a worker thread).
 
 vLLM's `/health` is 200 or 503 (engine dead). Its `/metrics` gives running/waiting, KV use and
-the spec-decode counters; acceptance over a window is `1 + Δaccepted / Δdrafts`. llama.cpp's
+the spec-decode counters; tokens per target step over a window is the gateway's one definition
+(proxy/relay/steps.py): (Δgenerated - Δfirst tokens) / decode steps, the first tokens counted by
+vLLM's TTFT histogram, the steps the larger of Δdrafts and the tokens less Δaccepted. llama.cpp's
 (`llamacpp:` names, behind the server's API key) map onto the same keys, KV use excepted: it
 exports none. Other kinds are health-checked only.
 """
@@ -25,6 +27,7 @@ from proxy.backends.repair import Repairer
 from proxy.gateway import Gateway
 from proxy.observe.events import EventKind
 from proxy.observe.metrics import BackendCollector
+from proxy.relay.steps import steps_of
 from proxy.vllm_wire import Family
 
 log = logging.getLogger("specrouter.health")
@@ -46,6 +49,8 @@ VLLM_WANTED = {
     Family.PREFIX_CACHE_HITS: "prefix_hits",
     Family.GENERATION_TOKENS: "generation_tokens",
 }
+# Histograms whose sample count is read: one TTFT sample per request's first token.
+COUNTED = {Family.TTFT: "first_tokens"}
 LLAMACPP_WANTED = {
     LlamaCppFamily.RUNNING: "running",
     LlamaCppFamily.WAITING: "waiting",
@@ -81,11 +86,14 @@ def parse_metrics(text: str, t: float, kind: EngineKind) -> Scrape:
     wanted, per_pos = SCRAPED[kind]
     out = Scrape(t)
     for family in text_string_to_metric_families(text):
-        key = wanted.get(family.name)
+        counted = COUNTED.get(family.name) if kind == "vllm" else None
+        key = wanted.get(family.name, counted)
         if key is None and family.name != per_pos:
             continue
         for sample in family.samples:
             if sample.name.endswith("_created"):
+                continue
+            if counted is not None and not sample.name.endswith("_count"):
                 continue
             if key is None:
                 pos = int(sample.labels.get("position", "0"))
@@ -132,11 +140,14 @@ class EngineWindow:
         return b - a
 
     def acceptance(self, window_s: float) -> float | None:
-        """Accepted tokens per target step, `1 + Δaccepted / Δdrafts`; None without drafts."""
+        """Tokens per target step over the window (module docstring); None without drafts."""
         drafts, accepted = self.delta("drafts", window_s), self.delta("accepted", window_s)
-        if not drafts or accepted is None:
+        generated = self.delta("generation_tokens", window_s)
+        if not drafts or accepted is None or generated is None:
             return None
-        return 1.0 + accepted / drafts
+        decoded = generated - (self.delta("first_tokens", window_s) or 0.0)
+        steps = steps_of(decoded, accepted=accepted, drafted_steps=drafts)
+        return decoded / steps if steps else None
 
     def per_position(self, window_s: float) -> list[float]:
         """Acceptance rate per draft position over the window (dashboard bars)."""

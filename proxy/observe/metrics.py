@@ -327,7 +327,8 @@ class GatewayMetrics:
             self.itl.observe_weighted(key, gaps, tokens)
         if m.step_gaps:
             self.step.observe_many(key, m.step_gaps)
-            self.tokens_per_step.observe_many((route, backend, "chunks"), m.step_tokens)
+            if m.estimate_void is None:  # chunks are steps (not llama.cpp's token frames)
+                self.tokens_per_step.observe_many((route, backend, "chunks"), m.step_tokens)
         source = m.tps_source
         if source is not None:
             self._observe_tps(route, backend, source, m)
@@ -339,18 +340,17 @@ class GatewayMetrics:
             self.tokens.labels(route, backend, "completion").inc(m.completion_tokens)
 
     def _observe_tps(self, route: str, backend: str, source: TpsSource, m: Measurement) -> None:
-        counted = m.accepted_and_steps
-        if source == "average" and counted is not None:
+        count = m.step_count
+        if count is None:
+            return
+        if source == "average":
             # one sample per step of the request's mean, so sum / count stays tokens per step
             self.tokens_per_step.observe_weighted(
-                (route, backend, source), (float(counted[0] + counted[1]),), (counted[1],)
+                (route, backend, source), (float(count.tokens),), (count.steps,)
             )
-        acc = m.acceptance
-        if acc is not None:
-            self.acceptance.observe((route, backend, source), acc)
-        if counted is not None:
-            self.spec_accepted.labels(route, backend, source).inc(counted[0])
-            self.spec_steps.labels(route, backend, source).inc(counted[1])
+        self.acceptance.observe((route, backend, source), count.per_step)
+        self.spec_accepted.labels(route, backend, source).inc(count.accepted)
+        self.spec_steps.labels(route, backend, source).inc(count.steps)
 
 
 # Each backend's engine state, re-exported from the gateway's scrapes so that one Prometheus

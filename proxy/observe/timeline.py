@@ -54,8 +54,8 @@ class _Agg:
     out_tokens: int = 0  # completion tokens: the share of the engine
     decode_tokens: int = 0
     decode_s: float = 0.0
-    tps_sum: float = 0.0
-    tps_n: int = 0
+    tps_tokens: int = 0  # tokens after the first, of requests with decode steps counted
+    tps_steps: int = 0  # their decode steps (proxy/relay/steps.py: pooled, not a mean of ratios)
     final: Point | None = None  # once the bucket is closed
 
     def add(self, record: RequestRecord) -> None:
@@ -71,10 +71,10 @@ class _Agg:
             if decode > 0 and m.completion_tokens > 1:
                 self.decode_tokens += m.completion_tokens - 1
                 self.decode_s += decode
-        tps = m.acceptance
-        if tps is not None:
-            self.tps_sum += tps
-            self.tps_n += 1
+        count = m.step_count
+        if count is not None:
+            self.tps_tokens += count.tokens
+            self.tps_steps += count.steps
 
     def point(self) -> Point:
         if self.final is not None:
@@ -84,7 +84,7 @@ class _Agg:
             None if not n else round(_quantile(self.ttft, n, 0.5)),
             None if not n else round(_quantile(self.ttft, n, 0.95)),
             None if not self.decode_s else round(self.decode_tokens / self.decode_s, 1),
-            None if not self.tps_n else round(self.tps_sum / self.tps_n, 2),
+            None if not self.tps_steps else round(self.tps_tokens / self.tps_steps, 2),
         )
 
 

@@ -4,7 +4,8 @@ every frame it does not interpret itself; they only read (the bytes go to the cl
 
 vLLM sends no per-event usage on these APIs: a reader takes the time of every event that
 carries generated text, reasoning or tool-call arguments (`Measurement.record_delta`) and the
-token counts from the final event, so ITL and tokens per step are request averages ("average").
+token counts from the final event, so ITL and tokens per step are request averages ("average");
+withheld once a tool call streams (its parser buffers tokens, so events are not steps).
 """
 
 from __future__ import annotations
@@ -62,10 +63,21 @@ class ResponsesReader:
     def __init__(self, m: Measurement) -> None:
         self.m = m
 
+    # A tool-call parser buffers the call's tokens: its events are not one per step.
+    TOOL_CALLS = frozenset(
+        (
+            b"response.function_call_arguments.delta",
+            b"response.custom_tool_call_input.delta",
+            b"response.mcp_call_arguments.delta",
+        )
+    )
+
     def read(self, frame: bytes, now: float) -> None:
         kind = event_type(frame)
         if kind in self.TOKENS:
             self.m.record_delta(now)
+            if kind in self.TOOL_CALLS:
+                self.m.estimate_void = self.m.estimate_void or "tool_calls"
         elif kind in self.FINAL:
             obj = event_data(frame)
             resp = obj.get("response") if obj is not None else None
@@ -104,6 +116,7 @@ class MessagesReader:
 
     __slots__ = ("m",)
     TOKENS = (b'"type":"text_delta"', b'"type":"thinking_delta"', b'"type":"input_json_delta"')
+    TOOL_CALL = TOKENS[2]
 
     def __init__(self, m: Measurement) -> None:
         self.m = m
@@ -113,6 +126,8 @@ class MessagesReader:
         if kind == b"content_block_delta":
             if any(t in frame for t in self.TOKENS):
                 self.m.record_delta(now)
+            if self.TOOL_CALL in frame:  # a tool-call parser buffers the call's tokens
+                self.m.estimate_void = self.m.estimate_void or "tool_calls"
         elif kind == b"message_start":
             obj = event_data(frame)
             msg = obj.get("message") if obj is not None else None

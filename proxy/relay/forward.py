@@ -237,13 +237,13 @@ async def _relay(x: Exchange[R]) -> None:
                 "headers": out_headers + _our_headers(x),
             }
         )
+    spec = backend.speculative
+    withhold_estimate(record.m, x.body, spec.num_speculative_tokens if spec else None)
     if is_sse:
         usage = plan_usage(x.body, endpoint, backend.kind)
         x.continuable = endpoint == "chat" and x.policy.routes[record.route].spec.continuation
         cls = ContinuableFilter if x.continuable else StreamFilter
         record.m.stream = True
-        spec = backend.speculative
-        withhold_estimate(record.m, x.body, spec.num_speculative_tokens if spec else None)
         x.filt = cls(
             record.m,
             strip_usage=usage.strip_usage,

@@ -5,11 +5,12 @@ object on the last frame of every chat/completions stream (the finish chunk, or 
 when the client asked for usage) and on every non-streaming body, whatever the client asked. So
 the gateway adds nothing to a llama.cpp request and cuts nothing from its answer: the client's
 bytes are llama.cpp's. Tokens per target step and acceptance come from `timings`
-(`tps_source` "engine"); per-token ITL from the frames' arrival on the gateway's clock.
+(`tps_source` "engine"); per-token ITL from the frames' arrival on the gateway's clock. Its frames
+are one per token, not one per step, so they give no estimate of their own ("token_frames").
 
-Each target step yields one token of its own plus the draft tokens it accepted, so a request of
-`predicted_n` tokens took `predicted_n - draft_n_accepted` target steps (the engine's
-`llamacpp:n_decode_total` moves by exactly that).
+Each decode step yields one token of its own plus the draft tokens it accepted, and the first
+token comes from the prefill, so a request of `predicted_n` tokens took
+`predicted_n - 1 - draft_n_accepted` decode steps (proxy/relay/steps.py).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Counts(Protocol):
 
 def record_timings(m: Counts, timings: dict[str, Any]) -> None:
     """The engine's own count of the request: tokens, prompt, cache and, when it drafted,
-    accepted draft tokens and target steps (the same keys vLLM's per-request summary uses)."""
+    accepted draft tokens (the keys vLLM's per-request summary uses)."""
     predicted = timings.get(TIMINGS_PREDICTED_N)
     if not isinstance(predicted, int) or predicted <= 0:
         return
@@ -75,10 +76,8 @@ def record_timings(m: Counts, timings: dict[str, Any]) -> None:
     accepted = timings.get(TIMINGS_DRAFT_ACCEPTED)
     if not isinstance(accepted, int):
         accepted = 0  # a server without a draft reports neither draft_n nor draft_n_accepted
-    steps = predicted - accepted
+    # No count of drafted steps: the decode steps are `predicted - 1 - accepted`.
     m.spec = {
         "num_accepted_draft_tokens": accepted,
-        "num_spec_steps": steps,
         "num_draft_tokens": timings.get(TIMINGS_DRAFT_N, 0),
-        "mean_acceptance_length": predicted / steps if steps > 0 else None,
     }

@@ -10,7 +10,8 @@ One meaning of each measure, for every API (docs/metrics.md says the same):
   `message_start`, pings and comments are not tokens. A non-streaming request has its e2e only.
 - ITL: per token. A decode chunk of n tokens after a gap g gives n tokens of g/n; where the
   engine sends no per-event counts (Responses, Messages) it is the request average.
-- tokens per step: `TpsSource` says where the figure comes from.
+- tokens per step: (completion tokens - 1) / decode steps (proxy/relay/steps.py); `TpsSource`
+  says where the decode steps come from.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import orjson
 
 from policies.capabilities import TIMINGS_KEY
 from proxy.relay import llamacpp, sse
+from proxy.relay.steps import StepCount, decode_steps, estimate_steps
 from proxy.vllm_wire import (
     COMMENT,
     DATA_OBJECT,
@@ -36,13 +38,15 @@ from proxy.vllm_wire import (
 _USAGE_OFFSET = len(USAGE_KEY) - 1  # where the usage object's `{` starts in the span
 _FINISH = b'"finish_reason":"'
 _EMPTY_CHOICES = b'"choices":[]'
+_TOOL_CALLS = b'"tool_calls":[{'
 # vLLM 0.33 ends every non-role chunk with it, after `system_fingerprint`.
 _KV_NULL = b',"kv_transfer_params":null}'
 
-# Where a request's tokens per step (and acceptance) come from: "engine", vLLM's per-request
-# `metrics.speculative_decoding` (or another engine's own per-request report); "chunks", the
-# gateway's count of tokens per decode chunk; "average", (output tokens - 1) / (token events - 1)
-# from the final usage, on streams without per-event usage (Responses, Messages).
+# Where a request's decode steps come from (tokens per step is always (completion tokens - 1) /
+# decode steps, proxy/relay/steps.py): "engine", vLLM's per-request
+# `metrics.speculative_decoding` or llama.cpp's `timings` (with the chunk count as a floor);
+# "chunks", one step per decode chunk; "average", one step per token event after the first, on
+# streams without per-event usage (Responses, Messages).
 TpsSource = Literal["engine", "chunks", "average"]
 TPS_SOURCES: tuple[TpsSource, ...] = ("engine", "chunks", "average")
 
@@ -71,8 +75,9 @@ class Measurement:
     spec: dict[str, Any] | None = None  # vLLM's metrics.speculative_decoding, when reported
     # Most tokens one engine step can give (num_speculative_tokens + 1), when the policy says.
     max_step_tokens: int | None = None
-    # Why a chunk count cannot be tokens per step ("stream_interval", "merged"): the gateway's
-    # estimate is then withheld, and only the engine's own figure is reported.
+    # Why a chunk count cannot be tokens per step ("stream_interval", "merged", "tool_calls": a
+    # parser's buffer; "token_frames": llama.cpp's one frame per token): the gateway's estimate
+    # is then withheld, and only the engine's own figure is reported.
     estimate_void: str | None = None
     finish_reason: str | None = None
     error: str | None = None  # an upstream error event's message
@@ -89,49 +94,65 @@ class Measurement:
 
     @property
     def tps_source(self) -> TpsSource | None:
-        if self._engine_counts() is not None or self._engine_mean() is not None:
-            return "engine"
-        if self.estimate_void is not None:
-            return None
-        if self.step_tokens:
-            return "chunks"
-        if self.delta_events > 1 and self.completion_tokens > 1:
-            return "average"
-        return None
+        counted = self._counted()
+        return None if counted is None else counted[0]
 
     @property
     def acceptance(self) -> float | None:
-        """Tokens per target step (accepted drafts + 1), from `tps_source`."""
-        mean = self._engine_mean()
-        if mean is not None:
-            return mean
-        counted = self.accepted_and_steps
-        if counted is None:
-            return None
-        return (counted[0] + counted[1]) / counted[1]
+        """Tokens per target step, (completion tokens - 1) / decode steps
+        (proxy/relay/steps.py), from `tps_source`."""
+        counted = self._counted()
+        return None if counted is None else counted[1].per_step
+
+    @property
+    def step_count(self) -> StepCount | None:
+        """(tokens after the first, decode steps), to pool tokens per step over requests."""
+        counted = self._counted()
+        return None if counted is None else counted[1]
 
     @property
     def accepted_and_steps(self) -> tuple[int, int] | None:
-        """(accepted draft tokens, target steps), to aggregate acceptance over many requests."""
-        engine = self._engine_counts()
-        if engine is not None or self.estimate_void is not None:
-            return engine
-        if self.step_tokens:
-            return sum(self.step_tokens) - len(self.step_tokens), len(self.step_tokens)
-        if self.delta_events > 1 and self.completion_tokens > 1:
-            steps = self.delta_events - 1  # the first event is the prefill's token
-            return max(0, self.completion_tokens - 1 - steps), steps
-        return None
+        """(accepted draft tokens that reached the answer, decode steps)."""
+        count = self.step_count
+        return None if count is None else (count.accepted, count.steps)
 
-    def _engine_mean(self) -> float | None:
-        value = self.spec.get("mean_acceptance_length") if self.spec is not None else None
-        return float(value) if isinstance(value, int | float) else None
+    def _counted(self) -> tuple[TpsSource, StepCount] | None:
+        n, limit = self.completion_tokens, self._max_step_tokens()
+        chunks = len(self.step_tokens) if self.estimate_void != "token_frames" else None
+        engine = self._engine_counts()
+        if engine is not None:
+            count = decode_steps(
+                n,
+                accepted=engine[0],
+                drafted_steps=engine[1],
+                chunks=chunks or None,
+                max_step_tokens=limit,
+            )
+            return None if count is None else ("engine", count)
+        if self.estimate_void is not None:
+            return None
+        source: TpsSource
+        if self.step_tokens:
+            source, count = "chunks", estimate_steps(n, len(self.step_tokens), limit)
+        elif self.delta_events > 1:  # the first event is the prefill's token
+            source, count = "average", estimate_steps(n, self.delta_events - 1, limit)
+        else:
+            return None
+        return None if count is None else (source, count)
+
+    def _max_step_tokens(self) -> int | None:
+        """The policy's draft length + 1, or the engine's own (vLLM's summary says it)."""
+        if self.max_step_tokens is not None:
+            return self.max_step_tokens
+        k = self.spec.get("num_spec_tokens") if self.spec is not None else None
+        return k + 1 if isinstance(k, int) and not isinstance(k, bool) and k >= 0 else None
 
     def _engine_counts(self) -> tuple[int, int] | None:
+        """(accepted drafts, drafted steps) from the engine's per-request report."""
         if self.spec is None:
             return None
-        acc, steps = self.spec.get("num_accepted_draft_tokens"), self.spec.get("num_spec_steps")
-        if isinstance(acc, int) and isinstance(steps, int) and steps > 0:
+        acc, steps = self.spec.get("num_accepted_draft_tokens"), self.spec.get("num_spec_steps", 0)
+        if isinstance(acc, int) and isinstance(steps, int) and acc >= 0 and steps >= 0:
             return acc, steps
         return None
 
@@ -192,7 +213,7 @@ class Measurement:
         # several steps were merged, so chunks are not steps.
         limit = self.max_step_tokens
         if limit is not None and delta > (1 if self.t_last_token is None else limit):
-            self.estimate_void = "merged"
+            self.estimate_void = self.estimate_void or "merged"
         if self.t_last_token is None:
             self.t_first_token = now  # the prefill step's token: not a decode step
         else:
@@ -299,6 +320,8 @@ class StreamFilter:
         self.rename = rename
         self.events = events
         self._held = b""
+        if engine_timings:
+            m.estimate_void = "token_frames"  # one frame per token, not per step
 
     def frame(self, frame: bytes, now: float) -> bytes:
         if self.rename is not None:
@@ -321,6 +344,8 @@ class StreamFilter:
             self.m.chunks += 1
             if finish:
                 self._record_finish(frame)
+            if _TOOL_CALLS in frame and self.m.estimate_void is None:
+                self.m.estimate_void = "tool_calls"  # a tool-call parser buffers tokens
         if span is None:  # no token counts: the first frame with generated text is the first token
             if not empty_choices and self.m.t_first_token is None and _carries_token(frame):
                 self.m.t_first_token = now
@@ -393,7 +418,7 @@ def withhold_estimate(m: Measurement, body: dict[str, Any], num_spec_tokens: int
 
     A client's `stream_interval` is passed to vLLM as sent (the client asked for that chunking;
     the gateway does not change what vLLM sends for the client's request), so above 1 the
-    chunk estimate is withheld; the engine's per-request summary (0.29+) stays exact.
+    chunk estimate is withheld; the engine's per-request summary (0.29+) still counts.
     """
     # A policy without the backend's speculative config does not say what a step can give.
     m.max_step_tokens = None if num_spec_tokens is None else num_spec_tokens + 1

@@ -46,7 +46,7 @@ def turn(gw: Gateway, n: int, engine: str, *, cached: int | None, agent: str = "
     gw.sessions.placed(sid, "agent", engine, 0.0)
     m = Measurement(0.0, stream=True, prompt_tokens=40_000 + n, cached_tokens=cached)
     m.completion_tokens, m.t_first_token, m.t_last_token = 1234, 12.345, 25.678
-    m.spec = {"mean_acceptance_length": 3.1416}
+    m.spec = {"num_accepted_draft_tokens": 1233 - 392, "num_spec_steps": 392}  # 3.1454 a step
     gw.finished(
         RequestRecord(
             f"req-{n}",
@@ -80,7 +80,7 @@ def test_agent_rows_show_the_session_table_and_the_window(gw: Gateway) -> None:
     assert s2["series"]["ttft_p50_ms"][-1] == pytest.approx(12345, rel=0.05)
     timeline = snapshot(gw, None, None)["timeline"]
     assert sorted(timeline["variants"]) == ["coder-dflash7", "coder-mtp3"]
-    assert timeline["variants"]["coder-mtp3"]["tps"][-1] == 3.14
+    assert timeline["variants"]["coder-mtp3"]["tps"][-1] == 3.15
 
 
 def test_fifty_agents_over_ninety_buckets_stay_under_the_bound(gw: Gateway) -> None:

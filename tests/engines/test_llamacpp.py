@@ -80,9 +80,9 @@ def metric_values(text: str) -> dict[str, float]:
 
 
 def tokens_per_step(timings: dict[str, Any]) -> float:
-    # Each target step yields one token of its own plus the draft tokens it accepted (the metrics
-    # test checks this against llamacpp:n_decode_total).
-    n = timings["predicted_n"]
+    # Each decode step yields one token of its own plus the draft tokens it accepted; the first
+    # token is the prompt's (the metrics test checks this against llamacpp:n_decode_total).
+    n = timings["predicted_n"] - 1
     return float(n / (n - timings["draft_n_accepted"]))
 
 

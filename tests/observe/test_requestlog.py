@@ -165,9 +165,10 @@ def test_row_of_a_real_record() -> None:
 
 def test_engine_reported_acceptance_wins() -> None:
     log = RequestLog(Path("unused"))
-    log.sink(make_record(spec={"mean_acceptance_length": 2.6}))
+    # 6 tokens after the first in 3 chunks; the engine counted 4 steps (one held back)
+    log.sink(make_record(spec={"num_accepted_draft_tokens": 2, "num_spec_steps": 4}))
     row = dict(zip(COLUMNS, row_of(log._buffer[0]), strict=True))
-    assert row["tokens_per_step"] == pytest.approx(2.6)
+    assert row["tokens_per_step"] == pytest.approx(6 / 4) and row["tps_source"] == "engine"
 
 
 def test_non_streaming_request_has_no_itl() -> None:

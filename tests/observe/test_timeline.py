@@ -27,14 +27,15 @@ def record(
     ttft: float | None = 0.1,
     tokens: int = 11,
     decode_s: float = 1.0,
-    tps: float | None = 2.5,
+    steps: int | None = 4,  # decode steps: 10 tokens after the first in 4 = 2.5 per step
     outcome: str = "ok",
     cached: int | None = None,
 ) -> RequestRecord:
     m = Measurement(0.0, stream=ttft is not None, completion_tokens=tokens, cached_tokens=cached)
     first = ttft if ttft is not None else 0.05
     m.t_first_token, m.t_last_token = first, first + decode_s
-    m.spec = None if tps is None else {"mean_acceptance_length": tps}
+    if steps is not None:
+        m.spec = {"num_accepted_draft_tokens": tokens - 1 - steps, "num_spec_steps": steps}
     return RequestRecord(
         "r", "agent", "chat", backend=backend, session=session, agent=agent, outcome=outcome, m=m
     )
@@ -68,9 +69,9 @@ CASES = [
         id="p95-of-three-is-the-largest",
     ),
     pytest.param(
-        [record(tps=2.0), record(tps=3.0), record(tps=None)],
-        {"tps": 2.5},
-        id="tokens-per-step-mean-of-reporting",
+        [record(steps=5), record(tokens=31, steps=10), record(steps=None)],
+        {"tps": 2.67},  # (10 + 30) / (5 + 10): pooled, not the mean of 2.0 and 3.0
+        id="tokens-per-step-pooled-over-reporting",
     ),
     pytest.param(
         [record(ttft=None)],

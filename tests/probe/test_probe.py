@@ -279,8 +279,11 @@ def test_parse_gateway_per_backend() -> None:
 @pytest.mark.parametrize(
     ("gen", "drafts", "acc", "pos", "window", "tok_s", "tps", "per_pos"),
     [
-        # 1 stream, 40 s: 34.8 tokens/s at 4.23 tokens/step
-        (1392, 329, 1063.7, {0: 280, 1: 220}, 40.0, 34.8, 1 + 1063.7 / 329, (280 / 329, 220 / 329)),
+        # 1 stream, 40 s: 34.8 tokens/s at 4.23 tokens/step; a draft at every step, so the steps
+        # are the drafts (1 + accepted / drafts would count 0.7 drafts accepted past an end)
+        (1392, 329, 1063.7, {0: 280, 1: 220}, 40.0, 34.8, 1392 / 329, (280 / 329, 220 / 329)),
+        # ngram: 100 steps drafted of 700 (1000 - 300 accepted): 1.43, not 1 + 300 / 100
+        (1000, 100, 300, {}, 40.0, 25.0, 1000 / 700, ()),
         # no speculative decoding: no drafts, no tokens/step
         (800, 0, 0, {}, 40.0, 20.0, None, ()),
         (0, 0, 0, {}, 0.0, 0.0, None, ()),
@@ -305,6 +308,21 @@ def test_window_figures(
     assert f.tok_s == pytest.approx(tok_s)
     assert f.tokens_per_step == (pytest.approx(tps) if tps is not None else None)
     assert f.accept_per_pos == pytest.approx(per_pos)
+
+
+def test_window_first_tokens_left_out() -> None:
+    """Requests that started in the window gave their first token from the prefill: vLLM's TTFT
+    histogram counts them, and they are neither decode tokens nor steps."""
+    text = (
+        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+        'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 4.0\n'
+        'vllm:time_to_first_token_seconds_count{model_name="m"} 4.0\n'
+        'vllm:time_to_first_token_seconds_sum{model_name="m"} 0.5\n'
+    )
+    assert parse_engine(text).get("first_tokens") == 4.0
+    before = Reading({"generation": 0.0, "drafts": 0.0, "accepted": 0.0, "first_tokens": 0.0})
+    after = Reading({"generation": 104.0, "drafts": 40.0, "accepted": 60.0, "first_tokens": 4.0})
+    assert window_figures(before, after, 1.0).tokens_per_step == pytest.approx(100 / 40)
 
 
 @pytest.mark.parametrize(

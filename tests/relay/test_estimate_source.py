@@ -75,8 +75,8 @@ def test_estimate_withheld_with_a_client_stream_interval_engine_summary_kept() -
     withhold_estimate(m, {"stream": True, "stream_interval": 4}, 7)
     _relay(m, [1, 4, 4])
     assert m.estimate_void == "stream_interval" and m.tps_source is None
-    m.spec = {"num_accepted_draft_tokens": 6, "num_spec_steps": 3, "mean_acceptance_length": 3.0}
-    assert m.tps_source == "engine" and m.accepted_and_steps == (6, 3)
+    m.spec = {"num_accepted_draft_tokens": 5, "num_spec_steps": 3, "mean_acceptance_length": 2.67}
+    assert m.tps_source == "engine" and m.accepted_and_steps == (5, 3)  # 8 tokens after the first
     one = Measurement(0.0)
     withhold_estimate(one, {"stream": True, "stream_interval": 1}, 7)
     assert one.estimate_void is None

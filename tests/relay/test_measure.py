@@ -11,18 +11,7 @@ import pytest
 
 from proxy.relay.events import MessagesReader, ResponsesReader, reader_for
 from proxy.relay.measure import TPS_SOURCES, Measurement, StreamFilter
-
-_ROOT = Path(__file__).resolve().parents[2]
-# ../shared beside the checkout (or beside the folder of worktrees), or shared/ inside it
-GOLDEN = next(
-    (
-        d / "shared" / "reference" / "vllm-golden"
-        for d in (_ROOT, _ROOT.parent, _ROOT.parent.parent)
-        if (d / "shared" / "reference" / "vllm-golden").is_dir()
-    ),
-    _ROOT / "missing",
-)
-needs_golden = pytest.mark.skipif(not GOLDEN.is_dir(), reason="golden fixtures not here")
+from tests.golden import GOLDEN
 
 
 def _frames(path: Path) -> list[bytes]:
@@ -42,7 +31,6 @@ def _first(frames: list[bytes], marker: bytes) -> float:
     return float(next(i for i, f in enumerate(frames) if marker in f) + 1)
 
 
-@needs_golden
 @pytest.mark.parametrize("version", ["0.28.0", "0.33.0"])
 @pytest.mark.parametrize(
     "name, marker, output, finish",
@@ -73,8 +61,11 @@ def test_messages_reader_on_the_golden_streams(
         assert m.completion_tokens == output
     if finish is not None:
         assert m.finish_reason == finish
-    assert m.tps_source == "average"
-    assert m.acceptance == pytest.approx((m.completion_tokens - 1) / (deltas - 1))
+    if b'"input_json_delta"' in out:  # a tool-call parser buffers tokens: events are not steps
+        assert (m.tps_source, m.acceptance, m.estimate_void) == (None, None, "tool_calls")
+    else:
+        assert m.tps_source == "average"
+        assert m.acceptance == pytest.approx((m.completion_tokens - 1) / (deltas - 1))
     last_delta = (
         max(
             i
@@ -90,7 +81,6 @@ def test_messages_reader_on_the_golden_streams(
     assert itl[0] == pytest.approx((last_delta - m.ttft) / (m.completion_tokens - 1))
 
 
-@needs_golden
 def test_messages_reader_cached_tokens_and_error() -> None:
     m, _, _ = _relay(GOLDEN / "0.28.0" / "anth_stream_prompt_tokens_details.sse", "messages")
     assert (m.prompt_tokens, m.cached_tokens, m.completion_tokens) == (17, 16, 14)
@@ -98,7 +88,6 @@ def test_messages_reader_cached_tokens_and_error() -> None:
     assert m.error is not None and "validation errors" in m.error
 
 
-@needs_golden
 @pytest.mark.parametrize(
     "version, name, final, output",
     [
@@ -109,8 +98,6 @@ def test_messages_reader_cached_tokens_and_error() -> None:
 )
 def test_responses_measured_like_chat(version: str, name: str, final: str, output: int) -> None:
     path = GOLDEN / version / f"{name}.sse"
-    if not path.exists():
-        pytest.skip(f"no {name} in {version}")
     m, out, frames = _relay(path, "responses")
     assert out == b"".join(frames)
     assert m.ttft == _first(frames, b"event: response.output_text.delta")  # not .created
@@ -165,9 +152,11 @@ def test_tps_source_values() -> None:
         m.record_tokens(total, t)
     assert m.tps_source == "chunks" and m.acceptance == pytest.approx(2.5)
     assert m.itl_per_token() == pytest.approx([0.1 / 3] * 3 + [0.05] * 2)
-    m.spec = {"num_accepted_draft_tokens": 9, "num_spec_steps": 3, "mean_acceptance_length": 4.0}
-    assert m.tps_source == "engine" and m.acceptance == 4.0
-    assert m.accepted_and_steps == (9, 3)
+    # The engine's summary: 3 drafted steps (one output held back: 2 chunks); its mean
+    # (1 + 2 / 3) is not the figure, (6 - 1) / 3 is.
+    m.spec = {"num_accepted_draft_tokens": 2, "num_spec_steps": 3, "mean_acceptance_length": 1.67}
+    assert m.tps_source == "engine" and m.acceptance == pytest.approx(5 / 3)
+    assert m.accepted_and_steps == (2, 3)
     avg = Measurement(0.0, stream=True)
     for t in (1.0, 2.0, 3.0):
         avg.record_delta(t)

@@ -1,5 +1,5 @@
 """The simulator in each version mode against that vLLM's own bytes
-(shared/reference/vllm-golden/0.28.0 and 0.33.0).
+(tests/fixtures/vllm-golden/0.28.0 and 0.33.0).
 
 Every fixture's request is sent to an in-process simulator whose engine plays back the
 fixture's engine outputs (`loadtests.sim.playback.Playback`: same prompt token ids, same output
@@ -26,13 +26,7 @@ from loadtests.sim.profiles import BUILTIN_PROFILES
 from loadtests.sim.sequences import SpecStats
 from loadtests.sim.server import create_app
 from loadtests.sim.state import SimConfig
-
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "reference" / "vllm-golden"
-VERSIONS = ("0.28.0", "0.33.0")
-
-if not all((GOLDEN / v).is_dir() for v in VERSIONS):
-    pytest.skip(f"vLLM golden fixtures not found at {GOLDEN}", allow_module_level=True)
-
+from tests.golden import GOLDEN, VERSIONS
 
 # fixture -> (frames that differ, why). Frames: SSE events, or 1 for a JSON body.
 EXPECTED_028: dict[str, tuple[int, str]] = {

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,17 +20,9 @@ from loadtests.sim import messages_wire as mw
 from loadtests.sim.profiles import load_profiles
 from loadtests.sim.server import create_app
 from loadtests.sim.state import SimConfig
+from tests.golden import GOLDEN as GOLDEN_ROOT
 
-_ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = next(
-    (
-        p / "reference" / "vllm-golden" / "0.28.0"
-        for p in (_ROOT / "shared", _ROOT.parent / "shared")
-        if p.is_dir()
-    ),
-    None,
-)
-pytestmark = pytest.mark.skipif(GOLDEN is None, reason="golden fixtures not available")
+GOLDEN = GOLDEN_ROOT / "0.28.0"
 
 STREAMS = [
     "anth_stream_plain",
@@ -63,7 +54,6 @@ def _norm(data: bytes) -> bytes:
 
 
 def _load(name: str) -> tuple[dict[str, Any], bytes]:
-    assert GOLDEN is not None
     inp = json.loads((GOLDEN / f"{name}.input.json").read_text())
     ext = "sse" if name.startswith("anth_stream") else "json"
     return inp, (GOLDEN / f"{name}.{ext}").read_bytes()

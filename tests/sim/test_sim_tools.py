@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,17 +20,9 @@ import pytest
 from loadtests.harness.sim import SimServer, sse_data
 from loadtests.sim import scripted, toolparse, wire
 from loadtests.sim.scripted import Call, Tool, Turn
+from tests.golden import GOLDEN as GOLDEN_ROOT
 
-# shared/ inside the checkout, or beside it (CI lays a copy of shared/ next to the clone).
-_ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = next(
-    (
-        p / "reference/vllm-golden/0.28.0"
-        for p in (_ROOT / "shared", _ROOT.parent / "shared")
-        if (p / "reference/vllm-golden/0.28.0").is_dir()
-    ),
-    _ROOT.parent / "shared/reference/vllm-golden/0.28.0",
-)
+GOLDEN = GOLDEN_ROOT / "0.28.0"
 MODEL = "qwen3.8-27b"
 WEATHER = Call("get_weather", {"city": "Paris", "unit": "celsius"})
 

@@ -243,8 +243,8 @@ def engine_command(plan: EnginePlan) -> list[str]:
         config = speculative_config(spec.speculative, drafter_ref(plan))
         args.append(f"--speculative-config={to_json(config)}")
         if versions.has_flag(plan.version, versions.PER_REQUEST_SPEC_FLAG):
-            # Exact accepted/drafted counts in each response (0.29+): the gateway's acceptance
-            # is then the engine's own figure, not an estimate from chunk sizes.
+            # The engine's accepted-draft and drafted-step counts in each response (0.29+): the
+            # gateway's decode steps then come from them (docs/tokens-per-step.md).
             args.append(f"{versions.PER_REQUEST_SPEC_FLAG}=summary")
     unknown = versions.unknown_flags(
         plan.version, [a.split("=", 1)[0] for a in args if a.startswith("--")]

@@ -9,8 +9,8 @@ from pathlib import Path
 TABLES = Path(__file__).resolve().parent / "vllm_flags"
 SUPPORTED = ("0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0")
 
-# Each response's exact accepted/drafted counts (0.29+); without it the gateway estimates
-# tokens per step from chunk sizes.
+# Each response's accepted-draft and drafted-step counts (0.29+); without it the gateway
+# estimates tokens per step from chunk sizes (docs/tokens-per-step.md).
 PER_REQUEST_SPEC_FLAG = "--per-request-spec-decode-metrics"
 KV_BYTES_FLAG = "--kv-cache-memory-bytes"
 
