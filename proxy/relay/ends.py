@@ -70,6 +70,13 @@ def check_end(
     return outcome, error
 
 
+def gone_outcome(ended: bool, outcome: str = "ok") -> str:
+    """The outcome of a stream whose client hung up: after the end event it had the whole
+    answer (an SDK closes its connection as soon as it reads `[DONE]`, which can be before the
+    engine's own stream has closed), so the request finished; before it, the client is gone."""
+    return "ok" if ended and outcome == "ok" else "client_gone"
+
+
 async def end_stream(send: Send, filt: StreamFilter, outcome: str, error: bytes) -> str:
     """Send what is held back and the error event if any; the outcome, as recorded."""
     m = filt.m

@@ -27,6 +27,7 @@ from proxy.relay.ends import (
     end_stream,
     filter_read,
     finish_read,
+    gone_outcome,
 )
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
@@ -92,7 +93,7 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
                         saw_done = at_end(out, ends)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     if watch.gone:
-                        return "client_gone"
+                        return gone_outcome(saw_done)
                     if stopped(filt):  # a stop straddled the splice: the engine stops too
                         resp.close()
                         break
@@ -130,7 +131,7 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
                     messages=messages,
                 )
         if watch.gone:
-            return "client_gone"
+            return gone_outcome(saw_done, outcome)
         outcome, error = check_end(outcome, error, saw_done, m, responses, messages)
         if outcome != "ok" and resume and watch.closing is None:
             resumed = await resume_stream(x)

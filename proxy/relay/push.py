@@ -34,6 +34,7 @@ from proxy.relay.ends import (
     end_stream,
     filter_read,
     finish_read,
+    gone_outcome,
 )
 from proxy.relay.engine_conn import EngineStream, open_engine_stream
 from proxy.relay.errors import sse_error_event
@@ -172,7 +173,7 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                 task.cancel()
             stream.close()
         if watch.gone or channel.gone:
-            return "client_gone"
+            return gone_outcome(ended[0], outcome)
         outcome, error = check_end(outcome, error, ended[0], m, responses, messages)
         if outcome != "ok" and resume and watch.closing is None:
             resumed = await resume_stream(x)
