@@ -255,7 +255,10 @@ class GatewayProcess:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         loop.add_signal_handler(signal.SIGTERM, stop)
         loop.add_signal_handler(signal.SIGINT, stop)
-        self.requestlog = RequestLog(self.settings.state_dir / "requests.sqlite3")
+        self.requestlog = RequestLog(
+            self.settings.state_dir / "requests.sqlite3",
+            dropped_counter=self.gw.metrics.requestlog_dropped,
+        )
         self.gw.sinks.append(self.requestlog.sink)
         if self.settings.access_log:
             self.gw.sinks.append(access_sink)

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from importlib import resources
+from operator import truediv
 from typing import Any
 
 import orjson
@@ -22,7 +23,7 @@ from proxy.admin.login import login_form, login_routes, refused, viewer
 from proxy.admin.policy_store import PolicyStore
 from proxy.backends.health import HealthMonitor
 from proxy.gateway import Gateway, RequestRecord
-from proxy.observe.stats import quantile
+from proxy.observe.stats import quantile, weighted_quantile
 
 VARIANT_WINDOW_S = 300.0
 _ROWS = ("in_flight", "recent", "variants", "agents", "backends", "repairs", "events")
@@ -35,7 +36,8 @@ def _ms(value: float | None) -> float | None:
 
 def _record_row(r: RequestRecord) -> dict[str, Any]:
     m = r.m
-    itl = m.itl_per_token()
+    gaps, tokens = m.itl_steps()
+    itl = list(map(truediv, gaps, tokens))  # per step, weighted by its tokens: never expanded
     return {
         "time": r.started_wall,
         "id": r.request_id[:12],
@@ -47,8 +49,8 @@ def _record_row(r: RequestRecord) -> dict[str, Any]:
         "temperature": r.temperature,
         "temperature_default": r.temperature_defaulted,
         "ttft_ms": _ms(m.ttft),
-        "itl_p50_ms": _ms(quantile(itl, 0.5)),
-        "itl_p95_ms": _ms(quantile(itl, 0.95)),
+        "itl_p50_ms": _ms(weighted_quantile(itl, tokens, 0.5)),
+        "itl_p95_ms": _ms(weighted_quantile(itl, tokens, 0.95)),
         "tokens_per_step": None if m.acceptance is None else round(m.acceptance, 2),
         "tps_source": m.tps_source,
         "tokens": m.completion_tokens,
@@ -119,6 +121,7 @@ def snapshot(
         )
     recent = list(gw.recent)
     variants: dict[str, dict[str, list[float]]] = {}
+    itl_weights: dict[str, list[int]] = {}
     for r in recent:
         if now_wall - r.started_wall > VARIANT_WINDOW_S or r.outcome != "ok" or not r.backend:
             continue
@@ -126,7 +129,9 @@ def snapshot(
         v["n"].append(1.0)
         if r.m.ttft is not None:  # streams only: a non-streaming request has no TTFT
             v["ttft"].append(r.m.ttft)
-        v["itl"] += r.m.itl_per_token()
+        gaps, tokens = r.m.itl_steps()  # each step's ITL weighted by its tokens (O(steps))
+        v["itl"] += map(truediv, gaps, tokens)
+        itl_weights.setdefault(r.backend, []).extend(tokens)
         if r.m.acceptance is not None:
             v["tps"].append(r.m.acceptance)
     variant_rows = [
@@ -136,8 +141,8 @@ def snapshot(
             "streams": len(v["ttft"]),
             "ttft_p50_ms": _ms(quantile(v["ttft"], 0.5)),
             "ttft_p95_ms": _ms(quantile(v["ttft"], 0.95)),
-            "itl_p50_ms": _ms(quantile(v["itl"], 0.5)),
-            "itl_p95_ms": _ms(quantile(v["itl"], 0.95)),
+            "itl_p50_ms": _ms(weighted_quantile(v["itl"], itl_weights.get(name, []), 0.5)),
+            "itl_p95_ms": _ms(weighted_quantile(v["itl"], itl_weights.get(name, []), 0.95)),
             "tokens_per_step": None if not v["tps"] else round(sum(v["tps"]) / len(v["tps"]), 2),
         }
         for name, v in sorted(variants.items())

@@ -26,6 +26,7 @@ from policies.capabilities import (
     TIMINGS_PREDICTED_N,
     TIMINGS_PROMPT_N,
 )
+from proxy.bounds import token_count
 
 if TYPE_CHECKING:
     from proxy.relay.measure import Measurement
@@ -57,17 +58,20 @@ def frame_timings(frame: bytes) -> dict[str, Any] | None:
 def record_timings(m: Measurement, timings: dict[str, Any]) -> None:
     """The engine's own count of the request: tokens, prompt, cache and, when it drafted,
     accepted draft tokens and target steps (the same keys vLLM's per-request summary uses)."""
-    predicted = timings.get(TIMINGS_PREDICTED_N)
-    if not isinstance(predicted, int) or predicted <= 0:
+    predicted = token_count(timings.get(TIMINGS_PREDICTED_N))  # bounded: proxy/bounds.py
+    if predicted is None or predicted <= 0:
         return
     if predicted > m.completion_tokens:
         m.completion_tokens = predicted
-    prompt, cached = timings.get(TIMINGS_PROMPT_N), timings.get(TIMINGS_CACHE_N)
+    prompt, cached = (
+        token_count(timings.get(TIMINGS_PROMPT_N)),
+        token_count(timings.get(TIMINGS_CACHE_N)),
+    )
     # A continuation's prompt holds the partial answer: the first engine's count stands.
-    if isinstance(prompt, int) and isinstance(cached, int) and m.prompt_tokens is None:
+    if prompt is not None and cached is not None and m.prompt_tokens is None:
         m.prompt_tokens, m.cached_tokens = prompt + cached, cached
-    accepted = timings.get(TIMINGS_DRAFT_ACCEPTED)
-    if not isinstance(accepted, int):
+    accepted = token_count(timings.get(TIMINGS_DRAFT_ACCEPTED))
+    if accepted is None:
         accepted = 0  # a server without a draft reports neither draft_n nor draft_n_accepted
     steps = predicted - accepted
     m.spec = {
