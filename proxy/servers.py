@@ -10,12 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import os
 import resource
 import socket
 import ssl
-import time
 import weakref
 from collections.abc import Callable, Generator
 from typing import Any
@@ -23,6 +20,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.accept import CappedListener, CappedServer, SourceCap
 from proxy.relay.errors import error_body
 from proxy.relay.push import PushChannel
 
@@ -78,81 +76,6 @@ class ConnectionCap:
         return True
 
 
-class SourceCap:
-    """Open connections per source address, so that one address cannot hold the listener's
-    whole `max_connections` (4,200 idle connections from one address once left every other
-    client 503 for as long as it kept reconnecting). Counted from the accept to the close of
-    the connection's socket, whatever happens between (a TLS handshake that never starts
-    included); memory is one entry per address with connections open."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.open: dict[str, int] = {}
-        self.refused = 0
-        self._logged_at = -math.inf
-
-    def admit(self, source: str) -> bool:
-        n = self.open.get(source, 0)
-        if n >= self.limit:
-            self.refused += 1
-            now = time.monotonic()
-            if now - self._logged_at >= 10.0:  # at most once every 10 s, whoever it is
-                self._logged_at = now
-                log.warning(
-                    "connection limit per source reached: %s holds %d "
-                    "(max_connections_per_source); its new connections are closed",
-                    source,
-                    n,
-                )
-            return False
-        self.open[source] = n + 1
-        return True
-
-    def release(self, source: str) -> None:
-        n = self.open.get(source, 0) - 1
-        if n > 0:
-            self.open[source] = n
-        else:
-            self.open.pop(source, None)
-
-
-class _CountedSocket(socket.socket):
-    """An accepted connection that gives its place back to its `SourceCap` when closed."""
-
-    _cap: SourceCap | None = None
-    _source = ""
-
-    def close(self) -> None:
-        cap, self._cap = self._cap, None
-        if cap is not None:
-            cap.release(self._source)
-        super().close()
-
-
-class CappedListener(socket.socket):
-    """A listening socket whose `accept` (what asyncio's event loop calls) closes at once a
-    connection from a source past its `SourceCap`: no TLS, no protocol, no descriptor kept.
-    The stock event loop calls `accept`; one that reads the descriptor itself (uvloop) does
-    not, and then only `max_connections` applies."""
-
-    def __init__(self, cap: SourceCap, *args: Any) -> None:
-        super().__init__(*args)
-        self.cap = cap
-
-    def accept(self) -> tuple[socket.socket, Any]:
-        while True:
-            fd, addr = self._accept()  # type: ignore[attr-defined]
-            source = str(addr[0]) if isinstance(addr, tuple) else ""
-            if self.cap.admit(source):
-                break
-            os.close(fd)  # the next pending one, or BlockingIOError: none
-        sock = _CountedSocket(self.family, self.type, self.proto, fileno=fd)
-        sock._cap, sock._source = self.cap, source
-        if socket.getdefaulttimeout() is None and self.gettimeout():
-            sock.setblocking(True)
-        return sock, addr
-
-
 class _Refused(Exception):
     """Raised from a parser callback: the request is answered below ASGI (`_refusal`)."""
 
@@ -174,6 +97,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # The request in progress learns of the client leaving here, without a task of its own
     # waiting on `receive()` (proxy/relay/watch.py's DisconnectWatch, through the PushChannel).
     on_lost: Callable[[], None] | None = None
+    # The listener's per-source count (proxy/accept.py), given back when the connection ends.
+    on_closed: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -308,6 +233,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._leave()
+        closed, self.on_closed = self.on_closed, None
+        if closed is not None:
+            closed()
         super().connection_lost(exc)
         callback, self.on_lost = self.on_lost, None
         if callback is not None:
@@ -348,7 +276,9 @@ class QuietSignalsServer(uvicorn.Server):
 
         handshake = self.handshake_timeout_s if config.ssl is not None else None
         self.servers = [
-            await loop.create_server(
+            CappedServer(loop, sock, create_protocol, config.ssl, handshake)  # type: ignore[misc]
+            if isinstance(sock, CappedListener)
+            else await loop.create_server(
                 create_protocol,
                 sock=sock,
                 ssl=config.ssl,
