@@ -41,9 +41,13 @@ PREFIX = "sec"
 def _replica(tmp_path: Path, name: str, redis_url: str) -> Gateway:
     config = tmp_path / f"{name}.yaml"
     config.write_text(yaml.safe_dump(coder_policy({"a": "http://127.0.0.1:9"})))
-    settings = Settings(
-        config=config, state_dir=tmp_path / name, redis_url=redis_url, redis_prefix=PREFIX
-    )
+    fields: dict[str, Any] = {
+        "config": config,
+        "state_dir": tmp_path / name,
+        "redis_url": redis_url,
+        "redis_prefix": PREFIX,
+    }
+    settings = Settings(**fields)
     return Gateway(settings, compile_policy(load_policy(config)))
 
 
@@ -76,7 +80,9 @@ async def test_a_burst_flushed_after_an_outage_is_pulled_once(
         assert await _share(a).flush() == SESSIONS - FLUSH_BATCH
         client = aioredis.Redis.from_url(redis_url)
         try:
-            scores = await client.zrange(f"{PREFIX}:sess-changed", 0, -1, withscores=True)
+            scores: list[Any] = await client.zrange(
+                f"{PREFIX}:sess-changed", 0, -1, withscores=True
+            )
         finally:
             await client.aclose()
         assert len(scores) == SESSIONS and len({s for _, s in scores}) == SESSIONS
