@@ -273,11 +273,7 @@ def _stalled_stream(gw: GatewayServer) -> ssl.SSLSocket:
     return tls
 
 
-@pytest.mark.timeout(60)
-def test_streams_nobody_reads_give_their_slots_back(
-    stack: tuple[GatewayServer, RawEngine],
-) -> None:
-    gw, _ = stack
+def _slots_come_back(gw: GatewayServer) -> None:
     ENDED.clear()
     stalled = [_stalled_stream(gw) for _ in range(2)]  # both of the backend's slots
     try:
@@ -297,6 +293,27 @@ def test_streams_nobody_reads_give_their_slots_back(
     finally:
         for tls in stalled:
             tls.close()
+
+
+@pytest.mark.timeout(60)
+def test_streams_nobody_reads_give_their_slots_back(
+    stack: tuple[GatewayServer, RawEngine],
+) -> None:
+    _slots_come_back(stack[0])
+
+
+@pytest.mark.timeout(60)
+def test_streams_nobody_reads_give_their_slots_back_on_the_pull_relay(
+    stack: tuple[GatewayServer, RawEngine], certs: CertFiles
+) -> None:
+    """The pull relay: the idle deadline runs out while the send waits for the client (2 s
+    here), then the error event waits at most client_write_timeout_s."""
+    _, engine = stack
+    policy = coder_policy({"raw": engine.url}, defaults={})
+    policy["backends"]["raw"]["max_concurrency"] = 2
+    args = ("--relay", "pull", "--idle-timeout", "2")
+    with _env(ENV), GatewayServer(policy, certs=certs, args=args) as gw:
+        _slots_come_back(gw)
 
 
 # -- 7: one source address cannot fill max_connections ----------------------------------------------
