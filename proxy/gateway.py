@@ -60,7 +60,7 @@ class Gateway:
         self.admission = Admission()
         self.engine_table = EngineTable()
         self.limits: Limits = (
-            RedisLimits(settings.redis_url, settings.redis_prefix)
+            RedisLimits(settings.redis_url, settings.redis_prefix, self.metrics.limits_errors)
             if settings.redis_url
             else MemoryLimits()
         )

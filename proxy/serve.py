@@ -228,7 +228,9 @@ class GatewayProcess:
         s = self.settings
         pub_host, pub_port = split_hostport(s.listen)
         adm_host, adm_port = split_hostport(s.admin_listen)
-        pub_sock, adm_sock = bind(pub_host, pub_port), bind(adm_host, adm_port)
+        per_source = s.max_connections_per_source
+        pub_sock = bind(pub_host, pub_port, per_source=per_source)
+        adm_sock = bind(adm_host, adm_port, per_source=per_source)
         drain_s = self.settings.drain_timeout_s
         # uvicorn's own deadline comes after ours, so streams end with an error event, not a cut.
         public = make_server(
@@ -271,7 +273,10 @@ class GatewayProcess:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         loop.add_signal_handler(signal.SIGTERM, stop)
         loop.add_signal_handler(signal.SIGINT, stop)
-        self.requestlog = RequestLog(self.settings.state_dir / "requests.sqlite3")
+        self.requestlog = RequestLog(
+            self.settings.state_dir / "requests.sqlite3",
+            dropped_counter=self.gw.metrics.requestlog_dropped,
+        )
         self.gw.sinks.append(self.requestlog.sink)
         if self.settings.access_log:
             self.gw.sinks.append(access_sink)

@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.accept import CappedListener, CappedServer, SourceCap
 from proxy.relay.channel import PushChannel
 from proxy.relay.errors import error_body
 
@@ -96,6 +97,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # The request in progress learns of the client leaving here, without a task of its own
     # waiting on `receive()` (proxy/relay/watch.py's DisconnectWatch, through the PushChannel).
     on_lost: Callable[[], None] | None = None
+    # The listener's per-source count (proxy/accept.py), given back when the connection ends.
+    on_closed: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -230,6 +233,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._leave()
+        closed, self.on_closed = self.on_closed, None
+        if closed is not None:
+            closed()
         super().connection_lost(exc)
         callback, self.on_lost = self.on_lost, None
         if callback is not None:
@@ -270,7 +276,9 @@ class QuietSignalsServer(uvicorn.Server):
 
         handshake = self.handshake_timeout_s if config.ssl is not None else None
         self.servers = [
-            await loop.create_server(
+            CappedServer(loop, sock, create_protocol, config.ssl, handshake)  # type: ignore[misc]
+            if isinstance(sock, CappedListener)
+            else await loop.create_server(
                 create_protocol,
                 sock=sock,
                 ssl=config.ssl,
@@ -282,9 +290,15 @@ class QuietSignalsServer(uvicorn.Server):
         self.started = True
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, *, per_source: int | None = None) -> socket.socket:
+    """A listening socket; with `per_source`, one that closes a new connection at the accept
+    when its source address already holds that many (`SourceCap`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock: socket.socket = (
+        socket.socket(family, socket.SOCK_STREAM)
+        if per_source is None
+        else CappedListener(SourceCap(per_source), family, socket.SOCK_STREAM)
+    )
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)

@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     # Prefill of a 100K-token prompt at ~2,000 tokens/s is legitimate: be generous.
     first_byte_timeout_s: float = 300.0
     idle_timeout_s: float = 60.0  # between two chunks of a stream
+    # A stream whose client reads nothing (its socket full, the relay paused) for this long is
+    # ended: the client's connection is closed and the engine's work aborted, so a client that
+    # never reads cannot hold an engine's admission slot (proxy/relay/push.py).
+    client_write_timeout_s: float = Field(30.0, gt=0, description="a paused stream's limit")
     scrape_interval_s: float = 2.0  # backend /metrics and /health
     # How streams are relayed: "push" (engine reads written to the client from the read
     # callback, proxy/relay/push.py) or "pull" (an async pull loop, proxy/relay/pull.py).
@@ -94,6 +98,11 @@ class Settings(BaseSettings):
     # without credentials, would otherwise hold descriptors for a minute each.
     tls_handshake_timeout_s: float = 10.0
     max_connections: int = Field(4096, ge=1, description="per listener; logged when reached")
+    # One source address cannot fill max_connections: past this many open connections from it,
+    # a new one is closed at the accept, before TLS (proxy/servers.py, SourceCap).
+    max_connections_per_source: int = Field(
+        512, ge=1, description="open connections one client address may hold, per listener"
+    )
     keep_alive_s: float = 75.0  # idle keep-alive after an authenticated request
     keep_alive_unauthenticated_s: float = 5.0  # ... after requests without valid credentials
     # Client input (proxy/relay/fields.py): counts that multiply the work asked for are refused

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from importlib import resources
+from operator import truediv
 from typing import Any
 
 import orjson
@@ -22,7 +23,7 @@ from proxy.admin.login import login_form, login_routes, refused, viewer
 from proxy.admin.policy_store import PolicyStore
 from proxy.backends.health import HealthMonitor
 from proxy.gateway import Gateway
-from proxy.observe.stats import quantile
+from proxy.observe.stats import quantile, weighted_quantile
 from proxy.relay.record import RequestRecord
 from proxy.relay.steps import StepCount, pooled
 
@@ -41,7 +42,8 @@ def _round(value: float | None) -> float | None:
 
 def _record_row(r: RequestRecord) -> dict[str, Any]:
     m = r.m
-    itl = m.itl_per_token()
+    gaps, tokens = m.itl_steps()
+    itl = list(map(truediv, gaps, tokens))  # per step, weighted by its tokens: never expanded
     return {
         "time": r.started_wall,
         "id": r.request_id[:12],
@@ -53,8 +55,8 @@ def _record_row(r: RequestRecord) -> dict[str, Any]:
         "temperature": r.temperature,
         "temperature_default": r.temperature_defaulted,
         "ttft_ms": _ms(m.ttft),
-        "itl_p50_ms": _ms(quantile(itl, 0.5)),
-        "itl_p95_ms": _ms(quantile(itl, 0.95)),
+        "itl_p50_ms": _ms(weighted_quantile(itl, tokens, 0.5)),
+        "itl_p95_ms": _ms(weighted_quantile(itl, tokens, 0.95)),
         "tokens_per_step": _round(m.acceptance),
         "tps_source": m.tps_source,
         "tokens": m.completion_tokens,
@@ -126,6 +128,7 @@ def snapshot(
     recent = list(gw.recent)
     variants: dict[str, dict[str, list[float]]] = {}
     counts: dict[str, list[StepCount]] = {}  # per backend, for tokens per step pooled
+    itl_weights: dict[str, list[int]] = {}
     for r in recent:
         if now_wall - r.started_wall > VARIANT_WINDOW_S or r.outcome != "ok" or not r.backend:
             continue
@@ -133,7 +136,9 @@ def snapshot(
         v["n"].append(1.0)
         if r.m.ttft is not None:  # streams only: a non-streaming request has no TTFT
             v["ttft"].append(r.m.ttft)
-        v["itl"] += r.m.itl_per_token()
+        gaps, tokens = r.m.itl_steps()  # each step's ITL weighted by its tokens (O(steps))
+        v["itl"] += map(truediv, gaps, tokens)
+        itl_weights.setdefault(r.backend, []).extend(tokens)
         count = r.m.step_count
         if count is not None:
             counts.setdefault(r.backend, []).append(count)
@@ -145,8 +150,8 @@ def snapshot(
             "streams": len(v["ttft"]),
             "ttft_p50_ms": _ms(quantile(v["ttft"], 0.5)),
             "ttft_p95_ms": _ms(quantile(v["ttft"], 0.95)),
-            "itl_p50_ms": _ms(quantile(v["itl"], 0.5)),
-            "itl_p95_ms": _ms(quantile(v["itl"], 0.95)),
+            "itl_p50_ms": _ms(weighted_quantile(v["itl"], itl_weights.get(name, []), 0.5)),
+            "itl_p95_ms": _ms(weighted_quantile(v["itl"], itl_weights.get(name, []), 0.95)),
             "tokens_per_step": _round(per_step.get(name)),
         }
         for name, v in sorted(variants.items())

@@ -28,6 +28,7 @@ the oldest dropped and counted) whatever the outage's length.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
@@ -46,6 +47,13 @@ log = logging.getLogger("specrouter.sessions")
 CLOCK_SKEW_S: Final = 1.0
 MAX_BACKOFF_S: Final = 10.0
 PULL_BATCH: Final = 5_000  # index members per round trip; more are read at once after
+PULL_PAGES: Final = 20  # round trips one pull makes at most (100,000 members); the rest next time
+FLUSH_BATCH: Final = 5_000  # rows one flush sends at most; the rest stay queued for the next
+# Each member of one flush gets its own score (the flush's wall time plus its rank times this):
+# a page of the index then never ends inside a run of equal scores that the next page, read
+# from the last score, would read again (6,000 members of one score once made every replica's
+# pull read the same 5,000 forever).
+SCORE_STEP_S: Final = 1e-6
 IO_TIMEOUT_S: Final = 2.0  # a Redis that hangs counts as away
 
 
@@ -133,7 +141,10 @@ class SessionShare:
         """Send the queued rows; on failure they are queued again (bounded). Rows sent."""
         if not self._queue:
             return 0
-        keys, self._queue = list(self._queue), {}
+        queue = self._queue
+        keys = list(itertools.islice(queue, FLUSH_BATCH))  # the oldest first
+        for key in keys:
+            del queue[key]
         wall = time.time()
         offset = wall - time.perf_counter()  # the table's monotonic clock -> wall clock
         ttl = max(1, int(self.table.idle_s))
@@ -154,7 +165,7 @@ class SessionShare:
                 )
             )
             pipe.set(self._rows_key + key, value, ex=ttl)
-            index[key] = wall
+            index[key] = wall + len(index) * SCORE_STEP_S
         if not index:
             return 0
         pipe.zadd(self._index_key, index)
@@ -169,14 +180,24 @@ class SessionShare:
         return len(index)
 
     async def pull(self) -> int:
-        """Merge the rows other replicas changed since the last pull. Rows taken."""
+        """Merge the rows other replicas changed since the last pull. Rows taken.
+
+        Pages follow one another by offset from the cursor, so a page that ends inside a run
+        of equal scores (an older replica's flush) never makes the next page read it again;
+        at most PULL_PAGES pages a pull."""
         taken = 0
-        while True:
+        last: float | None = None
+        for page in range(PULL_PAGES):
             found = await self._redis.zrangebyscore(
-                self._index_key, self._cursor, "+inf", start=0, num=PULL_BATCH, withscores=True
+                self._index_key,
+                self._cursor,
+                "+inf",
+                start=page * PULL_BATCH,
+                num=PULL_BATCH,
+                withscores=True,
             )
             if not found:
-                return taken
+                break
             keys = [k.decode() if isinstance(k, bytes) else str(k) for k, _ in found]
             values = await self._redis.mget([self._rows_key + k for k in keys])
             offset = time.time() - time.perf_counter()
@@ -189,7 +210,9 @@ class SessionShare:
                 # may still add changes there.
                 self._cursor = max(self._cursor, last - CLOCK_SKEW_S)
                 return taken
-            self._cursor = last  # a full batch: go on from its end
+        if last is not None:  # PULL_PAGES full pages: go on from the last score next time
+            self._cursor = max(self._cursor, last)
+        return taken
 
     def _merge(self, key: str, value: bytes, offset: float) -> int:
         try:

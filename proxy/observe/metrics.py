@@ -304,6 +304,23 @@ class GatewayMetrics:
             ("result",),  # sent, merged, dropped
             registry=r,
         )
+        # --redis-url: the client limits shared by replicas (proxy/relay/limits.py)
+        self.limits_errors = Counter(
+            "specrouter_limits_redis_errors_total",
+            "Failed Redis calls for the client limits: the replica then counts the limits "
+            "itself (fail-over to local limits) and asks Redis again after 5 s.",
+            ("op",),  # enter, leave
+            registry=r,
+        )
+        # The request log (proxy/observe/requestlog.py): rows it could not keep, by why.
+        self.requestlog_dropped = Counter(
+            "specrouter_requestlog_dropped_total",
+            "Request log rows not written: buffer_full (the database was slow or away too long), "
+            "unreadable (a record that could not be read), unstorable (a value SQLite cannot "
+            "hold). The rows of other requests in the same batch are written.",
+            ("reason",),
+            registry=r,
+        )
         self.session_share_errors = Counter(
             "specrouter_session_share_errors_total",
             "Failed exchanges with Redis for the session table (the local table keeps serving).",

@@ -23,10 +23,14 @@ from operator import truediv
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from proxy.bounds import storable
 from proxy.observe.requestlog_schema import INSERT, open_db
+from proxy.observe.stats import weighted_at
 from proxy.relay.measure import Measurement
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter
+
     from proxy.relay.record import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -82,26 +86,9 @@ def itl_quantiles(
     values = list(map(truediv, step_gaps, step_tokens))
     order = sorted(range(len(values)), key=values.__getitem__)
     return (
-        _weighted_quantile(values, step_tokens, order, total, 0.50),
-        _weighted_quantile(values, step_tokens, order, total, 0.95),
+        weighted_at(values, step_tokens, order, total, 0.50),
+        weighted_at(values, step_tokens, order, total, 0.95),
     )
-
-
-def _weighted_quantile(
-    values: Sequence[float], weights: Sequence[int], order: Sequence[int], total: int, q: float
-) -> float:
-    """`quantile` of the sorted list where values[i] appears weights[i] times, not built."""
-    pos = q * (total - 1)
-    lo = math.floor(pos)
-    frac = pos - lo
-    seen = 0
-    for rank, i in enumerate(order):
-        seen += weights[i]
-        if seen > lo:  # expanded index lo holds this value
-            if frac == 0 or seen > lo + 1 or rank + 1 == len(order):
-                return values[i]  # index lo + 1 holds it too (or there is none)
-            return values[i] + (values[order[rank + 1]] - values[i]) * frac
-    return values[order[-1]]
 
 
 def decode_tokens_per_s(step_gaps: Sequence[float], step_tokens: Sequence[int]) -> float | None:
@@ -173,19 +160,54 @@ def row_of(p: Pending) -> Row:
 # --- the database, used only from the writer thread (one call at a time) -----------------------
 
 
-def write_rows(conn: sqlite3.Connection, rows: Sequence[Row]) -> None:
-    """One transaction for the whole batch: one fsync-free commit instead of one per row."""
+# A row SQLite cannot take (a value it cannot bind, text that is not UTF-8, a NULL where the
+# schema says NOT NULL): the row's fault, not the database's. Any other error is the database's
+# (locked, full, moved) and the whole batch is kept for the next try.
+_ROW_ERRORS = (
+    OverflowError,
+    ValueError,
+    TypeError,
+    sqlite3.InterfaceError,
+    sqlite3.IntegrityError,
+    sqlite3.ProgrammingError,
+)
+
+
+def write_rows(conn: sqlite3.Connection, rows: Sequence[Row]) -> int:
+    """One transaction for the whole batch: one fsync-free commit instead of one per row.
+
+    A slice with a row SQLite refuses is inserted again row by row, so that one bad row costs
+    only itself. Returns the rows refused (not written)."""
+    refused = 0
     conn.execute("BEGIN IMMEDIATE")
     try:
         for start in range(0, len(rows), _ROWS_PER_INSERT_SLICE):
             if start:
                 time.sleep(0)  # executemany binds in C holding the GIL: let the loop in between
-            conn.executemany(INSERT, rows[start : start + _ROWS_PER_INSERT_SLICE])
+            part = rows[start : start + _ROWS_PER_INSERT_SLICE]
+            conn.execute("SAVEPOINT part")
+            try:
+                conn.executemany(INSERT, part)
+            except _ROW_ERRORS:
+                conn.execute("ROLLBACK TO part")
+                refused += _write_one_by_one(conn, part)
+            conn.execute("RELEASE part")
         conn.execute("COMMIT")
     except BaseException:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
         raise
+    return refused
+
+
+def _write_one_by_one(conn: sqlite3.Connection, rows: Sequence[Row]) -> int:
+    refused = 0
+    for row in rows:
+        try:
+            conn.execute(INSERT, row)
+        except _ROW_ERRORS:
+            refused += 1
+    return refused
 
 
 def used_bytes(conn: sqlite3.Connection) -> int:
@@ -250,6 +272,7 @@ class RequestLog:
         retention_interval_s: float = 300.0,
         busy_timeout_s: float = 2.0,
         error_log_interval_s: float = 60.0,
+        dropped_counter: Counter | None = None,
     ) -> None:
         self.path = path
         self.max_age_s = max_age_s
@@ -261,6 +284,8 @@ class RequestLog:
         self.error_log_interval_s = error_log_interval_s
         self.written = 0
         self.dropped = 0  # buffer full, or a record that could not be turned into a row
+        # specrouter_requestlog_dropped_total (proxy/observe/metrics.py), when the gateway runs
+        self.dropped_counter = dropped_counter
         self.write_errors = 0  # failed batches (each batch is retried, not lost)
         self.deleted = 0  # rows removed by retention
         self._buffer: list[Pending] = []
@@ -282,7 +307,7 @@ class RequestLog:
         """Called on the event loop for every finished request: snapshot and append, O(1)."""
         try:
             if len(self._buffer) >= self.max_buffered:
-                self.dropped += 1
+                self._drop("buffer_full")
                 return
             r = record
             self._buffer.append(
@@ -307,7 +332,7 @@ class RequestLog:
                 )
             )
         except Exception:  # a log must never fail the request that feeds it
-            self.dropped += 1
+            self._drop("unreadable")
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -360,7 +385,8 @@ class RequestLog:
                 self._failed(exc)
                 return
             self.written += written
-            self.dropped += bad
+            if bad:
+                self._drop("unstorable", bad)
 
     async def retain(self) -> None:
         """Apply retention now (the batch loop does it every retention_interval_s)."""
@@ -376,8 +402,15 @@ class RequestLog:
         newest records are the ones dropped, so the log keeps a contiguous stretch."""
         merged = batch + self._buffer
         keep = merged[: self.max_buffered]
-        self.dropped += len(merged) - len(keep)
+        if len(merged) > len(keep):
+            self._drop("buffer_full", len(merged) - len(keep))
         self._buffer = keep
+
+    def _drop(self, reason: str, n: int = 1) -> None:
+        """Rows lost, counted (on the event loop): `reason` is one of DROP_REASONS."""
+        self.dropped += n
+        if self.dropped_counter is not None:
+            self.dropped_counter.labels(reason).inc(n)
 
     def _failed(self, exc: BaseException) -> None:
         self.write_errors += 1
@@ -410,15 +443,20 @@ class RequestLog:
                 # the 5 ms switch interval for it, and that wait lands in clients' ITL.
                 time.sleep(0)
             try:
-                rows.append(row_of(pending))
+                row = row_of(pending)
             except Exception:  # one odd record must not block every batch behind it
                 bad += 1
+                continue
+            if storable(row):  # an integer beyond 64 bits would fail the whole insert
+                rows.append(row)
+            else:
+                bad += 1
         try:
-            write_rows(self._connection(), rows)
+            refused = write_rows(self._connection(), rows)
         except (sqlite3.Error, OSError):
             self._close()  # reopen next time: the file may have been moved or fixed
             raise
-        return len(rows), bad
+        return len(rows) - refused, bad + refused
 
     def _retain(self, now: float) -> int:
         return apply_retention(

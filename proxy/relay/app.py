@@ -17,6 +17,7 @@ from policies.inputs import for_body, request_view
 from policies.sessions import session_of
 from policies.types import Endpoint
 from proxy import auth
+from proxy.bounds import finite_number
 from proxy.gateway import Gateway
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.channel import PushChannel
@@ -316,7 +317,7 @@ class PublicApp:
             return False
         record.defaults_applied = decision.defaults_applied
         temperature = decision.inject.get("temperature", body.get("temperature"))
-        record.temperature = temperature if isinstance(temperature, int | float) else None
+        record.temperature = finite_number(temperature)  # stored: bounded (proxy/bounds.py)
         record.temperature_defaulted = "temperature" in decision.defaults_applied
         gw.metrics.decisions.labels(decision.route, decision.backend, decision.reason).inc()
         for name in decision.defaults_applied:

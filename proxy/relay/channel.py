@@ -34,6 +34,11 @@ class PushChannel:
     async def drain(self) -> None:
         await self._flow.drain()
 
+    def abort(self) -> None:
+        """Close the client's connection at once, unsent bytes dropped (a client that stopped
+        reading): the connection's loss then ends the request as the client's leaving does."""
+        self._transport.abort()
+
     def on_lost(self, callback: Callable[[], None] | None) -> None:
         """Called once when the client's connection closes (None: no longer)."""
         with contextlib.suppress(ReferenceError):  # freed: closed, nothing left to call back

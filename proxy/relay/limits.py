@@ -3,14 +3,31 @@
 In-process by default; with `--redis-url` the counts live in Redis so that gateway replicas
 behind one load balancer enforce one limit together. Either way a refusal is 429 with
 Retry-After, and nothing else about the request is touched.
+
+Redis away, hung or answering nonsense: the limits fail over to this replica's own in-process
+counts (each replica then enforces the whole limit by itself, so N replicas admit up to N times
+it) rather than refusing every limited client: a limit protects the engines, and the local count
+still does; refusing would turn a Redis outage into an outage of the API. A Redis call waits at
+most `IO_TIMEOUT_S`; after a failure Redis is left alone for `RETRY_AFTER_S`, so a hung Redis
+costs one request in that time the wait, not each. Failures are logged once per outage and
+counted (`specrouter_limits_redis_errors_total`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+log = logging.getLogger("specrouter.limits")
 
 BURST_S = 60.0  # a per-minute limit may be used in one burst, then paces at its rate
+IO_TIMEOUT_S: Final = 0.5  # one limits round trip (sub-millisecond on a LAN)
+RETRY_AFTER_S: Final = 5.0  # Redis left alone this long after a failure
 
 
 class Limits(Protocol):
@@ -78,28 +95,77 @@ class RedisLimits:
     """The same limits in Redis. The open-request count expires an hour after its last
     change, so a replica that dies with requests open cannot block a client for good."""
 
-    def __init__(self, url: str, prefix: str = "specrouter") -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "specrouter",
+        errors: Counter | None = None,
+        client: Any = None,
+    ) -> None:
         import redis.asyncio as aioredis
 
-        self._redis: Any = aioredis.Redis.from_url(url)
+        self._redis: Any = client or aioredis.Redis.from_url(
+            url, socket_timeout=IO_TIMEOUT_S, socket_connect_timeout=IO_TIMEOUT_S
+        )
         self._prefix = prefix
         self._enter = self._redis.register_script(_ENTER)
         self._leave = self._redis.register_script(_LEAVE)
+        self._local = MemoryLimits()  # while Redis fails
+        self._local_open: dict[str, int] = {}  # requests admitted by the local counts
+        self._retry_at = 0.0  # monotonic: Redis is not asked before
+        self._errors = errors
 
     def _keys(self, client: str) -> list[str]:
         return [f"{self._prefix}:rate:{client}", f"{self._prefix}:open:{client}"]
 
+    def _failed(self, op: str, exc: BaseException) -> None:
+        if self._errors is not None:
+            self._errors.labels(op).inc()
+        if time.monotonic() >= self._retry_at:  # once per outage, not per request
+            log.warning(
+                "Redis limits %s failed (%s: %s): limits counted by this replica for %gs",
+                op,
+                type(exc).__name__,
+                exc,
+                RETRY_AFTER_S,
+            )
+        self._retry_at = time.monotonic() + RETRY_AFTER_S
+
     async def enter(self, client: str, max_concurrent: int | None, rpm: int | None) -> float | None:
         if max_concurrent is None and rpm is None:
             return None
-        interval_ms = 0 if rpm is None else 60_000 / rpm
-        wait_ms = await self._enter(
-            keys=self._keys(client), args=[max_concurrent or 0, interval_ms, BURST_S * 1000]
-        )
-        return None if int(wait_ms) < 0 else int(wait_ms) / 1000
+        if time.monotonic() >= self._retry_at:
+            interval_ms = 0 if rpm is None else 60_000 / rpm
+            try:
+                async with asyncio.timeout(IO_TIMEOUT_S * 2):
+                    wait_ms = await self._enter(
+                        keys=self._keys(client),
+                        args=[max_concurrent or 0, interval_ms, BURST_S * 1000],
+                    )
+                wait = int(wait_ms)
+            except Exception as exc:  # noqa: BLE001 - away, hung, or not our value: local counts
+                self._failed("enter", exc)
+            else:
+                return None if wait < 0 else wait / 1000
+        wait_s = await self._local.enter(client, max_concurrent, rpm)
+        if wait_s is None:
+            self._local_open[client] = self._local_open.get(client, 0) + 1
+        return wait_s
 
     async def leave(self, client: str) -> None:
-        await self._leave(keys=self._keys(client)[1:])
+        local = self._local_open.get(client, 0)
+        if local > 0:
+            if local == 1:
+                del self._local_open[client]
+            else:
+                self._local_open[client] = local - 1
+            await self._local.leave(client)
+            return
+        try:
+            async with asyncio.timeout(IO_TIMEOUT_S * 2):
+                await self._leave(keys=self._keys(client)[1:])
+        except Exception as exc:  # noqa: BLE001 - the count expires an hour after its change
+            self._failed("leave", exc)
 
     async def aclose(self) -> None:
         await self._redis.aclose()

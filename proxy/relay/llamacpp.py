@@ -27,6 +27,7 @@ from policies.capabilities import (
     TIMINGS_PREDICTED_N,
     TIMINGS_PROMPT_N,
 )
+from proxy.bounds import token_count
 
 TIMINGS = b'"' + TIMINGS_KEY.encode() + b'":{'
 _TOKEN_FRAME = b'"finish_reason":null'  # every frame but the finish and usage chunks
@@ -64,17 +65,20 @@ class Counts(Protocol):
 def record_timings(m: Counts, timings: dict[str, Any]) -> None:
     """The engine's own count of the request: tokens, prompt, cache and, when it drafted,
     accepted draft tokens (the keys vLLM's per-request summary uses)."""
-    predicted = timings.get(TIMINGS_PREDICTED_N)
-    if not isinstance(predicted, int) or predicted <= 0:
+    predicted = token_count(timings.get(TIMINGS_PREDICTED_N))  # bounded: proxy/bounds.py
+    if predicted is None or predicted <= 0:
         return
     if predicted > m.completion_tokens:
         m.completion_tokens = predicted
-    prompt, cached = timings.get(TIMINGS_PROMPT_N), timings.get(TIMINGS_CACHE_N)
+    prompt, cached = (
+        token_count(timings.get(TIMINGS_PROMPT_N)),
+        token_count(timings.get(TIMINGS_CACHE_N)),
+    )
     # A continuation's prompt holds the partial answer: the first engine's count stands.
-    if isinstance(prompt, int) and isinstance(cached, int) and m.prompt_tokens is None:
+    if prompt is not None and cached is not None and m.prompt_tokens is None:
         m.prompt_tokens, m.cached_tokens = prompt + cached, cached
-    accepted = timings.get(TIMINGS_DRAFT_ACCEPTED)
-    if not isinstance(accepted, int):
+    accepted = token_count(timings.get(TIMINGS_DRAFT_ACCEPTED))
+    if accepted is None:
         accepted = 0  # a server without a draft reports neither draft_n nor draft_n_accepted
     # No count of drafted steps: the decode steps are `predicted - 1 - accepted`.
     m.spec = {

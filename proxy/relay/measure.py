@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from policies.capabilities import TIMINGS_KEY
+from proxy.bounds import token_count
 from proxy.relay import llamacpp, sse
 from proxy.relay.steps import StepCount, decode_steps, estimate_steps
 from proxy.vllm_wire import (
@@ -144,15 +145,16 @@ class Measurement:
         """The policy's draft length + 1, or the engine's own (vLLM's summary says it)."""
         if self.max_step_tokens is not None:
             return self.max_step_tokens
-        k = self.spec.get("num_spec_tokens") if self.spec is not None else None
-        return k + 1 if isinstance(k, int) and not isinstance(k, bool) and k >= 0 else None
+        k = token_count(self.spec.get("num_spec_tokens")) if self.spec is not None else None
+        return None if k is None else k + 1
 
     def _engine_counts(self) -> tuple[int, int] | None:
         """(accepted drafts, drafted steps) from the engine's per-request report."""
         if self.spec is None:
             return None
-        acc, steps = self.spec.get("num_accepted_draft_tokens"), self.spec.get("num_spec_steps", 0)
-        if isinstance(acc, int) and isinstance(steps, int) and acc >= 0 and steps >= 0:
+        acc = token_count(self.spec.get("num_accepted_draft_tokens"))
+        steps = token_count(self.spec.get("num_spec_steps", 0))
+        if acc is not None and steps is not None:
             return acc, steps
         return None
 
@@ -225,19 +227,20 @@ class Measurement:
         """Chat/completions usage, Responses' (`input_tokens`, `input_tokens_details`,
         `output_tokens`) or Anthropic's (`input_tokens` excludes the cache reads and writes it
         lists beside it)."""
-        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        # Each count bounded (proxy/bounds.py): one outside [0, 2^31) is as a missing one.
+        prompt = token_count(usage.get("prompt_tokens", usage.get("input_tokens")))
         details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        read = usage.get("cache_read_input_tokens")
-        written = usage.get("cache_creation_input_tokens")
-        if isinstance(prompt, int):
-            self.prompt_tokens = prompt + sum(v for v in (read, written) if isinstance(v, int))
-        if isinstance(read, int):
+        cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        read = token_count(usage.get("cache_read_input_tokens"))
+        written = token_count(usage.get("cache_creation_input_tokens"))
+        if prompt is not None:
+            self.prompt_tokens = prompt + sum(v for v in (read, written) if v is not None)
+        if read is not None:
             cached = read
-        if isinstance(cached, int):
+        if cached is not None:
             self.cached_tokens = cached
-        completion = usage.get("completion_tokens", usage.get("output_tokens"))
-        if isinstance(completion, int) and completion > self.completion_tokens:
+        completion = token_count(usage.get("completion_tokens", usage.get("output_tokens")))
+        if completion is not None and completion > self.completion_tokens:
             self.completion_tokens = completion
 
     def record_body(self, body: bytes) -> None:
@@ -358,8 +361,8 @@ class StreamFilter:
             return self.release() + frame
         if empty_choices:
             return self._usage_chunk(frame, usage)
-        total = usage.get("completion_tokens")
-        if isinstance(total, int):
+        total = token_count(usage.get("completion_tokens"))
+        if total is not None:
             self.m.record_tokens(total, now)
         if self.m.prompt_tokens is None:  # the same on every chunk; the usage chunk has all
             self.m.record_usage(usage)

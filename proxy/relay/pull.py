@@ -140,7 +140,13 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
                 resp, data = resumed
                 continue
         break
-    return await end_stream(send, filt, outcome, error)
+    # A client that reads nothing ran the idle deadline out above; its last event must not
+    # wait for it without end (uvicorn's `send` waits for the socket to drain).
+    try:
+        async with asyncio.timeout(x.gw.settings.client_write_timeout_s):
+            return await end_stream(send, filt, outcome, error)
+    except TimeoutError:
+        return "client_gone"
 
 
 async def relay_body(x: Exchange[PulledResponse]) -> str:

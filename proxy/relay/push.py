@@ -95,6 +95,7 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
     assert stream is not None and channel is not None  # PUSH is chosen with a channel only
     watch, filt, ends, resume = x.watch, x.filt, x.ends, x.continuable
     idle_timeout, max_frame = x.gw.settings.idle_timeout_s, x.gw.settings.max_sse_frame_bytes
+    write_timeout = x.gw.settings.client_write_timeout_s
     m = filt.m
     loop = asyncio.get_running_loop()
     responses, messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
@@ -102,7 +103,8 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
         # A dead engine's partial frame is never sent; nor one past the frame limit.
         splitter = sse.FrameSplitter(max_frame)
         ended = [False]
-        draining: list[asyncio.Task[None]] = []
+        draining: list[asyncio.Task[None]] = []  # non-empty while paused for the client
+        paused_at = [0.0]
 
         def sink(
             data: bytes,
@@ -110,6 +112,7 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
             splitter: Any = splitter,
             ended: list[bool] = ended,
             draining: list[asyncio.Task[None]] = draining,
+            paused_at: list[float] = paused_at,
         ) -> None:
             t = time.perf_counter()
             try:
@@ -130,6 +133,7 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                 # The client reads slower than the engine writes: stop reading the engine
                 # until the client's socket drains (TCP then pushes back on the engine).
                 stream.pause()
+                paused_at[0] = loop.time()
                 draining.append(loop.create_task(_resume_after_drain(channel, stream, draining)))
 
         if first:
@@ -141,9 +145,15 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
         outcome, error = "ok", b""
         try:
             while not stream.done.done():
-                remaining = stream.last_activity + idle_timeout - loop.time()
-                if remaining <= 0 and not stream._paused:
-                    raise TimeoutError
+                now = loop.time()
+                if draining:  # the client's socket is full: its reading is what is awaited
+                    remaining = paused_at[0] + write_timeout - now
+                    if remaining <= 0:
+                        raise _ClientStalled
+                else:
+                    remaining = stream.last_activity + idle_timeout - now
+                    if remaining <= 0:
+                        raise TimeoutError
                 await asyncio.wait({stream.done}, timeout=max(remaining, 0.05))
             failure = _failure(stream)
             if stopped(filt):  # the gateway closed it: the stream ended at the client's stop
@@ -160,6 +170,11 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                         responses=responses,
                         messages=messages,
                     )
+        except _ClientStalled:
+            # Nothing read for write_timeout: the client holds the engine's slot without using
+            # it. Its connection is closed; closing the stream (below) aborts the engine's work.
+            channel.abort()
+            return "client_gone"
         except TimeoutError:
             outcome = "timeout"
             error = sse_error_event(
@@ -183,6 +198,10 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                 continue
         break
     return await end_stream(send, filt, outcome, error)
+
+
+class _ClientStalled(Exception):
+    """The client read nothing for `client_write_timeout_s` while the relay waited for it."""
 
 
 def _failure(stream: EngineStream) -> UpstreamError | None:

@@ -1,0 +1,156 @@
+"""Connections per source address, capped at the accept, before any TLS.
+
+`max_connections` bounds a listener's open connections; without a bound per source, one address
+could hold them all (4,200 idle TCP connections from one address once left every other client a
+503 for as long as it kept reconnecting). A `CappedListener` closes a new connection at once
+when its address already holds `max_connections_per_source`; `CappedServer` is its accept loop,
+which hands each admitted connection to the event loop (`connect_accepted_socket`, TLS
+handshake and its deadline included) and gives its place back when it ends: the handshake
+failed, or the connection's protocol lost it (`on_closed`). The accept loop is ours rather than
+the event loop's server because uvloop accepts in C, where no per-source check can be added.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("specrouter.servers")
+
+_ACCEPTS_PER_WAKE = 128  # as asyncio's server: others wait for the next readiness
+_EMFILE_PAUSE_S = 1.0  # out of descriptors: accepting again after this
+
+
+class SourceCap:
+    """Open connections per source address; one entry per address with connections open."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: dict[str, int] = {}
+        self.refused = 0
+        self._logged_at = -math.inf
+
+    def admit(self, source: str) -> bool:
+        n = self.open.get(source, 0)
+        if n >= self.limit:
+            self.refused += 1
+            now = time.monotonic()
+            if now - self._logged_at >= 10.0:  # at most once every 10 s, whoever it is
+                self._logged_at = now
+                log.warning(
+                    "connection limit per source reached: %s holds %d "
+                    "(max_connections_per_source); its new connections are closed",
+                    source,
+                    n,
+                )
+            return False
+        self.open[source] = n + 1
+        return True
+
+    def release(self, source: str) -> None:
+        n = self.open.get(source, 0) - 1
+        if n > 0:
+            self.open[source] = n
+        else:
+            self.open.pop(source, None)
+
+
+class CappedListener(socket.socket):
+    """A listening socket with its `SourceCap` (made by proxy/servers.py's `bind`)."""
+
+    def __init__(self, cap: SourceCap, *args: Any) -> None:
+        super().__init__(*args)
+        self.cap = cap
+
+    def accept_admitted(self) -> tuple[socket.socket, str] | None:
+        """The next pending connection whose source is under its cap (the others are closed
+        at once: no TLS, no protocol, no descriptor kept), or None when none is pending."""
+        while True:
+            try:
+                conn, addr = self.accept()
+            except (BlockingIOError, InterruptedError):
+                return None
+            source = str(addr[0]) if isinstance(addr, tuple) else ""
+            if self.cap.admit(source):
+                conn.setblocking(False)
+                return conn, source
+            conn.close()
+
+
+class CappedServer:
+    """The accept loop of one `CappedListener`; `close` and `wait_closed` as asyncio's Server
+    (what uvicorn's shutdown calls)."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        sock: CappedListener,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        ssl_context: ssl.SSLContext | None,
+        handshake_timeout_s: float | None,
+    ) -> None:
+        self._loop, self._sock, self._factory = loop, sock, protocol_factory
+        self._ssl, self._handshake = ssl_context, handshake_timeout_s
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._serving = True
+        sock.setblocking(False)
+        loop.add_reader(sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPTS_PER_WAKE):
+            try:
+                admitted = self._sock.accept_admitted()
+            except OSError as exc:  # EMFILE and the like: pause, as asyncio's server does
+                log.warning("accept failed (%s): paused %gs", exc, _EMFILE_PAUSE_S)
+                self._loop.remove_reader(self._sock.fileno())
+                self._loop.call_later(_EMFILE_PAUSE_S, self._resume)
+                return
+            if admitted is None:
+                return
+            task = self._loop.create_task(self._connect(*admitted))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _resume(self) -> None:
+        if self._serving:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
+
+    async def _connect(self, conn: socket.socket, source: str) -> None:
+        cap = self._sock.cap
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                cap.release(source)
+
+        def protocol() -> asyncio.Protocol:
+            made = self._factory()
+            made.on_closed = release  # type: ignore[attr-defined]
+            return made
+
+        try:
+            await self._loop.connect_accepted_socket(
+                protocol, conn, ssl=self._ssl, ssl_handshake_timeout=self._handshake
+            )
+        except Exception:  # noqa: BLE001 - a failed or late handshake: the client's to retry
+            release()
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def close(self) -> None:
+        if self._serving:
+            self._serving = False
+            with contextlib.suppress(ValueError, OSError):  # already closed by uvicorn
+                self._loop.remove_reader(self._sock.fileno())
+
+    async def wait_closed(self) -> None:
+        return None
