@@ -267,7 +267,11 @@ def test_connections_that_never_start_tls_are_cut_and_capped(stack: Stack) -> No
         assert stack.gw.proc is not None
         # Past the cap, a connection that completes TLS is refused at once, and it is logged.
         assert _chat(stack.gw).status_code == 503
-        assert any("connection limit reached" in line for line in stack.gw.output)
+        # The gateway's stderr is read by a thread: the line may land just after the 503.
+        deadline = time.monotonic() + 5
+        while not any("connection limit reached" in line for line in stack.gw.output):
+            assert time.monotonic() < deadline, "the connection limit was not logged"
+            time.sleep(0.05)
         # The handshake deadline (1 s here, 10 s by default) cuts them all.
         for sock in silent:
             sock.settimeout(5)
