@@ -118,7 +118,7 @@ def decide(
     session_why: MoveCost | str | None = None
     if pinned is None and view.session is not None and policy.sessions.sticky:
         choice, reason, session_why = _stick(
-            view.session, choice, reason, route, state, policy, allowed, sampling
+            view, view.session, choice, reason, route, state, policy, allowed, sampling
         )
 
     # Constraints, then the retry order.
@@ -209,6 +209,7 @@ def _effective_temperature(
 
 
 def _stick(
+    view: RequestView,
     session: SessionView,
     choice: str,
     reason: str,
@@ -221,8 +222,14 @@ def _stick(
     """(choice, reason, why): the held engine when it can serve and a move does not pay; the
     rules' choice for a new session, or when the held engine cannot serve (then the reason is
     the constraint that moved the session: health, the guard). `why` becomes the explain
-    verdict, formatted only when asked for (`_session_verdict`)."""
+    verdict, formatted only when asked for (`_session_verdict`).
+
+    A turn-state token's engine (`view.turn_engine`) holds the turn whatever the table says; a
+    request that keeps its place (compaction, auxiliary) stays without weighing a move."""
     held = session.engine
+    turn = view.turn_engine
+    if turn is not None and turn in route.variants:
+        held = turn
     if held is None or held not in route.variants:
         return choice, reason, "new"
     held_blocked = _blocked_by(held, route, state, allowed, sampling, guarded=True)
@@ -230,6 +237,14 @@ def _stick(
         return choice, held_blocked, f"moved: {held} {held_blocked}"
     if choice == held:  # the rules agree: their reason stands, `session` counts overrides
         return held, reason, "stay"
+    if held == turn:
+        return held, "turn-state", f"kept: {held} serves this turn (turn-state token)"
+    if view.keeps_place:
+        return (
+            held,
+            "session",
+            f"kept: {held} holds the prefix; a compaction or auxiliary request never moves a session",
+        )
     move = move_cost(
         session,
         held,

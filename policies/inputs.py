@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, TypeGuard
 
+from policies.agent_signals import signals_of
 from policies.classify import signals_from_body
 from policies.engine import canary_bucket
 from policies.sessions import session_of
@@ -35,10 +36,14 @@ def request_view(
     session: SessionView | None = None,
     *,
     identified: bool = False,
+    keeps_place: bool | None = None,
+    turn_engine: str | None = None,
 ) -> RequestView:
     """`session`: the session table's view of the request's session (policies/sessions.py);
     without one the session is identified here, as new, unless the caller already tried
-    (`identified`: the request has no session, and fingerprinting it again would find none)."""
+    (`identified`: the request has no session, and fingerprinting it again would find none).
+    `keeps_place`: the agent's class keeps the request in place (policies/agent_signals.py),
+    read from the headers when not given; `turn_engine`: a verified turn-state token's engine."""
     temperature = body.get("temperature")
     min_p = body.get("min_p")
     n = body.get("n")
@@ -75,6 +80,8 @@ def request_view(
         now=now,
         numeric_fields=numeric,
         session=session,
+        keeps_place=signals_of(client, headers).keeps_place if keeps_place is None else keeps_place,
+        turn_engine=turn_engine,
     )
 
 

@@ -66,6 +66,12 @@ class RequestView:
     # Numeric top-level fields the client sent (max_tokens, top_p, ...), for the route's clamps.
     numeric_fields: Mapping[str, float] = field(default_factory=dict)
     session: SessionView | None = None
+    # The agent declared a compaction or auxiliary request (policies/agent_signals.py): it is
+    # served where its session is and never moves it. It grants nothing else.
+    keeps_place: bool = False
+    # The engine a verified turn-state token names (proxy/relay/turnstate.py): every request of
+    # the turn stays there while it can serve. None: no token, or one that did not verify.
+    turn_engine: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from proxy.operator import Operator
 from proxy.relay.engine_conn import EnginePool
 from proxy.relay.limits import Limits, MemoryLimits, RedisLimits
 from proxy.relay.record import RequestRecord
+from proxy.relay.turnstate import TurnState
 from proxy.relay.upstream import Upstream
 from proxy.relay.watch import DisconnectWatch
 from proxy.settings import Settings
@@ -64,9 +65,20 @@ class Gateway:
             if settings.redis_url
             else MemoryLimits()
         )
-        # Replicas share the session table through Redis, off the request path (`start`).
+        self.turn_state = TurnState.from_settings(
+            settings.turn_state_secret, shared=settings.redis_url is not None
+        )
+        # Replicas share the session table through Redis, off the request path (`start`), and
+        # the turn-state secret when none is configured.
         self.share = (
-            SessionShare(self.sessions, settings, self.metrics) if settings.redis_url else None
+            SessionShare(
+                self.sessions,
+                settings,
+                self.metrics,
+                turn_state=None if self.turn_state.secret is not None else self.turn_state,
+            )
+            if settings.redis_url
+            else None
         )
         self.upstream = Upstream(
             connect_timeout=settings.connect_timeout_s,
@@ -89,7 +101,8 @@ class Gateway:
             sink(record)
 
     def _session_turn(self, record: RequestRecord) -> None:
-        if not record.session or record.outcome != "ok":
+        # A compaction or auxiliary request is not the session's turn (policies/agent_signals.py)
+        if not record.session or record.outcome != "ok" or record.signals.keeps_place:
             return
         m = record.m
         decode = (

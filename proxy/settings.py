@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     session_pull_s: float = Field(
         1.0, gt=0, le=60, description="other replicas' session changes read this often"
     )
+    # x-codex-turn-state tokens (proxy/relay/turnstate.py) are signed with this; unset: one
+    # random secret shared through Redis with --redis-url, else a random one per process.
+    turn_state_secret: str | None = Field(
+        None, min_length=16, description="signs x-codex-turn-state tokens (same on every replica)"
+    )
     session_queue_max: int = Field(
         10_000, ge=1, description="session changes held while Redis is away (oldest dropped)"
     )

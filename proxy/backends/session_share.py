@@ -31,16 +31,20 @@ import asyncio
 import itertools
 import logging
 import os
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from proxy.backends.session_table import SessionTable, SharedRow
 from proxy.observe.metrics import GatewayMetrics
 from proxy.settings import Settings
+
+if TYPE_CHECKING:
+    from proxy.relay.turnstate import TurnState
 
 log = logging.getLogger("specrouter.sessions")
 
@@ -59,7 +63,12 @@ IO_TIMEOUT_S: Final = 2.0  # a Redis that hangs counts as away
 
 class SessionShare:
     def __init__(
-        self, table: SessionTable, settings: Settings, metrics: GatewayMetrics, client: Any = None
+        self,
+        table: SessionTable,
+        settings: Settings,
+        metrics: GatewayMetrics,
+        client: Any = None,
+        turn_state: TurnState | None = None,
     ) -> None:
         import redis.asyncio as aioredis
 
@@ -69,6 +78,9 @@ class SessionShare:
         self.queue_max = settings.session_queue_max
         self._rows_key = f"{settings.redis_prefix}:sess:"
         self._index_key = f"{settings.redis_prefix}:sess-changed"
+        # x-codex-turn-state's secret when none is configured: the first replica sets it
+        self._secret_key = f"{settings.redis_prefix}:turn-state-secret"
+        self.turn_state = turn_state
         self._redis: Any = client or aioredis.Redis.from_url(
             settings.redis_url,
             socket_timeout=IO_TIMEOUT_S,
@@ -105,6 +117,8 @@ class SessionShare:
             loop.create_task(self._every(self.flush_s, "flush", self.flush)),
             loop.create_task(self._every(self.pull_s, "pull", self.pull)),
         ]
+        if self.turn_state is not None:
+            self._tasks.append(loop.create_task(self._until_secret()))
 
     async def aclose(self) -> None:
         for task in self._tasks:
@@ -136,6 +150,30 @@ class SessionShare:
                 self._down = False
                 log.warning("Redis reachable again: sessions shared")
             backoff = interval
+
+    async def secret(self) -> bool:
+        """The replicas' one turn-state secret: set if none is (NX), then read. True once known
+        (it never changes while a replica holds it; its key has no expiry)."""
+        assert self.turn_state is not None
+        await self._redis.set(self._secret_key, secrets.token_hex(32), nx=True)
+        value = await self._redis.get(self._secret_key)
+        if not value:
+            return False
+        self.turn_state.secret = value if isinstance(value, bytes) else str(value).encode()
+        return True
+
+    async def _until_secret(self) -> None:
+        backoff = self.pull_s
+        while True:
+            try:
+                if await asyncio.wait_for(self.secret(), IO_TIMEOUT_S * 2):
+                    return
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - Redis away: no tokens until it is back
+                self._errors.labels("secret").inc()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     async def flush(self) -> int:
         """Send the queued rows; on failure they are queued again (bounded). Rows sent."""

@@ -324,7 +324,7 @@ class GatewayMetrics:
         self.session_share_errors = Counter(
             "specrouter_session_share_errors_total",
             "Failed exchanges with Redis for the session table (the local table keeps serving).",
-            ("op",),  # flush, pull
+            ("op",),  # flush, pull, secret (the turn-state secret, proxy/relay/turnstate.py)
             registry=r,
         )
 

@@ -31,6 +31,7 @@ from proxy.relay.measure import Measurement
 if TYPE_CHECKING:
     from prometheus_client import Counter
 
+    from policies.agent_signals import AgentSignals
     from proxy.relay.record import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ Pending = tuple[
     Measurement,
     str,
     str,
+    str,
+    AgentSignals,
     str,
 ]
 Row = tuple[Any, ...]
@@ -120,6 +123,8 @@ def row_of(p: Pending) -> Row:
         session,
         agent,
         continued_from,
+        sig,
+        turn_state,
     ) = p
     gaps, tokens = m.itl_steps()
     p50, p95 = itl_quantiles(gaps, tokens)
@@ -154,6 +159,14 @@ def row_of(p: Pending) -> Row:
         session or None,
         agent or None,
         continued_from or None,
+        sig.request_class or None,
+        sig.agent_type or None,
+        sig.compaction or None,
+        None if sig.context_compacted is None else int(sig.context_compacted),
+        sig.durations_text or None,
+        sig.prompt_id or None,
+        sig.turn_id or None,
+        turn_state or None,
     )
 
 
@@ -329,6 +342,8 @@ class RequestLog:
                     r.session,
                     r.agent,
                     r.continued_from,
+                    r.signals,
+                    r.turn_state,
                 )
             )
         except Exception:  # a log must never fail the request that feeds it

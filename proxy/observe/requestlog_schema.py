@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = (
-    4  # 2: tps_source, gateway_s, engine_headers_s; 3: session, agent; 4: continued_from
-)
+# 2: tps_source, gateway_s, engine_headers_s; 3: session, agent; 4: continued_from;
+# 5: the agents' own signals (request_class ... turn_state)
+SCHEMA_VERSION = 5
 
 # Column order is the order of `requestlog.row_of`'s tuple; `report` reads them by these names.
 COLUMNS: tuple[str, ...] = (
@@ -40,6 +40,14 @@ COLUMNS: tuple[str, ...] = (
     "session",
     "agent",
     "continued_from",
+    "request_class",
+    "agent_type",
+    "compaction",
+    "context_compacted",
+    "prev_tool_durations",
+    "prompt_id",
+    "turn_id",
+    "turn_state",
 )
 # Columns after version 1's, with their types: an older file gets them on open.
 ADDED = (
@@ -49,6 +57,14 @@ ADDED = (
     ("session", "TEXT"),
     ("agent", "TEXT"),
     ("continued_from", "TEXT"),
+    ("request_class", "TEXT"),
+    ("agent_type", "TEXT"),
+    ("compaction", "TEXT"),
+    ("context_compacted", "INTEGER"),
+    ("prev_tool_durations", "TEXT"),
+    ("prompt_id", "TEXT"),
+    ("turn_id", "TEXT"),
+    ("turn_state", "TEXT"),
 )
 
 SCHEMA = """
@@ -81,7 +97,16 @@ CREATE TABLE IF NOT EXISTS requests (
     engine_headers_s REAL,          -- the engine asked to its response headers
     session TEXT,                   -- the session key: a hash scoped by client, never content
     agent TEXT,                     -- claude-code, codex, opencode, user, fingerprint (+/subagent)
-    continued_from TEXT             -- the backend that began a stream `variant` finished (or NULL)
+    continued_from TEXT,            -- the backend that began a stream `variant` finished (or NULL)
+    -- the agent's own signals (policies/agent_signals.py), bounded; NULL when not sent
+    request_class TEXT,             -- main, subagent, workflow, compaction, auxiliary, other
+    agent_type TEXT,                -- Claude Code's agent type or Codex's subagent (32 chars)
+    compaction TEXT,                -- Claude Code's compaction header (a short name)
+    context_compacted INTEGER,      -- Claude Code: the context was compacted before this
+    prev_tool_durations TEXT,       -- Claude Code: at most 16 numbers, comma-separated
+    prompt_id TEXT,                 -- the prompt id hashed with the client (p-...)
+    turn_id TEXT,                   -- Codex's turn id hashed with the client (t-...)
+    turn_state TEXT                 -- x-codex-turn-state: issued, valid or refused
 );
 CREATE INDEX IF NOT EXISTS requests_time ON requests (time);
 """

@@ -153,7 +153,19 @@ GROUP_KEYS: dict[str, Callable[[Row], str]] = {
     "agent": lambda r: _column(r, "agent"),
     # the engine that began a stream another variant finished (rows before version 3: none)
     "continued_from": lambda r: r.get("continued_from") or "(none)",
+    # the agents' own signals (rows before version 5: none)
+    "request_class": lambda r: _column(r, "request_class"),
+    "agent_type": lambda r: _column(r, "agent_type"),
+    "compaction": lambda r: _column(r, "compaction"),
+    "context_compacted": lambda r: _flag(r.get("context_compacted"), "compacted", "not compacted"),
+    "prompt_id": lambda r: _column(r, "prompt_id"),
+    "turn_id": lambda r: _column(r, "turn_id"),
+    "turn_state": lambda r: _column(r, "turn_state"),
 }
+
+
+def _flag(value: int | None, yes: str, no: str) -> str:
+    return "(none)" if value is None else (yes if value else no)
 
 
 def _column(row: Row, name: str) -> str:

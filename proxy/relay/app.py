@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from policies.agent_signals import signals_of
 from policies.engine import decide
 from policies.inputs import for_body, request_view
 from policies.sessions import session_of
@@ -30,6 +31,7 @@ from proxy.relay.pull import PULL
 from proxy.relay.push import PUSH
 from proxy.relay.ready import readiness
 from proxy.relay.record import RequestRecord
+from proxy.relay.turnstate import HEADER as TURN_STATE
 from proxy.relay.watch import DisconnectWatch
 from proxy.throttle import AuthThrottle, source_of
 
@@ -283,16 +285,34 @@ class PublicApp:
         sid = session_of(x.client.name, body, x.headers) if x.endpoint != "embeddings" else None
         table = gw.sessions
         session = None
+        turn_engine = None
+        if x.endpoint != "embeddings":  # what the agent says of its request, bounded
+            record.signals = signals_of(x.client.name, x.headers)
         if sid is not None:
             table.configure(policy.sessions.table_size, policy.sessions.idle_s)
             session = table.view(sid, x.t0)
             record.session, record.subagent = sid.key, sid.subagent
             record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
+            token = x.headers.get(TURN_STATE)
+            if token is not None:  # Codex echoes it within a turn (proxy/relay/turnstate.py)
+                turn_engine = gw.turn_state.verify(token, x.client.name, sid.key, time.time())
+                record.turn_state = "refused" if turn_engine is None else "valid"
+        keeps = record.signals.keeps_place
         view = request_view(
-            body, x.endpoint, x.model, x.client.name, x.headers, x.t0, session, identified=True
+            body,
+            x.endpoint,
+            x.model,
+            x.client.name,
+            x.headers,
+            x.t0,
+            session,
+            identified=True,
+            keeps_place=keeps,
+            turn_engine=turn_engine,
         )
         decision = for_body(decide(view, gw.live.snapshot(), policy), x.endpoint, body)
-        if sid is not None and decision.backend is not None:
+        # A compaction or auxiliary request never places nor moves its session.
+        if sid is not None and decision.backend is not None and not keeps:
             table.placed(sid, x.client.name, decision.backend, x.t0)
         record.route, record.reason = decision.route, decision.reason
         record.policy_version = policy.version

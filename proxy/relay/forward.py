@@ -21,6 +21,7 @@ from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
 from proxy.relay.lease import Lease
 from proxy.relay.measure import StreamFilter, withhold_estimate
 from proxy.relay.rewrite import plan_usage, upstream_body
+from proxy.relay.turnstate import HEADER as TURN_STATE
 from proxy.relay.upstream import RESPONSE_ALLOW, UpstreamError, not_an_answer
 
 if TYPE_CHECKING:
@@ -271,7 +272,20 @@ def _our_headers(x: Exchange[R]) -> list[tuple[bytes, bytes]]:
     chosen = record.backend.encode()
     reason = record.reason + (f"+retry{record.retries}" if record.retries else "")
     # One header names what served: the variant (the policy's backend), as the pin header does.
-    return [*x.extra, (b"x-specrouter-variant", chosen), (b"x-specrouter-reason", reason.encode())]
+    out = [*x.extra, (b"x-specrouter-variant", chosen), (b"x-specrouter-reason", reason.encode())]
+    # A Codex turn's first answer names its engine in a token Codex echoes within the turn.
+    if (
+        x.endpoint == "responses"
+        and record.session
+        and record.agent.startswith("codex")
+        and not record.turn_state
+        and not record.signals.keeps_place
+    ):
+        token = x.gw.turn_state.issue(record.client, record.session, record.backend, time.time())
+        if token is not None:
+            out.append((TURN_STATE, token))
+            record.turn_state = "issued"
+    return out
 
 
 def _engine_message(first: bytes, status: int) -> str:

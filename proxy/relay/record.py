@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from policies.agent_signals import NONE, AgentSignals
 from proxy.relay.measure import Measurement
 
 
@@ -35,6 +36,10 @@ class RequestRecord:
     session: str = ""  # the session key (policies/sessions.py), a hash: never the raw id
     agent: str = ""  # the agent program (claude-code, codex, ...), "/subagent" for a subagent
     subagent: bool = False
+    # The agent's own signals (policies/agent_signals.py), bounded: its request class, agent
+    # type, compaction, hashed prompt and turn ids. A class records; it grants nothing.
+    signals: AgentSignals = NONE
+    turn_state: str = ""  # "" | issued | valid | refused: the x-codex-turn-state token's fate
     model: str = ""  # as the client named it
     # OpenTelemetry, when on (proxy/observe/otel.py): the request's open span, and the
     # `traceparent` that carries its context to the engines ("" when off: the client's goes).
