@@ -23,6 +23,7 @@ from operator import truediv
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from policies.agent_signals import AgentSignals
 from proxy.bounds import storable
 from proxy.observe.requestlog_schema import INSERT, open_db
 from proxy.observe.stats import weighted_at
@@ -31,7 +32,6 @@ from proxy.relay.measure import Measurement
 if TYPE_CHECKING:
     from prometheus_client import Counter
 
-    from policies.agent_signals import AgentSignals
     from proxy.relay.record import RequestRecord
 
 log = logging.getLogger(__name__)
