@@ -14,8 +14,8 @@ another client or another session does not verify, nor does one past `MAX_AGE_S`
 than `MAX_TOKEN_BYTES` or one naming an engine the policy does not have. A token that does not
 verify is ignored (the request is placed as without one) and counted as `refused` in the log.
 
-The secret: `--turn-state-secret` (SPECROUTER_TURN_STATE_SECRET, the same on every replica);
-else, with `--redis-url`, one random secret the replicas agree on through Redis
+The secret: `SPECROUTER_TURN_STATE_SECRET` (at least 16 characters, the same on every replica;
+a variable, not a flag, so that it does not show in the process list); else, with `--redis-url`, one random secret the replicas agree on through Redis
 (proxy/backends/session_share.py: the first to start sets it); else a random one per process.
 Until a shared secret is known nothing is issued or honoured.
 """

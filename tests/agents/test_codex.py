@@ -32,6 +32,11 @@ def test_codex_exec_runs_an_agent_loop(demo: Demo, agents: Path, tmp_path: Path)
     assert out.count("succeeded in") >= 2, out  # two tool-call round trips, both executed
     rows = demo.rows(since)
     assert len(rows) >= 3, out  # two turns ending in a call, then the final answer
+    # Codex echoes the gateway's x-codex-turn-state within its turn (proxy/relay/turnstate.py)
+    # and sends its turn metadata: one turn id for the whole exec, read as a main request.
+    assert [r["turn_state"] for r in rows] == ["issued"] + ["valid"] * (len(rows) - 1)
+    assert len({r["turn_id"] for r in rows}) == 1 and rows[0]["turn_id"].startswith("t-")
+    assert {r["request_class"] for r in rows} == {"main"}
     for row in rows:
         # Seen under load: Codex sometimes hangs up before the stream's own end; the gateway
         # logs client_gone, which counts here only once the answer's finish was relayed.

@@ -9,7 +9,7 @@ import pytest
 from policies.engine import decide
 from policies.types import RequestView
 from proxy.relay.turnstate import MAX_AGE_S, MAX_TOKEN_BYTES, TurnState
-from tests.policies.test_stickiness import LOAD, policy, session, state
+from tests.policies.test_stickiness import policy, session, state
 
 NOW = 1_800_000_000.0
 SECRET = b"s" * 32
