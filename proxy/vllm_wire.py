@@ -156,3 +156,24 @@ ANTHROPIC_ERROR_TYPES: dict[int, str] = {
     429: "rate_limit_error",
     529: "overloaded_error",
 }
+
+
+# The most an engine may claim as one count (tokens of a request, requests running or waiting,
+# any /metrics sample): well past any context or counter an engine reaches, and exact as a
+# float. A larger, negative, non-integral or non-finite claim is not a count and is not read
+# (it reached the request log, the load state and the dashboard as something unstorable).
+MAX_TOKEN_COUNT = 1 << 40
+MAX_METRIC_VALUE = float(1 << 53)
+
+
+def token_count(value: object) -> int | None:
+    """An engine's token count as an int in [0, MAX_TOKEN_COUNT], or None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_TOKEN_COUNT else None
+
+
+def metric_value(value: float) -> float | None:
+    """A /metrics sample as a finite number in [0, MAX_METRIC_VALUE], or None: every family the
+    gateway reads is a counter or a gauge of things that cannot be negative."""
+    return value if 0.0 <= value <= MAX_METRIC_VALUE else None  # NaN compares false

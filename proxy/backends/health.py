@@ -25,7 +25,7 @@ from proxy.backends.repair import Repairer
 from proxy.gateway import Gateway
 from proxy.observe.events import EventKind
 from proxy.observe.metrics import BackendCollector
-from proxy.vllm_wire import Family
+from proxy.vllm_wire import Family, metric_value, token_count
 
 log = logging.getLogger("specrouter.health")
 
@@ -85,14 +85,24 @@ def parse_metrics(text: str, t: float, kind: EngineKind) -> Scrape:
         if key is None and family.name != per_pos:
             continue
         for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
+            value = metric_value(sample.value)
+            if sample.name.endswith("_created") or value is None:
+                continue  # NaN, an infinity, a negative or absurd count: not read
             if key is None:
-                pos = int(sample.labels.get("position", "0"))
-                out.accepted_per_pos[pos] = out.accepted_per_pos.get(pos, 0.0) + sample.value
+                pos = token_count(_int(sample.labels.get("position", "0")))
+                if pos is None or pos > 1024:
+                    continue
+                out.accepted_per_pos[pos] = out.accepted_per_pos.get(pos, 0.0) + value
             else:
-                out.values[key] = out.values.get(key, 0.0) + sample.value
+                out.values[key] = out.values.get(key, 0.0) + value
     return out
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 @dataclass(slots=True)

@@ -28,9 +28,11 @@ from proxy.vllm_wire import (
     COMMENT,
     DATA_OBJECT,
     ERROR_FRAME_PREFIX,
+    MAX_TOKEN_COUNT,
     METRICS,
     SPEC_DECODING,
     USAGE_KEY,
+    token_count,
 )
 
 if TYPE_CHECKING:
@@ -128,12 +130,15 @@ class Measurement:
 
     def _engine_mean(self) -> float | None:
         value = self.spec.get("mean_acceptance_length") if self.spec is not None else None
-        return float(value) if isinstance(value, int | float) else None
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return None
+        return float(value) if 0 <= value <= MAX_TOKEN_COUNT else None
 
     def _engine_counts(self) -> tuple[int, int] | None:
         if self.spec is None:
             return None
-        acc, steps = self.spec.get("num_accepted_draft_tokens"), self.spec.get("num_spec_steps")
+        acc = token_count(self.spec.get("num_accepted_draft_tokens"))
+        steps = token_count(self.spec.get("num_spec_steps"))
         if isinstance(acc, int) and isinstance(steps, int) and steps > 0:
             return acc, steps
         return None
@@ -187,6 +192,8 @@ class Measurement:
 
     def record_tokens(self, total: int, now: float) -> None:
         """A choice frame reported `total` completion tokens so far."""
+        if token_count(total) is None:
+            return
         delta = total - self.completion_tokens
         if delta <= 0:
             return
@@ -206,19 +213,20 @@ class Measurement:
     def record_usage(self, usage: dict[str, Any]) -> None:
         """Chat/completions usage, Responses' (`input_tokens`, `input_tokens_details`,
         `output_tokens`) or Anthropic's (`input_tokens` excludes the cache reads and writes it
-        lists beside it)."""
-        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        lists beside it). A count that is not one (negative, past `MAX_TOKEN_COUNT`, not an
+        int) is not recorded."""
+        prompt = token_count(usage.get("prompt_tokens", usage.get("input_tokens")))
         details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        read = usage.get("cache_read_input_tokens")
-        written = usage.get("cache_creation_input_tokens")
+        cached = token_count(details.get("cached_tokens") if isinstance(details, dict) else None)
+        read = token_count(usage.get("cache_read_input_tokens"))
+        written = token_count(usage.get("cache_creation_input_tokens"))
         if isinstance(prompt, int):
             self.prompt_tokens = prompt + sum(v for v in (read, written) if isinstance(v, int))
         if isinstance(read, int):
             cached = read
         if isinstance(cached, int):
             self.cached_tokens = cached
-        completion = usage.get("completion_tokens", usage.get("output_tokens"))
+        completion = token_count(usage.get("completion_tokens", usage.get("output_tokens")))
         if isinstance(completion, int) and completion > self.completion_tokens:
             self.completion_tokens = completion
 

@@ -93,6 +93,18 @@ def not_an_answer(status: int, headers: Mapping[str, str]) -> UpstreamError | No
     return UpstreamError("protocol", f"engine answered 200 with content-type {media[:64]!r}")
 
 
+def not_json(status: int, headers: Mapping[str, str], first: bytes) -> UpstreamError | None:
+    """A 200 that says JSON but whose body does not begin as a JSON object or array (an HTML
+    page or a bare word): the error to refuse it with, before its first byte goes out."""
+    media = headers.get("content-type", "").partition(";")[0].strip().lower()
+    if status != 200 or media != "application/json" or "content-encoding" in headers:
+        return None
+    start = first.lstrip(b" \t\r\n")[:1]
+    if start in (b"{", b"[") or not start:
+        return None
+    return UpstreamError("protocol", "engine answered 200 with a body that is not JSON")
+
+
 def head_size(raw_headers: Sequence[tuple[bytes, bytes]]) -> int:
     return sum(len(k) + len(v) + 4 for k, v in raw_headers)
 
@@ -211,7 +223,11 @@ class Upstream:
                     url, data=body, headers=headers, allow_redirects=False
                 )
         except TimeoutError as exc:
-            raise UpstreamError("timeout", f"no response in {self._first_byte_timeout:g}s") from exc
+            # aiohttp's own connect timeout (shorter) reports a connection that never opened;
+            # this one fires with the request sent: the engine has it, it is not sent again.
+            raise UpstreamError(
+                "timeout", f"no response in {self._first_byte_timeout:g}s", accepted=True
+            ) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError("connect", describe(exc)) from exc
         # aiohttp bounds each header line (8 KiB), not their sum.
