@@ -7,6 +7,7 @@ relayed chunk and collapses past ~64 concurrent streams (see loadtests/bench/ove
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -72,7 +73,11 @@ def describe(exc: BaseException) -> str:
     backend (the relay adds its name), never its host, port or URL."""
     os_error = getattr(exc, "os_error", None)  # aiohttp's connector errors wrap the OSError
     cause = os_error if isinstance(os_error, OSError) else exc
-    reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else ""
+    # The errno's own text: asyncio's strerror ("Connect call failed ('10.0.0.7', 8000)") and
+    # a resolver's carry the address.
+    reason = ""
+    if isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0:
+        reason = os.strerror(cause.errno)
     return f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
 
 

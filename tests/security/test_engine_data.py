@@ -265,3 +265,33 @@ def test_metrics_values_that_are_not_counts_are_not_read(stack: Stack, kind: str
     assert state["running"] in (None, 0) and state["waiting"] in (None, 0), state
     assert gw.admin_get("/dashboard/snapshot").status_code == 200
     _served(_post(gw, "ok"))
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("client", ["push", "pull"])
+async def test_a_connect_failure_names_no_engine_address(client: str) -> None:
+    """What a client reads of a refused engine connection (both relays' engine clients)."""
+    from proxy.relay.engine_conn import EnginePool, open_engine_stream
+    from proxy.relay.upstream import Upstream, UpstreamError
+
+    port = _closed_port()
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    with pytest.raises(UpstreamError) as caught:
+        if client == "push":
+            await open_engine_stream(EnginePool(), url, b"{}", {}, 2.0)
+        else:
+            upstream = Upstream(connect_timeout=2.0, first_byte_timeout=2.0)
+            try:
+                await upstream.post(url, b"{}", {})
+            finally:
+                await upstream.aclose()
+    message = str(caught.value)
+    assert "refused" in message.lower(), message
+    assert str(port) not in message and "127.0.0.1" not in message, message
