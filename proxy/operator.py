@@ -3,7 +3,8 @@ policy: repair actions (commands), engine secrets (an environment variable or a 
 hosts engines may live on. The policy names these; it cannot define them.
 
     actions: {restart-coder: {command: [docker, restart, vllm-coder], timeout_s: 120}}
-    secrets: {coder-key: {env: VLLM_KEY}, embed-key: {file: /run/secrets/embed}}
+    secrets: {coder-key: {env: VLLM_KEY}, embed-key: {file: /run/secrets/embed},
+              remote-key: {env: REMOTE_KEY, engines: ["gb10-b:8003"]}}  # off loopback: bound
     engine_hosts: [127.0.0.1, ::1, localhost]      # the default: loopback only
 
 The file is refused when anyone but its owner may write it: a group- or world-writable file
@@ -34,6 +35,9 @@ class ActionSpec(StrictModel):
 class SecretSpec(StrictModel):
     env: Annotated[str, Field(pattern=ENV_NAME)] | None = None
     file: Annotated[str, Field(min_length=1)] | None = None  # relative: to the operator file
+    # The engines off loopback ("host:port") a policy may send this secret to; loopback ones
+    # always (a policy edit could otherwise hand it to any engine on the allowed hosts).
+    engines: list[Annotated[str, Field(pattern=r"^\S+:[0-9]{1,5}$")]] = []
 
     @model_validator(mode="after")
     def _one_source(self) -> SecretSpec:
@@ -71,6 +75,11 @@ class Operator:
             actions=frozenset(self.spec.actions),
             secrets=frozenset(self.spec.secrets),
             engine_hosts=frozenset(h.strip("[]").lower() for h in self.spec.engine_hosts),
+            secret_engines={
+                name: frozenset(e.lower() for e in secret.engines)
+                for name, secret in self.spec.secrets.items()
+                if secret.engines
+            },
         )
 
     def action(self, name: str) -> ActionSpec | None:

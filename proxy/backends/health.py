@@ -228,6 +228,9 @@ class HealthMonitor:
                 live.starting_until.setdefault(name, now + backend.startup_s)
         names = list(policy.document.backends)
         await asyncio.gather(*(self.check(name) for name in names), return_exceptions=True)
+        live.retain(set(names))
+        for name in [n for n in self.windows if n not in policy.document.backends]:
+            del self.windows[name]
         self.after_scrape()
         self.log_transitions(names)
         now = time.monotonic()

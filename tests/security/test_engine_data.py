@@ -27,9 +27,11 @@ Script = Callable[[asyncio.StreamWriter, str], Awaitable[bool]]  # True: keep th
 
 
 def _json(body: bytes, extra: bytes = b"", ctype: bytes = b"application/json") -> bytes:
-    return (
-        b"HTTP/1.1 200 OK\r\ncontent-type: %b\r\ncontent-length: %d\r\n%b\r\n%b"
-        % (ctype, len(body), extra, body)
+    return b"HTTP/1.1 200 OK\r\ncontent-type: %b\r\ncontent-length: %d\r\n%b\r\n%b" % (
+        ctype,
+        len(body),
+        extra,
+        body,
     )
 
 
@@ -121,9 +123,7 @@ class Engine:
                     w.write(_json(self.metrics, ctype=b"text/plain"))
                     keep = True
                 elif line.startswith("GET "):
-                    w.write(
-                        b"HTTP/1.1 %d X\r\ncontent-length: 0\r\n\r\n" % self.health
-                    )
+                    w.write(b"HTTP/1.1 %d X\r\ncontent-length: 0\r\n\r\n" % self.health)
                     keep = True
                 else:
                     self.posts += 1
