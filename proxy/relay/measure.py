@@ -66,6 +66,7 @@ class Measurement:
     t_end: float | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    response_id: str | None = None  # a Responses answer's id (proxy/backends/response_owners.py)
     completion_tokens: int = 0
     chunks: int = 0  # choice frames seen
     delta_events: int = 0  # token-carrying events of a stream without per-event usage
@@ -250,6 +251,8 @@ class Measurement:
                 details.get("reason") if isinstance(details, dict) else obj.get("status")
             )
         self.finish_reason = reason if isinstance(reason, str) else None
+        if obj.get("object") == "response" and isinstance(obj.get("id"), str):
+            self.response_id = obj["id"]
         self._record_metrics(obj)
         if isinstance(obj.get("error"), dict):
             self.error = str(obj["error"].get("message"))
