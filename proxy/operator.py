@@ -7,8 +7,9 @@ hosts engines may live on. The policy names these; it cannot define them.
               remote-key: {env: REMOTE_KEY, engines: ["gb10-b:8003"]}}  # off loopback: bound
     engine_hosts: [127.0.0.1, ::1, localhost]      # the default: loopback only
 
-The file is refused when anyone but its owner may write it: a group- or world-writable file
-would hand its commands to whoever else can edit it.
+The file is refused when anyone but the gateway's user (or root) owns it or may write it, or a
+symlink to it sits in a directory others may write: a group- or world-writable file, or another
+user's, would hand its commands to whoever else can edit it.
 """
 
 from __future__ import annotations
@@ -99,8 +100,21 @@ class Operator:
 
 
 def check_permissions(path: Path) -> None:
-    """Refuse a file (or its directory) that anyone but its owner may write."""
-    for target in (path, path.resolve().parent):
+    """Refuse a file that anyone but the gateway's user (or root) owns or may write, or whose
+    directory others may write: the file's, and the directory of a symlink to it (a link in a
+    world-writable directory can be pointed elsewhere by anyone; a sticky one only keeps others
+    from replacing a link they do not own)."""
+    me = os.geteuid()
+    try:
+        link = path.lstat()
+    except OSError as exc:
+        raise OperatorError(f"{path}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
+        raise OperatorError(f"{path} is a symlink owned by uid {link.st_uid}, not this user")
+    parents = {path.resolve().parent}
+    if stat.S_ISLNK(link.st_mode):
+        parents.add(path.absolute().parent)
+    for target in (path, *sorted(parents)):
         try:
             st = target.stat()
         except OSError as exc:
@@ -110,6 +124,11 @@ def check_permissions(path: Path) -> None:
         ):
             raise OperatorError(
                 f"{target} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): chmod go-w it"
+            )
+        if target == path and st.st_uid not in (me, 0):
+            raise OperatorError(
+                f"{target} is owned by uid {st.st_uid}, not this user: whoever owns it can "
+                "change its commands"
             )
 
 
