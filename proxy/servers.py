@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import resource
 import socket
 import ssl
@@ -248,7 +249,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         path = self.url.split(b"?", 1)[0].lower()
         if b"%2f" in path or b"%5c" in path:
             return 404, "Not Found", "no route for a path with an encoded slash"
-        if b"%" in path:  # `/%76%31/chat/completions` was routed: one path, one spelling
+        if b"%" in path and _needless_escape(path):
+            # `/%76%31/chat/completions` was routed: a character that needs no escape has one
+            # spelling (RFC 3986's unreserved), so an escaped one names no route.
             return 404, "Not Found", "no route for a percent-encoded path"
         return None
 
@@ -259,6 +262,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         callback, self.on_lost = self.on_lost, None
         if callback is not None:
             callback()
+
+
+_UNRESERVED = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~")
+_ESCAPE = re.compile(rb"%([0-9a-fA-F]{2})?")
+
+
+def _needless_escape(path: bytes) -> bool:
+    """A `%` that is not two hex digits, or escapes a character that needs none."""
+    return any(
+        m.group(1) is None or int(m.group(1), 16) in _UNRESERVED for m in _ESCAPE.finditer(path)
+    )
 
 
 def _weakly(method: Callable[[], None]) -> Callable[[], None]:

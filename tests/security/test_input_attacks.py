@@ -249,6 +249,18 @@ ATTACKS: dict[str, tuple[Callable[[Address], bytes], int, str | None]] = {
         404,
         "percent-encoded path",
     ),
+    # A reserved character's escape is still routed (and decoded): only needless ones go.
+    "percent-encoded-reserved": (
+        _head(
+            [
+                "GET /v1/models/coder%3Ax HTTP/1.1",
+                "host: {host}",
+                f"authorization: Bearer {CLIENT_KEY}",
+            ]
+        ),
+        404,
+        "coder:x",
+    ),
     "non-ascii-key": (_utf8_key(UNICODE_KEY), 200, None),
     "bad-transfer-encoding": (_te_and_length(CHAT), 400, '"error":{"message":"invalid HTTP'),
     "bad-transfer-encoding-messages": (
