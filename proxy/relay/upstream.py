@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -76,7 +77,9 @@ def describe(exc: BaseException) -> str:
     # The errno's own text: asyncio's strerror ("Connect call failed ('10.0.0.7', 8000)") and
     # a resolver's carry the address.
     reason = ""
-    if isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0:
+    if isinstance(cause, ssl.SSLError):  # its errno is the TLS library's, its reason a code
+        reason = str(cause.reason or "")
+    elif isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0:
         reason = os.strerror(cause.errno)
     return f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
 
