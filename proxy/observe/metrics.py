@@ -301,7 +301,7 @@ class GatewayMetrics:
         self.session_share = Counter(
             "specrouter_session_share_rows_total",
             "Session rows sent to Redis, merged from other replicas, or dropped from a full queue.",
-            ("result",),  # sent, merged, dropped
+            ("result",),  # sent, merged, dropped, refused (a row not a count: issue 31)
             registry=r,
         )
         # --redis-url: the client limits shared by replicas (proxy/relay/limits.py)
