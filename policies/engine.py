@@ -135,11 +135,14 @@ def decide(
 
     priority = None
     if policy.backend(choice).priority_scheduling:
+        # A client marks its own requests as a subagent's (a header): that may lower their
+        # priority, never raise it above the client's own (lower runs first in vLLM).
+        own = client.priority if client is not None else None
         subagent = view.session is not None and view.session.subagent
         if subagent and policy.sessions.subagent_priority is not None:
-            priority = policy.sessions.subagent_priority
-        elif client is not None:
-            priority = client.priority
+            priority = max(policy.sessions.subagent_priority, own or 0)
+        else:
+            priority = own
     verdicts: tuple[RuleVerdict, ...] = ()
     if explain:
         verdicts = verdicts_for(

@@ -34,6 +34,27 @@ class DocumentLimits:
 
 
 DEFAULT_LIMITS = DocumentLimits()
+# A document nested thousands deep (JSON or YAML) exhausts the parser's recursion: refused as
+# any invalid document is, never a RecursionError out of the API or the file watcher.
+TOO_DEEP = "the document is nested too deeply"
+# Brackets nested deeper than this are refused before the YAML scanner sees them (it took
+# ~5 s on 20,000 `[`, off the loop but holding the policy lock). A real policy nests < 10.
+MAX_FLOW_DEPTH = 100
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def flow_depth(text: str | bytes) -> int:
+    """The deepest nesting of `[` and `{` (quotes not considered: an upper bound that a real
+    policy stays far below)."""
+    data = text.encode() if isinstance(text, str) else text
+    depth = deepest = 0
+    for c in data.translate(None, _NOT_BRACKETS):  # the brackets alone, at C speed
+        if c in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth = max(0, depth - 1)
+    return deepest
 
 
 def parse_policy(
@@ -50,10 +71,14 @@ def parse_policy(
         raise PolicyError(
             [f"the document is {size} bytes, more than the limit of {limits.max_bytes}"]
         )
+    if flow_depth(text) > MAX_FLOW_DEPTH:
+        raise PolicyError([TOO_DEEP])
     try:
         raw = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise PolicyError(["YAML: " + " ".join(str(exc).split())]) from None
+    except RecursionError:  # the loader recurses per level: 20,000 `[` raised out of it
+        raise PolicyError([TOO_DEEP]) from None
     if not isinstance(raw, dict):
         raise PolicyError([f"the document must be a mapping, got {type(raw).__name__}"])
     return validate_policy(raw, context, limits)
@@ -72,6 +97,8 @@ def validate_policy(
         doc = PolicyDocument.model_validate(raw)
     except ValidationError as exc:
         raise PolicyError(_format_errors(exc, raw)) from None
+    except RecursionError:
+        raise PolicyError([TOO_DEEP]) from None
     errors = check_references(doc)
     if context is not None:
         errors += check_operator_names(doc, context)

@@ -16,11 +16,21 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def header_text(value: bytes) -> str:
+    """A header value as the text the client meant: UTF-8 (as keys are stored, `hash_key`),
+    latin-1 where it is not UTF-8. Decoded as latin-1 alone, a non-ASCII key could never
+    match its own digest."""
+    try:
+        return value.decode()
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
+
+
 def bearer(authorization: bytes | None) -> str | None:
     """The token of an `Authorization: Bearer TOKEN` header, or None."""
     if not authorization:
         return None
-    scheme, _, token = authorization.decode("latin-1").partition(" ")
+    scheme, _, token = header_text(authorization).partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
@@ -31,8 +41,8 @@ def client_key(authorization: bytes | None, x_api_key: bytes | None) -> str | No
     `x-api-key: KEY`. None when neither, or when both are sent with different keys (ambiguous:
     refused rather than guessed)."""
     token = bearer(authorization)
-    api_key = x_api_key.decode("latin-1").strip() if x_api_key else None
-    if token is not None and api_key and not hmac.compare_digest(token, api_key):
+    api_key = header_text(x_api_key).strip() if x_api_key else None
+    if token is not None and api_key and not hmac.compare_digest(token.encode(), api_key.encode()):
         return None
     return token or api_key or None
 

@@ -46,3 +46,14 @@ def storable(row: tuple[Any, ...]) -> bool:
         if type(value) is int and not INT64_MIN <= value <= INT64_MAX:
             return False
     return True
+
+
+# Any /metrics sample the gateway reads (counters and gauges of things that cannot be negative):
+# exact as a float. NaN, an infinity, a negative or larger value is not read (it froze a
+# backend's health at its last value and reached the load state and the dashboard).
+MAX_METRIC_VALUE: Final = float(1 << 53)
+
+
+def metric_value(value: float) -> float | None:
+    """A /metrics sample as a finite number in [0, MAX_METRIC_VALUE], or None."""
+    return value if 0.0 <= value <= MAX_METRIC_VALUE else None  # NaN compares false

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from proxy.backends.admission import Admission
 from proxy.backends.engines import EngineTable
 from proxy.backends.live import LiveTracker
+from proxy.backends.response_owners import ResponseOwners
 from proxy.backends.session_share import SessionShare
 from proxy.backends.session_table import SessionTable
 from proxy.observe.events import EventLog
@@ -93,12 +94,22 @@ class Gateway:
         self.recent: deque[RequestRecord] = deque(maxlen=200)
         self.events = EventLog()  # health transitions, repairs, policy changes (bounded)
         self.timeline = Timeline()  # the dashboard's charts: 15 minutes of 10 s aggregates
-        self.sinks: list[Sink] = [self.recent.append, self._session_turn, self.timeline.add]
+        self.response_owners = ResponseOwners()  # previous_response_id: the creator's only
+        self.sinks: list[Sink] = [
+            self.recent.append,
+            self._session_turn,
+            self.timeline.add,
+            self._response_owner,
+        ]
         self.begin: Begin | None = None  # set with a tracing sink (proxy/serve.py)
 
     def finished(self, record: RequestRecord) -> None:
         for sink in self.sinks:
             sink(record)
+
+    def _response_owner(self, record: RequestRecord) -> None:
+        if record.m.response_id is not None and record.outcome == "ok":
+            self.response_owners.note(record.m.response_id, record.client)
 
     def _session_turn(self, record: RequestRecord) -> None:
         # A compaction or auxiliary request is not the session's turn (policies/agent_signals.py)

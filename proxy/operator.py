@@ -3,11 +3,13 @@ policy: repair actions (commands), engine secrets (an environment variable or a 
 hosts engines may live on. The policy names these; it cannot define them.
 
     actions: {restart-coder: {command: [docker, restart, vllm-coder], timeout_s: 120}}
-    secrets: {coder-key: {env: VLLM_KEY}, embed-key: {file: /run/secrets/embed}}
+    secrets: {coder-key: {env: VLLM_KEY}, embed-key: {file: /run/secrets/embed},
+              remote-key: {env: REMOTE_KEY, engines: ["gb10-b:8003"]}}  # off loopback: bound
     engine_hosts: [127.0.0.1, ::1, localhost]      # the default: loopback only
 
-The file is refused when anyone but its owner may write it: a group- or world-writable file
-would hand its commands to whoever else can edit it.
+The file is refused when anyone but the gateway's user (or root) owns it or may write it, or a
+symlink to it sits in a directory others may write: a group- or world-writable file, or another
+user's, would hand its commands to whoever else can edit it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class ActionSpec(StrictModel):
 class SecretSpec(StrictModel):
     env: Annotated[str, Field(pattern=ENV_NAME)] | None = None
     file: Annotated[str, Field(min_length=1)] | None = None  # relative: to the operator file
+    # The engines off loopback ("host:port") a policy may send this secret to; loopback ones
+    # always (a policy edit could otherwise hand it to any engine on the allowed hosts).
+    engines: list[Annotated[str, Field(pattern=r"^\S+:[0-9]{1,5}$")]] = []
 
     @model_validator(mode="after")
     def _one_source(self) -> SecretSpec:
@@ -71,6 +76,11 @@ class Operator:
             actions=frozenset(self.spec.actions),
             secrets=frozenset(self.spec.secrets),
             engine_hosts=frozenset(h.strip("[]").lower() for h in self.spec.engine_hosts),
+            secret_engines={
+                name: frozenset(e.lower() for e in secret.engines)
+                for name, secret in self.spec.secrets.items()
+                if secret.engines
+            },
         )
 
     def action(self, name: str) -> ActionSpec | None:
@@ -90,8 +100,21 @@ class Operator:
 
 
 def check_permissions(path: Path) -> None:
-    """Refuse a file (or its directory) that anyone but its owner may write."""
-    for target in (path, path.resolve().parent):
+    """Refuse a file that anyone but the gateway's user (or root) owns or may write, or whose
+    directory others may write: the file's, and the directory of a symlink to it (a link in a
+    world-writable directory can be pointed elsewhere by anyone; a sticky one only keeps others
+    from replacing a link they do not own)."""
+    me = os.geteuid()
+    try:
+        link = path.lstat()
+    except OSError as exc:
+        raise OperatorError(f"{path}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
+        raise OperatorError(f"{path} is a symlink owned by uid {link.st_uid}, not this user")
+    parents = {path.resolve().parent}
+    if stat.S_ISLNK(link.st_mode):
+        parents.add(path.absolute().parent)
+    for target in (path, *sorted(parents)):
         try:
             st = target.stat()
         except OSError as exc:
@@ -101,6 +124,11 @@ def check_permissions(path: Path) -> None:
         ):
             raise OperatorError(
                 f"{target} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): chmod go-w it"
+            )
+        if target == path and st.st_uid not in (me, 0):
+            raise OperatorError(
+                f"{target} is owned by uid {st.st_uid}, not this user: whoever owns it can "
+                "change its commands"
             )
 
 

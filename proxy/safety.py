@@ -22,14 +22,19 @@ class UnsafeSettings(ValueError):
 
 
 def check_startup(settings: Settings, shipped_root: Path = REPO_ROOT) -> None:
-    for token in settings.admin_tokens().values():
+    # Every token the admin listener takes: the dashboard's and the scrape token read less than
+    # an admin token does, but a one-character one is guessed (the dashboard names every
+    # client, route and engine).
+    tokens = [("admin", t) for t in settings.admin_tokens().values()]
+    tokens += [(kind, t) for kind, t in _other_tokens(settings) if t]  # "": not set
+    for kind, token in tokens:
         if len(token) < MIN_TOKEN_CHARS:
             raise UnsafeSettings(
-                f"the admin token has {len(token)} characters; use "
+                f"the {kind} token has {len(token)} characters; use "
                 f"{MIN_TOKEN_CHARS} or more (e.g. `openssl rand -hex 32`)"
             )
         if token.lower() in PUBLISHED_TOKENS or _in_shipped_files(token, shipped_root):
-            raise UnsafeSettings("the admin token is a published default: generate your own")
+            raise UnsafeSettings(f"the {kind} token is a published default: generate your own")
     host, _ = split_hostport(settings.admin_listen)
     if not is_loopback(host) and not (settings.admin_tls or settings.admin_client_ca):
         raise UnsafeSettings(
@@ -42,6 +47,10 @@ def check_startup(settings: Settings, shipped_root: Path = REPO_ROOT) -> None:
             raise UnsafeSettings(
                 f"--metrics-listen {settings.metrics_listen} is plain HTTP: loopback only"
             )
+
+
+def _other_tokens(settings: Settings) -> list[tuple[str, str | None]]:
+    return [("dashboard", settings.dashboard_token), ("scrape", settings.scrape_token)]
 
 
 def _in_shipped_files(token: str, root: Path) -> bool:

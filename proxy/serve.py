@@ -222,7 +222,10 @@ class GatewayProcess:
     async def _watch_policy_file(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            await self.store.poll()
+            try:
+                await self.store.poll()
+            except Exception:  # one bad edit must not end the watch: later edits still apply
+                log.exception("policy file watch: the edit could not be read; watching on")
 
     async def run(self) -> None:
         s = self.settings

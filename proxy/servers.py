@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import resource
 import socket
 import ssl
@@ -92,6 +93,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     cap = ConnectionCap(MAX_CONNECTIONS)
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
+    _head_size = 0  # the current request's head as parsed (line and headers)
+    _sniffed = b""  # the first request's path, read off its first bytes
     _in_head = False  # between a message's start and its headers' end: headers are headers
     _refusal: tuple[int, str, str] | None = None
     # The request in progress learns of the client leaving here, without a task of its own
@@ -154,10 +157,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         )
 
     def _refuse(self, status: int, phrase: str, message: str) -> None:
-        """Answer below ASGI (no request was formed) in the OpenAI error shape, then close."""
+        """Answer below ASGI (no request was formed) in the API's error shape (Anthropic's on
+        /v1/messages, OpenAI's elsewhere), then close."""
         if self.transport.is_closing():
             return
-        body = error_body(status, message)
+        path = getattr(self, "url", b"") or self._sniffed
+        body = error_body(status, message, anthropic=path.startswith(b"/v1/messages"))
         self.transport.write(
             b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\nconnection: close\r\n\r\n%b"
@@ -167,15 +172,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's answer to a parser error; a callback of ours that refused says why instead.
+        # uvicorn's own is plain text: a malformed head (a bad Transfer-Encoding, say) is
+        # answered in the API's shape too.
         refusal, self._refusal = self._refusal, None
-        if refusal is None:
-            super().send_400_response(msg)
-        else:
-            self._refuse(*refusal)
+        self._refuse(*(refusal or (400, "Bad Request", "invalid HTTP request")))
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
             return  # refused: nothing more is parsed
+        if not self._sniffed and data[:1].isalpha():  # the path, for a refusal's shape
+            self._sniffed = data.split(b" ", 2)[1][:64] if data.count(b" ", 0, 80) >= 2 else b"/"
         if self._head_timer is not None:
             end = data.find(b"\r\n\r\n")
             self._head_bytes += len(data) if end < 0 else end
@@ -192,13 +198,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
+        self._head_size = 0
         self._arm()
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # httptools reports a chunked body's trailers here too: uvicorn would add them to the
         # request's headers (Authorization included) after the app had read them.
         if self._in_head:
+            self._count_head(len(name) + len(value) + 4)
             super().on_header(name, value)
+
+    def _count_head(self, n: int) -> None:
+        """The head limit, counted as the parser reads it: `data_received`'s count misses a
+        pipelined request's head that arrives in the same read as the one before it."""
+        self._head_size += n
+        if self._head_size > MAX_HEADER_BYTES:
+            self._refusal = (
+                431,
+                "Request Header Fields Too Large",
+                f"request headers larger than {MAX_HEADER_BYTES} bytes",
+            )
+            raise _Refused(self._refusal[2])
 
     def on_headers_complete(self) -> None:
         self._disarm()
@@ -228,6 +252,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         path = self.url.split(b"?", 1)[0].lower()
         if b"%2f" in path or b"%5c" in path:
             return 404, "Not Found", "no route for a path with an encoded slash"
+        if b"%" in path and _needless_escape(path):
+            # `/%76%31/chat/completions` was routed: a character that needs no escape has one
+            # spelling (RFC 3986's unreserved), so an escaped one names no route.
+            return 404, "Not Found", "no route for a percent-encoded path"
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -240,6 +268,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         callback, self.on_lost = self.on_lost, None
         if callback is not None:
             callback()
+
+
+_UNRESERVED = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~")
+_ESCAPE = re.compile(rb"%([0-9a-fA-F]{2})?")
+
+
+def _needless_escape(path: bytes) -> bool:
+    """A `%` that is not two hex digits, or escapes a character that needs none."""
+    return any(
+        m.group(1) is None or int(m.group(1), 16) in _UNRESERVED for m in _ESCAPE.finditer(path)
+    )
 
 
 def _weakly(method: Callable[[], None]) -> Callable[[], None]:

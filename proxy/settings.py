@@ -7,6 +7,7 @@ variables, then these defaults. What to route where lives in the policy file, no
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -156,4 +157,11 @@ def split_hostport(value: str) -> tuple[str, int]:
 
 
 def is_loopback(host: str) -> bool:
-    return host in {"localhost", "::1"} or host.startswith("127.")
+    """An address on this machine's loopback: `localhost`, or an IP literal in 127.0.0.0/8 or
+    ::1. A name that merely begins like one (`127.0.0.1.nip.io` resolves anywhere) is not."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

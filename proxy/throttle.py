@@ -1,13 +1,17 @@
-"""Failed authentication, throttled per source address (both listeners).
+"""Failed authentication, throttled per source address and per source network (both listeners).
 
 After `limit` failures within a minute a source gets 429 with Retry-After on every request that
 needs a credential, the right one included: answering a good guess would let guessing go on.
 Only presented credentials count (a missing header is no guess). Memory is bounded: the least
 recently seen sources are forgotten first. Each source is logged at most once a minute.
+
+A network (IPv4 /24, IPv6 /64) gets `NETWORK_FACTOR` times the limit over all its addresses:
+1,000 wrong keys spread over 125 addresses (8 each, under a limit of 10) were never throttled.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import time
@@ -19,6 +23,17 @@ from typing import Any
 log = logging.getLogger("specrouter.auth")
 
 WINDOW_S = 60.0
+NETWORK_FACTOR = 8  # a network's failures, over all its addresses: 8x one address's limit
+
+
+def network_of(source: str) -> str | None:
+    """The /24 (IPv4) or /64 (IPv6) around an address, as a key; None for no address."""
+    try:
+        addr = ipaddress.ip_address(source)
+    except ValueError:
+        return None
+    bits = 24 if addr.version == 4 else 64
+    return "net:" + str(ipaddress.ip_network(f"{addr}/{bits}", strict=False))
 
 
 @dataclass(slots=True)
@@ -42,13 +57,25 @@ class AuthThrottle:
 
     def retry_after(self, source: str) -> int | None:
         """Whole seconds until `source` may try again, or None when it may now."""
-        entry = self._sources.get(source)
-        if self.limit <= 0 or entry is None:
+        if self.limit <= 0:
             return None
+        waits = [
+            self._wait(key, limit) for key, limit in self._keys(source) if key in self._sources
+        ]
+        found = [w for w in waits if w is not None]
+        return max(found) if found else None
+
+    def _keys(self, source: str) -> list[tuple[str, int]]:
+        net = network_of(source)
+        own = [(source, self.limit)]
+        return own if net is None else [*own, (net, self.limit * NETWORK_FACTOR)]
+
+    def _wait(self, key: str, limit: int) -> int | None:
+        entry = self._sources[key]
         now = self._clock()
         while entry.failures and entry.failures[0] <= now - WINDOW_S:
             entry.failures.popleft()
-        if len(entry.failures) < self.limit:
+        if len(entry.failures) < limit:
             return None
         return max(1, math.ceil(entry.failures[0] + WINDOW_S - now))
 
@@ -56,11 +83,13 @@ class AuthThrottle:
         if self.limit <= 0:
             return
         now = self._clock()
-        entry = self._sources.pop(source, None) or _Source()
-        self._sources[source] = entry  # most recent last
-        entry.failures.append(now)
-        while len(entry.failures) > self.limit:
-            entry.failures.popleft()
+        for key, limit in self._keys(source):
+            counted = self._sources.pop(key, None) or _Source()
+            self._sources[key] = counted  # most recent last
+            counted.failures.append(now)
+            while len(counted.failures) > limit:
+                counted.failures.popleft()
+        entry = self._sources[source]
         while len(self._sources) > self.max_sources:
             self._sources.popitem(last=False)
         if now - entry.logged >= WINDOW_S:

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy import vllm_wire
 
@@ -158,7 +158,19 @@ class _Edge:
             ):
                 await json_response({"error": "Unauthorized"}, 401)(scope, receive, send)
                 return
+            rid = dict(scope["headers"]).get(b"x-request-id")
+            if rid is not None:  # as vLLM with --enable-request-id-headers (the deploy's flag)
+                send = _echoing(send, rid)
         await self.app(scope, receive, send)
+
+
+def _echoing(send: Send, rid: bytes) -> Send:
+    async def echo(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid)]}
+        await send(message)
+
+    return echo
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -184,3 +184,9 @@ def _normalise_url(value: str) -> str:
 def url_host(url: str) -> str:
     """The host of a checked engine URL, lower-case, without IPv6 brackets."""
     return urlsplit(url).hostname or ""
+
+
+def url_port(url: str) -> int:
+    """The port of a checked engine URL, its scheme's default when it names none."""
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)

@@ -8,7 +8,8 @@ operator file pass None, and then only the shape of names and URLs is checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
 
@@ -18,3 +19,6 @@ class ValidationContext:
     actions: frozenset[str] = frozenset()  # repair actions the operator defined
     secrets: frozenset[str] = frozenset()  # engine secrets the operator defined
     engine_hosts: frozenset[str] = LOOPBACK_HOSTS  # hosts an engine URL may name
+    # The engines off loopback ("host:port") each secret may be sent to, besides loopback
+    # ones. A policy edit names the secret; the operator says where it may go.
+    secret_engines: Mapping[str, frozenset[str]] = field(default_factory=dict)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from policies.spec.backends import url_host
-from policies.spec.context import ValidationContext
+from policies.spec.backends import url_host, url_port
+from policies.spec.context import LOOPBACK_HOSTS, ValidationContext
 from policies.spec.document import PolicyDocument
 from policies.spec.routes import RouteSpec
 from policies.spec.rules import ClientRule, GuardRule, HealthRule
@@ -132,6 +132,27 @@ def check_operator_names(doc: PolicyDocument, context: ValidationContext) -> lis
                 f"{where}.api_key: {backend.api_key!r} is not a secret the operator "
                 f"file defines ({_known(context.secrets)})"
             )
+        elif backend.api_key is not None:
+            errors += _secret_bound(where, backend.api_key, [u for _, u in urls], context)
+    return errors
+
+
+def _secret_bound(
+    where: str, secret: str, urls: list[str], context: ValidationContext
+) -> list[str]:
+    """A secret goes to loopback engines, and off loopback only to the engines the operator
+    bound it to (`engines`): a policy edit could otherwise send any secret to any engine on
+    the allowed hosts (one the editor runs there, say)."""
+    bound = context.secret_engines.get(secret, frozenset())
+    errors = []
+    for url in urls:
+        host, port = url_host(url), url_port(url)
+        if host in LOOPBACK_HOSTS or f"{host}:{port}" in bound or f"[{host}]:{port}" in bound:
+            continue
+        errors.append(
+            f"{where}.api_key: secret {secret!r} goes off loopback only to the engines the "
+            f"operator file binds it to (secrets.{secret}.engines), not {host}:{port}"
+        )
     return errors
 
 

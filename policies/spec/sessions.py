@@ -19,5 +19,6 @@ class SessionsSpec(StrictModel):
     table_size: Annotated[int, Field(ge=1, le=1_000_000)] = 10_000  # least recent dropped
     idle_s: Annotated[float, Field(gt=0)] = 1800.0  # a session this idle is placed anew
     # vLLM priority for subagents' requests on priority-scheduling engines (lower runs first);
-    # None: the client's own priority.
+    # None: the client's own priority. Never ahead of the client's own: a client names its
+    # requests a subagent's by a header, so this can only lower their priority.
     subagent_priority: int | None = None

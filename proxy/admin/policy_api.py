@@ -23,7 +23,7 @@ from starlette.routing import BaseRoute
 from policies.engine import decide
 from policies.explain import session_from_row
 from policies.inputs import live_state_from_json, request_view
-from policies.loading import dump_yaml
+from policies.loading import TOO_DEEP, dump_yaml
 from policies.schema import PolicyError
 from policies.sessions import SessionId, session_of
 from policies.types import RuleVerdict, SessionView
@@ -44,6 +44,8 @@ from proxy.admin.policy_store import Applied, PolicyStore, StaleVersion
 from proxy.gateway import Gateway
 
 # The audit's "who" is the name of the admin token used; a header only adds a note.
+# The largest explain body: a request, a state and a session row fit in far less.
+EXPLAIN_MAX_BYTES = 1 << 20
 _NOTE = Header(
     None,
     alias="x-specrouter-note",
@@ -118,24 +120,37 @@ def _document(text: bytes) -> bytes:
     except orjson.JSONDecodeError:
         return text  # validation says what is wrong with it
     if isinstance(data, dict) and data.keys() == {"version", "document"}:
-        return dump_yaml(data["document"]).encode()
+        try:
+            return dump_yaml(data["document"]).encode()
+        except RecursionError:
+            raise PolicyError([TOO_DEEP]) from None
     return text
+
+
+async def _read_bounded(request: Request, limit: int) -> bytes | None:
+    """The body, read no further than `limit` bytes; None past it."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
 
 
 async def _read_document(request: Request, store: PolicyStore) -> bytes:
     """The body of a PUT or validate, read no further than the document limit (422 past it),
     then turned into the document off the event loop."""
     limit = store.limits.max_bytes
-    too_big = PolicyError([f"the document is more than the limit of {limit} bytes"])
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _invalid(too_big)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _invalid(too_big)
-    return await asyncio.to_thread(_document, bytes(body))
+    body = await _read_bounded(request, limit)
+    if body is None:
+        raise _invalid(PolicyError([f"the document is more than the limit of {limit} bytes"]))
+    try:
+        return await asyncio.to_thread(_document, body)
+    except PolicyError as exc:
+        raise _invalid(exc) from None
 
 
 def _applied(applied: Applied, response: Response) -> AppliedOut:
@@ -214,8 +229,14 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
         openapi_extra=_body(ExplainIn),
     )
     async def explain(request: Request) -> ExplainOut:
+        # Bounded as a policy document is, and parsed off the loop (50 MB once stalled it).
+        raw = await _read_bounded(request, EXPLAIN_MAX_BYTES)
+        if raw is None:
+            raise AdminError(
+                413, f"cannot explain: the body is more than {EXPLAIN_MAX_BYTES} bytes"
+            )
         try:
-            data = ExplainIn.model_validate_json(await request.body())
+            data = await asyncio.to_thread(ExplainIn.model_validate_json, raw)
             body = data.request
             state = (
                 live_state_from_json(data.state) if data.state is not None else gw.live.snapshot()

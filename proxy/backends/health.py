@@ -24,6 +24,7 @@ from policies.capabilities import EngineKind, LlamaCppFamily
 from policies.guard import advance
 from policies.types import GuardState
 from proxy.backends.repair import Repairer
+from proxy.bounds import metric_value, token_count
 from proxy.gateway import Gateway
 from proxy.observe.events import EventKind
 from proxy.observe.metrics import BackendCollector
@@ -91,16 +92,26 @@ def parse_metrics(text: str, t: float, kind: EngineKind) -> Scrape:
         if key is None and family.name != per_pos:
             continue
         for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
+            value = metric_value(sample.value)
+            if sample.name.endswith("_created") or value is None:
+                continue  # NaN, an infinity, a negative or absurd count: not read
             if counted is not None and not sample.name.endswith("_count"):
                 continue
             if key is None:
-                pos = int(sample.labels.get("position", "0"))
-                out.accepted_per_pos[pos] = out.accepted_per_pos.get(pos, 0.0) + sample.value
+                pos = token_count(_int(sample.labels.get("position", "0")))
+                if pos is None or pos > 1024:
+                    continue
+                out.accepted_per_pos[pos] = out.accepted_per_pos.get(pos, 0.0) + value
             else:
-                out.values[key] = out.values.get(key, 0.0) + sample.value
+                out.values[key] = out.values.get(key, 0.0) + value
     return out
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
 
 
 @dataclass(slots=True)
@@ -229,6 +240,9 @@ class HealthMonitor:
                 live.starting_until.setdefault(name, now + backend.startup_s)
         names = list(policy.document.backends)
         await asyncio.gather(*(self.check(name) for name in names), return_exceptions=True)
+        live.retain(set(names))
+        for name in [n for n in self.windows if n not in policy.document.backends]:
+            del self.windows[name]
         self.after_scrape()
         self.log_transitions(names)
         now = time.monotonic()

@@ -105,6 +105,17 @@ class LiveTracker:
         b.running, b.waiting, b.kv_usage, b.acceptance = running, waiting, kv_usage, acceptance
         self._snapshot = None
 
+    def retain(self, names: set[str]) -> None:
+        """Forget backends the policy no longer names (once nothing is in flight on them):
+        a removed backend left in /admin/status and the dashboard for good."""
+        gone = [n for n, b in self.backends.items() if n not in names and b.in_flight <= 0]
+        for name in gone:
+            del self.backends[name]
+            self.starting_until.pop(name, None)
+        if gone:
+            self.guards = {n: g for n, g in self.guards.items() if n in names}
+            self._snapshot = None
+
     def set_guards(self, guards: dict[str, GuardState]) -> None:
         self.guards = guards
         self._snapshot = None

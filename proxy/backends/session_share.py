@@ -30,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
+import re
 import secrets
 import time
 import uuid
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from proxy.backends.session_table import SessionTable, SharedRow
+from proxy.bounds import token_count
 from proxy.observe.metrics import GatewayMetrics
 from proxy.settings import Settings
 
@@ -236,8 +239,8 @@ class SessionShare:
             )
             if not found:
                 break
-            keys = [k.decode() if isinstance(k, bytes) else str(k) for k, _ in found]
-            values = await self._redis.mget([self._rows_key + k for k in keys])
+            keys = [k for k in (_member_key(m) for m, _ in found) if k is not None]
+            values = await self._redis.mget([self._rows_key + k for k in keys]) if keys else []
             offset = time.time() - time.perf_counter()
             for key, value in zip(keys, values, strict=True):
                 if value is not None:
@@ -255,12 +258,48 @@ class SessionShare:
     def _merge(self, key: str, value: bytes, offset: float) -> int:
         try:
             replica, engine, seen, prefix, turns, out = orjson.loads(value)
-            if replica == self.replica:
-                return 0
-            shared = SharedRow(str(engine), float(seen) - offset, int(prefix), int(turns), int(out))
         except (orjson.JSONDecodeError, TypeError, ValueError):
             return 0  # not a row this version wrote: ignored, it expires
+        if replica == self.replica:
+            return 0
+        shared = _row(engine, seen, prefix, turns, out, offset)
+        if shared is None:
+            self._rows.labels("refused").inc()
+            return 0
         if not self.table.merge(key, shared):
             return 0
         self._rows.labels("merged").inc()
         return 1
+
+
+_KEY = re.compile(r"s-[0-9a-f]{32}")  # policies/sessions.py's keys: nothing else is a member
+
+
+def _member_key(member: object) -> str | None:
+    """An index member as a session key; None for anything this version did not write (a
+    non-UTF-8 member once stopped every pull)."""
+    if isinstance(member, bytes):
+        try:
+            member = member.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    return member if isinstance(member, str) and _KEY.fullmatch(member) else None
+
+
+def _row(
+    engine: object, seen: object, prefix: object, turns: object, out: object, offset: float
+) -> SharedRow | None:
+    """A row's fields as counts and a time, or None: `turns` 10^30 once reached the table,
+    made the dashboard 500 and a flush drop every key queued with it."""
+    counts = [token_count(v) for v in (prefix, turns, out)]
+    if (
+        not isinstance(engine, str)
+        or not 0 < len(engine) <= 128
+        or isinstance(seen, bool)
+        or not isinstance(seen, int | float)
+        or not math.isfinite(seen)
+        or None in counts
+    ):
+        return None
+    p, t, o = (c for c in counts if c is not None)
+    return SharedRow(engine, float(seen) - offset, p, t, o)

@@ -1,7 +1,9 @@
 """The session table: session key -> the engine holding its prefix, last seen, tokens held.
 
-Local and bounded (the policy's `sessions.table_size`, least recently seen dropped first), owned
-by the event loop: a lookup is one dict get. Per replica: with `--redis-url` the sharing task
+Local and bounded (the policy's `sessions.table_size`): past it, the least recently seen row of
+the client holding the most rows goes, so one client's many sessions (12,000 ids, say) evict
+its own rows, never another client's live ones (rows merged from other replicas count as one
+client, ""). Owned by the event loop: a lookup is one dict get. Per replica: with `--redis-url` the sharing task
 (proxy/backends/session_share.py) hears of each local change through `on_change` and `merge`s
 other replicas' newer rows; the request path never waits on it.
 
@@ -54,6 +56,8 @@ class SessionTable:
     def __init__(self, size: int = 10_000, idle_s: float = 1800.0) -> None:
         self.size, self.idle_s = size, idle_s
         self._rows: OrderedDict[str, SessionEntry] = OrderedDict()
+        # The same keys by client, least recently seen first: what eviction takes from.
+        self._by_client: dict[str, OrderedDict[str, None]] = {}
         self._turns = 0  # over the rows: the mean turns per session is _turns / len
         # A local change to a row (not a merge): the sharing task queues the key.
         self.on_change: Callable[[str], None] | None = None
@@ -94,12 +98,13 @@ class SessionTable:
             row = self._rows[sid.key] = SessionEntry(
                 engine, now, client, sid.agent, sid.source, sid.subagent
             )
+            self._by_client.setdefault(client, OrderedDict())[sid.key] = None
             self._evict()
         elif row.engine != engine:
             row.engine, row.prefix_tokens = engine, 0  # the new engine holds none of it
             row.moves += 1
         row.last_seen = now
-        self._rows.move_to_end(sid.key)
+        self._touch(sid.key, row)
         if self.on_change is not None:
             self.on_change(sid.key)
 
@@ -141,6 +146,7 @@ class SessionTable:
             return False
         if row is None:
             row = self._rows[key] = SessionEntry(shared.engine, shared.last_seen)
+            self._by_client.setdefault(row.client, OrderedDict())[key] = None
         elif row.engine != shared.engine:
             row.moves += 1
         self._turns += shared.turns - row.turns
@@ -150,7 +156,7 @@ class SessionTable:
             shared.turns,
             shared.tokens_out,
         )
-        self._rows.move_to_end(key)
+        self._touch(key, row)
         self._evict()
         return True
 
@@ -161,7 +167,18 @@ class SessionTable:
                 return
             yield key, self._rows[key]
 
+    def _touch(self, key: str, row: SessionEntry) -> None:
+        self._rows.move_to_end(key)
+        mine = self._by_client.get(row.client)
+        if mine is not None and key in mine:
+            mine.move_to_end(key)
+
     def _evict(self) -> None:
         while len(self._rows) > self.size:
-            _, dropped = self._rows.popitem(last=False)
+            # The client holding the most rows (clients are few: the policy's, plus "").
+            client, mine = max(self._by_client.items(), key=lambda kv: len(kv[1]))
+            key, _ = mine.popitem(last=False)
+            if not mine:
+                del self._by_client[client]
+            dropped = self._rows.pop(key)
             self._turns -= dropped.turns

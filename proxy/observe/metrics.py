@@ -182,10 +182,9 @@ class GatewayMetrics:
         )
         self.acceptance = FastHistogram(
             "specrouter_request_acceptance_length",
-            "Tokens per target step, per request. source: engine "
-            "(its per-request report, exact), chunks (the "
-            "gateway's count per decode chunk), average ((output "
-            "tokens - 1) / (token events - 1)).",
+            "Tokens per target step, per request: (output tokens - 1) / decode steps. "
+            "source: engine (its report, the chunk count as a floor), chunks (one step "
+            "per decode chunk), average (one step per token event after the first).",
             rbs,
             ACCEPTANCE_BUCKETS,
         )
@@ -224,13 +223,13 @@ class GatewayMetrics:
         )
         self.spec_steps = Counter(
             "specrouter_spec_steps_total",
-            "Target steps of requests with acceptance measured (source as for acceptance).",
+            "Decode steps of requests with tokens per step measured (source as for acceptance).",
             rbs,
             registry=r,
         )
         self.spec_accepted = Counter(
             "specrouter_spec_accepted_tokens_total",
-            "Accepted draft tokens of those requests (bonus excluded).",
+            "Accepted draft tokens that reached the answer: output tokens - 1 - decode steps.",
             rbs,
             registry=r,
         )
@@ -301,7 +300,7 @@ class GatewayMetrics:
         self.session_share = Counter(
             "specrouter_session_share_rows_total",
             "Session rows sent to Redis, merged from other replicas, or dropped from a full queue.",
-            ("result",),  # sent, merged, dropped
+            ("result",),  # sent, merged, dropped, refused (a row not a count: issue 31)
             registry=r,
         )
         # --redis-url: the client limits shared by replicas (proxy/relay/limits.py)

@@ -267,6 +267,18 @@ class PublicApp:
         if problem is not None:
             await x.error(400, problem[0], param=problem[1], headers=rid)
             return False
+        previous = body.get("previous_response_id") if x.endpoint == "responses" else None
+        if isinstance(previous, str) and self.gw.response_owners.owner(previous) not in (
+            None,
+            x.client.name,
+        ):  # another client's conversation: answered as vLLM answers an unknown id
+            await x.error(
+                404,
+                f"Response with id '{previous[:128]}' not found.",
+                param="previous_response_id",
+                headers=rid,
+            )
+            return False
         x.body, x.model, x.encoded = body, body["model"], encoded
         return True
 

@@ -12,8 +12,12 @@ no byte of an answer had come (an engine closing an idle connection does not rea
 arrives on it), the same rule as the retries before the first byte.
 
 What an engine sends is bounded and checked: a response head past `max_head_bytes` fails the
-response; bytes after a response, or on an idle connection, close the connection (its framing
-is lost: they would otherwise be read as the next request's answer); and an answer whose
+response (counted per read and per head, so one read holding a whole large head is caught);
+bytes after a response, or on an idle connection, close the connection (its framing is lost:
+they would otherwise be read as the next request's answer) and stop reuse of that engine's
+connections; a connection is reused only after an answer that echoed the request's id (vLLM's
+`--enable-request-id-headers`; without it a late answer on a reused connection cannot be told
+from the next request's); and an answer whose
 echoed `x-request-id` (vLLM's `--enable-request-id-headers`) is not the request's is dropped,
 and the request sent again on a fresh connection when it came on a reused one.
 """
@@ -28,7 +32,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from proxy.relay.upstream import UpstreamError, describe, echo_mismatch
+from proxy.relay.upstream import UpstreamError, describe, echo_mismatch, head_size
 
 Key = tuple[str, str, int]  # scheme, host, port
 
@@ -49,8 +53,9 @@ class EngineConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.stream is not None:
             self.stream.feed(data)
-        else:
-            self.close()  # bytes nobody asked for: this connection's framing is lost
+        else:  # bytes nobody asked for: this connection's framing is lost
+            self.pool.distrust(self.key)
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.pool.discard(self)
@@ -92,6 +97,7 @@ class EngineStream:
         self._complete = False
         self._keep_alive = False
         self.max_head = conn.pool.max_head_bytes
+        self.request_id: str | None = None  # the id sent, which the engine should echo
 
     # from the connection
     def feed(self, data: bytes) -> None:
@@ -104,6 +110,11 @@ class EngineStream:
             parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self.abort(UpstreamError("connect", "engine answered with an upgrade"))
+        except httptools.HttpParserCallbackError as exc:
+            if "head larger than" in str(exc):
+                self.abort(UpstreamError("protocol", str(exc)))
+            else:
+                self.abort(UpstreamError("connect", f"engine sent invalid HTTP: {exc}"))
         except httptools.HttpParserError as exc:
             self.abort(UpstreamError("connect", f"engine sent invalid HTTP: {exc}"))
         else:
@@ -124,6 +135,8 @@ class EngineStream:
     # httptools callbacks
     def on_message_begin(self) -> None:
         if self._complete:  # a second answer to one request: stop; the connection is not reused
+            if self._conn is not None:
+                self._conn.pool.distrust(self._conn.key)
             raise ValueError("engine sent bytes after the response")
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -135,6 +148,9 @@ class EngineStream:
         self.headers = {
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.raw_headers
         }
+        if head_size(self.raw_headers) > self.max_head:
+            # A whole head in one read is never seen by `feed`'s check: its size is its own.
+            raise ValueError(f"engine response head larger than {self.max_head} bytes")
         if not self.head.done():
             self.head.set_result(None)
 
@@ -151,10 +167,15 @@ class EngineStream:
     def on_message_complete(self) -> None:
         self._complete = True
         assert self._parser is not None
-        self._keep_alive = self._parser.should_keep_alive()  # only valid in this callback
+        # Only valid in this callback. An answer without the request's id echoed cannot be told
+        # apart from a late one on a reused connection: its connection is not reused.
+        self._keep_alive = self._parser.should_keep_alive() and self._echoed()
         for fut in (self.head, self.first, self.done):
             if not fut.done():
                 fut.set_result(None)
+
+    def _echoed(self) -> bool:
+        return self.request_id is None or self.headers.get("x-request-id") == self.request_id
 
     # control
     def _fail(self, exc: Exception) -> None:
@@ -249,6 +270,9 @@ class EnginePool:
         self.max_idle_s = max_idle_s
         self.max_idle_per_engine = max_idle_per_engine
         self._idle: dict[Key, list[EngineConnection]] = {}
+        # Engines that sent an answer nobody asked for: without an x-request-id echo, a late
+        # one could be read as the next request's answer, so their connections are not reused.
+        self._distrusted: set[Key] = set()
         self._sweep: asyncio.TimerHandle | None = None
 
     def take(self, key: Key, now: float) -> EngineConnection | None:
@@ -262,7 +286,7 @@ class EnginePool:
 
     def put(self, conn: EngineConnection) -> None:
         idle = self._idle.setdefault(conn.key, [])
-        if not conn.usable or len(idle) >= self.max_idle_per_engine:
+        if not conn.usable or len(idle) >= self.max_idle_per_engine or conn.key in self._distrusted:
             conn.close()
             return
         loop = asyncio.get_running_loop()
@@ -281,6 +305,14 @@ class EnginePool:
                 idle.pop(0).close()
         if any(self._idle.values()):
             self._sweep = loop.call_later(self.max_idle_s / 2, self._expire)
+
+    def distrust(self, key: Key) -> None:
+        """No connection to this engine is kept for reuse from now on (bounded: one entry per
+        engine address the policy names)."""
+        if len(self._distrusted) < 4096:
+            self._distrusted.add(key)
+        for conn in self._idle.pop(key, []):
+            conn.close()
 
     def discard(self, conn: EngineConnection) -> None:
         idle = self._idle.get(conn.key)
@@ -306,9 +338,15 @@ class EnginePool:
 
 
 async def open_engine_stream(
-    pool: EnginePool, url: str, payload: bytes, headers: dict[str, str], connect_timeout: float
+    pool: EnginePool,
+    url: str,
+    payload: bytes,
+    headers: dict[str, str],
+    connect_timeout: float,
+    sent: list[bool] | None = None,
 ) -> EngineStream:
-    """Send the request (on a kept-alive connection when one is idle); wait for the head."""
+    """Send the request (on a kept-alive connection when one is idle); wait for the head.
+    `sent` gets True once the request is written: from then on the engine has it."""
     parts = urlsplit(url)
     scheme = parts.scheme or "http"
     host = parts.hostname or "127.0.0.1"
@@ -329,9 +367,12 @@ async def open_engine_stream(
         if conn is None:
             conn = await _connect(pool, key, connect_timeout)
         stream = EngineStream(loop, conn)
+        stream.request_id = headers.get("x-request-id")
         conn.stream = stream
         assert conn.transport is not None
         conn.transport.write(request)
+        if sent is not None:
+            sent.append(True)
         try:
             await stream.head
         except UpstreamError:

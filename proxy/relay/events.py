@@ -95,6 +95,8 @@ class ResponsesReader:
     def final(self, resp: dict[str, Any]) -> None:
         """The final response object (also a non-streaming body)."""
         m = self.m
+        if isinstance(resp.get("id"), str):
+            m.response_id = resp["id"]
         usage = resp.get("usage")
         if isinstance(usage, dict):
             m.record_usage(usage)

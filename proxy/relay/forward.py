@@ -22,7 +22,7 @@ from proxy.relay.lease import Lease
 from proxy.relay.measure import StreamFilter, withhold_estimate
 from proxy.relay.rewrite import plan_usage, upstream_body
 from proxy.relay.turnstate import HEADER as TURN_STATE
-from proxy.relay.upstream import RESPONSE_ALLOW, UpstreamError, not_an_answer
+from proxy.relay.upstream import RESPONSE_ALLOW, UpstreamError, not_an_answer, not_json
 
 if TYPE_CHECKING:
     from policies.schema import BackendSpec
@@ -37,7 +37,8 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/messages": "messages",
     "/v1/messages/count_tokens": "messages",
 }
-_FORWARD_HEADERS = (b"x-session-id", b"x-data-parallel-rank", b"traceparent", b"tracestate")
+# Not x-session-id: the client's raw id never goes upstream, only the gateway's scoped one.
+_FORWARD_HEADERS = (b"x-data-parallel-rank", b"traceparent", b"tracestate")
 
 
 async def forward(x: Exchange[R]) -> None:
@@ -189,7 +190,7 @@ async def open_engine(
         m = record.m
         m.t_engine, m.t_headers = time.perf_counter(), None
     resp, first = await x.relay.open(x, base + x.path, payload, up_headers, check_status)
-    refused = not_an_answer(resp.status, resp.headers)
+    refused = not_an_answer(resp.status, resp.headers) or not_json(resp.status, resp.headers, first)
     if refused is not None:  # before the first byte went out: another engine may answer
         resp.close()
         raise refused

@@ -65,17 +65,34 @@ class MemoryLimits:
 
 
 # One round trip, atomic across replicas; Redis's clock, so replicas need not agree on time.
-_ENTER = """
+# A count is read by `num`: a key that holds anything but a number in +-1e15 (an integer for
+# the open count: INCR takes no other), a string written by hand or another type, is deleted
+# and read as absent; it once raised out of the script, a 500
+# for every limited client on every replica.
+_NUM = """
+local function num(key, absent, whole)
+  local n = tonumber(redis.pcall('GET', key))
+  if n == nil or n ~= n or n > 1e15 or n < -1e15 or (whole and n ~= math.floor(n)) then
+    redis.call('DEL', key)
+    return absent
+  end
+  return n
+end
+"""
+_ENTER = (
+    _NUM
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local max_open = tonumber(ARGV[1])
 local interval = tonumber(ARGV[2])
 local burst = tonumber(ARGV[3])
-if max_open > 0 and tonumber(redis.call('GET', KEYS[2]) or '0') >= max_open then
+local open = num(KEYS[2], 0, true)
+if max_open > 0 and open >= max_open then
   return 1000
 end
 if interval > 0 then
-  local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+  local tat = num(KEYS[1], now)
   if tat < now then tat = now end
   tat = tat + interval
   if tat - now > burst then return tat - now - burst end
@@ -85,10 +102,14 @@ redis.call('INCR', KEYS[2])
 redis.call('PEXPIRE', KEYS[2], 3600000)
 return -1
 """
-_LEAVE = """
-if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
+)
+_LEAVE = (
+    _NUM
+    + """
+if num(KEYS[1], 0, true) > 0 then redis.call('DECR', KEYS[1]) end
 return 0
 """
+)
 
 
 class RedisLimits:

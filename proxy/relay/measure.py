@@ -66,6 +66,7 @@ class Measurement:
     t_end: float | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    response_id: str | None = None  # a Responses answer's id (proxy/backends/response_owners.py)
     completion_tokens: int = 0
     chunks: int = 0  # choice frames seen
     delta_events: int = 0  # token-carrying events of a stream without per-event usage
@@ -207,6 +208,8 @@ class Measurement:
 
     def record_tokens(self, total: int, now: float) -> None:
         """A choice frame reported `total` completion tokens so far."""
+        if token_count(total) is None:
+            return
         delta = total - self.completion_tokens
         if delta <= 0:
             return
@@ -263,6 +266,8 @@ class Measurement:
                 details.get("reason") if isinstance(details, dict) else obj.get("status")
             )
         self.finish_reason = reason if isinstance(reason, str) else None
+        if obj.get("object") == "response" and isinstance(obj.get("id"), str):
+            self.response_id = obj["id"]
         self._record_metrics(obj)
         if isinstance(obj.get("error"), dict):
             self.error = str(obj["error"].get("message"))

@@ -65,10 +65,11 @@ async def _open_stream(
     gw = x.gw
     settings = gw.settings
     stream: EngineStream | None = None
+    sent: list[bool] = []
     try:
         async with asyncio.timeout(settings.first_byte_timeout_s):
             stream = await open_engine_stream(
-                gw.conns, url, payload, headers, settings.connect_timeout_s
+                gw.conns, url, payload, headers, settings.connect_timeout_s, sent
             )
             x.record.m.t_headers = time.perf_counter()
             try:
@@ -81,11 +82,12 @@ async def _open_stream(
                 stream.close()
                 raise
     except TimeoutError as exc:
-        # After the engine's headers the request is the engine's: it is not sent again.
+        # Once written, the request is the engine's (it may be generating without having sent
+        # its head yet): it is not sent again, to this variant or another.
         raise UpstreamError(
             "timeout",
             f"no first byte in {settings.first_byte_timeout_s:g}s",
-            accepted=stream is not None,
+            accepted=stream is not None or bool(sent),
         ) from exc
 
 

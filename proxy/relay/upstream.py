@@ -7,6 +7,8 @@ relayed chunk and collapses past ~64 concurrent streams (see loadtests/bench/ove
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -72,7 +74,13 @@ def describe(exc: BaseException) -> str:
     backend (the relay adds its name), never its host, port or URL."""
     os_error = getattr(exc, "os_error", None)  # aiohttp's connector errors wrap the OSError
     cause = os_error if isinstance(os_error, OSError) else exc
-    reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else ""
+    # The errno's own text: asyncio's strerror ("Connect call failed ('10.0.0.7', 8000)") and
+    # a resolver's carry the address.
+    reason = ""
+    if isinstance(cause, ssl.SSLError):  # its errno is the TLS library's, its reason a code
+        reason = str(cause.reason or "")
+    elif isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0:
+        reason = os.strerror(cause.errno)
     return f"{type(exc).__name__}: {reason}" if reason else type(exc).__name__
 
 
@@ -91,6 +99,18 @@ def not_an_answer(status: int, headers: Mapping[str, str]) -> UpstreamError | No
     if status != 200 or media in SUCCESS_TYPES:
         return None
     return UpstreamError("protocol", f"engine answered 200 with content-type {media[:64]!r}")
+
+
+def not_json(status: int, headers: Mapping[str, str], first: bytes) -> UpstreamError | None:
+    """A 200 that says JSON but whose body does not begin as a JSON object or array (an HTML
+    page or a bare word): the error to refuse it with, before its first byte goes out."""
+    media = headers.get("content-type", "").partition(";")[0].strip().lower()
+    if status != 200 or media != "application/json" or "content-encoding" in headers:
+        return None
+    start = first.lstrip(b" \t\r\n")[:1]
+    if start in (b"{", b"[") or not start:
+        return None
+    return UpstreamError("protocol", "engine answered 200 with a body that is not JSON")
 
 
 def head_size(raw_headers: Sequence[tuple[bytes, bytes]]) -> int:
@@ -211,7 +231,11 @@ class Upstream:
                     url, data=body, headers=headers, allow_redirects=False
                 )
         except TimeoutError as exc:
-            raise UpstreamError("timeout", f"no response in {self._first_byte_timeout:g}s") from exc
+            # aiohttp's own connect timeout (shorter) reports a connection that never opened;
+            # this one fires with the request sent: the engine has it, it is not sent again.
+            raise UpstreamError(
+                "timeout", f"no response in {self._first_byte_timeout:g}s", accepted=True
+            ) from exc
         except (aiohttp.ClientError, OSError) as exc:
             raise UpstreamError("connect", describe(exc)) from exc
         # aiohttp bounds each header line (8 KiB), not their sum.

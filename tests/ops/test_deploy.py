@@ -194,7 +194,12 @@ def test_the_pair_renders_on_two_gb10s(tmp_path: Path) -> None:
     from policies.spec.context import ValidationContext
 
     hosts = frozenset({"127.0.0.1", "gb10-b"})
-    context = ValidationContext(secrets=frozenset({"coder-key"}), engine_hosts=hosts)
+    # The engine on the other machine gets the secret only where the operator binds it.
+    context = ValidationContext(
+        secrets=frozenset({"coder-key"}),
+        engine_hosts=hosts,
+        secret_engines={"coder-key": frozenset({"gb10-b:8003"})},
+    )
     load_policy(policy, context=context)
 
 

@@ -902,10 +902,12 @@ def test_a_responses_stream_without_its_terminal_event_ends_with_an_error_event(
 
 
 @E2E
-def test_a_non_json_200_body_is_relayed_as_it_came(client: httpx.Client) -> None:
+def test_a_200_that_says_json_but_is_not_is_a_bad_gateway(client: httpx.Client) -> None:
+    """Relayed as it came once, a 200 the client's SDK could not parse (issue 31)."""
     status, headers, body, error = _post(client, "non_json_200", stream=False)
-    assert (status, error) == (200, None)
-    assert body == b"<html><body>upstream proxy says hi</body></html>\xff"
+    assert (status, error) == (502, None)
+    assert "not JSON" in _openai_error(502, body)["message"]
+    assert b"upstream proxy says hi" not in body
 
 
 @E2E

@@ -193,3 +193,25 @@ def test_readyz_says_ready_and_names_no_route(gw: GatewayServer) -> None:
         assert c.get("/admin/readyz").status_code == 401
         detail = c.get("/admin/readyz", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
     assert detail.json() == {"ready": True, "draining": False, "routes": {"coder": True}}
+
+
+def test_wrong_keys_spread_over_many_addresses_are_throttled_per_network(
+    gw: GatewayServer,
+) -> None:
+    """The finding: 1,000 wrong keys over 125 addresses, 8 each, under a per-address limit of
+    10, were never throttled. A network (/24) takes 8x the limit over all its addresses."""
+    wrong = {"authorization": "Bearer sk-wrong"}
+    statuses = []
+    for i in range(1, 126):  # one wrong key each from 125 addresses of 127.0.7.0/24
+        with _client(gw, f"127.0.7.{i}", gw.base) as c:
+            statuses.append(c.get("/v1/models", headers=wrong).status_code)
+    assert statuses[: LIMIT * 8] == [401] * (LIMIT * 8)
+    assert set(statuses[LIMIT * 8 :]) == {429}, statuses
+    with _client(gw, "127.0.7.200", gw.base) as c:  # a fresh address of that network
+        r = c.get("/v1/models", headers={"authorization": f"Bearer {CLIENT_KEY}"})
+        assert r.status_code == 429 and r.json()["error"]["type"] == "RateLimitError"
+    with _client(gw, "127.0.8.1", gw.base) as c:  # another network: served
+        assert (
+            c.get("/v1/models", headers={"authorization": f"Bearer {CLIENT_KEY}"}).status_code
+            == 200
+        )

@@ -27,8 +27,10 @@ from loadtests.harness.gateway import (
 from loadtests.harness.procfs import fd_count
 from loadtests.harness.rawhttp import Address, Conn, Reply
 from loadtests.harness.sim import SimServer
+from proxy.auth import hash_key
 
 CHAT = "/v1/chat/completions"
+UNICODE_KEY = "sk-ключ-ü-1"  # a key a client sends as UTF-8 (issue 31)
 HELLO = [{"role": "user", "content": "hello"}]
 ENV = {
     "SPECROUTER_KEEP_ALIVE_UNAUTHENTICATED_S": "1",
@@ -51,7 +53,8 @@ def stack(certs) -> Iterator[Stack]:
     os.environ.update(ENV)  # inherited by the gateway
     try:
         with SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.02) as sim:
-            policy = coder_policy({"a": sim.url})
+            unicode_client = {"name": "unicode", "key_sha256": hash_key(UNICODE_KEY)}
+            policy = coder_policy({"a": sim.url}, extra_clients=[unicode_client])
             policy["routes"]["coder"]["clamps"] = {"max_tokens": {"max": 256}}
             with GatewayServer(policy, certs=certs) as gw:
                 target = Address.of(gw.base, certs.ca_cert)
@@ -145,6 +148,36 @@ def _deep(levels: int) -> bytes:
 
 
 CHAT_BODY = {"model": "coder", "messages": HELLO, "max_tokens": 8}
+
+
+def _utf8_key(key: str) -> Callable[[Address], bytes]:
+    body = orjson.dumps(CHAT_BODY)
+    return _head(
+        [
+            "POST /v1/chat/completions HTTP/1.1",
+            "host: {host}",
+            "content-type: application/json",
+            f"content-length: {len(body)}",
+            f"authorization: Bearer {key}",  # sent as UTF-8 (`_head` encodes so)
+        ],
+        body,
+    )
+
+
+def _te_and_length(path: str) -> Callable[[Address], bytes]:
+    """Both framings at once: the parser itself refuses it, below the app."""
+    return _head(
+        [
+            f"POST {path} HTTP/1.1",
+            "host: {host}",
+            f"authorization: Bearer {CLIENT_KEY}",
+            "transfer-encoding: chunked",
+            "content-length: 7",
+        ],
+        b"2\r\n{}\r\n0\r\n\r\n",
+    )
+
+
 # name: (the request, its status, a piece of its body or None)
 ATTACKS: dict[str, tuple[Callable[[Address], bytes], int, str | None]] = {
     "n-unbounded": (_post({**CHAT_BODY, "n": 1_000_000}), 400, '"param":"n"'),
@@ -210,6 +243,31 @@ ATTACKS: dict[str, tuple[Callable[[Address], bytes], int, str | None]] = {
     ),
     "encoded-slash": (_post(CHAT_BODY, path="/v1/chat%2Fcompletions"), 404, "encoded slash"),
     "encoded-slash-lower": (_post(CHAT_BODY, path="/v1%2fchat/completions"), 404, "encoded slash"),
+    # issue 31 (Low: input and HTTP)
+    "percent-encoded-path": (
+        _post(CHAT_BODY, path="/%76%31/chat/completions"),
+        404,
+        "percent-encoded path",
+    ),
+    # A reserved character's escape is still routed (and decoded): only needless ones go.
+    "percent-encoded-reserved": (
+        _head(
+            [
+                "GET /v1/models/coder%3Ax HTTP/1.1",
+                "host: {host}",
+                f"authorization: Bearer {CLIENT_KEY}",
+            ]
+        ),
+        404,
+        "coder:x",
+    ),
+    "non-ascii-key": (_utf8_key(UNICODE_KEY), 200, None),
+    "bad-transfer-encoding": (_te_and_length(CHAT), 400, '"error":{"message":"invalid HTTP'),
+    "bad-transfer-encoding-messages": (
+        _te_and_length("/v1/messages"),
+        400,
+        '{"type":"error","error":{"type":"invalid_request_error"',
+    ),
 }
 
 
@@ -304,3 +362,31 @@ def test_idle_keep_alive_is_short_until_authenticated(stack: Stack) -> None:
 
     assert asyncio.run(idle_after(None)) is False
     assert asyncio.run(idle_after(CLIENT_KEY)) is True
+
+
+def test_a_pipelined_head_in_the_same_read_is_held_to_the_limit(stack: Stack) -> None:
+    """The second request's 100 KB head arrives with the first request, in one write: it is
+    refused (431) as it is when it arrives alone (the limit is 64 KiB)."""
+    first = stack.target.request(CHAT, orjson.dumps(CHAT_BODY), OTHER_KEY)
+    pad = tuple((f"x-pad-{i}", "p" * 4000) for i in range(25))
+    second = stack.target.request(CHAT, orjson.dumps(CHAT_BODY), OTHER_KEY, headers=pad)
+
+    async def go() -> bytes:
+        conn = await Conn.open(stack.target)
+        try:
+            conn.writer.write(first + second)
+            got = b""
+            async with asyncio.timeout(20):
+                while chunk := await conn.reader.read(65536):
+                    got += chunk
+            return got
+        finally:
+            await conn.close()
+
+    version = _version(stack.gw)
+    got = asyncio.run(go())
+    # The connection ends with the refusal (the first request's answer, not yet written
+    # when the read is parsed, goes with it, as with any malformed pipelined request).
+    assert b"HTTP/1.1 431" in got and b"request headers larger than" in got, got[-300:]
+    assert got.count(b"HTTP/1.1 200") <= 1
+    _nothing_else_changed(stack, version)

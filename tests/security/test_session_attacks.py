@@ -1,0 +1,175 @@
+"""One client against another's sessions and conversations (issue 31, Low: sessions), replayed
+against the real gateway with a recording engine on loopback: what a client may claim about
+itself (a subagent's priority), how much of the shared session table it may hold, what of its
+session header goes upstream, and whose stored response it may continue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from loadtests.harness.gateway import (
+    ADMIN_TOKEN,
+    CLIENT_KEY,
+    OTHER_KEY,
+    GatewayServer,
+    coder_policy,
+)
+from proxy.certs import CertFiles
+
+CHAT = b'{"id":"cmpl-1","object":"chat.completion","model":"qwen3.8-27b","choices":[]}'
+EMBED = b'{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}]}'
+TABLE_SIZE = 20
+
+
+class Engine:
+    """Records each POST (path, headers, body); answers chat, embeddings and Responses (a new
+    `resp_N` id each time, as vLLM's store would)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.url = ""
+        self.seen: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+        self._ids = itertools.count(1)
+
+    def __enter__(self) -> Engine:
+        self.thread.start()
+        server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop
+        ).result(5)
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                line, *fields = head.decode("latin-1").split("\r\n")
+                headers = {
+                    k.strip().lower(): v.strip()
+                    for k, _, v in (f.partition(":") for f in fields if f)
+                }
+                raw = await r.readexactly(int(headers.get("content-length", "0")))
+                path = line.split(" ")[1]
+                if line.startswith("GET "):
+                    body, ctype = b"", b"text/plain"
+                else:
+                    self.seen.append((path, headers, orjson.loads(raw)))
+                    ctype = b"application/json"
+                    body = {
+                        "/v1/embeddings": EMBED,
+                        "/v1/responses": b'{"id":"resp_%d","object":"response",'
+                        b'"status":"completed","output":[]}' % next(self._ids),
+                    }.get(path, CHAT)
+                rid = headers.get("x-request-id", "").encode()
+                w.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: %b\r\ncontent-length: %d\r\n"
+                    b"x-request-id: %b\r\n\r\n%b" % (ctype, len(body), rid, body)
+                )
+                await w.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            w.close()
+
+
+class Stack:
+    def __init__(self, gw: GatewayServer, engine: Engine) -> None:
+        self.gw, self.engine = gw, engine
+
+
+@pytest.fixture(scope="module")
+def stack(certs: CertFiles) -> Iterator[Stack]:
+    with Engine() as engine:
+        policy = coder_policy({"rec": engine.url}, defaults={}, embed={"embed": engine.url})
+        policy["backends"]["rec"]["priority_scheduling"] = True
+        policy["sessions"] = {"subagent_priority": -10, "table_size": TABLE_SIZE}
+        with GatewayServer(policy, certs=certs) as gw:
+            yield Stack(gw, engine)
+
+
+def _post(
+    s: Stack, path: str, body: dict[str, Any], key: str, headers: dict[str, str] | None = None
+) -> tuple[httpx.Response, dict[str, str], dict[str, Any]]:
+    before = len(s.engine.seen)
+    with s.gw.client(key) as c:
+        r = c.post(path, json=body, headers=headers or {})
+    got = s.engine.seen[before:]
+    return r, *(got[-1][1:] if got else ({}, {}))
+
+
+def _chat(s: Stack, key: str, headers: dict[str, str]) -> dict[str, Any]:
+    body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}]}
+    r, _, sent = _post(s, "/v1/chat/completions", body, key, headers)
+    assert r.status_code == 200, r.text
+    return sent
+
+
+def test_a_self_declared_subagent_gets_no_better_priority_than_its_client(stack: Stack) -> None:
+    s = stack
+    plain = _chat(s, OTHER_KEY, {"x-session-id": "mine"})
+    marked = _chat(s, OTHER_KEY, {"x-session-id": "mine", "x-openai-subagent": "1"})
+    # The policy gives subagents -10 (ahead of everyone); the client's own priority is 0.
+    assert plain["priority"] == 0 and marked["priority"] == 0, (plain, marked)
+
+
+def test_one_client_s_many_sessions_do_not_evict_another_s(stack: Stack) -> None:
+    s = stack
+    for i in range(3):
+        _chat(s, CLIENT_KEY, {"x-session-id": f"victim-{i}"})
+    for i in range(TABLE_SIZE * 2):  # the finding: 12,000 ids against a 10,000-row table
+        _chat(s, OTHER_KEY, {"x-session-id": f"flood-{i}"})
+    for i in range(3):
+        r = httpx.post(
+            s.gw.admin + "/admin/policy/explain",
+            headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+            json={
+                "request": {"model": "coder", "messages": [{"role": "user", "content": "hi"}]},
+                "client": "agent",
+                "headers": {"x-session-id": f"victim-{i}"},
+            },
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["session"]["source"] == "table", f"victim-{i} was evicted: {r.text}"
+
+
+def test_embeddings_send_no_raw_session_header_upstream(stack: Stack) -> None:
+    s = stack
+    r, headers, _ = _post(
+        s,
+        "/v1/embeddings",
+        {"model": "embed", "input": "x"},
+        OTHER_KEY,
+        {"x-session-id": "raw-secret-session"},
+    )
+    assert r.status_code == 200, r.text
+    assert "raw-secret-session" not in orjson.dumps(headers).decode(), headers
+
+
+def test_previous_response_id_continues_only_the_creator_s_conversation(stack: Stack) -> None:
+    s = stack
+    body = {"model": "coder", "input": "hi"}
+    r, _, _ = _post(s, "/v1/responses", body, CLIENT_KEY)
+    assert r.status_code == 200, r.text
+    created = r.json()["id"]
+    before = len(s.engine.seen)
+    stolen, _, _ = _post(s, "/v1/responses", {**body, "previous_response_id": created}, OTHER_KEY)
+    assert stolen.status_code == 404, stolen.text
+    assert stolen.json()["error"]["param"] == "previous_response_id"
+    assert len(s.engine.seen) == before  # never reached the engine
+    own, _, sent = _post(s, "/v1/responses", {**body, "previous_response_id": created}, CLIENT_KEY)
+    assert own.status_code == 200 and sent["previous_response_id"] == created
