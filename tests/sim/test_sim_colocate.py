@@ -25,7 +25,7 @@ def test_memory_of_co_located_engines() -> None:
     alone = [EngineSpec("a", 0, DEEP.name, None)]
     # Alone: the machine's limit by default (what `deploy render` gives gb10.yaml's engine:
     # tests/ops/test_kv_budget.py), the documents' 36 GiB by name, at most a number of GiB.
-    assert kv_tokens(alone, BUILTIN_PROFILES) == [1_643_857]
+    assert kv_tokens(alone, BUILTIN_PROFILES) == [1_609_965]
     assert kv_tokens(alone, BUILTIN_PROFILES, "documents") == [DEEP.kv_cache_tokens] == [813_427]
     assert kv_tokens(alone, BUILTIN_PROFILES, 18.0) == [813_427 // 2]
     pair = [EngineSpec("a", 0, DEEP.name, None), EngineSpec("b", 0, MTP.name, None)]

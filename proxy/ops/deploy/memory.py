@@ -71,11 +71,13 @@ class MemoryParams:
     """What the measurements do not say, with the reasons for the defaults."""
 
     machine_gib: float = MACHINE_GIB
-    # What the engines cannot have (estimates, not GB10 measurements; the first real start
-    # checks them: deploy/README.md). DGX OS run headless (kernel, systemd, Docker, sshd, the
-    # page cache it does not give back at once) and the engines' host-side processes (API
-    # server, tokenizers: on unified memory their RAM is the same 128 GB).
-    os_gib: float = 3.5
+    # What the engines cannot have (estimates, not measurements of this deployment; the first
+    # real start checks them: deploy/README.md says what was read). DGX OS run headless (kernel,
+    # systemd, Docker, sshd, the page cache it does not give back at once) and the engines'
+    # host-side processes (API server, engine core: on unified memory their RAM is the same
+    # 128 GB): a GB10 reported 8.0-8.7 GiB in use at idle of the 121.7 GiB its OS sees, 2.5 more
+    # than the 119.2 counted here, its desktop included.
+    os_gib: float = 5.0
     gateway_gib: float = 0.5  # the specrouter gateway (one uvicorn process, its session table)
     monitoring_gib: float = 1.0  # Prometheus (30 d of a few thousand series) and Grafana
     # The margin: with --kv-cache-memory-bytes vLLM allocates the KV exactly and checks nothing
