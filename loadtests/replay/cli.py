@@ -7,7 +7,9 @@
 alone with the whole machine: DFlash2 block 7, probabilistic + block) and, unless `--direct`,
 the gateway in front of it over TLS with no temperature default (so "unset" stays unset). The
 run is bounded by `--duration` wall seconds; durations are reported unscaled (wall seconds /
-`--time-scale`). Prefix-cache hits and preemptions come from the engines' /metrics (`--sim`
+`--time-scale`). The simulated engine's KV is `--kv-budget`: `machine` (the default, what
+`deploy render` gives policies/gb10.yaml's engine), `documents` (the source documents' 36 GiB)
+or a number of GiB; the report states the tokens it holds. Prefix-cache hits and preemptions come from the engines' /metrics (`--sim`
 knows them; otherwise pass `--engine-metrics URL`). A warning says when the client, the
 gateway or the simulator used more than 80 % of a core: then the figures are this machine's.
 """
@@ -29,6 +31,7 @@ from typing import Any
 import httpx
 
 from loadtests.harness.procfs import cpu_seconds, self_cpu
+from proxy.ops.deploy.memory import parse_budget
 
 from . import report
 from .driver import Driver, TurnResult
@@ -74,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="an engine of the simulated device (default deep:dflash7-prob-block)",
     )
     where.add_argument("--overlap", type=float, default=0.0, help="the device model's overlap")
+    where.add_argument(
+        "--kv-budget",
+        type=parse_budget,
+        default="machine",
+        metavar="machine|documents|GIB",
+        help="--sim: the KV of an engine without a share (default machine: the deployed budget; "
+        "documents: the source documents' 36 GiB)",
+    )
     where.add_argument(
         "--time-scale",
         type=float,
@@ -157,6 +168,7 @@ class Address:
     api_key: str | None
     metrics: list[str]
     pids: dict[str, list[int]] = field(default_factory=dict)
+    kv_tokens: dict[str, int] = field(default_factory=dict)  # --sim: each engine's KV
 
 
 @contextlib.contextmanager
@@ -169,17 +181,25 @@ def _simulated(args: argparse.Namespace, scale: float) -> Iterator[Address]:
         name, profile, *share = spec.split(":")
         engines.append((name, profile, float(share[0]) if share else None))
     parser = ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]
-    with DeviceSim(engines, time_scale=scale, overlap=args.overlap, extra=parser) as dev:
+    extra = [*parser, "--kv-budget", str(args.kv_budget)]
+    with DeviceSim(engines, time_scale=scale, overlap=args.overlap, extra=extra) as dev:
         assert dev.child.proc is not None
         pids = {"simulator": [dev.child.proc.pid]}
         metrics = list(dev.urls.values())
+        kv = dict(dev.kv_tokens)
+        print(
+            f"replay: KV budget {args.kv_budget}: "
+            + ", ".join(f"{name} {n:,} tokens" for name, n in kv.items()),
+            file=sys.stderr,
+        )
         if args.direct:
-            yield Address(next(iter(dev.urls.values())), True, None, metrics, pids)
+            yield Address(next(iter(dev.urls.values())), True, None, metrics, pids, kv)
             return
         with GatewayServer(coder_policy(dev.urls, defaults={})) as gw:
             assert gw.proc is not None
             verify = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
-            yield Address(gw.base, verify, CLIENT_KEY, metrics, {**pids, "gateway": [gw.proc.pid]})
+            pids = {**pids, "gateway": [gw.proc.pid]}
+            yield Address(gw.base, verify, CLIENT_KEY, metrics, pids, kv)
 
 
 def _counters(urls: list[str]) -> dict[str, float] | None:
@@ -242,7 +262,7 @@ def replay(
     after = _counters(target.metrics)
     start = warm or before
     engines = None if start is None or after is None else report.delta(start, after)
-    return report.build(
+    result = report.build(
         turns,
         params=asdict(params),
         time_scale=scale,
@@ -251,6 +271,9 @@ def replay(
         cpu=cpu,
         warmup_s=args.warmup / scale if warm is not None else 0.0,
     )
+    if target.kv_tokens:
+        result["kv"] = {"budget": str(args.kv_budget), "tokens": target.kv_tokens}
+    return result
 
 
 def main(argv: list[str]) -> int:

@@ -156,6 +156,10 @@ def text(report: dict[str, Any]) -> str:
         f"{o.get('preemptions', '-')}, errors {o['errors']}, generated "
         f"{o['generated_tokens']} tokens"
     )
+    kv = report.get("kv")
+    if kv:
+        tokens = ", ".join(f"{name} {n:,}" for name, n in kv["tokens"].items())
+        lines.append(f"simulated KV budget {kv['budget']}: {tokens} tokens")
     lines += [f"WARNING: {w}" for w in report["warnings"]]
     lines += [f"error: {e}" for e in report["error_samples"]]
     return "\n".join(lines)

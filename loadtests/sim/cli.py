@@ -210,7 +210,12 @@ def main(argv: list[str]) -> int:
     )
     if args.engine:
         return colocate.main(args, profiles, config)
-    app, sim = create_app(colocate.single(args, config))
+    try:
+        config = colocate.single(args, config)
+    except ValueError as err:  # MemorySplitError: a --kv-budget below one max-length request
+        print(f"specrouter sim: {err}", file=sys.stderr)
+        return 2
+    app, sim = create_app(config)
 
     sock = socket.socket(
         socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM

@@ -8,7 +8,9 @@ engine accepts connections the process prints one `specrouter-sim listening on U
 
 Memory: an engine with a SHARE (its --gpu-memory-utilization) gets the KV tokens the memory
 model gives that share; the others split what is left of the machine as `deploy render` does
-(two embedding engines' shares taken first).
+(two embedding engines' shares taken first), each at most `--kv-budget`: `machine` (the
+default: what `deploy render` gives the deployed engine of policies/gb10.yaml, the machine's
+limit), `documents` (the source documents' 36 GiB) or a number of GiB.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import uvicorn
+
+from proxy.ops.deploy.memory import KV_BUDGETS, MemoryParams, named_budget, parse_budget
 
 from .device import Device, DeviceParams, kv_tokens_from_share, kv_tokens_split
 from .profiles import Profile
@@ -53,6 +57,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="this engine's --gpu-memory-utilization: KV tokens from the memory model",
     )
     p.add_argument(
+        "--kv-budget",
+        type=parse_budget,
+        default="machine",
+        metavar="|".join(KV_BUDGETS) + "|GIB",
+        help="KV of an engine without a share: the machine's limit (default), the documents' "
+        "36 GiB, or at most GIB",
+    )
+    p.add_argument(
         "--engine",
         action="append",
         default=[],
@@ -78,23 +90,35 @@ def parse_engine(text: str) -> EngineSpec:
     return EngineSpec(parts[0], int(parts[1]), parts[2], share)
 
 
-def kv_tokens(specs: list[EngineSpec], profiles: dict[str, Profile]) -> list[int | None]:
-    """Each engine's KV tokens; None keeps the profile's (one engine alone, no share)."""
-    unshared = [profiles[s.profile] for s in specs if s.share is None]
-    split = kv_tokens_split(unshared, EMBEDDERS) if len(specs) > 1 and unshared else []
-    out: list[int | None] = []
+def kv_tokens(
+    specs: list[EngineSpec], profiles: dict[str, Profile], budget: str | float = "machine"
+) -> list[int]:
+    """Each engine's KV tokens: from its share, else split as `deploy render` does, each at
+    most `budget` (a name of KV_BUDGETS or GiB). Embedding engines keep their profile's."""
+
+    def coder(s: EngineSpec) -> bool:
+        return profiles[s.profile].kind != "embed"
+
+    unshared = [profiles[s.profile] for s in specs if s.share is None and coder(s)]
+    params = MemoryParams(kv_budget_gib=named_budget(budget))
+    split = kv_tokens_split(unshared, EMBEDDERS, params) if unshared else []
+    out: list[int] = []
     for s in specs:
-        if s.share is not None:
+        if not coder(s):
+            out.append(profiles[s.profile].kv_cache_tokens)
+        elif s.share is not None:
             out.append(kv_tokens_from_share(profiles[s.profile], s.share))
         else:
-            out.append(split.pop(0) if split else None)
+            out.append(split.pop(0))
     return out
 
 
 def single(args: argparse.Namespace, config: SimConfig) -> SimConfig:
-    """One engine: its device (for --overlap to mean nothing but a name) and --kv-share."""
+    """One engine: its device (for --overlap to mean nothing but a name), --kv-share or
+    --kv-budget."""
     device = Device(args.device, DeviceParams(overlap=args.overlap))
-    kv = None if args.kv_share is None else kv_tokens_from_share(config.profile, args.kv_share)
+    spec = EngineSpec(config.profile.name, 0, config.profile.name, args.kv_share)
+    [kv] = kv_tokens([spec], {spec.profile: config.profile}, args.kv_budget)
     return replace(config, device=device, kv_cache_tokens=kv)
 
 
@@ -143,7 +167,7 @@ def main(args: argparse.Namespace, profiles: dict[str, Profile], config: SimConf
         if unknown:
             raise ValueError(f"unknown profile(s) {', '.join(unknown)}")
         device = Device(args.device, DeviceParams(overlap=args.overlap))
-        kvs = kv_tokens(specs, profiles)
+        kvs = kv_tokens(specs, profiles, args.kv_budget)
     except ValueError as err:  # MemorySplitError included
         print(f"specrouter sim: {err}", file=sys.stderr)
         return 2

@@ -19,7 +19,8 @@ with two engines; `specrouter probe pair` measures the contention to set `overla
   already in the measured step.
 * memory: an engine's KV tokens follow from its share of the machine through the deployment's
   memory model (proxy/ops/deploy/memory.py: weights, overhead, tokens per GiB per speculative
-  configuration); without a share an engine keeps the deployed engine's 36 GiB budget.
+  configuration); without a share an engine gets what `deploy render` gives it, at most
+  `--kv-budget` (colocate.py: the machine's limit by default, or the documents' 36 GiB).
 * pressure: is the scheduler's (core.py): running sequences that outgrow the cache preempt the
   last admitted one (vLLM's recompute mode, counted in vllm:num_preemptions_total), and the
   prefix cache keeps only the blocks the running sequences leave free, least recently used out

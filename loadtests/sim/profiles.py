@@ -81,6 +81,8 @@ class Profile:
     content_sigma_07: float = 0.0
     content_sigma_10: float = 0.0
     prefill_tokens_per_s: float = PREFILL_TOKENS_PER_S
+    # KV tokens in the documents' 36 GiB (GB10-facts); `specrouter sim` sizes the engine from the
+    # memory model instead (colocate.py, --kv-budget), this figure being its `documents` budget.
     kv_cache_tokens: int = 813_427
     block_size: int = 16
     embed_dim: int = 1024

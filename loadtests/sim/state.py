@@ -63,7 +63,7 @@ class SimConfig:
     # stream; while it lags, engine outputs queue in the collector and merge. 0 turns it off.
     frontend_chunk_ms: float = 0.0
     # The GPU this engine shares with others in the process (device.py), its KV tokens (None:
-    # the profile's, the deployed engine's 36 GiB budget).
+    # the profile's, the documents' 36 GiB; `specrouter sim` always sets it: colocate.py).
     device: Device | None = None
     kv_cache_tokens: int | None = None
 

@@ -13,6 +13,11 @@ VLLM_VERSION = r"^\d+\.\d+\.\d+$"
 PARSER_NAME = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 DEFAULT_VLLM_VERSION = "0.28.0"  # the release the GB10 runs
 
+# The KV budgets a policy may name (proxy/ops/deploy/memory.py's KV_BUDGETS): "machine", the
+# largest the memory model leaves the engine (the default), "documents", the source documents'
+# 36 GiB.
+KvBudgetName = Literal["machine", "documents"]
+
 # vLLM's tool-call parsers for the Qwen3 coding models: qwen3_coder (its XML tool calls), and
 # hermes (JSON inside <tool_call>) for checkpoints that emit that instead.
 ToolCallParser = Literal["qwen3_coder", "qwen3_xml", "hermes"]
@@ -38,4 +43,5 @@ class DeploymentSpec(StrictModel):
     reserved_gib: Annotated[float, Field(ge=0)] | None = None  # OS, gateway, monitoring
     embed_memory_share: Annotated[float, Field(gt=0, lt=1)] | None = None  # per embedder
     engine_overhead_gib: Annotated[float, Field(ge=0)] | None = None  # per coding engine
-    kv_budget_gib: Annotated[float, Field(gt=0)] | None = None  # per coding engine: at most this
+    # Per coding engine: at most this many GiB, or a named budget; None: "machine".
+    kv_budget_gib: Annotated[float, Field(gt=0)] | KvBudgetName | None = None

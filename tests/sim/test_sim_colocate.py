@@ -23,7 +23,11 @@ def test_parse_engine() -> None:
 
 def test_memory_of_co_located_engines() -> None:
     alone = [EngineSpec("a", 0, DEEP.name, None)]
-    assert kv_tokens(alone, BUILTIN_PROFILES) == [None]  # the deployed 36 GiB budget
+    # Alone: the machine's limit by default (what `deploy render` gives gb10.yaml's engine:
+    # tests/ops/test_kv_budget.py), the documents' 36 GiB by name, at most a number of GiB.
+    assert kv_tokens(alone, BUILTIN_PROFILES) == [1_609_965]
+    assert kv_tokens(alone, BUILTIN_PROFILES, "documents") == [DEEP.kv_cache_tokens] == [813_427]
+    assert kv_tokens(alone, BUILTIN_PROFILES, 18.0) == [813_427 // 2]
     pair = [EngineSpec("a", 0, DEEP.name, None), EngineSpec("b", 0, MTP.name, None)]
     assert kv_tokens(pair, BUILTIN_PROFILES) == kv_tokens_split([DEEP, MTP])
     shared = [EngineSpec("a", 0, DEEP.name, 0.26), EngineSpec("b", 0, MTP.name, None)]
@@ -47,3 +51,23 @@ def test_one_process_serves_the_device_engines() -> None:
             assert "vllm:num_preemptions_total" in metrics
         proc = dev.child.proc
     assert proc is not None and proc.returncode == 0
+
+
+def test_one_engine_takes_the_kv_budget() -> None:
+    """`specrouter sim` alone (no --engine): --kv-budget sizes it, --kv-share overrides it."""
+    import argparse
+
+    from loadtests.sim.colocate import add_arguments, single
+    from loadtests.sim.state import SimConfig
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    config = SimConfig(profile=DEEP, served_model_name=DEEP.served_model_name)
+    assert single(p.parse_args([]), config).kv_cache_tokens == 1_609_965
+    assert single(p.parse_args(["--kv-budget", "documents"]), config).kv_cache_tokens == 813_427
+    share = p.parse_args(["--kv-budget", "documents", "--kv-share", "0.26"])
+    assert single(share, config).kv_cache_tokens == kv_tokens_from_share(DEEP, 0.26)
+    with pytest.raises(ValueError, match="holds less than one max-model-len request"):
+        single(p.parse_args(["--kv-budget", "5"]), config)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--kv-budget", "lots"])

@@ -95,7 +95,7 @@ def test_capacity_follows_the_memory_share() -> None:
     assert core.cache.total == small // PROFILE.block_size
     one, two = kv_tokens_split([PROFILE]), kv_tokens_split([PROFILE] * 2)
     assert one[0] > two[0] == two[1] > 0
-    # Alone, an engine keeps the deployed 36 GiB budget.
+    # EngineCore alone (no kv_cache_tokens): the profile's, the documents' 36 GiB.
     assert core_on().kv_capacity == 813_427
 
 

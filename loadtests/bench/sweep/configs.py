@@ -7,8 +7,10 @@ recovers) and either no gateway (`direct`) or a policy file cut to the engines t
 has (loadtests.bench.policy_sweep.restrict: backends on the simulators' URLs, rules naming an
 absent variant dropped, the bench client's key).
 
-An engine alone on its device keeps the deployed engine's 36 GiB KV budget (the whole machine);
-co-located engines split the machine as `specrouter deploy render` does (loadtests/sim/colocate.py).
+An engine alone on its device gets the KV budget `specrouter deploy render` gives the deployed
+engine (the machine's limit, `specrouter sim --kv-budget machine`; the sweeps published in docs/
+before it ran at the documents' 36 GiB, `--kv-budget documents`); co-located engines split the
+machine as `deploy render` does (loadtests/sim/colocate.py).
 """
 
 from __future__ import annotations

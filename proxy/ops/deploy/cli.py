@@ -31,8 +31,8 @@ from policies.loading import load_policy
 from policies.spec.base import PolicyError
 from policies.spec.document import PolicyDocument
 from proxy.ops.deploy.check import check_compose, check_live, http_fetch
-from proxy.ops.deploy.memory import describe
-from proxy.ops.deploy.plan import DeployError, engine_plans
+from proxy.ops.deploy.memory import budget_lines, describe
+from proxy.ops.deploy.plan import DeployError, engine_plans, memory_params
 from proxy.ops.deploy.render import render, render_compose
 
 
@@ -57,9 +57,14 @@ def write_rendered(files: Mapping[str, str], out_dir: Path) -> list[Path]:
 
 
 def memory_report(doc: PolicyDocument) -> list[str]:
-    """Each coding engine's memory, KV tokens and how many long contexts it holds."""
+    """The machine's split (the reserve and its margin, the embedders, each coding engine),
+    then each coding engine's KV tokens and how many long contexts it holds."""
     plans, _ = engine_plans(doc)
-    return [f"vLLM {p.version} {describe(p.memory)}" for p in plans if p.memory is not None]
+    coders = [p.memory for p in plans if p.memory is not None]
+    if not coders:
+        return []
+    head = budget_lines(coders, len(plans) - len(coders), memory_params(doc))
+    return head + [f"vLLM {p.version} {describe(p.memory)}" for p in plans if p.memory is not None]
 
 
 def _print_lines(lines: Iterable[str], file: Any = None) -> None:
@@ -133,4 +138,5 @@ def main(argv: list[str]) -> int:
         print(f"{len(diffs)} difference(s) between {what} and {args.policy}", file=sys.stderr)
         return 1
     print(f"{what}: as {args.policy} describes")
+    _print_lines(memory_report(doc))  # so the compose file's engines hold this
     return 0

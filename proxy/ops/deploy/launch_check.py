@@ -103,6 +103,18 @@ def check_memory(pairs: Sequence[tuple[EnginePlan, EngineArgs]], params: MemoryP
             out.append(f"{where}: {mem}")
             continue
         total += max(mem.total_gib, (share or 0.0) * params.machine_gib)
+        want = plan.memory
+        if (
+            want is not None
+            and resolve(engine.flags.get("kv-cache-memory-bytes")) is not None
+            and mem.kv_bytes != want.kv_bytes
+        ):
+            out.append(
+                f"{where}: its KV budget is {mem.kv_gib:.1f} GiB ({mem.kv_tokens:,} tokens, "
+                f"{mem.contexts(memory.LONG_CONTEXT)} x 100K contexts), the policy's "
+                f"{want.kv_gib:.1f} GiB ({want.kv_tokens:,} tokens, "
+                f"{want.contexts(memory.LONG_CONTEXT)} x 100K): render again"
+            )
         if not mem.holds_max_model_len:
             out.append(
                 f"{where}: its KV cache holds {mem.kv_tokens:,} tokens "
@@ -113,7 +125,7 @@ def check_memory(pairs: Sequence[tuple[EnginePlan, EngineArgs]], params: MemoryP
     if total > params.usable_gib + 1e-6:
         out.append(
             f"the engines take {total:.1f} GiB, more than the {params.usable_gib:.1f} "
-            f"GiB usable ({params.machine_gib:.1f} less {params.reserved_gib:g} "
+            f"GiB usable ({params.machine_gib:.1f} less {params.reserve_gib:g} "
             "reserved): the last to start would not fit"
         )
     return out

@@ -35,6 +35,32 @@ MEASURED_KV_TOKENS: dict[tuple[str, int], int] = {
 FULL_CONTEXT = 262_144
 LONG_CONTEXT = 100_000
 
+# The KV budgets a policy (`deployment.kv_budget_gib`) or the simulator (`--kv-budget`) may
+# name instead of a number: "machine", the largest the memory model leaves one engine (None:
+# no cap), the default; "documents", the 36 GiB the source documents' engine ran with (what
+# the measured token counts and the first sweeps used). The names are policies.spec's
+# KvBudgetName; a test keeps the two lists equal.
+KV_BUDGETS: dict[str, float | None] = {"machine": None, "documents": MEASURED_KV_BUDGET_GIB}
+
+
+def named_budget(value: float | str | None) -> float | None:
+    """A KV cap in GiB (None: the machine's limit) from a number or a name of KV_BUDGETS."""
+    if value is None or isinstance(value, (int, float)):
+        return value
+    if value not in KV_BUDGETS:
+        raise ValueError(f"KV budget {value!r}: a number of GiB or one of {', '.join(KV_BUDGETS)}")
+    return KV_BUDGETS[value]
+
+
+def parse_budget(text: str) -> str | float:
+    """A command line's KV budget: a name of KV_BUDGETS, or a positive number of GiB."""
+    if text in KV_BUDGETS:
+        return text
+    value = float(text)  # ValueError: argparse says the value is invalid
+    if not value > 0:
+        raise ValueError(f"KV budget {text!r}: not a positive number of GiB")
+    return value
+
 
 class MemorySplitError(ValueError):
     """The engines do not fit the machine as asked."""
@@ -45,9 +71,22 @@ class MemoryParams:
     """What the measurements do not say, with the reasons for the defaults."""
 
     machine_gib: float = MACHINE_GIB
-    # DGX OS (desktop services, Docker, page cache it will not give back at once), the gateway,
-    # Prometheus and Grafana: a few GiB each, 8 in all.
-    reserved_gib: float = 8.0
+    # What the engines cannot have (estimates, not measurements of this deployment; the first
+    # real start checks them: deploy/README.md says what was read). DGX OS run headless (kernel,
+    # systemd, Docker, sshd, the page cache it does not give back at once) and the engines'
+    # host-side processes (API server, engine core: on unified memory their RAM is the same
+    # 128 GB): a GB10 reported 8.0-8.7 GiB in use at idle of the 121.7 GiB its OS sees, 2.5 more
+    # than the 119.2 counted here, its desktop included.
+    os_gib: float = 5.0
+    gateway_gib: float = 0.5  # the specrouter gateway (one uvicorn process, its session table)
+    monitoring_gib: float = 1.0  # Prometheus (30 d of a few thousand series) and Grafana
+    # The margin: with --kv-cache-memory-bytes vLLM allocates the KV exactly and checks nothing
+    # after its start, and on unified memory an over-commitment swaps or wakes the OOM killer
+    # rather than failing one allocation. It covers 75 % over the least known estimate here,
+    # the coding engine's 4 GiB of activations and CUDA graphs (not measured on a GB10).
+    margin_gib: float = 3.0
+    # The four above together, replaced (the policy's `deployment.reserved_gib`); None: summed.
+    reserved_gib: float | None = None
     # Each embedding engine's --gpu-memory-utilization: ~4.8 GiB, room for a <1B-parameter
     # embedder in bf16 and its batched pooling activations (the share they ran with).
     embed_share: float = 0.04
@@ -60,8 +99,26 @@ class MemoryParams:
     kv_budget_gib: float | None = None
 
     @property
+    def reserve_gib(self) -> float:
+        """What the engines cannot have: the OS, the gateway, monitoring and the margin."""
+        if self.reserved_gib is not None:
+            return self.reserved_gib
+        return self.os_gib + self.gateway_gib + self.monitoring_gib + self.margin_gib
+
+    def reserve_items(self) -> list[tuple[str, float]]:
+        """The reserve, item by item, for the report."""
+        if self.reserved_gib is not None:
+            return [("reserved (the policy's)", self.reserved_gib)]
+        return [
+            ("OS and engines' host processes", self.os_gib),
+            ("gateway", self.gateway_gib),
+            ("Prometheus+Grafana", self.monitoring_gib),
+            ("margin", self.margin_gib),
+        ]
+
+    @property
     def usable_gib(self) -> float:
-        return self.machine_gib - self.reserved_gib
+        return self.machine_gib - self.reserve_gib
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +187,13 @@ class EngineMemory:
 
     @property
     def kv_tokens(self) -> int:
-        return max(0, math.floor(self.kv_gib * self.rate.tokens_per_gib))
+        # (the epsilon: 36 GiB at a rate measured in 36 GiB gives the measured count exactly)
+        return max(0, math.floor(self.kv_gib * self.rate.tokens_per_gib + 1e-6))
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """The KV geometry the rate implies: bytes of KV one token of context takes."""
+        return GIB / self.rate.tokens_per_gib
 
     def contexts(self, length: int) -> int:
         """How many requests of `length` tokens the KV cache holds at once."""
@@ -199,7 +262,7 @@ def split(
         raise MemorySplitError(
             f"the coding engines need {sum(base):.1f} GiB ({need}: weights, "
             f"{params.engine_overhead_gib:g} GiB overhead, KV for one max-model-len request) "
-            f"and {budget:.1f} GiB are left after {params.reserved_gib:g} GiB reserved and "
+            f"and {budget:.1f} GiB are left after {params.reserve_gib:g} GiB reserved and "
             f"{embedders} embedding engine(s): lower max_model_len or run fewer engines"
         )
     cap = params.kv_budget_gib
@@ -217,13 +280,32 @@ def split(
     ]
 
 
+def budget_lines(
+    engines: list[EngineMemory], embedders: int, params: MemoryParams = MemoryParams()
+) -> list[str]:
+    """The machine, item by item: the reserve with its margin, the embedders, each coding
+    engine, and what is left unused (a KV cap below the machine's limit leaves some)."""
+    embed = params.embed_share * params.machine_gib
+    used = params.reserve_gib + embedders * embed + sum(e.total_gib for e in engines)
+    items = ", ".join(f"{name} {gib:g}" for name, gib in params.reserve_items())
+    cap = params.kv_budget_gib
+    return [
+        f"machine {params.machine_gib:.1f} GiB: reserved {params.reserve_gib:g} ({items}), "
+        f"{embedders} embedding engine(s) x {embed:.2f}, "
+        + ", ".join(f"{e.name} {e.total_gib:.1f}" for e in engines)
+        + f"; unused {max(0.0, params.machine_gib - used):.1f}; KV "
+        + ("at the machine's limit" if cap is None else f"capped at {cap:g} GiB")
+    ]
+
+
 def describe(engine: EngineMemory) -> str:
     """One report line: the engine's KV tokens and the long contexts it holds."""
     rate = "" if engine.rate.measured else f" ({engine.rate.basis})"
     return (
         f"{engine.name}: {engine.total_gib:.1f} GiB ({engine.weights_gib:.2f} weights, "
         f"{engine.overhead_gib:g} overhead, {engine.kv_gib:.1f} KV) = "
-        f"{engine.kv_tokens:,} KV tokens{rate}: {engine.contexts(FULL_CONTEXT)} x 262K, "
+        f"{engine.kv_tokens:,} KV tokens of {engine.kv_bytes_per_token / 1000:.1f} KB{rate}: "
+        f"{engine.contexts(FULL_CONTEXT)} x 262K, "
         f"{engine.contexts(LONG_CONTEXT)} x 100K contexts; max-model-len "
         f"{engine.max_model_len:,} " + ("fits" if engine.holds_max_model_len else "DOES NOT FIT")
     )

@@ -129,12 +129,12 @@ def memory_params(doc: PolicyDocument) -> MemoryParams:
     """The memory model's parameters, with the policy's overrides."""
     d, default = doc.deployment, MemoryParams()
     return MemoryParams(
-        reserved_gib=default.reserved_gib if d.reserved_gib is None else d.reserved_gib,
+        reserved_gib=d.reserved_gib,
         embed_share=default.embed_share if d.embed_memory_share is None else d.embed_memory_share,
         engine_overhead_gib=default.engine_overhead_gib
         if d.engine_overhead_gib is None
         else d.engine_overhead_gib,
-        kv_budget_gib=d.kv_budget_gib,
+        kv_budget_gib=memory.named_budget(d.kv_budget_gib),
     )
 
 
