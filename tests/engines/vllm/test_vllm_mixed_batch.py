@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from loadtests.harness.vllm import SERVED
-from tests.engines.vllm.common import CHAT, GREEDY
+from tests.engines.vllm.common import GREEDY, PROMPT
 from tests.engines.vllm.conftest import Engines
 
 TOKENS = 256
@@ -23,9 +23,9 @@ def test_greedy_batched_with_sampled_requests_is_not_greedy(vllm: Engines) -> No
     engine = vllm.draft
 
     def text(body: dict[str, Any]) -> str:
-        r = engine.post("/v1/chat/completions", {"model": SERVED, "messages": CHAT, **body})
+        r = engine.post("/v1/completions", {"model": SERVED, "prompt": PROMPT, **body})
         assert r.status_code == 200, r.text
-        content: str = r.json()["choices"][0]["message"]["content"]
+        content: str = r.json()["choices"][0]["text"]
         return content
 
     greedy = {"max_tokens": TOKENS, "ignore_eos": True, **GREEDY}

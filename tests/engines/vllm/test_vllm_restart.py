@@ -30,17 +30,17 @@ def wait_for(check: Any, timeout: float) -> bool:
 
 
 def test_a_client_that_hangs_up_frees_the_slot(vgw: GatewayServer, vllm: Engines) -> None:
-    body = {"model": SERVED, "messages": CHAT, "max_tokens": 2000, "stream": True, **GREEDY}
+    body = {"model": SERVED, "messages": CHAT, "max_tokens": 20000, "stream": True, **GREEDY}
     with vgw.client() as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
         for i, _ in enumerate(r.iter_lines()):
             if i > 8:
                 break
-        assert samples(vllm.draft.metrics_text())[RUNNING] == 1
+        assert wait_for(lambda: samples(vllm.draft.metrics_text())[RUNNING] == 1, 5)
     assert wait_for(lambda: samples(vllm.draft.metrics_text())[RUNNING] == 0, 5)
 
 
 def variant(gw: GatewayServer) -> str:
-    with gw.client(timeout=60) as c:
+    with gw.client() as c:
         r = c.post(
             "/v1/chat/completions",
             json={"model": f"{SERVED}-fo", "messages": CHAT, "max_tokens": 4, **GREEDY},
@@ -81,16 +81,17 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
             **GREEDY,
         }
         with (
-            vgw.client(key=key, timeout=120) as c,
+            vgw.client(key=key) as c,
             c.stream("POST", "/v1/chat/completions", json=body) as r,
         ):
             assert r.status_code == 200
-            for line in r.iter_lines():
-                if '"content":' in line and prio is not None:
+            lines = r.iter_lines()
+            for line in lines:
+                if '"delta":{"' in line and '"role"' not in line and prio is not None:
                     with lock:
                         started.append(prio)
                     break
-            for _ in r.iter_lines():
+            for _ in lines:
                 pass
 
     blocker = threading.Thread(target=send, args=(PRIORITY_KEYS[0], None, 600))
