@@ -31,11 +31,18 @@ def wait_for(check: Any, timeout: float) -> bool:
 
 def test_a_client_that_hangs_up_frees_the_slot(vgw: GatewayServer, vllm: Engines) -> None:
     body = {"model": SERVED, "messages": CHAT, "max_tokens": 20000, "stream": True, **GREEDY}
+    seen: list[str] = []
     with vgw.client() as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
-        for i, _ in enumerate(r.iter_lines()):
-            if i > 8:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            seen.append(line)
+            if len(seen) > 8:
                 break
-        assert wait_for(lambda: samples(vllm.draft.metrics_text())[RUNNING] == 1, 5)
+        assert any('"delta":' in line for line in seen), seen
+        page = vllm.draft.metrics_text()
+        assert wait_for(lambda: samples(vllm.draft.metrics_text())[RUNNING] == 1, 5), [
+            line for line in page.splitlines() if "running{" in line or "generation_tokens_total{" in line
+        ] + seen[-3:] + [vllm.draft.output()[-3000:]]
     assert wait_for(lambda: samples(vllm.draft.metrics_text())[RUNNING] == 0, 5)
 
 
@@ -72,7 +79,7 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
     started: list[int] = []
     lock = threading.Lock()
 
-    def send(key: str, prio: int | None, tokens: int) -> None:
+    def send(key: str, prio: int | None, tokens: int, hang_up: threading.Event | None) -> None:
         body = {
             "model": f"{SERVED}-ngram",
             "messages": CHAT,
@@ -87,23 +94,28 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
             assert r.status_code == 200
             lines = r.iter_lines()
             for line in lines:
-                if '"delta":{"' in line and '"role"' not in line and prio is not None:
+                if hang_up is not None and hang_up.is_set():
+                    return  # the client hangs up: vLLM frees the slot
+                if prio is not None and '"delta":{"' in line and '"role"' not in line:
                     with lock:
                         started.append(prio)
                     break
             for _ in lines:
                 pass
 
-    blocker = threading.Thread(target=send, args=(PRIORITY_KEYS[0], None, 600))
+    release = threading.Event()
+    blocker = threading.Thread(target=send, args=(PRIORITY_KEYS[0], None, 20000, release))
     blocker.start()
     assert wait_for(lambda: samples(vllm.ngram.metrics_text())[RUNNING] == 1, 30)
     queued = []
     for prio in (9, 1, 5):
-        t = threading.Thread(target=send, args=(PRIORITY_KEYS[prio], prio, 8))
+        t = threading.Thread(target=send, args=(PRIORITY_KEYS[prio], prio, 8, None))
         t.start()
         queued.append(t)
         time.sleep(0.3)
-    assert samples(vllm.ngram.metrics_text())["vllm:num_requests_waiting"] == 3
+    waiting = "vllm:num_requests_waiting"
+    assert wait_for(lambda: samples(vllm.ngram.metrics_text())[waiting] == 3, 10)
+    release.set()  # the slot frees; the scheduler picks among the three by priority
     for t in [blocker, *queued]:
-        t.join(120)
+        t.join(60)
     assert started == [1, 5, 9]
