@@ -34,15 +34,13 @@ def test_a_client_that_hangs_up_frees_the_slot(vgw: GatewayServer, vllm: Engines
     seen: list[str] = []
     with vgw.client() as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
+        lines = r.iter_lines()  # held: a dropped iterator is closed, and closes the response
+        for line in lines:
             seen.append(line)
             if len(seen) > 8:
                 break
         assert any('"delta":' in line for line in seen), seen
-        page = vllm.draft.metrics_text()
-        assert wait_for(lambda: samples(vllm.draft.metrics_text())[RUNNING] == 1, 5), [
-            line for line in page.splitlines() if "running{" in line or "generation_tokens_total{" in line
-        ] + seen[-3:] + [vllm.draft.output()[-3000:]]
+        assert wait_for(lambda: samples(vllm.draft.metrics_text())[RUNNING] == 1, 5)
     assert wait_for(lambda: samples(vllm.draft.metrics_text())[RUNNING] == 0, 5)
 
 
