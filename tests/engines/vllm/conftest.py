@@ -10,7 +10,7 @@ Tests that stop or restart an engine (test_vllm_restart.py) run last and leave i
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,10 +45,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(START_TIMEOUT_S + 300))
 
 
+# What to stop once the last test here has run: the engines (9 GiB) and the gateway are not
+# kept for the rest of the suite. Session fixtures, so they would be, otherwise.
+_STOP: list[Callable[[], None]] = []
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if HERE in item.path.parents and (nextitem is None or HERE not in nextitem.path.parents):
+        while _STOP:
+            _STOP.pop()()
+
+
 @pytest.fixture(scope="session")
 def vllm() -> Iterator[Engines]:
     home = vllm_home()  # raises (the tests fail) if vLLM cannot be installed
     servers = [VllmServer(home, kind) for kind in ("draft", "ngram", "embed")]
+    _STOP.extend(s.stop for s in servers)
     try:
         for server in servers:  # the three start side by side
             server.spawn()
@@ -107,4 +119,5 @@ def vllm_policy(engines: Engines) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def vgw(vllm: Engines, certs: CertFiles) -> Iterator[GatewayServer]:
     with GatewayServer(vllm_policy(vllm), certs=certs) as server:
+        _STOP.append(lambda: server.__exit__(None, None, None))  # before the engines
         yield server
