@@ -13,6 +13,7 @@ VLLM_TARGET_DEVICE=cpu, the least KV cache (1 GiB), one OpenMP thread, Intel Ope
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -40,8 +41,6 @@ COMMON = (
     "priority",
     "--max-model-len",
     "32768",
-    "--max-num-seqs",
-    "8",
     "--seed",
     "0",
 )
@@ -55,6 +54,7 @@ GENERATE = (
     "qwen3",
 )
 DRAFT_TOKENS = 4
+DEFAULT_MAX_NUM_SEQS = 8
 
 
 def speculative(method: str, models: Path) -> dict[str, Any]:
@@ -114,7 +114,8 @@ def engine_env(home: Path) -> dict[str, str]:
 
 
 class VllmServer:
-    """One `vllm serve` of the tiny target: `kind` "draft", "ngram", "plain" or "embed"."""
+    """One `vllm serve` of the tiny target: `kind` "draft" (the draft model), "ngram" or
+    "embed" (the target as an embedding model)."""
 
     def __init__(
         self,
@@ -138,8 +139,6 @@ class VllmServer:
         return self.home / "models"
 
     def args(self) -> list[str]:
-        import json
-
         args = [
             str(self.home / "venv" / "bin" / "python"),
             str(Path(__file__).with_name("vllm_launch.py")),
@@ -160,8 +159,7 @@ class VllmServer:
         if self.kind in ("draft", "ngram"):
             method = "draft_model" if self.kind == "draft" else "ngram"
             args += ["--speculative-config", json.dumps(speculative(method, self.models))]
-        if self.max_num_seqs is not None:
-            args += ["--max-num-seqs", str(self.max_num_seqs)]
+        args += ["--max-num-seqs", str(self.max_num_seqs or DEFAULT_MAX_NUM_SEQS)]
         return args + list(self.extra_args)
 
     def __enter__(self) -> VllmServer:

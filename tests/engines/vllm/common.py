@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sqlite3
 import time
 from typing import Any
 
@@ -29,11 +28,6 @@ def samples(page: str) -> dict[str, float]:
         for s in family.samples:
             out[s.name] = out.get(s.name, 0.0) + s.value
     return out
-
-
-def families(page: str) -> dict[str, str]:
-    """Family name -> type, as prometheus_client parses the page."""
-    return {f.name: f.type for f in text_string_to_metric_families(page)}
 
 
 class Arrivals:
@@ -105,7 +99,3 @@ def per_token_itl_p50(frames: list[tuple[float, int]]) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(values) - 1)
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
-
-
-def row_dict(row: sqlite3.Row) -> dict[str, Any]:
-    return {k: row[k] for k in row.keys()}  # noqa: SIM118 (sqlite3.Row has no items())
