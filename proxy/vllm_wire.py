@@ -134,7 +134,7 @@ class Family:
     PROMPT_TOKENS_CACHED = "vllm:prompt_tokens_cached"
     REQUEST_MAX_GENERATION = "vllm:request_max_num_generation_tokens"
     REQUEST_PREFILL_KV_COMPUTED = "vllm:request_prefill_kv_computed_tokens"
-    # 0.33 only.
+    # Not in 0.28; in 0.32.0 (a real server: tests/engines/vllm/) and 0.33.
     ADMISSION_REJECTIONS = "vllm:admission_rejections"  # labels model_name, reason (no engine)
     PROMPT_TOKENS_CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source"  # label `source`
     REQUEST_PREEMPTIONS = "vllm:request_num_preemptions"

@@ -1,0 +1,101 @@
+"""What the real-vLLM tests share: request bodies, the engine's counters, the client's clock."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+import httptools
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
+from loadtests.harness.rawhttp import Address
+from tests.engines.test_llamacpp_gateway import logged
+
+__all__ = ["logged"]
+
+CHAT = [{"role": "user", "content": "Write a function that returns the length of a list."}]
+PROMPT = "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, value):"
+GREEDY = {"temperature": 0, "seed": 1234}
+
+
+def samples(page: str) -> dict[str, float]:
+    """Every sample of a Prometheus page, summed over its labels, by sample name."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+class Arrivals:
+    """httptools callbacks: the body, and when each of its bytes came off the socket."""
+
+    def __init__(self) -> None:
+        self.body = bytearray()
+        self.marks: list[tuple[int, float]] = []
+        self.now = 0.0
+        self.complete = False
+
+    def on_body(self, data: bytes) -> None:
+        self.body += data
+        self.marks.append((len(self.body), self.now))
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+    def at(self, offset: int) -> float:
+        return next(t for end, t in self.marks if end > offset)
+
+
+def timed_stream(
+    gw: GatewayServer, body: dict[str, Any], rid: str
+) -> tuple[float, list[tuple[float, int]]]:
+    """(the client's TTFT, [(arrival, tokens) per content frame]) for a chat stream with
+    per-chunk usage, on the client's clock at each frame's first byte (a raw TLS socket)."""
+    target = Address.of(gw.base, gw.certs.ca_cert)
+    request = target.request(
+        "/v1/chat/completions",
+        json.dumps(body).encode(),
+        CLIENT_KEY,
+        headers=[("x-request-id", rid)],
+    )
+    reply = Arrivals()
+    parser = httptools.HttpResponseParser(reply)
+    with socket.create_connection((target.host, target.port)) as raw:
+        assert target.tls is not None
+        with target.tls.wrap_socket(raw, server_hostname=target.host) as sock:
+            t0 = time.perf_counter()
+            sock.sendall(request)
+            while not reply.complete:
+                data = sock.recv(65536)
+                reply.now = time.perf_counter()
+                if not data:
+                    break
+                parser.feed_data(data)
+    frames: list[tuple[float, int]] = []
+    offset, seen = 0, 0
+    for frame in bytes(reply.body).split(b"\n\n"):
+        if frame.startswith(b"data: {"):
+            doc = json.loads(frame[6:])
+            usage = doc.get("usage") or {}
+            tokens = int(usage.get("completion_tokens") or 0)
+            if doc.get("choices") and tokens > seen:
+                frames.append((reply.at(offset), tokens - seen))
+                seen = tokens
+        offset += len(frame) + 2
+    return frames[0][0] - t0, frames
+
+
+def per_token_itl_p50(frames: list[tuple[float, int]]) -> float:
+    """The weighted median of gap/tokens over the decode frames (the gateway's definition)."""
+    values: list[float] = []
+    for (a, _), (b, n) in zip(frames, frames[1:], strict=False):
+        values += [(b - a) / n] * n
+    values.sort()
+    pos = 0.5 * (len(values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
