@@ -123,10 +123,17 @@ class Measurement:
         chunks = len(self.step_tokens) if self.estimate_void != "token_frames" else None
         engine = self._engine_counts()
         if engine is not None:
+            accepted, drafted = engine
+            if not chunks and drafted is not None and 0 < accepted and drafted < n - 1 - accepted:
+                # Steps without a draft (ngram, suffix: the summary does not count them) and
+                # no chunk count: `tokens - accepted` is then the only bound, and vLLM counts
+                # the drafts its last step accepted past the answer's end (up to the draft
+                # length), so it can read several steps short. Nothing can be right: withheld.
+                return None
             count = decode_steps(
                 n,
-                accepted=engine[0],
-                drafted_steps=engine[1],
+                accepted=accepted,
+                drafted_steps=drafted,
                 chunks=chunks or None,
                 max_step_tokens=limit,
             )
@@ -149,15 +156,19 @@ class Measurement:
         k = token_count(self.spec.get("num_spec_tokens")) if self.spec is not None else None
         return None if k is None else k + 1
 
-    def _engine_counts(self) -> tuple[int, int] | None:
-        """(accepted drafts, drafted steps) from the engine's per-request report."""
+    def _engine_counts(self) -> tuple[int, int | None] | None:
+        """(accepted drafts, drafted steps) from the engine's per-request report; llama.cpp's
+        has no count of drafted steps (None)."""
         if self.spec is None:
             return None
         acc = token_count(self.spec.get("num_accepted_draft_tokens"))
-        steps = token_count(self.spec.get("num_spec_steps", 0))
-        if acc is not None and steps is not None:
-            return acc, steps
-        return None
+        if acc is None:
+            return None
+        raw = self.spec.get("num_spec_steps")
+        steps = token_count(raw)
+        if raw is not None and steps is None:
+            return None  # a count that is not one: the report is not read
+        return acc, steps
 
     def itl_steps(self) -> tuple[Sequence[float], Sequence[int]]:
         """(gaps, tokens per gap) whose ratios are the per-token ITL: the decode chunks, or on

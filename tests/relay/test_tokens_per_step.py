@@ -219,6 +219,18 @@ def test_withheld_where_nothing_can_be_right(name: str) -> None:
     assert (m.tps_source, m.acceptance, m.step_count) == (None, None, None)
 
 
+def test_ngram_without_a_stream_is_withheld() -> None:
+    """ngram, a whole JSON body: 2 drafted steps, 5 accepted drafts of which vLLM counted some
+    past max_tokens (a real vLLM 0.32 logged 60 accepted where 56 reached a 96-token answer).
+    No chunk count floors the steps, so `tokens - accepted` could be steps short: withheld. A
+    summary whose drafted steps account for every step (a draft model's) is still read."""
+    for summary, expected in ((_summary(5, 2, 3), None), (_summary(6, 3, 3), 9 / 3)):
+        m = Measurement(0.0)
+        body = {"usage": {"completion_tokens": 10}, "metrics": {"speculative_decoding": summary}}
+        m.record_body(orjson.dumps(body))
+        assert m.acceptance == (None if expected is None else pytest.approx(expected))
+
+
 def test_tool_call_stream_keeps_the_engines_summary() -> None:
     m = measure(Case(chat([1, 2, 21, 14], tool_from=2, summary=_summary(25, 12, 3))))
     # 37 tokens after the first; 12 drafted steps, 37 - 25 = 12: both say 12 steps
