@@ -21,7 +21,7 @@ from proxy.gateway import Gateway, RequestRecord
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.errors import error_body
 from proxy.relay.exchange import Exchange
-from proxy.relay.fields import Encoded, Limits, check_fields
+from proxy.relay.fields import Encoded, Limits, check_fields, too_many_containers
 from proxy.relay.forward import ENDPOINTS, forward
 from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import PULL
@@ -252,6 +252,10 @@ class PublicApp:
             return False
         except ConnectionResetError:
             return False
+        crowded = too_many_containers(raw, self.limits)
+        if crowded is not None:
+            await x.error(413, crowded, headers=rid)
+            return False
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -323,6 +327,7 @@ class PublicApp:
             applied = ",".join(f"{k}={_fmt(decision.inject[k])}" for k in decision.defaults_applied)
             extra.append((b"x-specrouter-defaults", applied.encode()))
         x.record, x.decision, x.extra = record, decision, extra
+        x.release_tree()
         return True
 
 

@@ -37,6 +37,7 @@ from policies.compiled import compile_policy
 from policies.schema import load_policy
 from proxy import auth
 from proxy.gateway import Gateway
+from proxy.memory import tune_allocator
 from proxy.relay.app import PublicApp
 from proxy.settings import Settings
 
@@ -115,6 +116,7 @@ async def one(app: PublicApp, path: str, raw: bytes) -> int:
 
 
 async def run(args: argparse.Namespace, port: int, workdir: Path) -> None:
+    tune_allocator()  # as `specrouter serve` does (proxy/memory.py)
     gw = _gateway(port, workdir)
     app = PublicApp(gw)
     bodies = {
