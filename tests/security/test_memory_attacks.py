@@ -28,6 +28,7 @@ from loadtests.harness.gateway import CLIENT_KEY, GatewayServer, coder_policy
 from loadtests.harness.launch import Child
 from loadtests.harness.procfs import rss_bytes
 from loadtests.harness.rawhttp import Address
+from proxy.certs import CertFiles
 
 MB = 1_000_000
 MIB = 1 << 20
@@ -41,7 +42,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(certs) -> Iterator[Stack]:
+def stack(certs: CertFiles) -> Iterator[Stack]:
     # The pacer (a vLLM-shaped stream at next to no cost): the engine takes a 5 MB body in
     # milliseconds, so what is measured is the gateway holding it.
     pacer = Child(

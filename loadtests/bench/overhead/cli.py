@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render(summary, names, results))
     if agent_results:
         print(f"\nagent-sized bodies: {agents.DESCRIBE}; median (min–max) over repeats")
-        print(agents.render(agent_results, args.quick))
+        print(agents.render(agent_results, agents.scenarios(args.quick)))
     if args.json:
         doc = {
             "plan": describe(plan, args.prompt_bytes),
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             "rounds": [r.__dict__ for r in results],
             "agents": {
                 "describe": agents.DESCRIBE,
-                "figures": agents.figures(agent_results, args.quick),
+                "figures": agents.figures(agent_results, agents.scenarios(args.quick)),
                 "rounds": [r.__dict__ for r in agent_results],
             },
         }

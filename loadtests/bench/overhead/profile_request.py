@@ -62,7 +62,9 @@ def _gateway(pacer_port: int, workdir: Path) -> Gateway:
     }
     config = workdir / "policy.yaml"
     config.write_text(yaml.safe_dump(policy, sort_keys=False))
-    settings = Settings(config=config, state_dir=workdir / "state", admin_token="x" * 32)
+    settings = Settings.model_validate(
+        {"config": config, "state_dir": workdir / "state", "admin_token": ["x" * 32]}
+    )
     return Gateway(settings, compile_policy(load_policy(config)))
 
 
