@@ -263,7 +263,8 @@ class GatewayProcess:
         self.monitor.start()
         self.gw.start()
         self._spawn(self._watch_policy_file())
-        self._spawn(Trimmer().run())  # freed memory back to the system after bursts
+        # Freed memory back to the system after bursts (proxy/memory.py).
+        self._spawn(Trimmer(lambda: not self.gw.in_flight).run())
         scheme = "http" if self.ssl is None else "https"
         admin_scheme = "http" if self.admin_ssl is None else "https"
         metrics = "".join(f" metrics {url_of(sock, 'http')}" for _, sock in servers[2:])
