@@ -136,8 +136,12 @@ async def run(args: argparse.Namespace, port: int, workdir: Path) -> None:
             if prof is not None and name.endswith("K"):
                 prof.enable()
             c0 = time.process_time()
-            for _ in range(args.requests):
-                await one(app, path, raw)
+
+            async def loop(path: str = path, raw: bytes = raw) -> None:
+                for _ in range(args.requests // args.concurrency):
+                    await one(app, path, raw)
+
+            await asyncio.gather(*(loop() for _ in range(args.concurrency)))
             per[name].append((time.process_time() - c0) / args.requests * 1000)
             if prof is not None:
                 prof.disable()
@@ -160,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=406 * 1024, help="the agent body's bytes")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
     ap.add_argument("--cprofile", action="store_true", help="profile the agent-sized requests")
     ap.add_argument("--sort", default="tottime")
     ap.add_argument("--top", type=int, default=30)
