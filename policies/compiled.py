@@ -90,6 +90,7 @@ class CompiledPolicy:
         "version",
         "routes",
         "backends",
+        "several_engines",
         "guards",
         "_by_model",
         "_by_key",
@@ -107,6 +108,8 @@ class CompiledPolicy:
         canonical = orjson.dumps(doc.to_data(), option=orjson.OPT_SORT_KEYS)
         self.version: str = hashlib.sha256(canonical).hexdigest()[:16]
         self.backends: Mapping[str, BackendSpec] = MappingProxyType(dict(doc.backends))
+        # Whether a request may need the engine-affinity key (a backend with several engines).
+        self.several_engines = any(len(b.engine_urls) > 1 for b in doc.backends.values())
         self.sessions: SessionsSpec = doc.sessions
         routes = {name: _compile_route(name, spec, doc) for name, spec in doc.routes.items()}
         self.routes: Mapping[str, CompiledRoute] = MappingProxyType(routes)

@@ -21,7 +21,7 @@ from proxy.admin.policy_store import PolicyStore
 from proxy.backends.health import HealthMonitor
 from proxy.certs import server_context
 from proxy.gateway import Gateway
-from proxy.memory import tune_allocator
+from proxy.memory import Trimmer, tune_allocator
 from proxy.observe.accesslog import access_sink
 from proxy.observe.metrics_app import create_metrics_app
 from proxy.observe.requestlog import RequestLog
@@ -298,6 +298,8 @@ class GatewayProcess:
         self.monitor.start()
         self.gw.start()
         self._spawn(self._watch_policy_file())
+        # Freed memory back to the system after bursts (proxy/memory.py).
+        self._spawn(Trimmer(lambda: not self.gw.in_flight).run())
         scheme = "http" if self.ssl is None else "https"
         admin_scheme = "http" if self.admin_ssl is None else "https"
         metrics = "".join(f" metrics {url_of(sock, 'http')}" for _, sock in servers[2:])
@@ -335,7 +337,7 @@ async def _stop_telemetry(telemetry: Telemetry) -> None:
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     settings = parse_args(argv)
-    tune_allocator()  # large engine frames given back to the system once freed
+    tune_allocator()  # large buffers reused, given back by the Trimmer after bursts
     try:
         check_startup(settings)
         operator = load_operator(settings.operator_file)

@@ -118,6 +118,12 @@ class Settings(BaseSettings):
     max_logprobs: int = Field(5, ge=0, description="completions `logprobs` above this get 400")
     max_messages: int = Field(4096, ge=1, description="chat messages / responses input items")
     max_json_depth: int = Field(128, ge=2, le=250, description="request JSON nesting depth")
+    max_json_containers: int = Field(
+        262_144,
+        ge=1024,
+        description="JSON objects and arrays in one request body (413 above: each is 60-200 "
+        "bytes once parsed, a list of empty objects ~21 times its JSON)",
+    )
     # Limits on what policy documents and engines may send (docs/limits.md, engine side).
     max_policy_bytes: int = Field(DEFAULT_LIMITS.max_bytes, description="policy document size")
     max_policy_rules: int = Field(DEFAULT_LIMITS.max_rules, description="rules over all routes")

@@ -60,6 +60,15 @@ from loadtests.bench.pacer_frames import (
 )
 from proxy.vllm_wire import DONE
 
+# The streaming POST paths and each one's last event: chat's chunks on all three (the overhead
+# benchmark's Responses and Messages rounds measure the relay, not the event shapes), ended as
+# each API ends a stream.
+_STREAM_ENDS = {
+    b"/v1/chat/completions": DONE,
+    b"/v1/responses": b'event: response.completed\ndata: {"type":"response.completed"}\n\n',
+    b"/v1/messages": b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+}
+
 
 @dataclass(slots=True)
 class PacerConfig:
@@ -104,19 +113,28 @@ class ChatStream:
         "handle",
         "tail",
         "done",
+        "end",
     )
 
     def __init__(
-        self, proto: PacerProtocol, body: dict[str, Any], request_id: str, cfg: PacerConfig
+        self,
+        proto: PacerProtocol,
+        body: dict[str, Any],
+        request_id: str,
+        cfg: PacerConfig,
+        end: bytes = DONE,
     ) -> None:
         self.proto = proto
+        self.end = end
         xargs = body.get("vllm_xargs")
         xargs = xargs if isinstance(xargs, dict) else {}
         opts = body.get("stream_options")
         opts = opts if isinstance(opts, dict) else {}
         self.include_usage = opts.get("include_usage") is True
         self.continuous = self.include_usage and opts.get("continuous_usage_stats") is True
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        max_tokens = body.get(
+            "max_tokens", body.get("max_completion_tokens", body.get("max_output_tokens"))
+        )
         self.max_tokens = (
             max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else cfg.max_tokens
         )
@@ -183,7 +201,7 @@ class ChatStream:
         if last:
             if self.include_usage:
                 out.append(http_chunk(self.usage + self._usage() + FINGERPRINT_TAIL + b"}\n\n"))
-            out.append(http_chunk(DONE))
+            out.append(http_chunk(self.end))
             out.append(CHUNK_END)
             self.done = True
             stats.streams_done += 1
@@ -291,8 +309,8 @@ class PacerProtocol(asyncio.Protocol):
         method = self.parser.get_method()
         path = self.url.split(b"?", 1)[0]
         self.stats.requests += 1
-        if path == b"/v1/chat/completions" and method == b"POST":
-            self._chat(b"".join(self.body))
+        if path in _STREAM_ENDS and method == b"POST":
+            self._chat(b"".join(self.body), _STREAM_ENDS[path])
         elif path == b"/health" and method == b"GET":
             self._reply(200, b"", content_type=None)
         elif path == b"/metrics" and method == b"GET":
@@ -332,7 +350,7 @@ class PacerProtocol(asyncio.Protocol):
         if close:
             self.transport.close()
 
-    def _chat(self, raw: bytes) -> None:
+    def _chat(self, raw: bytes, end: bytes = DONE) -> None:
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError:
@@ -347,7 +365,7 @@ class PacerProtocol(asyncio.Protocol):
         if body.get("stream") is not True:
             self._complete(body, request_id)
             return
-        stream = ChatStream(self, body, request_id, self.cfg)
+        stream = ChatStream(self, body, request_id, self.cfg, end)
         self.stream = stream
         self.stats.open_streams += 1
         assert self.transport is not None

@@ -63,6 +63,19 @@ def cpu_split(pids: Sequence[int]) -> tuple[float, float]:
     return user / CLK_TCK, system / CLK_TCK
 
 
+def cpu_ns(pids: Sequence[int]) -> int:
+    """Time on a CPU of the processes' live threads, in ns (/proc/PID/task/TID/schedstat):
+    the scheduler's own clock, where utime and stime count 10 ms ticks, too coarse for a round
+    of a few requests."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
 def cpu_seconds(pids: int | Sequence[int]) -> float:
     """utime + stime of the process(es) (all their threads), in seconds."""
     return sum(cpu_split([pids] if isinstance(pids, int) else pids))

@@ -7,7 +7,10 @@ policy decision and the relay. The admin surface lives on its own listener (prox
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -24,7 +27,7 @@ from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.channel import PushChannel
 from proxy.relay.errors import error_body
 from proxy.relay.exchange import Exchange
-from proxy.relay.fields import Encoded, Limits, check_fields
+from proxy.relay.fields import Encoded, Limits, check_fields, too_many_containers
 from proxy.relay.forward import ENDPOINTS, forward
 from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import PULL
@@ -208,7 +211,17 @@ class PublicApp:
             await gw.limits.leave(client.name)
 
     async def _generate(self, x: Exchange[Any], scope: dict[str, Any], receive: Receive) -> None:
-        if not await self._read(x, receive) or not await self._decide(x):
+        raw = await self._read(x, receive)
+        if raw is None:
+            return
+        # From the parse to the decision, no await: the body's containers are made and, once
+        # decided, freed (`release_tree`), without the collector walking them meanwhile (~0.3
+        # ms of an agent's 400 KiB body). An answer to send is sent after, collector on.
+        with paused_collector():
+            answer = self._parse(x, raw) or self._decide(x)
+        del raw  # held no longer than its parse
+        if answer is not None:
+            await answer
             return
         gw, rid = self.gw, x.rid
         if gw.draining:
@@ -237,8 +250,8 @@ class PublicApp:
             watch.stop()
             gw.watches.pop(id(x.record), None)
 
-    async def _read(self, x: Exchange[Any], receive: Receive) -> bool:
-        """The body, parsed, with its model (`x.body`, `x.model`); False once answered."""
+    async def _read(self, x: Exchange[Any], receive: Receive) -> bytes | None:
+        """The body's bytes; None once answered."""
         settings, rid = self.gw.settings, x.rid
         try:
             async with asyncio.timeout(settings.body_timeout_s):
@@ -249,41 +262,48 @@ class PublicApp:
                 f"request body not received within {settings.body_timeout_s:g}s",
                 headers=[*rid, (b"connection", b"close")],
             )
-            return False
+            return None
         except BodyTooLarge:
             await x.error(
                 413, f"request body larger than {settings.max_body_bytes} bytes", headers=rid
             )
-            return False
+            return None
         except ConnectionResetError:
-            return False
+            return None
+        return raw
+
+    def _parse(self, x: Exchange[Any], raw: bytes) -> Coroutine[Any, Any, None] | None:
+        """The body, parsed and checked, with its model (`x.body`, `x.model`); else the
+        answer to send."""
+        rid = x.rid
+        crowded = too_many_containers(raw, self.limits)
+        if crowded is not None:
+            return x.error(413, crowded, headers=rid)
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            await x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
-            return False
+            return x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
         encoded: Encoded = {}
         problem = check_fields(x.endpoint, body, self.limits, encoded)
         if problem is not None:
-            await x.error(400, problem[0], param=problem[1], headers=rid)
-            return False
+            return x.error(400, problem[0], param=problem[1], headers=rid)
         previous = body.get("previous_response_id") if x.endpoint == "responses" else None
         if isinstance(previous, str) and self.gw.response_owners.owner(previous) not in (
             None,
             x.client.name,
         ):  # another client's conversation: answered as vLLM answers an unknown id
-            await x.error(
+            return x.error(
                 404,
                 f"Response with id '{previous[:128]}' not found.",
                 param="previous_response_id",
                 headers=rid,
             )
-            return False
         x.body, x.model, x.encoded = body, body["model"], encoded
-        return True
+        return None
 
-    async def _decide(self, x: Exchange[Any]) -> bool:
-        """The policy's decision (`x.decision`, `x.record`, `x.extra`); False once answered."""
+    def _decide(self, x: Exchange[Any]) -> Coroutine[Any, Any, None] | None:
+        """The policy's decision (`x.decision`, `x.record`, `x.extra`); else the answer to
+        send (a rejection)."""
         gw, policy, body, rid = self.gw, x.policy, x.body, x.rid
         record = RequestRecord(
             request_id=x.request_id,
@@ -330,23 +350,9 @@ class PublicApp:
         record.policy_version = policy.version
         record.content_class, record.canary = decision.content_class, decision.canary
         if decision.rejection is not None or decision.backend is None:
-            rej = decision.rejection
-            record.outcome, record.status = "rejected", rej.status if rej else 503
-            if rej is not None:
-                retry = []
-                if rej.status in (429, 503):
-                    retry = [(b"retry-after", str(int(rej.retry_after_s or 5)).encode())]
-                await x.error(
-                    rej.status, rej.message, param=rej.param, type_=rej.type, headers=[*rid, *retry]
-                )
-            else:
-                await x.error(503, "no backend available", headers=rid)
-            record.m.t_end = time.perf_counter()
-            gw.metrics.observe_request(
-                record.route or "none", "none", record.client, record.outcome, record.m
-            )
-            gw.finished(record)
-            return False
+            record.outcome = "rejected"
+            record.status = decision.rejection.status if decision.rejection else 503
+            return self._rejected(x, record, decision)
         record.defaults_applied = decision.defaults_applied
         temperature = decision.inject.get("temperature", body.get("temperature"))
         record.temperature = finite_number(temperature)  # stored: bounded (proxy/bounds.py)
@@ -360,11 +366,42 @@ class PublicApp:
             applied = ",".join(f"{k}={_fmt(decision.inject[k])}" for k in decision.defaults_applied)
             extra.append((b"x-specrouter-defaults", applied.encode()))
         x.record, x.decision, x.extra = record, decision, extra
-        return True
+        x.release_tree()
+        return None
+
+    async def _rejected(self, x: Exchange[Any], record: RequestRecord, decision: Any) -> None:
+        rej, rid, gw = decision.rejection, x.rid, self.gw
+        if rej is not None:
+            retry = []
+            if rej.status in (429, 503):
+                retry = [(b"retry-after", str(int(rej.retry_after_s or 5)).encode())]
+            await x.error(
+                rej.status, rej.message, param=rej.param, type_=rej.type, headers=[*rid, *retry]
+            )
+        else:
+            await x.error(503, "no backend available", headers=rid)
+        record.m.t_end = time.perf_counter()
+        gw.metrics.observe_request(
+            record.route or "none", "none", record.client, record.outcome, record.m
+        )
+        gw.finished(record)
 
 
 def _nothing() -> None:
     pass
+
+
+@contextmanager
+def paused_collector() -> Iterator[None]:
+    """The cyclic garbage collector off for a block that makes many objects and frees them
+    all by reference counting before it ends (no await inside: no other request runs)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _fmt(value: Any) -> str:

@@ -358,7 +358,7 @@ async def open_engine_stream(
         f"content-length: {len(payload)}",
     ]
     lines += [f"{k}: {v}" for k, v in headers.items()]
-    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")  # the body not copied after it
     loop = asyncio.get_running_loop()
     key = (scheme, host, port)
     while True:
@@ -370,7 +370,7 @@ async def open_engine_stream(
         stream.request_id = headers.get("x-request-id")
         conn.stream = stream
         assert conn.transport is not None
-        conn.transport.write(request)
+        conn.transport.writelines((head, payload))
         if sent is not None:
             sent.append(True)
         try:

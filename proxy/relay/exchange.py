@@ -13,6 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import orjson
+
+from proxy.backends.engines import prefix_affinity
 from proxy.relay.asgi import respond
 from proxy.relay.errors import error_body
 from proxy.relay.fields import client_request_id
@@ -66,6 +69,7 @@ class Exchange(Generic[R]):
         "client",
         "body",
         "encoded",
+        "affinity",
         "model",
         "record",
         "decision",
@@ -87,6 +91,7 @@ class Exchange(Generic[R]):
     client: ClientSpec
     body: dict[str, Any]
     encoded: Encoded  # the body's containers as `check_fields` serialised them, for the rewrite
+    affinity: bytes | None  # the conversation's opening, for an engine of several (engines.py)
     model: str
     record: RequestRecord
     decision: Decision
@@ -115,6 +120,34 @@ class Exchange(Generic[R]):
         self.first = b""  # its first body bytes, read before the response start
         self.rename: tuple[bytes, bytes] | None = None  # served model name -> client's
         self.continuable = False  # a broken stream may be continued (resume.py)
+
+    def release_tree(self) -> None:
+        """Once decided: every container of the body that `check_fields` serialised is
+        replaced in `body` by those bytes (an `orjson.Fragment`, written upstream as it is),
+        so the parsed conversation is freed before the request first waits, and at most one
+        request's tree is alive at a time: a request in flight holds its body's bytes, not its
+        objects (a list of empty objects is ~21 times its JSON as objects). `stream_options`
+        stays parsed (the usage plan reads and edits it); a continuation parses the rest
+        again (`parsed_body`)."""
+        body = self.body
+        self.affinity = prefix_affinity(body) if self.policy.several_engines else None
+        for name, (value, json) in self.encoded.items():
+            if name != "stream_options" and body.get(name) is value:
+                body[name] = json
+        self.encoded = {}
+
+    def drop_body(self) -> None:
+        """The engine answered and no continuation will resend the body: its serialised
+        containers go, for as long as the answer streams (what stays is read by the relay:
+        `stream`, `stream_options`, `stream_interval`)."""
+        self.body = {k: v for k, v in self.body.items() if type(v) is not orjson.Fragment}
+
+    def parsed_body(self) -> dict[str, Any]:
+        """The body with its containers parsed again (a continuation reads `messages`)."""
+        if not any(type(v) is orjson.Fragment for v in self.body.values()):
+            return self.body
+        parsed: dict[str, Any] = orjson.loads(orjson.dumps(self.body))
+        return parsed
 
     async def _start(self, message: dict[str, Any]) -> None:
         """Every response's start, whoever sends it: `Server-Timing` with what is known now

@@ -75,6 +75,7 @@ class Limits:
     max_logprobs: int = 5  # completions (OpenAI's own maximum)
     max_messages: int = 4096  # chat messages, responses input items
     max_json_depth: int = 128  # orjson cannot re-serialise beyond 254
+    max_json_containers: int = 262_144  # objects and arrays: the parsed body's memory
 
     @classmethod
     def of(cls, settings: Any) -> Limits:
@@ -464,6 +465,18 @@ def _walk(body: dict[str, Any], max_depth: int) -> Problem | None:
                 elif kind is float and abs(value) >= _INT64 and value.is_integer():
                     return f"`{name}` has an integer beyond 64 bits", name
     return None
+
+
+def too_many_containers(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:
+    """Before the parse: the 413's message when the body may hold more than
+    `max_json_containers` objects and arrays, each 60-200 bytes once parsed (orjson's dicts and
+    lists; a body of empty objects is ~21 times its JSON). Brackets are counted, those inside
+    strings too (an upper bound), and only in a body long enough to hold that many (two bytes
+    each): an agent's 400 KiB body is never scanned."""
+    most = limits.max_json_containers
+    if len(raw) <= 2 * most or raw.count(b"{") + raw.count(b"[") <= most:
+        return None
+    return f"request body holds more than {most} JSON objects and arrays (`max_json_containers`)"
 
 
 # -- request headers --------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ import orjson
 from policies.capabilities import capabilities
 from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
-from proxy.backends.engines import prefix_affinity
 from proxy.relay.continuation import ContinuableFilter
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_with_error
 from proxy.relay.events import reader_for
@@ -78,7 +77,7 @@ async def _connect(x: Exchange[R]) -> bool:
             break
         backend = policy.backend(backend_name)
         urls = backend.engine_urls
-        base = urls[0] if len(urls) == 1 else gw.engine_table.pick(urls, prefix_affinity(x.body))
+        base = urls[0] if len(urls) == 1 else gw.engine_table.pick(urls, x.affinity)
         record.backend = backend_name
         if not gw.admission.try_acquire(backend_name, backend.max_concurrency):
             try:
@@ -255,8 +254,11 @@ async def _relay(x: Exchange[R]) -> None:
             events=reader_for(endpoint, record.m),
         )
         x.ends = _ENDS.get(endpoint, CHAT_ENDS)
+        if not x.continuable:
+            x.drop_body()
         record.outcome = await x.relay.sse(x)
     else:
+        x.drop_body()
         record.outcome = await x.relay.body(x)
     if record.outcome in ("upstream_error", "timeout") and record.m.chunks:
         gw.metrics.upstream_errors.labels(record.backend, "midstream").inc()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from proxy.backends.engines import prefix_affinity
 from proxy.relay.continuation import (
     ContinuableFilter,
     can_continue,
@@ -24,9 +23,12 @@ if TYPE_CHECKING:
 async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
     """Continue a broken chat stream on another variant of the same weights; the relays
     ask once per request."""
-    gw, policy, record, body, filt = x.gw, x.policy, x.record, x.body, x.filt
+    gw, policy, record, filt = x.gw, x.policy, x.record, x.filt
     route = policy.routes[record.route]
-    if not route.spec.continuation or x.endpoint != "chat" or not can_continue(body, filt):
+    if not route.spec.continuation or x.endpoint != "chat":
+        return None
+    body = x.parsed_body()  # the body's containers were kept serialised (Exchange.release_tree)
+    if not can_continue(body, filt):
         return None
     failed = record.backend
     state = gw.live.snapshot()
@@ -45,7 +47,7 @@ async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
         base = (
             backend.engine_urls[0]
             if len(backend.engine_urls) == 1
-            else gw.engine_table.pick(backend.engine_urls, prefix_affinity(body))
+            else gw.engine_table.pick(backend.engine_urls, x.affinity)
         )
         new_lease = Lease.begin(gw, record, name, base, backend.max_concurrency)
         assert isinstance(filt, ContinuableFilter)

@@ -12,7 +12,17 @@ import httpx
 import orjson
 import pytest
 
-from loadtests.bench.overhead import BENCH_KEY, Bench, Spec, Stack, iter_frames, render, summarize
+from loadtests.bench.agent_body import agent_body
+from loadtests.bench.overhead import (
+    BENCH_KEY,
+    Bench,
+    Spec,
+    Stack,
+    agents,
+    iter_frames,
+    render,
+    summarize,
+)
 
 ROLE_KEYS = ["id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"]
 CHOICE_KEYS = ["index", "delta", "logprobs", "finish_reason", "token_ids"]
@@ -175,3 +185,40 @@ async def test_one_round_through_the_gateway(stack: Stack) -> None:
     summary = summarize(results, ["direct", "gateway"])
     table = render(summary, ["direct", "gateway"], results)
     assert "added TTFT p50" in table and "CPU per chunk" in table
+
+
+async def test_agent_rounds_through_the_gateway_and_the_bare_relay(stack: Stack) -> None:
+    """Issue 29's rounds: an agent-sized Messages and Responses body and a one-line prompt,
+    whole answers (the pacer ends each API's stream with its own last event) through both
+    proxies, and the table and goals rendered from them."""
+    bench = Bench(stack)
+    results = []
+    scs = [
+        agents.Scenario(api, size, 1)
+        for api in ("messages", "responses")
+        for size in (0, 100 * agents.KIB)
+    ]
+    try:
+        for sc in scs:
+            body = agents.body_bytes(sc)
+            spec = Spec(sc.name, 1, 1.0, agents.CHUNKS, 0.2, 0.0)
+            for name in ("direct", "gateway", "relay"):
+                req = agents.request(stack.targets[name], sc, body)
+                results.append(await bench.closed_loop(name, spec, 0, 7, req))
+    finally:
+        bench.close()
+    for res in results:
+        assert res.ok and res.requests > 0, (res.target, res.kind, res.error)
+    assert all(r.extra.get("cpu_per_request_ms", 0) > 0 for r in results if r.target != "direct")
+    figs = agents.figures(results, scs)
+    assert figs["messages/100K/1s"]["d_cpu"]["gateway"] and figs["responses/100K/1s"]["ttft"]
+    assert "what the body adds" in agents.render(results, scs)
+
+
+def test_agent_bodies_are_the_size_asked() -> None:
+    for api in ("chat", "responses", "messages"):
+        body = agent_body(api, 406 * 1024)
+        size = len(orjson.dumps(body))
+        assert 390 * 1024 < size < 420 * 1024, (api, size)
+        assert len(body["tools"]) == 24
+    assert 200 < len(agent_body("chat", 406 * 1024)["messages"]) < 240

@@ -6,7 +6,14 @@ import orjson
 import pytest
 
 from proxy.relay.app import ENDPOINTS
-from proxy.relay.fields import FIELDS, Encoded, Limits, check_fields, client_request_id
+from proxy.relay.fields import (
+    FIELDS,
+    Encoded,
+    Limits,
+    check_fields,
+    client_request_id,
+    too_many_containers,
+)
 from proxy.relay.openapi import build_spec, spec
 from proxy.relay.rewrite import plan_usage, upstream_body
 from proxy.settings import Settings
@@ -199,3 +206,20 @@ def test_the_document_covers_the_route_table_with_the_same_fields() -> None:
     partial = build_spec({"/v1/embeddings": "embeddings"})
     assert "/v1/chat/completions" not in partial["paths"]
     assert "ChatCompletionRequest" not in partial["components"]["schemas"]
+
+
+def test_a_body_of_more_containers_than_the_limit_is_refused_before_its_parse() -> None:
+    """Each JSON object or array is 60-200 bytes once parsed: `max_json_containers` bounds the
+    parsed body's memory (issue 31); brackets in strings count too (an upper bound), and a
+    body too short to hold that many is not scanned."""
+    limits = Limits(max_json_containers=1024)
+
+    def body(n: int, item: bytes = b"{}") -> bytes:
+        return b'{"model":"m","x":[' + b",".join([item] * n) + b"]}"
+
+    assert too_many_containers(body(1022), limits) is None  # with the body and its list
+    problem = too_many_containers(body(1023), limits)
+    assert problem is not None and "max_json_containers" in problem
+    assert too_many_containers(body(2000, b'"[{"'), limits) is not None
+    assert too_many_containers(body(2000, b"1"), limits) is None  # numbers are no containers
+    assert too_many_containers(b"[" * 2048, limits) is None  # too short to hold 1,025

@@ -1,7 +1,8 @@
 """What the gateway adds over direct access (and over nginx), measured in one run.
 
-    python -m loadtests.bench.overhead            # full run, ~4-5 minutes
-    python -m loadtests.bench.overhead --quick    # ~1 minute
+    python -m loadtests.bench.overhead            # full run, ~12 minutes (agents: ~6)
+    python -m loadtests.bench.overhead --quick    # ~2 minutes
+    python -m loadtests.bench.overhead --quick --only agents   # the agents' rounds, ~1 minute
     python -m loadtests.bench.overhead --json out.json
 
 It starts, on loopback only:
@@ -9,6 +10,8 @@ It starts, on loopback only:
 - the real gateway (`specrouter serve`, TLS with a throwaway local CA) in front of it;
 - nginx as a TLS reverse proxy in front of it (`proxy_buffering off`, keepalive upstream), when
   an `nginx` binary is on PATH (or in /usr/sbin); otherwise that column is skipped;
+- a bare relay (bare_relay.py: Starlette + aiohttp on uvicorn, TLS, no parsing): the floor of
+  a Python gateway on the same stack (`--no-relay` skips it);
 and drives them from one load-client process (raw asyncio protocol + httptools on uvloop,
 connections opened and kept alive before each round, so no TLS handshake falls inside a TTFT).
 
@@ -22,6 +25,11 @@ think between requests, as coding agents do between turns. Per repeat:
   the response's chunks).
 - `sat`: 16 streams with the pacer as fast as possible: chunks/s through the target and CPU per
   chunk, over a fixed window after a warm-up; the streams are then dropped (client disconnect).
+Then the agents' rounds (agents.py): agent-sized bodies (chat with tools at 100 and 406 KiB, a
+Responses and a Messages request of 406 KiB, from loadtests/bench/agent_body.py) beside one-line
+prompts of the same API, at 1 and 8 streams, 10-chunk responses: added TTFT, CPU per request,
+what the body adds (the body round minus the one-line round), and issue 29's goals as ratios to
+the bare relay. `profile_request.py` profiles one such request inside one process.
 And, once, right after the warm-up: `rss256`, 256 streams open at once (100 ms step), the
 proxy's resident memory sampled while all 256 stream. The proxies' RSS idle (after the warm-up)
 and at the end of the run are shown too: the unpaced `sat` streams are long (thousands of chunks

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 import loadtests.bench.overhead as package
+from loadtests.bench.overhead import agents
 from loadtests.bench.overhead.plan import log, make_plan, run_plan
 from loadtests.bench.overhead.report import GOALS, describe, paced_cpu_ratio, render, summarize
 from loadtests.bench.overhead.result import RoundResult
@@ -43,9 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, help="repeats of the alternating rounds")
     ap.add_argument("--json", type=Path, help="write every round and the summary here")
     ap.add_argument("--no-nginx", action="store_true", help="skip the nginx comparison")
+    ap.add_argument("--no-relay", action="store_true", help="skip the bare relay comparison")
     ap.add_argument(
         "--only",
-        default="ttft1,paced16,sat,rss256",
+        default="ttft1,paced16,sat,rss256,agents",
         help="comma-separated rounds to run (default: all)",
     )
     ap.add_argument("--prompt-bytes", type=int, default=4096, help="request body size, roughly")
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     t_start = time.monotonic()
     try:
-        with Stack(nginx=not args.no_nginx, otlp=args.otlp) as stack:
+        with Stack(nginx=not args.no_nginx, relay=not args.no_relay, otlp=args.otlp) as stack:
             names = [n for n in TARGETS if n in stack.targets]
             log(
                 f"pacer pid {stack.pacer.pid if stack.pacer else '?'}, gateway pid "
@@ -77,14 +79,21 @@ def main(argv: list[str] | None = None) -> int:
             )
             log(describe(plan, args.prompt_bytes))
 
-            async def go() -> list[RoundResult]:
+            async def go() -> tuple[list[RoundResult], list[RoundResult]]:
                 bench = Bench(stack, prompt_bytes=args.prompt_bytes)
                 try:
-                    return await run_plan(bench, plan, kinds=kinds)
+                    base = await run_plan(bench, plan, kinds=kinds)
+                    agent_rounds = []
+                    if "agents" in kinds:
+                        log("agents' rounds: " + agents.DESCRIBE)
+                        agent_rounds = await agents.run_agents(
+                            bench, quick=args.quick, repeats=args.repeats or 3
+                        )
+                    return base, agent_rounds
                 finally:
                     bench.close()
 
-            results: list[RoundResult] = _run(go())
+            results, agent_results = _run(go())
             for child in stack.children:
                 if not child.alive():
                     log(f"{child.name} exited during the run:\n{''.join(child.output[-20:])}")
@@ -102,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     if stack.nginx_skipped:
         print(f"nginx column skipped: {stack.nginx_skipped}")
     print(render(summary, names, results))
+    if agent_results:
+        print(f"\nagent-sized bodies: {agents.DESCRIBE}; median (min–max) over repeats")
+        print(agents.render(agent_results, agents.scenarios(args.quick)))
     if args.json:
         doc = {
             "plan": describe(plan, args.prompt_bytes),
@@ -117,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             },
             "cpu_paced_ratio_to_nginx": paced_cpu_ratio(results).values,
             "rounds": [r.__dict__ for r in results],
+            "agents": {
+                "describe": agents.DESCRIBE,
+                "figures": agents.figures(agent_results, agents.scenarios(args.quick)),
+                "rounds": [r.__dict__ for r in agent_results],
+            },
         }
         args.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     return 0

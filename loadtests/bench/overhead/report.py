@@ -115,7 +115,7 @@ ROWS: list[tuple[str, str, str]] = [
 def render(
     summary: dict[str, dict[str, Figure]], targets: Sequence[str], results: list[RoundResult]
 ) -> str:
-    cols = [t for t in ("gateway", "nginx") if t in targets]
+    cols = [t for t in ("gateway", "relay", "nginx") if t in targets]
     header = ["metric", *cols, "target", "gateway meets"]
     lines: list[list[str]] = []
     for key, label, fmt in ROWS:

@@ -12,7 +12,7 @@ from loadtests.bench.overhead.client import ClientConn, Pool, Shot, Tally, reque
 from loadtests.bench.overhead.cpu import CpuSample, account
 from loadtests.bench.overhead.result import RoundResult
 from loadtests.bench.overhead.stack import Arm, Stack
-from loadtests.harness.procfs import cpu_seconds, cpu_split, rss_bytes, self_cpu
+from loadtests.harness.procfs import cpu_ns, cpu_seconds, cpu_split, rss_bytes, self_cpu
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,15 @@ class Bench:
         (user, system), pacer = cpu_split(pids), cpu_seconds([self.pacer_pid])
         return CpuSample(user, system, pacer, self_cpu(), time.perf_counter())
 
-    async def closed_loop(self, name: str, spec: Spec, repeat: int, seed: int) -> RoundResult:
-        """Each stream: arrive, request, read to the end, think, repeat until the window ends."""
+    async def closed_loop(
+        self, name: str, spec: Spec, repeat: int, seed: int, payload: bytes | None = None
+    ) -> RoundResult:
+        """Each stream: arrive, request, read to the end, think, repeat until the window ends.
+        `payload`: the request (head and body) when not the one-line chat of `spec`."""
         pool, target = self.pools[name], self.stack.targets[name]
         res = RoundResult(name, spec.kind, repeat)
         conns = await pool.ensure(spec.streams)
-        payload = self._payload(target, spec)
+        payload = payload or self._payload(target, spec)
         offsets = arrivals(random.Random(seed), spec.streams, spec.spread_s)
         shots: list[Shot] = []
         loop = asyncio.get_running_loop()
@@ -95,7 +98,7 @@ class Bench:
                 await asyncio.sleep(rng.uniform(*spec.think_s))
 
         pids = target.pids() if name != "direct" else []
-        before = self._sample(pids)
+        before, ns0 = self._sample(pids), cpu_ns(pids)
         longest = spec.max_tokens * spec.step_ms / 1000.0 + spec.spread_s
         try:
             async with asyncio.timeout(spec.duration_s + longest + 20):
@@ -111,7 +114,7 @@ class Bench:
         except (TimeoutError, ConnectionError, OSError) as exc:
             res.ok, res.error = False, f"{type(exc).__name__}: {exc}"
             pool.abort()
-        after = self._sample(pids)
+        after, ns1 = self._sample(pids), cpu_ns(pids)
         expected = spec.max_tokens + 2  # role, one event per token (1 token/chunk), [DONE]
         good = [s for s in shots if s.ok and s.frames == expected and s.t_first is not None]
         res.requests, res.failed = len(shots), len(shots) - len(good)
@@ -132,8 +135,8 @@ class Bench:
             res.extra["gap_p50_ms"] = pct(gaps, 50)
         res.extra["ttft_samples"] = len(ttfts)
         account(res, before, after, bool(pids))
-        if pids and good and res.cpu_s is not None:
-            res.extra["cpu_per_request_ms"] = res.cpu_s / len(good) * 1000
+        if pids and good and ns1 > ns0:  # the scheduler's ns, not utime+stime's 10 ms ticks
+            res.extra["cpu_per_request_ms"] = (ns1 - ns0) / len(good) / 1e6
         return res
 
     async def saturate(self, name: str, spec: Spec, repeat: int, seed: int) -> RoundResult:

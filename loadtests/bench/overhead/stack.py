@@ -1,4 +1,5 @@
-"""The processes under test: the pacer, the gateway in front of it, nginx when installed."""
+"""The processes under test: the pacer, the gateway in front of it, a bare relay (Starlette +
+aiohttp, no parsing) and nginx when installed."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from proxy.certs import CertFiles, make_local_ca
 BENCH_KEY = "sk-bench-overhead"
 ADMIN_TOKEN = "bench-admin-token-of-thirty-two-chars"  # 32+: the gateway refuses less
 MODEL = "pacer"
-TARGETS = ("direct", "gateway", "nginx")
+TARGETS = ("direct", "gateway", "relay", "nginx")
 
 
 def _tree(pid: int) -> Callable[[], list[int]]:
@@ -46,11 +47,17 @@ class Stack:
     """Pacer, gateway and (when installed) nginx on loopback; everything stopped on exit."""
 
     def __init__(
-        self, *, nginx: bool = True, workdir: Path | None = None, otlp: bool = False
+        self,
+        *,
+        nginx: bool = True,
+        relay: bool = True,
+        workdir: Path | None = None,
+        otlp: bool = False,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-overhead-")
         self.dir = workdir or Path(self._tmp.name)
         self.want_nginx = nginx
+        self.want_relay = relay
         # The gateway exports OpenTelemetry to a receiver process of its own on loopback.
         self.want_otlp = otlp
         self.otlp: Child | None = None
@@ -149,6 +156,30 @@ class Stack:
         bearer = b"authorization: Bearer " + BENCH_KEY.encode() + b"\r\n"
         gw_port = int(self.gateway.match.group(1).rsplit(":", 1)[1])
         self.targets["gateway"] = Arm("gateway", gw_port, client_tls, bearer, lambda: [gw_pid])
+        if self.want_relay:  # the bare relay (bare_relay.py): the floor of the Python stack
+            relay = self._spawn(
+                Child(
+                    "relay",
+                    [
+                        sys.executable,
+                        "-m",
+                        "loadtests.bench.overhead.bare_relay",
+                        "--upstream",
+                        f"http://127.0.0.1:{pacer_port}",
+                        "--cert",
+                        str(certs.cert),
+                        "--key",
+                        str(certs.key),
+                    ],
+                    ready=re.compile(r"bare relay listening on https://127\.0\.0\.1:(\d+)"),
+                    detach=True,
+                )
+            )
+            assert relay.match is not None
+            relay_pid = relay.pid
+            self.targets["relay"] = Arm(
+                "relay", int(relay.match.group(1)), client_tls, bearer, lambda: [relay_pid]
+            )
         if self.want_nginx:
             self._start_nginx(pacer_port, certs, client_tls, bearer)
 
