@@ -23,6 +23,7 @@ import yaml
 
 from loadtests.harness.gateway import ADMIN_TOKEN, OTHER_KEY, GatewayServer, coder_policy
 from proxy.certs import CertFiles
+from tests.security.loopback_engine import LoopbackEngine
 
 AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 MIB = 1 << 20
@@ -152,52 +153,18 @@ SCRIPTS: dict[str, Script] = {
 }
 
 
-class RawEngine:
+class RawEngine(LoopbackEngine):
     """HTTP/1.1 on loopback, in its own thread: GETs answered like vLLM's /health and
     /metrics, each POST by the script its body names, kept alive when the script says so."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.url = ""
-        self.connections = 0
-
-    def __enter__(self) -> RawEngine:
-        self.thread.start()
-        server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop
-        ).result(5)
-        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await r.readuntil(b"\r\n\r\n")
-                line, *fields = head.decode("latin-1").split("\r\n")
-                headers = {
-                    k.strip().lower(): v.strip()
-                    for k, _, v in (f.partition(":") for f in fields if f)
-                }
-                body = await r.readexactly(int(headers.get("content-length", "0")))
-                if line.startswith("GET "):
-                    w.write(_json(b"", ctype=b"text/plain"))
-                    keep = True
-                else:
-                    script = SCRIPTS[orjson.loads(body)["hostile"]]
-                    keep = await script(w, headers.get("x-request-id", ""))
-                await w.drain()
-                if not keep:
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            w.close()
+    async def answer(
+        self, w: asyncio.StreamWriter, line: str, headers: dict[str, str], body: bytes
+    ) -> bool:
+        if line.startswith("GET "):
+            w.write(_json(b"", ctype=b"text/plain"))
+            return True
+        script = SCRIPTS[orjson.loads(body)["hostile"]]
+        return await script(w, headers.get("x-request-id", ""))
 
 
 @pytest.fixture(scope="module")

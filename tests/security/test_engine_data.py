@@ -8,7 +8,6 @@ sets. After each attack another client is served its own answer, and the gateway
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -19,6 +18,7 @@ import pytest
 from loadtests.harness.gateway import OTHER_KEY, GatewayServer, coder_policy
 from loadtests.harness.requestlog import logged_rows
 from proxy.certs import CertFiles
+from tests.security.loopback_engine import LoopbackEngine
 
 ANSWER = b'{"id":"cmpl-1","object":"chat.completion","model":"qwen3.8-27b","choices":[]}'
 SEEN = ANSWER.replace(b'"qwen3.8-27b"', b'"coder"')
@@ -86,56 +86,27 @@ SCRIPTS: dict[str, Script] = {
 }
 
 
-class Engine:
+class Engine(LoopbackEngine):
     """HTTP/1.1 on loopback in its own thread; `health` and `metrics` are what GETs answer."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.url = ""
+        super().__init__()
         self.posts = 0
         self.health = 200
         self.metrics = b""
 
-    def __enter__(self) -> Engine:
-        self.thread.start()
-        server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop
-        ).result(5)
-        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await r.readuntil(b"\r\n\r\n")
-                line, *fields = head.decode("latin-1").split("\r\n")
-                headers = {
-                    k.strip().lower(): v.strip()
-                    for k, _, v in (f.partition(":") for f in fields if f)
-                }
-                body = await r.readexactly(int(headers.get("content-length", "0")))
-                if line.startswith("GET /metrics"):
-                    w.write(_json(self.metrics, ctype=b"text/plain"))
-                    keep = True
-                elif line.startswith("GET "):
-                    w.write(b"HTTP/1.1 %d X\r\ncontent-length: 0\r\n\r\n" % self.health)
-                    keep = True
-                else:
-                    self.posts += 1
-                    script = SCRIPTS[orjson.loads(body).get("hostile", "ok")]
-                    keep = await script(w, headers.get("x-request-id", ""))
-                await w.drain()
-                if not keep:
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            w.close()
+    async def answer(
+        self, w: asyncio.StreamWriter, line: str, headers: dict[str, str], body: bytes
+    ) -> bool:
+        if line.startswith("GET /metrics"):
+            w.write(_json(self.metrics, ctype=b"text/plain"))
+            return True
+        if line.startswith("GET "):
+            w.write(b"HTTP/1.1 %d X\r\ncontent-length: 0\r\n\r\n" % self.health)
+            return True
+        self.posts += 1
+        script = SCRIPTS[orjson.loads(body).get("hostile", "ok")]
+        return await script(w, headers.get("x-request-id", ""))
 
 
 class Stack:

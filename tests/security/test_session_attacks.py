@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,66 +23,42 @@ from loadtests.harness.gateway import (
     coder_policy,
 )
 from proxy.certs import CertFiles
+from tests.security.loopback_engine import LoopbackEngine
 
 CHAT = b'{"id":"cmpl-1","object":"chat.completion","model":"qwen3.8-27b","choices":[]}'
 EMBED = b'{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}]}'
 TABLE_SIZE = 20
 
 
-class Engine:
+class Engine(LoopbackEngine):
     """Records each POST (path, headers, body); answers chat, embeddings and Responses (a new
     `resp_N` id each time, as vLLM's store would)."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.url = ""
+        super().__init__()
         self.seen: list[tuple[str, dict[str, str], dict[str, Any]]] = []
         self._ids = itertools.count(1)
 
-    def __enter__(self) -> Engine:
-        self.thread.start()
-        server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self.loop
-        ).result(5)
-        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-    async def _handle(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await r.readuntil(b"\r\n\r\n")
-                line, *fields = head.decode("latin-1").split("\r\n")
-                headers = {
-                    k.strip().lower(): v.strip()
-                    for k, _, v in (f.partition(":") for f in fields if f)
-                }
-                raw = await r.readexactly(int(headers.get("content-length", "0")))
-                path = line.split(" ")[1]
-                if line.startswith("GET "):
-                    body, ctype = b"", b"text/plain"
-                else:
-                    self.seen.append((path, headers, orjson.loads(raw)))
-                    ctype = b"application/json"
-                    body = {
-                        "/v1/embeddings": EMBED,
-                        "/v1/responses": b'{"id":"resp_%d","object":"response",'
-                        b'"status":"completed","output":[]}' % next(self._ids),
-                    }.get(path, CHAT)
-                rid = headers.get("x-request-id", "").encode()
-                w.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: %b\r\ncontent-length: %d\r\n"
-                    b"x-request-id: %b\r\n\r\n%b" % (ctype, len(body), rid, body)
-                )
-                await w.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            w.close()
+    async def answer(
+        self, w: asyncio.StreamWriter, line: str, headers: dict[str, str], raw: bytes
+    ) -> bool:
+        path = line.split(" ")[1]
+        if line.startswith("GET "):
+            body, ctype = b"", b"text/plain"
+        else:
+            self.seen.append((path, headers, orjson.loads(raw)))
+            ctype = b"application/json"
+            body = {
+                "/v1/embeddings": EMBED,
+                "/v1/responses": b'{"id":"resp_%d","object":"response",'
+                b'"status":"completed","output":[]}' % next(self._ids),
+            }.get(path, CHAT)
+        rid = headers.get("x-request-id", "").encode()
+        w.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: %b\r\ncontent-length: %d\r\n"
+            b"x-request-id: %b\r\n\r\n%b" % (ctype, len(body), rid, body)
+        )
+        return True
 
 
 class Stack:
