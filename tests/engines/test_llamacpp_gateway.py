@@ -8,25 +8,22 @@ its per-request figures llama.cpp's own `timings`, checked against the engine's 
 
 from __future__ import annotations
 
-import json
 import re
-import socket
 import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httptools
 import httpx
 import pytest
 
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
 from loadtests.harness.llamacpp import LlamaCppServer
-from loadtests.harness.rawhttp import Address
 from loadtests.harness.tinymodels import tiny_pair
 from proxy import auth
 from proxy.certs import CertFiles
+from tests.engines.client_clock import raw_stream
 from tests.engines.test_llamacpp import metric_values
 
 API_KEY = "engine-test-key"
@@ -272,51 +269,11 @@ def test_ttft_and_itl_against_the_clients_clock(gw: GatewayServer) -> None:
     assert min(itl_gaps) < 0.002, itl_gaps
 
 
-class _Arrivals:
-    """httptools callbacks: the body, and when each of its bytes came off the socket."""
-
-    def __init__(self) -> None:
-        self.body = bytearray()
-        self.marks: list[tuple[int, float]] = []  # (body length after a read, its clock)
-        self.now = 0.0
-        self.complete = False
-
-    def on_body(self, data: bytes) -> None:
-        self.body += data
-        self.marks.append((len(self.body), self.now))
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-
-    def at(self, offset: int) -> float:
-        """When the body byte at `offset` arrived."""
-        return next(t for end, t in self.marks if end > offset)
-
-
 def _timed_stream(gw: GatewayServer, rid: str) -> tuple[float, float, sqlite3.Row]:
     """(the client's TTFT, its median gap between token frames, the gateway's log row), on the
     client's clock at each token frame's first byte."""
     body = {"model": "tiny-plain", "messages": CHAT, "max_tokens": 64, "stream": True, **GREEDY}
-    target = Address.of(gw.base, gw.certs.ca_cert)
-    request = target.request(
-        "/v1/chat/completions",
-        json.dumps(body).encode(),
-        CLIENT_KEY,
-        headers=[("x-request-id", rid)],
-    )
-    reply = _Arrivals()
-    parser = httptools.HttpResponseParser(reply)
-    with socket.create_connection((target.host, target.port)) as raw:
-        assert target.tls is not None
-        with target.tls.wrap_socket(raw, server_hostname=target.host) as sock:  # handshake first
-            t0 = time.perf_counter()
-            sock.sendall(request)
-            while not reply.complete:
-                data = sock.recv(65536)
-                reply.now = time.perf_counter()
-                if not data:
-                    break
-                parser.feed_data(data)
+    t0, reply = raw_stream(gw, body, rid)
     arrivals, offset = [], 0
     for frame in bytes(reply.body).split(b"\n\n"):
         if frame.startswith(b'data: {"choices":[{"finish_reason":null') and b'"role":' not in frame:

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
-import time
 from typing import Any
 
-import httptools
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
-from loadtests.harness.rawhttp import Address
+from loadtests.harness.gateway import GatewayServer
+from tests.engines.client_clock import raw_stream
 from tests.engines.test_llamacpp_gateway import logged
 
 __all__ = ["logged"]
@@ -30,51 +27,12 @@ def samples(page: str) -> dict[str, float]:
     return out
 
 
-class Arrivals:
-    """httptools callbacks: the body, and when each of its bytes came off the socket."""
-
-    def __init__(self) -> None:
-        self.body = bytearray()
-        self.marks: list[tuple[int, float]] = []
-        self.now = 0.0
-        self.complete = False
-
-    def on_body(self, data: bytes) -> None:
-        self.body += data
-        self.marks.append((len(self.body), self.now))
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-
-    def at(self, offset: int) -> float:
-        return next(t for end, t in self.marks if end > offset)
-
-
 def timed_stream(
     gw: GatewayServer, body: dict[str, Any], rid: str
 ) -> tuple[float, list[tuple[float, int]]]:
     """(the client's TTFT, [(arrival, tokens) per content frame]) for a chat stream with
     per-chunk usage, on the client's clock at each frame's first byte (a raw TLS socket)."""
-    target = Address.of(gw.base, gw.certs.ca_cert)
-    request = target.request(
-        "/v1/chat/completions",
-        json.dumps(body).encode(),
-        CLIENT_KEY,
-        headers=[("x-request-id", rid)],
-    )
-    reply = Arrivals()
-    parser = httptools.HttpResponseParser(reply)
-    with socket.create_connection((target.host, target.port)) as raw:
-        assert target.tls is not None
-        with target.tls.wrap_socket(raw, server_hostname=target.host) as sock:
-            t0 = time.perf_counter()
-            sock.sendall(request)
-            while not reply.complete:
-                data = sock.recv(65536)
-                reply.now = time.perf_counter()
-                if not data:
-                    break
-                parser.feed_data(data)
+    t0, reply = raw_stream(gw, body, rid)
     frames: list[tuple[float, int]] = []
     offset, seen = 0, 0
     for frame in bytes(reply.body).split(b"\n\n"):
