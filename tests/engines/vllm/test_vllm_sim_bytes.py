@@ -14,11 +14,17 @@ when a listed difference disappears or changes, or a new one appears.
 vLLM's API server merges the outputs of engine steps it has not sent yet (a loaded machine cuts
 the same text differently), so the reference and the case are asked again, up to 5 times, until
 the two streams were cut alike; a difference of the simulator's own shows every time.
+
+Embeddings (float and base64) go to the real embedding engine and to a second app of the same
+simulator process (its embed profile, the tiny model's 128 dimensions): the vectors cannot be the
+tiny model's, so each is reduced to its length in float32 values, and the token counts are masked
+(the synthetic tokenizer counts the inputs differently); the rest is compared byte for byte.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 from dataclasses import replace
@@ -79,6 +85,8 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
 
 # case -> (frames that differ, why). Frames: SSE events, or 1 for a JSON body.
 ALLOWED: dict[str, tuple[int, str]] = {}
+
+EMBED_DIM = 128  # the tiny target's width (scripts/vllm_models.py)
 
 # Ids test_golden's normalisation does not know: Responses' reasoning items (`rs_…`).
 _MORE_IDS = [(re.compile(rb"rs_[0-9a-f]{16}"), b"rs_<ID>")]
@@ -152,8 +160,33 @@ def differences(real: bytes, sim: bytes, path: str, stream: bool) -> list[tuple[
     ]
 
 
-def _config() -> SimConfig:
-    """The real engines' flags (loadtests/harness/vllm.py), 4 draft tokens, 32,768 positions."""
+_VECTOR = re.compile(rb'"embedding":(\[[^\]]*\]|"[^"]*")')
+_TOKENS = re.compile(rb'"(prompt_tokens|total_tokens)":\d+')
+
+
+def embedding_frames(body: bytes) -> list[bytes]:
+    """test_golden's normalisation, each vector as its length, the token counts masked."""
+
+    def length(m: re.Match[bytes]) -> bytes:
+        value = json.loads(m.group(1))
+        n = len(value) if isinstance(value, list) else len(base64.b64decode(value)) // 4
+        return b'"embedding":<%d values>' % n
+
+    return normalise(_TOKENS.sub(rb'"\1":<N>', _VECTOR.sub(length, body)), "json")
+
+
+def _config(embed: bool = False) -> SimConfig:
+    """The real engines' flags (loadtests/harness/vllm.py), 4 draft tokens, 32,768 positions;
+    `embed`: the embedding engine's."""
+    if embed:
+        return SimConfig(
+            profile=replace(BUILTIN_PROFILES["embed"], max_model_len=32768),
+            served_model_name=f"{SERVED}-embed",
+            time_scale=0.0,
+            embed_dim=EMBED_DIM,
+            vllm_version="0.32.0",
+            enable_prompt_tokens_details=True,
+        )
     profile = replace(
         BUILTIN_PROFILES["mtp3"],
         num_spec_tokens=DRAFT_TOKENS,
@@ -173,7 +206,9 @@ def _config() -> SimConfig:
     )
 
 
-async def _simulate(sim: Any, app: Any, script: Playback, path: str, body: dict[str, Any]) -> bytes:
+async def _simulate(
+    sim: Any, app: Any, script: Playback | None, path: str, body: dict[str, Any]
+) -> bytes:
     sim.playback = script
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
@@ -187,20 +222,28 @@ class Simulator:
     def __init__(self) -> None:
         self.runner = asyncio.Runner()
         self.app, self.sim = create_app(_config())
+        self.embed_app, self.embed_sim = create_app(_config(embed=True))
         self.runner.run(self._start())
 
     async def _start(self) -> None:
         self.sim.engine.start()
+        self.embed_sim.engine.start()
 
     def post(self, script: Playback, path: str, body: dict[str, Any]) -> bytes:
         return self.runner.run(_simulate(self.sim, self.app, script, path, body))
 
-    def close(self) -> None:
-        async def stop(sim: Sim) -> None:
-            sim.abort_all()
-            await sim.engine.stop()
+    def embed(self, body: dict[str, Any]) -> bytes:
+        return self.runner.run(
+            _simulate(self.embed_sim, self.embed_app, None, "/v1/embeddings", body)
+        )
 
-        self.runner.run(stop(self.sim))
+    def close(self) -> None:
+        async def stop(*sims: Sim) -> None:
+            for sim in sims:
+                sim.abort_all()
+                await sim.engine.stop()
+
+        self.runner.run(stop(self.sim, self.embed_sim))
         self.runner.close()
 
 
@@ -232,3 +275,17 @@ def test_the_simulator_answers_as_vllm_does(vllm: Engines, simulator: Simulator,
     count, reason = ALLOWED[case]
     assert diffs, f"{case} now matches vLLM: drop it from ALLOWED ({reason})"
     assert len(diffs) == count, f"{case}: {len(diffs)} frames differ, {count} allowed\n{shown}"
+
+
+@pytest.mark.parametrize("encoding", ["float", "base64"])
+def test_the_simulator_embeds_as_vllm_does(
+    vllm: Engines, simulator: Simulator, encoding: str
+) -> None:
+    body = {
+        "model": f"{SERVED}-embed",
+        "input": ["def f(x):", "return x"],
+        "encoding_format": encoding,
+    }
+    real = vllm.embed.post("/v1/embeddings", body)
+    assert real.status_code == 200, real.text
+    assert embedding_frames(simulator.embed(body)) == embedding_frames(real.content)
