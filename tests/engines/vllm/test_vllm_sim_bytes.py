@@ -81,6 +81,17 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
         {"messages": CHAT, "min_p": 0.1, "temperature": 0.7},
     ),
     "min-p-greedy": ("chat", "/v1/chat/completions", {"messages": CHAT, "min_p": 0.1}),
+    # Errors: a validation 400 (`loc` dotted), an unknown model (the aliases named; Messages
+    # with vLLM's internal type name).
+    "bad-max-tokens": ("chat", "/v1/chat/completions", {"messages": CHAT, "max_tokens": "x"}),
+    "unknown-model": ("chat", "/v1/chat/completions", {"messages": CHAT, "model": "nope"}),
+    "messages-unknown-model": ("chat", "/v1/messages", {"messages": CHAT, "model": "nope"}),
+}
+ERRORS = {
+    "min-p-error": 400,
+    "bad-max-tokens": 400,
+    "unknown-model": 404,
+    "messages-unknown-model": 404,
 }
 
 # case -> (frames that differ, why). Frames: SSE events, or 1 for a JSON body.
@@ -260,7 +271,7 @@ def test_the_simulator_answers_as_vllm_does(vllm: Engines, simulator: Simulator,
     ref_path, ref_body = REFERENCES[ref_name]
     request, reference = _body(path, body), _reference_body(ref_path, ref_body)
     warm = vllm.draft.post(path, request)  # warm the prefix cache (as test_vllm_bytes.py)
-    assert warm.status_code == (400 if case == "min-p-error" else 200), warm.text
+    assert warm.status_code == ERRORS.get(case, 200), warm.text
     for _ in range(TRIES):
         script = playback(vllm.draft.post(ref_path, reference).content)
         real = vllm.draft.post(path, request)
