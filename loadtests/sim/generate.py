@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from proxy import vllm_wire
 
-from . import protocol, toolparse, tooluse, wire
+from . import protocol, tooluse, wire
 from .asgi import DropResponse, FrameSource, json_response
 from .protocol import ChatRequest, CompletionRequest, RequestError
 from .state import Prepared, Result, Sim
@@ -111,12 +111,7 @@ async def chat_completions(sim: Sim, request: Request) -> Response:
                 parser = plan.parser()
                 parser.count_tokens(r.token_ids)
                 reasoning_tokens += parser.reasoning_tokens
-                content, reasoning, calls = toolparse.parse_full(
-                    r.text,
-                    reasoning=plan.reasoning,
-                    tool_parser=plan.tool_parser,
-                    tools=plan.schemas,
-                )
+                content, reasoning, calls = plan.parse_full(r.text)
                 message = wire.chat_message(content, reasoning, calls)
                 if calls and finish == "stop" and not plan.named:
                     finish = "tool_calls"

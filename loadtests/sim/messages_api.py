@@ -266,9 +266,7 @@ async def messages(sim: Sim, request: Request) -> Response:
     calls: list[dict[str, Any]] = []
     finish: str | None = r.finish_reason
     if p.plan.parses:
-        content, reasoning, calls = toolparse.parse_full(
-            r.text, reasoning=p.plan.reasoning, tool_parser=p.plan.tool_parser, tools=p.plan.schemas
-        )
+        content, reasoning, calls = p.plan.parse_full(r.text)
         finish = _finish(p.plan, finish, bool(calls))
     return json_response(
         mw.message(

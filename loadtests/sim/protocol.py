@@ -375,5 +375,8 @@ SPEC_UNSUPPORTED = (
 
 
 def spec_decode_conflict(req: _GenerationRequest) -> bool:
-    """vLLM's SamplingParams._validate_spec_decode: min_p > 0 or any logit_bias."""
-    return bool((req.min_p is not None and req.min_p > 1e-5) or req.logit_bias)
+    """vLLM's SamplingParams._validate_spec_decode: min_p > 0 or any logit_bias. A greedy request
+    (temperature 0) has its min_p reset to 0 first (`_verify_greedy_sampling`): a real 0.32.0
+    answers it."""
+    greedy = req.temperature is not None and req.temperature < 1e-5
+    return bool((req.min_p is not None and req.min_p > 1e-5 and not greedy) or req.logit_bias)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import preamble, protocol, toolparse, tooluse
+from . import preamble, protocol, tooluse
 from .asgi import DropResponse, FrameSource, json_response
 from .engine import EngineRequest, SamplingSpec
 from .protocol import ChatMessage, ResponsesRequest
@@ -89,12 +89,7 @@ async def responses(sim: Sim, request: Request) -> Response:
         parser = plan.parser()
         parser.count_tokens(result.token_ids)
         reasoning_tokens = parser.reasoning_tokens
-        output = items.full(
-            *toolparse.parse_full(
-                text, reasoning=plan.reasoning, tool_parser=plan.tool_parser, tools=plan.schemas
-            ),
-            truncated=truncated,
-        )
+        output = items.full(*plan.parse_full(text), truncated=truncated)
     usage = events.usage(
         len(prompt_ids), len(result.token_ids), ereq.cached_tokens, reasoning_tokens
     )

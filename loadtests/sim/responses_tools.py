@@ -124,9 +124,11 @@ class ResponsesItems:
             )
             return [ev.event("response.output_item.added", {"item": item, "output_index": index})]
         if kind == "reasoning":
+            if ev.dialect.responses_reasoning_content_part:
+                self.item_id = f"rs_{self.item_id}"
             item = reasoning_item(self.item_id, None, "in_progress")
             part: Json = {"text": "", "type": "reasoning_text"}
-            added = "response.reasoning_part.added"
+            added = f"response.{self._reasoning_part()}.added"
         else:
             self.item_id = ev.stream_item_id()
             item = ev.message(None, "in_progress", self.item_id)
@@ -139,6 +141,11 @@ class ResponsesItems:
                 {"content_index": 0, "item_id": self.item_id, "output_index": index, "part": part},
             ),
         ]
+
+    def _reasoning_part(self) -> str:
+        """The event family of a reasoning item's part (dialect.py)."""
+        new = self.ev.dialect.responses_reasoning_content_part
+        return "content_part" if new else "reasoning_part"
 
     def _delta(self, text: str) -> list[bytes]:
         self.text += text
@@ -188,7 +195,7 @@ class ResponsesItems:
             part = {"text": text, "type": "reasoning_text"}
             base = {"content_index": 0, "item_id": iid, "output_index": index}
             out.append(ev.event("response.reasoning_text.done", {**base, "text": text}))
-            out.append(ev.event("response.reasoning_part.done", {**base, "part": part}))
+            out.append(ev.event(f"response.{self._reasoning_part()}.done", {**base, "part": part}))
         else:
             status = ev.item_status(truncated)
             out += ev.text_done(text, iid, index)

@@ -147,7 +147,7 @@ class ResponsesEvents:
     def usage(
         self, prompt_tokens: int, output_tokens: int, cached: int, reasoning: int = 0
     ) -> Json:
-        write = {"cache_write_tokens": 0} if self.dialect.responses_prompt_cache else {}
+        write = {"cache_write_tokens": 0} if self.dialect.responses_cache_write else {}
         return {
             "input_tokens": prompt_tokens,
             "input_tokens_details": {

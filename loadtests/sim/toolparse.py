@@ -146,9 +146,12 @@ class ChatParser:
         tool_parser: str | None,
         tools: dict[str, Json] | None = None,
         keep_newlines: bool = False,
+        implicit_think: bool = False,
     ) -> None:
         self.reasoning = reasoning
         self.keep_newlines = keep_newlines
+        # 0.32 (dialect.py): reasoning from the first token, `<think>` written or not.
+        self.implicit_think = reasoning and implicit_think
         self.tool_parser = tool_parser
         self.schemas = tools or {}
         self.text = ""
@@ -158,7 +161,7 @@ class ChatParser:
         self.skip_newlines = False
         self.calls: list[_Call] = []
         self.reasoning_tokens = 0
-        self._thinking_ids = False
+        self._thinking_ids = self.implicit_think
 
     @property
     def tool_calls_streamed(self) -> bool:
@@ -178,7 +181,7 @@ class ChatParser:
         """The delta for this step's text, or None when vLLM would send no chunk."""
         if self.reasoning:
             self.count_tokens(token_ids)
-        if not self.text and text and not text.startswith(THINK):
+        if not self.text and text and not text.startswith(THINK) and not self.implicit_think:
             self.in_reasoning = False  # the model did not think (enable_thinking off)
         self.text += text
         content: str | None = None
@@ -308,19 +311,30 @@ class ChatParser:
     def full(self) -> tuple[str | None, str | None, list[Json]]:
         """content, reasoning and tool_calls of the whole text (the non-streaming message)."""
         return parse_full(
-            self.text, reasoning=self.reasoning, tool_parser=self.tool_parser, tools=self.schemas
+            self.text,
+            reasoning=self.reasoning,
+            tool_parser=self.tool_parser,
+            tools=self.schemas,
+            implicit_think=self.implicit_think,
         )
 
 
 def parse_full(
-    text: str, *, reasoning: bool, tool_parser: str | None, tools: dict[str, Json] | None = None
+    text: str,
+    *,
+    reasoning: bool,
+    tool_parser: str | None,
+    tools: dict[str, Json] | None = None,
+    implicit_think: bool = False,
 ) -> tuple[str | None, str | None, list[Json]]:
     thought: str | None = None
-    if reasoning and (text.startswith(THINK) or END_THINK in text):
+    if reasoning and (implicit_think or text.startswith(THINK) or END_THINK in text):
         body = text[len(THINK) :] if text.startswith(THINK) else text
         end = body.find(END_THINK)
         if end >= 0:
             thought, text = body[:end], body[end + len(END_THINK) :]
+        elif implicit_think:
+            return None, body, []  # 0.32: no `</think>`, all of it reasoning, content null
         else:
             thought, text = body, ""
     calls: list[Json] = []

@@ -40,6 +40,7 @@ class Plan:
     schemas: dict[str, dict[str, Any]]
     named: bool  # a named tool_choice: finish_reason stays "stop"
     keep_newlines: bool = False  # 0.33: see ChatParser
+    implicit_think: bool = False  # 0.32: see ChatParser
 
     def parser(self) -> toolparse.ChatParser:
         return toolparse.ChatParser(
@@ -47,6 +48,17 @@ class Plan:
             tool_parser=self.tool_parser,
             tools=self.schemas,
             keep_newlines=self.keep_newlines,
+            implicit_think=self.implicit_think,
+        )
+
+    def parse_full(self, text: str) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+        """content, reasoning and tool calls of a whole output (toolparse.parse_full)."""
+        return toolparse.parse_full(
+            text,
+            reasoning=self.reasoning,
+            tool_parser=self.tool_parser,
+            tools=self.schemas,
+            implicit_think=self.implicit_think,
         )
 
     @property
@@ -67,15 +79,24 @@ def _calls_made(messages: list[ChatMessage]) -> int:
 
 
 def _plan(
-    config: SimConfig, tools: list[Tool], tool_choice: Any, calls_made: int, thinking: bool
+    config: SimConfig,
+    tools: list[Tool],
+    tool_choice: Any,
+    calls_made: int,
+    thinking: bool,
+    template_thinks: bool = True,
 ) -> Plan:
+    """`thinking`: the scripted turn thinks; `template_thinks`: the chat template's
+    `enable_thinking` (what 0.32's parser starts from)."""
     check_tool_choice(config, tools, tool_choice)
     reasoning = config.reasoning_parser is not None
     thinking = thinking and reasoning
     offered = bool(tools) and tool_choice != "none"
-    keep = dialect(config.vllm_version).reasoning_keeps_newlines
+    d = dialect(config.vllm_version)
+    keep = d.reasoning_keeps_newlines
+    implicit = d.implicit_think and reasoning and template_thinks
     if not offered and not thinking:
-        return Plan(None, None, reasoning, None, {}, named=False, keep_newlines=keep)
+        return Plan(None, None, reasoning, None, {}, False, keep, implicit)
     turn = scripted.decide(tools, tool_choice, calls_made, thinking=thinking)
     # "required" and a named function are decoded without the auto parser; the simulator writes
     # their calls in the configured parser's markup (hermes without one) and parses them back.
@@ -85,14 +106,14 @@ def _plan(
     script = Script(tuple(toolparse.pieces(text)), complete)
     schemas = {t.name: t.parameters for t in tools}
     named = isinstance(tool_choice, dict)
-    return Plan(turn, script, reasoning, tool_parser, schemas, named, keep)
+    return Plan(turn, script, reasoning, tool_parser, schemas, named, keep, implicit)
 
 
 def chat_plan(config: SimConfig, req: ChatRequest) -> Plan:
     tools = scripted.chat_tools(req.tools)
     kwargs = req.chat_template_kwargs or {}
     thinking = kwargs.get("enable_thinking", True) is not False
-    return _plan(config, tools, req.tool_choice, _calls_made(req.messages), thinking)
+    return _plan(config, tools, req.tool_choice, _calls_made(req.messages), thinking, thinking)
 
 
 def responses_plan(config: SimConfig, req: ResponsesRequest, messages: list[ChatMessage]) -> Plan:

@@ -37,6 +37,9 @@ def full_usage(
     return out
 
 
+_ABSENT = object()
+
+
 def chunk_usage(
     prompt_tokens: int, completion_tokens: int, reasoning: int | None, *, details_null: bool = False
 ) -> Json:
@@ -52,11 +55,14 @@ def chunk_usage(
 
 def prompt_details(cached: int, *, chat: bool, full: bool) -> Json:
     """`usage.prompt_tokens_details` with --enable-prompt-tokens-details (PromptTokenUsageInfo:
-    chat sets `created_cache_tokens`; `model_dump()` adds the unset `multimodal_tokens`)."""
+    chat sets `created_cache_tokens`; `model_dump()` adds the unset fields as nulls: a
+    completions body's `created_cache_tokens` too, as a real 0.32.0 wrote it)."""
     out: Json = {"cached_tokens": cached}
     if chat:
         out["created_cache_tokens"] = 0
     if full:
+        if not chat:
+            out["created_cache_tokens"] = None
         out["multimodal_tokens"] = None
     return out
 
@@ -146,9 +152,14 @@ class _Chunks:
     def usage_chunk(self, completion_tokens: int, metrics: Json | None, cached: int) -> bytes:
         final = chunk_usage(self.prompt_tokens, completion_tokens, self.reasoning_tokens(None))
         if self.prompt_details:
+            # UsageInfo's field order: prompt_tokens_details before completion_tokens_details
+            # (a real 0.32.0 with a reasoning parser; the fixtures never had both).
+            after = final.pop("completion_tokens_details", _ABSENT)
             final["prompt_tokens_details"] = prompt_details(
                 cached, chat=self.object_kind != "text_completion", full=False
             )
+            if after is not _ABSENT:
+                final["completion_tokens_details"] = after
         obj: Json = {
             **self.head,
             "choices": [],

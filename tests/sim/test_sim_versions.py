@@ -21,6 +21,7 @@ from loadtests.sim.state import SimConfig
     [
         ("0.28.0", ["--per-request-spec-decode-metrics", "summary"], True),
         ("0.28.0", ["--per-request-spec-decode-metrics=none"], True),
+        ("0.32.0", ["--per-request-spec-decode-metrics", "summary", "--port", "-1"], False),
         ("0.33.0", ["--per-request-spec-decode-metrics", "summary", "--port", "-1"], False),
     ],
 )

@@ -1,5 +1,5 @@
-"""The simulator's /metrics families against the real vLLM 0.32.0's (issue 26 point 4, the
-families half; the simulator has no 0.32.0 mode yet, so its closest, 0.33.0, is compared).
+"""The simulator's /metrics families (its 0.32.0 mode) against the real vLLM 0.32.0's (issue 26
+point 4, the families half; test_vllm_sim_bytes.py is the bytes half).
 
 Every family on the real draft-model engine's page, with its type, must be on the simulator's
 page, and the reverse, except the differences listed here with their reasons: the test fails
@@ -35,7 +35,7 @@ def _families(page: str) -> dict[str, str]:
 
 def test_the_simulators_families_are_the_real_engines(vllm: Engines) -> None:
     real = _families(vllm.draft.metrics_text())
-    sim_metrics = SimMetrics(SERVED, 32768, DRAFT_TOKENS, vllm_version="0.33.0")
+    sim_metrics = SimMetrics(SERVED, 32768, DRAFT_TOKENS, vllm_version="0.32.0")
     sim = _families(generate_latest(sim_metrics.registry).decode())
     assert {f: REAL_ONLY.get(f, "?") for f in real.keys() - sim.keys()} == REAL_ONLY
     assert {f: SIM_ONLY.get(f, "?") for f in sim.keys() - real.keys()} == SIM_ONLY
