@@ -82,6 +82,7 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
             "messages": CHAT,
             "max_tokens": tokens,
             "stream": True,
+            "ignore_eos": True,  # the blocker holds the slot until it hangs up, EOS or not
             **GREEDY,
         }
         with (
@@ -94,7 +95,7 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
                     return  # the client hangs up: vLLM frees the slot
 
     release = threading.Event()
-    blocker = threading.Thread(target=send, args=(PRIORITY_KEYS[0], None, 20000, release))
+    blocker = threading.Thread(target=send, args=(PRIORITY_KEYS[0], None, 30000, release))
     blocker.start()
     assert wait_for(lambda: samples(vllm.ngram.metrics_text())[RUNNING] == 1, 30)
     queued = []
@@ -104,7 +105,7 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
         queued.append(t)
         time.sleep(0.3)
     waiting = "vllm:num_requests_waiting"
-    assert wait_for(lambda: samples(vllm.ngram.metrics_text())[waiting] == 3, 10)
+    assert wait_for(lambda: samples(vllm.ngram.metrics_text())[waiting] == 3, 30)
     release.set()  # the slot frees; the scheduler picks among the three by priority
     for t in [blocker, *queued]:
         t.join(60)
