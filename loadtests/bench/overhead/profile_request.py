@@ -31,11 +31,10 @@ import orjson
 import yaml
 
 from loadtests.bench.agent_body import Api, agent_body, one_line
-from loadtests.bench.overhead.stack import BENCH_KEY, MODEL
+from loadtests.bench.overhead.stack import BENCH_KEY, MODEL, bench_policy
 from loadtests.harness.launch import Child
 from policies.compiled import compile_policy
 from policies.schema import load_policy
-from proxy import auth
 from proxy.gateway import Gateway
 from proxy.memory import tune_allocator
 from proxy.relay.app import PublicApp
@@ -46,20 +45,7 @@ CHUNK = 65536
 
 
 def _gateway(pacer_port: int, workdir: Path) -> Gateway:
-    policy = {
-        "schema": 1,
-        "backends": {
-            MODEL: {
-                "url": f"http://127.0.0.1:{pacer_port}",
-                "kind": "vllm",
-                "task": "generate",
-                "served_model_name": MODEL,
-                "max_concurrency": 4096,
-            }
-        },
-        "routes": {"bench": {"models": [MODEL], "task": "generate", "variants": [MODEL]}},
-        "clients": [{"name": "bench", "key_sha256": auth.hash_key(BENCH_KEY)}],
-    }
+    policy = bench_policy(pacer_port)
     config = workdir / "policy.yaml"
     config.write_text(yaml.safe_dump(policy, sort_keys=False))
     settings = Settings.model_validate(

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import yaml
 
@@ -41,6 +42,26 @@ class Arm:
     tls: ssl.SSLContext | None
     auth: bytes  # extra request header lines
     pids: Callable[[], list[int]]  # the processes whose CPU and memory are the target's cost
+
+
+def bench_policy(pacer_port: int) -> dict[str, Any]:
+    """One route, one backend (the pacer), one client: the gateway's policy in the benchmarks."""
+    return {
+        "schema": 1,
+        "backends": {
+            MODEL: {
+                "url": f"http://127.0.0.1:{pacer_port}",
+                "kind": "vllm",
+                "task": "generate",
+                "served_model_name": MODEL,
+                "max_concurrency": 4096,
+            }
+        },
+        "routes": {
+            "bench": {"models": [MODEL], "task": "generate", "variants": [MODEL], "defaults": {}}
+        },
+        "clients": [{"name": "bench", "key_sha256": auth.hash_key(BENCH_KEY)}],
+    }
 
 
 class Stack:
@@ -112,27 +133,7 @@ class Stack:
         pacer_pid = self.pacer.pid
         self.targets["direct"] = Arm("direct", pacer_port, None, b"", lambda: [pacer_pid])
 
-        policy = {
-            "schema": 1,
-            "backends": {
-                MODEL: {
-                    "url": f"http://127.0.0.1:{pacer_port}",
-                    "kind": "vllm",
-                    "task": "generate",
-                    "served_model_name": MODEL,
-                    "max_concurrency": 4096,
-                }
-            },
-            "routes": {
-                "bench": {
-                    "models": [MODEL],
-                    "task": "generate",
-                    "variants": [MODEL],
-                    "defaults": {},
-                }
-            },
-            "clients": [{"name": "bench", "key_sha256": auth.hash_key(BENCH_KEY)}],
-        }
+        policy = bench_policy(pacer_port)
         policy_path = self.dir / "policy.yaml"
         policy_path.write_text(yaml.safe_dump(policy, sort_keys=False))
         extra: tuple[str, ...] = ()
