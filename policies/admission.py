@@ -37,6 +37,9 @@ from policies.types import SessionView
 # Every verdict's reason: a closed set (a metric label).
 ADMIT_REASONS: Final = ("off", "class", "kv-unknown", "resident", "fits", "alone")
 WAIT_REASONS: Final = ("full", "queue", "yield")
+# A prompt's tokens estimated from its body's size, before the engine has counted them (a
+# session's first turn on an engine): JSON text runs about 4 bytes a token.
+BYTES_PER_TOKEN: Final = 4
 
 
 @dataclass(frozen=True, slots=True)

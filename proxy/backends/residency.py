@@ -47,6 +47,9 @@ class EngineState:
     waiting: OrderedDict[str, _Place] = field(default_factory=OrderedDict)
     shared_tokens: int = 0  # the cached tokens of a session's first turn here
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    held: int = 0  # turns held so far (the dashboard; the metrics count them by outcome)
+    timeouts: int = 0  # of them, ended without admission
+    longest_s: float = 0.0  # the longest wait so far
 
 
 Gauges = Callable[[str, int, int], None]  # (backend, resident sessions, their tokens)
@@ -106,6 +109,13 @@ class Residency:
             if place.holders <= 0:
                 place.left_at = now
             self._changed(name)
+
+    def waited(self, name: str, seconds: float, admitted: bool) -> None:
+        """A held turn's wait ended (the dashboard's totals)."""
+        st = self.engine(name)
+        st.held += 1
+        st.timeouts += not admitted
+        st.longest_s = max(st.longest_s, seconds)
 
     # Residency ---------------------------------------------------------------------------
 

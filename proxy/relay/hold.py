@@ -19,7 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
-from policies.admission import Capacity, Turn, Verdict, admission, expected_wait_s, move_instead
+from policies.admission import (
+    BYTES_PER_TOKEN,
+    Capacity,
+    Turn,
+    Verdict,
+    admission,
+    expected_wait_s,
+    move_instead,
+)
 from policies.types import SessionView
 from proxy.backends.residency import RECHECK_S
 from proxy.relay.keepalive import Pinger
@@ -30,7 +38,6 @@ if TYPE_CHECKING:
     from proxy.relay.exchange import Exchange
 
 PING_S: Final = 15.0  # a held stream's pings, at least this often
-BYTES_PER_TOKEN: Final = 4  # a prompt's tokens estimated from its body, before the engine counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +136,7 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
         end = time.perf_counter()
         metrics.wait_s.labels(name).observe(end - since)
         metrics.waits.labels(name, outcome).inc()
+        residency.waited(name, end - since, go is not None)
         if go is None:
             residency.leave(name, record.session, end)
     if go is not None:
