@@ -140,10 +140,11 @@ def _resident_turn(
     gw: GatewayServer, session: str, prompt: str = PROMPT, model: str = "coder"
 ) -> None:
     """A turn of `session` through the openai SDK: then it is the resident one."""
-    client = gw.openai(max_retries=0)
-    got = client.chat.completions.create(
-        **_chat(session, False, prompt, model), extra_headers={"x-claude-code-session-id": session}
-    )
+    with gw.openai(max_retries=0) as client:
+        got = client.chat.completions.create(
+            **_chat(session, False, prompt, model),
+            extra_headers={"x-claude-code-session-id": session},
+        )
     assert got.choices[0].message.content
 
 
@@ -171,12 +172,14 @@ class SdkStream(threading.Thread):
         self.text, self.first, self.error = "", 0.0, None
 
     def run(self) -> None:
-        sdk = self.gw.openai(max_retries=0)
         headers = {"x-claude-code-session-id": self.session}
         try:
-            with sdk.chat.completions.create(
-                **_chat(self.session, True, model=self.model), extra_headers=headers
-            ) as events:
+            with (
+                self.gw.openai(max_retries=0) as sdk,
+                sdk.chat.completions.create(
+                    **_chat(self.session, True, model=self.model), extra_headers=headers
+                ) as events,
+            ):
                 for event in events:
                     for choice in event.choices:
                         self.text += choice.delta.content or ""
@@ -284,10 +287,13 @@ def test_held_streams_pinged_then_answered_in_order_across_retry_and_reload(
     assert _metric(gw, full) >= 4
 
 
-def test_held_turns_time_out_and_compaction_is_never_held(gw: GatewayServer) -> None:
+def test_held_turns_time_out_and_compaction_is_never_held(
+    gw: GatewayServer, request: pytest.FixtureRequest
+) -> None:
     _apply(gw, stream_wait_s=1.0)
     _resident_turn(gw, "r", model="coder2")
     client = gw.openai(max_retries=0)
+    request.addfinalizer(client.close)
     t1 = time.monotonic()
     with pytest.raises(openai.APIStatusError) as caught:
         client.chat.completions.create(
