@@ -1,12 +1,24 @@
 """Session-aware admission's state (proxy/backends/residency.py): residency follows turns, a
 waiting session keeps its place across retries for `place_kept_s`, a residency asked to end
-while a turn is in flight ends with that turn; and the KV tokens an engine reports."""
+while a turn is in flight ends with that turn; the KV tokens an engine reports, and the order
+of the KV sources (the policy's, the engine's, the deployed budget's)."""
 
 from __future__ import annotations
 
-from policies.admission import Resident, Waiter
+from pathlib import Path
+
+import yaml
+
+from loadtests.harness.gateway import coder_policy
+from policies.admission import Capacity, Resident, Waiter
+from policies.compiled import compile_policy
+from policies.schema import load_policy
 from proxy.backends.health import parse_vllm_metrics
 from proxy.backends.residency import Residency
+from proxy.gateway import Gateway
+from proxy.ops.deploy.plan import deployed_kv_tokens
+from proxy.relay.hold import capacity
+from proxy.settings import Settings
 
 
 def _done(r: Residency, key: str, now: float, prompt: int, cached: int = 0) -> None:
@@ -71,3 +83,21 @@ def test_the_kv_tokens_an_engine_reports() -> None:
     assert parse_vllm_metrics(page % "2048", 0.0).values == {"kv_tokens": 32768.0}
     assert parse_vllm_metrics(page % "None", 0.0).values == {}  # not profiled yet
     assert parse_vllm_metrics(page % "1e99", 0.0).values == {}
+
+
+def test_the_kv_tokens_in_order_policy_engine_deployed(tmp_path: Path) -> None:
+    config = tmp_path / "p.yaml"
+    doc = coder_policy({"a": "http://127.0.0.1:9", "b": "http://127.0.0.1:10"})
+    doc["backends"]["a"]["kv_tokens"] = 1000
+    config.write_text(yaml.safe_dump(doc))
+    policy = compile_policy(load_policy(config))
+    gw = Gateway(Settings(config=config, state_dir=tmp_path / "s"), policy)
+    assert capacity(gw, policy, "b").kv_tokens is None  # a gateway alone knows no budget
+    gw = Gateway(Settings(config=config, state_dir=tmp_path / "s"), policy)
+    gw.kv_of = deployed_kv_tokens  # as `specrouter serve` sets it
+    deployed = capacity(gw, policy, "b").kv_tokens
+    assert deployed is not None and deployed > 100_000  # the GB10 memory model's
+    gw.kv_reported["a"] = gw.kv_reported["b"] = 5000
+    assert capacity(gw, policy, "a") == Capacity(1000, 16)  # the policy's first
+    assert capacity(gw, policy, "b") == Capacity(5000, 16)  # then the engine's
+    assert deployed_kv_tokens(load_policy(config).model_copy(update={"backends": {}})) == {}
