@@ -5,6 +5,7 @@ of the KV sources (the policy's, the engine's, the deployed budget's)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import yaml
@@ -13,6 +14,7 @@ from loadtests.harness.gateway import coder_policy
 from policies.admission import Capacity, Resident, Waiter
 from policies.compiled import compile_policy
 from policies.schema import load_policy
+from proxy.admin.residency_view import residency_rows
 from proxy.backends.health import parse_vllm_metrics
 from proxy.backends.residency import Residency
 from proxy.gateway import Gateway
@@ -101,3 +103,28 @@ def test_the_kv_tokens_in_order_policy_engine_deployed(tmp_path: Path) -> None:
     assert capacity(gw, policy, "a") == Capacity(1000, 16)  # the policy's first
     assert capacity(gw, policy, "b") == Capacity(5000, 16)  # then the engine's
     assert deployed_kv_tokens(load_policy(config).model_copy(update={"backends": {}})) == {}
+
+
+def test_the_dashboards_rows(tmp_path: Path) -> None:
+    config = tmp_path / "p.yaml"
+    doc = coder_policy({"a": "http://127.0.0.1:9"})
+    doc["backends"]["a"]["kv_tokens"] = 1000
+    doc["admission"] = {"sessions": {"enabled": True, "idle_s": 60, "shared_prefix_tokens": 0}}
+    config.write_text(yaml.safe_dump(doc))
+    gw = Gateway(
+        Settings(config=config, state_dir=tmp_path / "s"), compile_policy(load_policy(config))
+    )
+    now = time.perf_counter()
+    gw.residency.admitted("a", "s1", 300)
+    gw.residency.admitted("a", "s2", 200)
+    gw.residency.turn_done("a", "s2", now - 61, prompt_tokens=None, completion_tokens=None,
+                           cached_tokens=None)  # fmt: skip
+    gw.residency.join("a", "s3", now - 5)
+    gw.residency.waited("a", 42.0, admitted=False)
+    [row] = residency_rows(gw)
+    assert row == {
+        "backend": "a", "enabled": True, "resident": 1, "resident_tokens": 300,
+        "kv_tokens": 1000, "waiting": 1, "longest_wait_s": row["longest_wait_s"], "held": 1,
+        "timeouts": 1, "longest_ever_s": 42.0,
+    }  # fmt: skip
+    assert 5.0 <= row["longest_wait_s"] < 10.0
