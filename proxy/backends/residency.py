@@ -185,7 +185,8 @@ class Residency:
         completion_tokens: int | None,
         cached_tokens: int | None,
     ) -> None:
-        """A turn admitted on `name` ended, however it ended."""
+        """A turn admitted on `name` ended, however it ended. `cached_tokens`: only for a new
+        session's first turn (its hits are the prefix it shares with others), else None."""
         st = self.engine(name)
         row = st.residents.get(key)
         if row is None:
@@ -193,7 +194,7 @@ class Residency:
         row.in_flight = max(0, row.in_flight - 1)
         if prompt_tokens:
             row.prefix_tokens = prompt_tokens + (completion_tokens or 0)
-            if row.turns == 0 and cached_tokens:  # a new session's hits: the shared prefix
+            if row.turns == 0 and cached_tokens:  # a new session's hits (the caller's word)
                 st.shared_tokens = cached_tokens
         row.turns += 1
         if row.in_flight == 0:

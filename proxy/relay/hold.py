@@ -215,13 +215,17 @@ def turn_ended(x: Exchange[Any]) -> None:
         return
     m = record.m
     if x.resident is not None:
+        # A new session's cached tokens are the prefix it shares with others (a system
+        # prompt); a returning one's may be its own prefix, still cached.
+        row = gw.sessions.get(record.session)
+        new = row is None or row.turns == 0
         gw.residency.turn_done(
             x.resident,
             record.session,
             time.perf_counter(),
             prompt_tokens=m.prompt_tokens,
             completion_tokens=m.completion_tokens,
-            cached_tokens=m.cached_tokens,
+            cached_tokens=m.cached_tokens if new else None,
         )
     elif record.signals.request_class == "compaction" and record.backend:
         gw.residency.compacted(record.backend, record.session)
