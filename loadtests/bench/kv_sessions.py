@@ -88,7 +88,7 @@ class KvWorkload:
     context: int = 1300  # each session's own prefix (its repository context)
     new_tokens: int = 130  # tool output appended after each turn
     gen_tokens: int = 16  # generated per turn, exactly (min_tokens = max_tokens)
-    think_s: float = 1.0  # between a session's turns, unscaled
+    think_s: float = 0.5  # between a session's turns, unscaled
     seed: int = 0
 
     @property

@@ -86,7 +86,7 @@ def sim_profile(kv_tokens: int) -> Profile:
         served_model_name=MODEL,
         max_model_len=MAX_MODEL_LEN,
         step_ms={1: 15.0, 4: 25.0},
-        prefill_tokens_per_s=4000.0,
+        prefill_tokens_per_s=8000.0,
         kv_cache_tokens=kv_tokens,
         block_size=BLOCK_SIZE,
     )
