@@ -244,11 +244,12 @@ def run_mode(
 
 def admission_settings(workload: KvWorkload, time_scale: float = 1.0) -> dict[str, Any]:
     """The policy's `admission.sessions` for this workload: a session idle for twice its think
-    time has ended (the workload has no other end a gateway could see); no forced turnover."""
+    time and half a second has ended (the workload has no other end a gateway could see; at the
+    simulator's time scale, scaled); no forced turnover; `turn_tokens` what a turn adds."""
     return {
         "enabled": True,
         "max_wait_s": None,
-        "idle_s": round(2 * workload.think_s * time_scale + 0.5, 3),
+        "idle_s": round((2 * workload.think_s + 0.5) * time_scale, 3),
         "fit_fraction": 0.9,
         "turn_tokens": workload.turn_tokens,
     }

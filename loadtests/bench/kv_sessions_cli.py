@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--modes", default="straight,gateway,admission")
-    p.add_argument("--sim-scale", type=float, default=0.25)
+    p.add_argument("--sim-scale", type=float, default=1.0, help="the simulator's time scale")
     p.add_argument("--sim-only", action="store_true", help="the simulator alone (no vLLM)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)

@@ -51,6 +51,8 @@ def _check_direction(results: dict[str, ModeResult], workload: KvWorkload) -> No
 def test_admission_beats_straight_real_vllm_and_simulator(certs: CertFiles) -> None:
     workload = KvWorkload()
     with RealEngine() as real:
+        # What vLLM reports of its KV (the gateway's source when a policy states none).
+        assert real.server.reported_kv_tokens() == real.server.blocks * real.server.block_size
         real_prompt = real.prompt_tokens(workload)
         # The premise: the sessions' first prompts alone hold more tokens than the KV.
         assert workload.sessions * real_prompt > real.kv_tokens
