@@ -37,7 +37,19 @@ def policy_warnings(doc: PolicyDocument) -> list[str]:
             out += _speculative(f"backends.{name}.speculative", backend.speculative)
     for name, route in doc.routes.items():
         out += _route(f"routes.{name}", route, doc)
-    return out
+    return out + _admission(doc)
+
+
+def _admission(doc: PolicyDocument) -> list[str]:
+    """Session-aware admission on, where it can only hold turns once the engine reports its KV."""
+    if not doc.admission.sessions.enabled:
+        return []
+    return [
+        f"backends.{name}: session-aware admission is on but kv_tokens is unset: it holds "
+        "nothing there until the engine reports its KV (vLLM's cache_config_info)"
+        for name, b in doc.backends.items()
+        if b.task == "generate" and b.kv_tokens is None and b.kind == "vllm"
+    ]
 
 
 def _speculative(where: str, spec: SpeculativeSpec) -> list[str]:

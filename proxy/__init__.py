@@ -6,7 +6,8 @@ The map (each folder one concern; a request's way through is ``relay/``, top to 
                 engine, relay its stream (push or pull), end it, measure it (its own docstring
                 lists the modules in the order a request takes them)
     backends/   what the gateway knows about its engines: live state, health checks and states,
-                admission queues, several engines per variant, guarded repair
+                admission queues, the sessions resident on each (session-aware admission),
+                several engines per variant, guarded repair
     admin/      the admin listener: policy API and its store (versions, audit, rollback), status,
                 the live dashboard and its static files
     observe/    Prometheus metrics (every name defined once), the request log, statistics,

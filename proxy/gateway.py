@@ -15,6 +15,7 @@ from proxy.backends.admission import Admission
 from proxy.backends.engines import EngineTable
 from proxy.backends.live import LiveTracker
 from proxy.backends.residency import Residency
+from proxy.backends.residency_share import ResidencyShare
 from proxy.backends.response_owners import ResponseOwners
 from proxy.backends.session_share import SessionShare
 from proxy.backends.session_table import SessionTable
@@ -86,6 +87,12 @@ class Gateway:
             if settings.redis_url
             else None
         )
+        # ... and session-aware admission's residency (proxy/backends/residency_share.py)
+        self.residency_share = (
+            ResidencyShare(self.residency, settings, self.metrics, self.share.replica)
+            if self.share is not None
+            else None
+        )
         self.upstream = Upstream(
             connect_timeout=settings.connect_timeout_s,
             first_byte_timeout=settings.first_byte_timeout_s,
@@ -145,10 +152,14 @@ class Gateway:
         """The background work that needs the running loop."""
         if self.share is not None:
             self.share.start()
+        if self.residency_share is not None:
+            self.residency_share.start()
 
     async def aclose(self) -> None:
         if self.share is not None:
             await self.share.aclose()
+        if self.residency_share is not None:
+            await self.residency_share.aclose()
         self.conns.close()
         await self.upstream.aclose()
         await self.limits.aclose()

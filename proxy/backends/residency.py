@@ -7,9 +7,9 @@ Owned by the event loop; `snapshot` freezes one engine's state for the rule. A c
 engine's waiters (`changed`), which decide again; idleness and `max_wait_s` pass with time, so
 waiters also decide again every `RECHECK_S`.
 
-Replicas: the residency of a session follows its turns, and its turns follow the session table
-(proxy/backends/session_share.py shares it through Redis); this state itself is per replica
-(docs/sessions.md says what that means with several).
+Replicas (`--redis-url`): each publishes its own residency and reads the others'
+(proxy/backends/residency_share.py, into `remote`); `snapshot` gives the rule all of them, this
+replica's rows winning for a session both name.
 """
 
 from __future__ import annotations
@@ -53,12 +53,16 @@ class EngineState:
 
 
 Gauges = Callable[[str, int, int], None]  # (backend, resident sessions, their tokens)
+# Another replica's residency on one engine, on this replica's clock: residents, waiting
+# sessions (first come first), the shared prefix.
+Remote = tuple[tuple[Resident, ...], tuple[Waiter, ...], int]
 
 
 class Residency:
     def __init__(self, gauges: Gauges | None = None) -> None:
         self._engines: dict[str, EngineState] = {}
         self._gauges = gauges
+        self.remote: dict[str, Remote] = {}  # other replicas' residency, by engine
 
     def engine(self, name: str) -> EngineState:
         st = self._engines.get(name)
@@ -78,11 +82,37 @@ class Residency:
         ]
         for key in gone:
             del st.waiting[key]
-        return EngineResidency(
-            tuple(Resident(k, r.prefix_tokens, r.idle_since) for k, r in st.residents.items()),
-            tuple(Waiter(k, p.since, p.holders > 0) for k, p in st.waiting.items()),
-            st.shared_tokens,
-        )
+        residents = [Resident(k, r.prefix_tokens, r.idle_since) for k, r in st.residents.items()]
+        waiting = [Waiter(k, p.since, p.holders > 0) for k, p in st.waiting.items()]
+        shared = st.shared_tokens
+        remote = self.remote.get(name)
+        if remote is not None:  # other replicas': this one's rows win
+            ours = set(st.residents) | set(st.waiting)
+            residents += [r for r in remote[0] if r.key not in ours]
+            waiting += [w for w in remote[1] if w.key not in ours]
+            waiting.sort(key=lambda w: w.since)
+            shared = max(shared, remote[2])
+        return EngineResidency(tuple(residents), tuple(waiting), shared)
+
+    def local(self, offset: float, limit: int) -> dict[str, dict[str, object]]:
+        """This replica's own residency, times on the wall clock (monotonic + `offset`), at
+        most `limit` rows each way per engine: what it publishes to the others."""
+        out: dict[str, dict[str, object]] = {}
+        for name, st in self._engines.items():
+            if not st.residents and not st.waiting:
+                continue
+            out[name] = {
+                "residents": [
+                    [k, r.prefix_tokens, None if r.idle_since is None else r.idle_since + offset]
+                    for k, r in list(st.residents.items())[:limit]
+                ],
+                "waiting": [
+                    [k, p.since + offset, p.holders > 0]
+                    for k, p in list(st.waiting.items())[:limit]
+                ],
+                "shared": st.shared_tokens,
+            }
+        return out
 
     def waiting(self, name: str) -> int:
         """Sessions waiting now (places kept for a retry not counted)."""

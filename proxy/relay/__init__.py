@@ -4,6 +4,8 @@
 - exchange.py: `Exchange`, the one object that carries the request along the path.
 - forward.py: attempts, admission, the engine lease, retries before the first byte, the
   response start.
+- hold.py: session-aware admission: a session's turn goes, moves where that pays, or waits
+  (pinged, first come first served) for its engine's KV cache.
 - lease.py: `Lease`, a request's hold on one engine.
 - keepalive.py: the response headers and pings while no engine byte came (a route's
   `keepalive_s`).

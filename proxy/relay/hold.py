@@ -78,8 +78,9 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
     gw, record = x.gw, x.record
     name = x.decision.backend
     assert name is not None
-    spec = gw.policy.current.document.admission.sessions
-    if not record.session or not spec.enabled:
+    doc = gw.policy.current.document
+    spec = doc.admission.sessions
+    if not record.session or not spec.enabled or name not in doc.backends:
         return Held(name)
     metrics, residency = gw.metrics.sessions, gw.residency
     now = time.perf_counter()
@@ -121,9 +122,9 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
             if x.watch.gone:
                 outcome = "client_gone"
                 break
-            spec = gw.policy.current.document.admission.sessions
-            if not spec.enabled:
-                outcome, go = "released", _admit(x, name)
+            doc = gw.policy.current.document
+            if not doc.admission.sessions.enabled or name not in doc.backends:
+                outcome, go = "released", _admit(x, name)  # off, or the engine is gone
                 break
             verdict = decide_now(x, name, time.perf_counter())
             if verdict.admit:
@@ -166,7 +167,9 @@ def _move(x: Exchange[Any], name: str, verdict: Verdict, now: float) -> str | No
     policy = gw.policy.current
     spec = policy.document.admission.sessions
     candidates = [
-        (other, policy.backend(other), decide_now(x, other, now)) for other in x.decision.fallbacks
+        (other, policy.backend(other), decide_now(x, other, now))
+        for other in x.decision.fallbacks
+        if other in policy.document.backends
     ]
     if not candidates:
         return None

@@ -1,12 +1,15 @@
 """Session-aware admission end to end: the real gateway in front of a simulated engine whose
 KV (as the policy states it) holds one session's prefix at a time, with the real openai and
-anthropic SDKs. A held stream gets pings, then its answer; a held non-streaming request times
-out with 503 and Retry-After; waiting sessions go first come first served, a client's retry
-keeping its place, across a policy reload; a compaction is never held.
+anthropic SDKs. Held streams get pings (SSE comments; Anthropic's ping events), then their
+answer, or past `stream_wait_s` the API's error event; a held non-streaming request times out
+with 503 and Retry-After; waiting sessions go first come first served, a client's retry keeping
+its place, across a policy reload; a compaction is never held and ends its session's residency;
+a waiting session moves where that pays; the admin explain says why a turn would wait.
 
 The engine: 3,000 KV tokens x 0.9 less 4 x 100 kept for turns = 2,300 tokens of prefixes; each
-session's prompt is ~1,500 tokens (6,000 bytes): one resident at a time, the next admitted once
-the resident one has been idle `IDLE_S`."""
+session's prompt is ~1,500 tokens (6,000 bytes): one resident at a time. Residencies end only
+by compaction here (idle_s is long), so each step is released by the test, not by a clock.
+Each test has its own backend (the same simulator): residency is per backend."""
 
 from __future__ import annotations
 
@@ -18,31 +21,37 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
 
-from loadtests.harness.gateway import CLIENT_KEY, GatewayServer, coder_policy
+from loadtests.harness.gateway import ADMIN_TOKEN, CLIENT_KEY, GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
 
 SERVED = "qwen3.8-27b"
-IDLE_S = 2.0
-WINDOW_S = 6.0  # idle_s in the second test
 PING = b": ping\n\n"
 MESSAGES_PING = b"event: ping\n"
 PROMPT = "Refactor the parser in `parse.py`. " + "Context line of the repository. " * 190
-SHORT = "Rename `f` to `parse_line`. " + "Context. " * 180  # ~400 tokens
 
 
 def _policy(url: str, **sessions: Any) -> dict[str, Any]:
     doc = coder_policy({"sim": url}, defaults={})
     doc["backends"]["sim"].update(kv_tokens=3000, max_concurrency=4)
-    doc["routes"]["coder"]["keepalive_s"] = 0.3
+    doc["backends"]["sim2"] = dict(doc["backends"]["sim"])
+    # Another engine's worth for the same sim: a waiting session moves there when that pays.
+    doc["backends"]["spare"] = {**doc["backends"]["sim"], "kv_tokens": 100_000}
+    route = {"task": "generate", "keepalive_s": 0.3}
+    doc["routes"] = {
+        "coder": {**route, "models": ["coder", SERVED], "variants": ["sim"]},
+        "coder2": {**route, "models": ["coder2"], "variants": ["sim2"]},
+        "mover": {**route, "models": ["mover"], "variants": ["sim2", "spare"]},
+    }
     doc["admission"] = {
         "queue_timeout_s": 1.0,
         "sessions": {
             "enabled": True,
             "max_wait_s": None,
-            "idle_s": IDLE_S,
+            "idle_s": 600,
             "turn_tokens": 100,
             "shared_prefix_tokens": 0,
             "stream_wait_s": 30,
@@ -62,9 +71,9 @@ def gw(certs: Any) -> Iterator[GatewayServer]:
         yield server
 
 
-def _chat(session: str, stream: bool, prompt: str = PROMPT) -> dict[str, Any]:
+def _chat(session: str, stream: bool, prompt: str = PROMPT, model: str = "coder") -> dict[str, Any]:
     return {
-        "model": "coder",
+        "model": model,
         "stream": stream,
         "max_tokens": 8,
         "messages": [{"role": "user", "content": f"[{session}] {prompt}"}],
@@ -123,65 +132,73 @@ def _until(check: Callable[[], bool], timeout: float = 15.0) -> None:
         time.sleep(0.05)
 
 
-def _waiting(gw: GatewayServer) -> float:
-    return _metric(gw, r'specrouter_session_waiting\{backend="sim"\}')
+def _waiting(gw: GatewayServer, backend: str = "sim") -> float:
+    return _metric(gw, rf'specrouter_session_waiting\{{backend="{backend}"\}}')
 
 
-def _resident_turn(gw: GatewayServer, session: str, prompt: str = PROMPT) -> None:
+def _resident_turn(
+    gw: GatewayServer, session: str, prompt: str = PROMPT, model: str = "coder"
+) -> None:
     """A turn of `session` through the openai SDK: then it is the resident one."""
-    client = gw.openai(max_retries=0)
-    got = client.chat.completions.create(
-        **_chat(session, False, prompt), extra_headers={"x-claude-code-session-id": session}
-    )
+    with gw.openai(max_retries=0) as client:
+        got = client.chat.completions.create(
+            **_chat(session, False, prompt, model),
+            extra_headers={"x-claude-code-session-id": session},
+        )
     assert got.choices[0].message.content
 
 
-def test_held_streams_pinged_then_answered_in_order_across_retry_and_reload(
-    gw: GatewayServer,
-) -> None:
-    _resident_turn(gw, "a")
-    b = Stream(gw, "b")
-    b.start()
-    _until(lambda: _waiting(gw) >= 1)
-    c = Stream(gw, "c", leave_after_ping=True)  # leaves after its first ping: place kept
-    c.start()
-    c.done()
-    assert c.pinged.is_set() and c.status == 200
-    _until(
-        lambda: (
-            _metric(gw, r'specrouter_session_waits_total\{backend="sim",outcome="client_gone"\}')
-            >= 1
-        )
-    )
-    d = Stream(gw, "d")
-    d.start()
-    _until(lambda: _waiting(gw) >= 2)
-    # A policy applied (another place_kept_s) while b and d wait: nothing lost.
-    _apply(gw, place_kept_s=100.0)
-    # c's retry, through the openai SDK: its place is before d's.
-    sdk = gw.openai(max_retries=0)
-    got: list[str] = []
-    with sdk.chat.completions.create(
-        **_chat("c", True), extra_headers={"x-claude-code-session-id": "c"}
-    ) as events:
-        for event in events:
-            got.extend(ch.delta.content or "" for ch in event.choices)
-        c_done = time.monotonic()
-    assert "".join(got)
-    b.done(), d.done()
-    for s in (b, d):
-        assert s.status == 200 and s.pinged.is_set() and s.first_event is not None
-        assert s.raw.index(PING) < s.raw.index(b"data: ")  # pings while held, then the answer
-        assert b"[DONE]" in s.raw and b'"error"' not in s.raw
-    assert b.first_event is not None and d.first_event is not None
-    assert b.first_event < c_done < d.first_event
-    assert _metric(gw, r'specrouter_session_waits_total\{backend="sim",outcome="admitted"\}') >= 3
-    assert (
-        _metric(
-            gw, r'specrouter_session_admission_total\{backend="sim",reason="full",verdict="wait"\}'
-        )
-        >= 3
-    )
+def _compact(gw: GatewayServer, session: str, model: str = "coder") -> None:
+    """A compaction of `session` (Messages, the anthropic SDK): never held, and it ends the
+    session's residency."""
+    with _anthropic(gw) as sdk:
+        msg = sdk.messages.create(
+            model=model, max_tokens=8,
+            messages=[{"role": "user", "content": f"[{session}] {PROMPT}"}],
+            extra_headers={
+                "x-claude-code-session-id": session,
+                "x-claude-code-request-class": "compaction",
+            },
+        )  # fmt: skip
+        assert msg.content
+
+
+class SdkStream(threading.Thread):
+    """A streamed chat turn through the openai SDK: its text, when its first content came."""
+
+    def __init__(self, gw: GatewayServer, session: str, model: str = "coder") -> None:
+        super().__init__(daemon=True)
+        self.gw, self.session, self.model = gw, session, model
+        self.text, self.first, self.error = "", 0.0, None
+
+    def run(self) -> None:
+        headers = {"x-claude-code-session-id": self.session}
+        try:
+            with (
+                self.gw.openai(max_retries=0) as sdk,
+                sdk.chat.completions.create(
+                    **_chat(self.session, True, model=self.model), extra_headers=headers
+                ) as events,
+            ):
+                for event in events:
+                    for choice in event.choices:
+                        self.text += choice.delta.content or ""
+                        self.first = self.first or time.monotonic()
+        except openai.APIError as exc:
+            self.error = exc
+
+    def done(self) -> SdkStream:
+        self.join(30)
+        assert not self.is_alive()
+        return self
+
+
+def _anthropic(gw: GatewayServer) -> anthropic.Anthropic:
+    ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
+    return anthropic.Anthropic(
+        base_url=gw.base, api_key=CLIENT_KEY, max_retries=0,
+        http_client=anthropic.DefaultHttpxClient(verify=ctx),
+    )  # fmt: skip
 
 
 def _apply(gw: GatewayServer, **sessions: Any) -> None:
@@ -195,58 +212,119 @@ def _apply(gw: GatewayServer, **sessions: Any) -> None:
     _until(applied)
 
 
-def test_held_non_stream_times_out_and_compaction_is_never_held(gw: GatewayServer) -> None:
-    _until(lambda: _waiting(gw) == 0)
-    time.sleep(IDLE_S)  # the first test's sessions idle: r's turn ends their residency
-    _resident_turn(gw, "r", PROMPT + PROMPT[:3000])  # ~2,000 tokens: none fits beside it
-    t0 = time.monotonic()
-    _apply(gw, idle_s=WINDOW_S)  # the window the checks below run in
+class AnthropicStream(threading.Thread):
+    """A Messages stream through the anthropic SDK: its text, when it ended."""
+
+    def __init__(self, gw: GatewayServer, session: str) -> None:
+        super().__init__(daemon=True)
+        self.gw, self.session = gw, session
+        self.text, self.end = "", 0.0
+
+    def run(self) -> None:
+        with (
+            _anthropic(self.gw) as sdk,
+            sdk.messages.stream(
+                model="coder", max_tokens=8,
+                messages=[{"role": "user", "content": f"[{self.session}] {PROMPT}"}],
+                extra_headers={"x-claude-code-session-id": self.session},
+            ) as stream,
+        ):  # fmt: skip
+            self.text = "".join(stream.text_stream)
+            self.end = time.monotonic()
+
+    def done(self) -> AnthropicStream:
+        self.join(30)
+        assert not self.is_alive()
+        return self
+
+
+def test_held_streams_pinged_then_answered_in_order_across_retry_and_reload(
+    gw: GatewayServer,
+) -> None:
+    _resident_turn(gw, "a")
+    b = Stream(gw, "b")
+    b.start()
+    _until(lambda: _waiting(gw) >= 1)
+    c = Stream(gw, "c", leave_after_ping=True)  # leaves after its first ping: place kept
+    c.start()
+    c.done()
+    assert c.pinged.is_set() and c.status == 200
+    gone = r'specrouter_session_waits_total\{backend="sim",outcome="client_gone"\}'
+    _until(lambda: _metric(gw, gone) >= 1)
+    d = SdkStream(gw, "d")  # the openai SDK, pinged while held (SSE comments)
+    d.start()
+    _until(lambda: _waiting(gw) >= 2)
+    # The admin explain says why another session's turn would wait.
+    explained = httpx.post(
+        gw.admin + "/admin/policy/explain",
+        headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+        json={"request": _chat("e", True), "headers": {"x-claude-code-session-id": "e"}},
+        timeout=10,
+    ).json()["admission"]
+    assert explained["admit"] is False and explained["reason"] == "full", explained
+    assert explained["source"] == "live" and "> 0.9 x 3,000 KV tokens" in explained["detail"]
+    # A policy applied (another place_kept_s) while b and d wait: nothing lost.
+    _apply(gw, place_kept_s=100.0)
+    _compact(gw, "a")  # a's residency ends: b, the first waiting, goes
+    b.done()
+    assert b.status == 200 and b.pinged.is_set() and b.first_event is not None
+    assert b.raw.index(PING) < b.raw.index(b"data: ")  # pings while held, then the answer
+    assert b"[DONE]" in b.raw and b'"error"' not in b.raw
+    # c's retry, a Messages stream through the anthropic SDK: its place is before d's.
+    c2 = AnthropicStream(gw, "c")
+    c2.start()
+    _until(lambda: _waiting(gw) >= 2)
+    assert d.is_alive() and c2.is_alive()
+    _compact(gw, "b")
+    c2.done()
+    assert c2.text and d.is_alive()  # d still waits: c is resident now
+    _compact(gw, "c")
+    d.done()
+    assert d.error is None and d.text and c2.end < d.first
+    admitted = r'specrouter_session_waits_total\{backend="sim",outcome="admitted"\}'
+    assert _metric(gw, admitted) == 3
+    full = r'specrouter_session_admission_total\{backend="sim",reason="full",verdict="wait"\}'
+    assert _metric(gw, full) >= 4
+
+
+def test_held_turns_time_out_and_compaction_is_never_held(
+    gw: GatewayServer, request: pytest.FixtureRequest
+) -> None:
+    _apply(gw, stream_wait_s=1.0)
+    _resident_turn(gw, "r", model="coder2")
     client = gw.openai(max_retries=0)
+    request.addfinalizer(client.close)
+    t1 = time.monotonic()
     with pytest.raises(openai.APIStatusError) as caught:
         client.chat.completions.create(
-            **_chat("n", False, SHORT), extra_headers={"x-claude-code-session-id": "n"}
+            **_chat("n", False, model="coder2"), extra_headers={"x-claude-code-session-id": "n"}
         )
-    assert caught.value.status_code == 503 and 0.9 < time.monotonic() - t0
+    assert caught.value.status_code == 503 and 0.9 < time.monotonic() - t1
     assert int(caught.value.response.headers["retry-after"]) >= 1
     assert "session-aware admission" in caught.value.message
-    # A compaction of another session goes at once, the engine full or not (Messages, the
-    # anthropic SDK).
-    ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
-    with anthropic.Anthropic(
-        base_url=gw.base, api_key=CLIENT_KEY, max_retries=0,
-        http_client=anthropic.DefaultHttpxClient(verify=ctx),
-    ) as sdk:  # fmt: skip
-        msg = sdk.messages.create(
-            model="coder", max_tokens=8,
-            messages=[{"role": "user", "content": f"[k] {PROMPT}"}],
-            extra_headers={
-                "x-claude-code-session-id": "k", "x-claude-code-request-class": "compaction",
-            },
-        )  # fmt: skip
-        assert msg.content
-        assert (
-            _metric(
-                gw,
-                r'specrouter_session_admission_total\{backend="sim",reason="class",verdict="admit"\}',
-            )
-            == 1
-        )
-        # A held Messages stream gets Anthropic's ping events, then its answer; the SDK reads
-        # another one held beside it (both fit once r's residency ends).
-        m = Stream(gw, "m", path="/v1/messages", body={
-            "model": "coder", "max_tokens": 8, "stream": True,
-            "messages": [{"role": "user", "content": f"[m] {SHORT}"}],
-        })  # fmt: skip
-        m.start()
-        _until(lambda: _waiting(gw) >= 1)
-        assert time.monotonic() - t0 < WINDOW_S  # all of it while r was resident
-        with sdk.messages.stream(
-            model="coder", max_tokens=8,
-            messages=[{"role": "user", "content": f"[m2] {SHORT}"}],
-            extra_headers={"x-claude-code-session-id": "m2"},
-        ) as stream:  # fmt: skip
-            text = "".join(stream.text_stream)
-        assert text
-        m.done()
-        assert m.status == 200 and m.raw.index(MESSAGES_PING) < m.raw.index(b"event: message_start")
-        assert b"event: message_stop" in m.raw
+    # A compaction of another session goes at once, the engine full or not.
+    _compact(gw, "k", "coder2")
+    cls = r'specrouter_session_admission_total\{backend="sim2",reason="class",verdict="admit"\}'
+    assert _metric(gw, cls) == 1
+    # A session that would wait on sim2 moves to spare, free: the wait (600 s expected) is more
+    # than re-prefilling its ~1,500 tokens there (0.75 s at 2,000 tokens/s).
+    moved = client.chat.completions.with_raw_response.create(
+        **_chat("v", False, model="mover"), extra_headers={"x-claude-code-session-id": "v"}
+    )
+    assert moved.headers["x-specrouter-variant"] == "spare"
+    assert moved.headers["x-specrouter-reason"] == "session-move"
+    # Held streams past stream_wait_s: Anthropic's ping events, then its error event; the
+    # openai SDK reads the pings and raises the error event.
+    m = Stream(gw, "m", path="/v1/messages", body={
+        "model": "coder2", "max_tokens": 8, "stream": True,
+        "messages": [{"role": "user", "content": f"[m] {PROMPT}"}],
+    })  # fmt: skip
+    m.start()
+    m2 = SdkStream(gw, "m2", model="coder2")
+    m2.start()
+    m.done(), m2.done()
+    assert m.status == 200 and m.raw.startswith(MESSAGES_PING)
+    assert b"event: error\n" in m.raw and b'"type":"overloaded_error"' in m.raw.replace(b" ", b"")
+    assert b"session-aware admission" in m.raw and b"message_start" not in m.raw
+    assert isinstance(m2.error, openai.APIError) and not m2.text
+    assert "session-aware admission" in str(m2.error)
