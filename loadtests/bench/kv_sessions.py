@@ -39,6 +39,7 @@ from proxy.observe.stats import quantile
 from proxy.vllm_wire import Family, counter_sample
 
 MODEL = "tiny"
+WAIT_MODE = "admission-wait-"  # + max_wait_s, unscaled
 ROOT = Path(__file__).resolve().parents[2]
 # The engine's counters read for each mode, by what they are called here.
 COUNTERS = {
@@ -294,8 +295,8 @@ def compare(
     modes: tuple[str, ...] = ("straight", "admission"),
 ) -> dict[str, ModeResult]:
     """Each mode on a fresh engine cache: `engine()` yields the engine's URL (emptied), and
-    `policy(url)` is the gateway's policy for the "admission" mode (and "gateway": the same
-    without `admission`)."""
+    `policy(url)` is the gateway's policy for the "admission" mode ("gateway": the same without
+    `admission`; "admission-wait-S": with `max_wait_s` S, unscaled)."""
     out: dict[str, ModeResult] = {}
     for mode in modes:
         with engine() as url:
@@ -305,6 +306,9 @@ def compare(
             doc = policy(url)
             if mode == "gateway":
                 doc.pop("admission", None)
+            elif mode.startswith(WAIT_MODE):
+                wait = float(mode.removeprefix(WAIT_MODE)) * time_scale
+                doc["admission"]["sessions"]["max_wait_s"] = wait
             with _gateway(doc, certs) as (base, verify):
                 out[mode] = run_mode(
                     mode,
