@@ -8,9 +8,10 @@ A fixed amount of work, so that the modes compare: every session (one per agent,
 together) runs its turns with the replay's driver (each turn streams the whole conversation so
 far; the answer and some tool output are appended), with think time between turns, until all
 are done. The text is made of the tiny model's training words, which both tokenizers count
-alike, so the real engine and the simulator see the same prompts in tokens and run the same KV. Hits and prefilled tokens are the engine's own counters
-(`vllm:prefix_cache_*`, `vllm:prompt_tokens*`), read before and after each mode; the engine's
-prefix cache is emptied before each (a fresh simulator, or vLLM's `/reset_prefix_cache`).
+alike, so the real engine and the simulator see the same prompts in tokens and run the same
+KV. Hits and prefilled tokens are the engine's own counters (`vllm:prefix_cache_*`,
+`vllm:prompt_tokens*`), read before and after each mode; the engine's prefix cache is emptied
+before each (a fresh simulator, or vLLM's `/reset_prefix_cache`).
 """
 
 from __future__ import annotations
