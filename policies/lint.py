@@ -8,7 +8,8 @@ a combination the facts show to regress or a rule that can never act. `specroute
 from __future__ import annotations
 
 from policies.capabilities import capabilities
-from policies.spec.backends import SpeculativeSpec
+from policies.spec.backends import SpeculativeSpec, url_host
+from policies.spec.context import LOOPBACK_HOSTS
 from policies.spec.document import PolicyDocument
 from policies.spec.routes import RouteSpec
 from policies.spec.rules import SELECTOR_KINDS, CanaryRule, GuardRule, LoadRule
@@ -41,14 +42,18 @@ def policy_warnings(doc: PolicyDocument) -> list[str]:
 
 
 def _admission(doc: PolicyDocument) -> list[str]:
-    """Session-aware admission on, where it can only hold turns once the engine reports its KV."""
+    """Session-aware admission on for an engine on another machine without `kv_tokens`: it holds
+    nothing there until the engine reports its KV (one on this machine has the deployed
+    budget's, `specrouter deploy render`)."""
     if not doc.admission.sessions.enabled:
         return []
     return [
         f"backends.{name}: session-aware admission is on but kv_tokens is unset: it holds "
         "nothing there until the engine reports its KV (vLLM's cache_config_info)"
         for name, b in doc.backends.items()
-        if b.task == "generate" and b.kv_tokens is None and b.kind == "vllm"
+        if b.task == "generate"
+        and b.kv_tokens is None
+        and not all(url_host(u) in LOOPBACK_HOSTS for u in b.engine_urls)
     ]
 
 

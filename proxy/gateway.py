@@ -34,6 +34,7 @@ from proxy.settings import Settings
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
     from policies.spec.context import ValidationContext
+    from policies.spec.document import PolicyDocument
 
 
 Sink = Callable[[RequestRecord], None]
@@ -66,6 +67,10 @@ class Gateway:
         # reports (vLLM's cache_config_info, proxy/backends/health.py).
         self.residency = Residency(self._resident_gauges)
         self.kv_reported: dict[str, int] = {}
+        # ... and the deployed budget's (`deploy render`'s memory model), per policy version:
+        # serve.py sets `kv_of`, the request path does not import the operator tools.
+        self.kv_of: Callable[[PolicyDocument], dict[str, int]] = lambda doc: {}
+        self._kv_deployed: tuple[str, dict[str, int]] = ("", {})
         self.engine_table = EngineTable()
         self.limits: Limits = (
             RedisLimits(settings.redis_url, settings.redis_prefix, self.metrics.limits_errors)
@@ -114,6 +119,12 @@ class Gateway:
             self._response_owner,
         ]
         self.begin: Begin | None = None  # set with a tracing sink (proxy/serve.py)
+
+    def kv_deployed(self, policy: CompiledPolicy) -> dict[str, int]:
+        """Each backend's KV tokens as deployed, computed once per policy version."""
+        if self._kv_deployed[0] != policy.version:
+            self._kv_deployed = (policy.version, self.kv_of(policy.document))
+        return self._kv_deployed[1]
 
     def _resident_gauges(self, backend: str, sessions: int, tokens: int) -> None:
         gauge = self.metrics.sessions.resident

@@ -26,6 +26,7 @@ from proxy.observe.accesslog import access_sink
 from proxy.observe.metrics_app import create_metrics_app
 from proxy.observe.requestlog import RequestLog
 from proxy.operator import Operator, OperatorError, load_operator
+from proxy.ops.deploy.plan import deployed_kv_tokens
 from proxy.relay.app import PublicApp
 from proxy.safety import UnsafeSettings, check_startup
 from proxy.servers import bind, make_server, url_of
@@ -180,6 +181,7 @@ class GatewayProcess:
     ) -> None:
         self.settings = settings
         self.gw = Gateway(settings, policy, operator)
+        self.gw.kv_of = deployed_kv_tokens  # session-aware admission's last word on KV
         self.monitor = HealthMonitor(self.gw)
         self.ssl = tls_context(settings)
         self.admin_ssl = admin_tls_context(settings)

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from policies.admission import expected_wait_s
+from policies.admission import expected_wait_s, held_tokens
 from policies.admission_explain import body_tokens, residency_from_json, turn_verdict
 from policies.compiled import CompiledPolicy
 from policies.types import Decision, RequestView
@@ -65,12 +65,17 @@ def residency_rows(gw: Gateway) -> list[dict[str, Any]]:
             continue
         st = gw.residency.engine(name)
         waits = [now - p.since for p in st.waiting.values() if p.holders > 0]
+        live = [  # a residency idle past idle_s has ended, whether a decision saw it yet or not
+            r
+            for r in st.residents.values()
+            if r.idle_since is None or now - r.idle_since < spec.idle_s
+        ]
         rows.append(
             {
                 "backend": name,
                 "enabled": spec.enabled,
-                "resident": len(st.residents),
-                "resident_tokens": gw.residency.resident_tokens(name),
+                "resident": len(live),
+                "resident_tokens": held_tokens((r.prefix_tokens for r in live), st.shared_tokens),
                 "kv_tokens": capacity(gw, policy, name).kv_tokens,
                 "waiting": len(waits),
                 "longest_wait_s": round(max(waits), 1) if waits else 0.0,

@@ -47,9 +47,12 @@ class Held:
 
 
 def capacity(gw: Gateway, policy: CompiledPolicy, name: str) -> Capacity:
-    """The engine's KV tokens: the policy's, else what the engine reports; and max_num_seqs."""
+    """The engine's KV tokens: the policy's, else what the engine reports, else the deployed
+    budget's (`specrouter deploy render`); and max_num_seqs."""
     backend = policy.backend(name)
-    kv = backend.kv_tokens if backend.kv_tokens is not None else gw.kv_reported.get(name)
+    kv = backend.kv_tokens
+    if kv is None:
+        kv = gw.kv_reported.get(name) or gw.kv_deployed(policy).get(name)
     return Capacity(kv, backend.max_concurrency)
 
 

@@ -1,12 +1,26 @@
 """Session-aware admission's state (proxy/backends/residency.py): residency follows turns, a
 waiting session keeps its place across retries for `place_kept_s`, a residency asked to end
-while a turn is in flight ends with that turn; and the KV tokens an engine reports."""
+while a turn is in flight ends with that turn; the KV tokens an engine reports, and the order
+of the KV sources (the policy's, the engine's, the deployed budget's)."""
 
 from __future__ import annotations
 
-from policies.admission import Resident, Waiter
+import time
+from pathlib import Path
+
+import yaml
+
+from loadtests.harness.gateway import coder_policy
+from policies.admission import Capacity, Resident, Waiter
+from policies.compiled import compile_policy
+from policies.schema import load_policy
+from proxy.admin.residency_view import residency_rows
 from proxy.backends.health import parse_vllm_metrics
 from proxy.backends.residency import Residency
+from proxy.gateway import Gateway
+from proxy.ops.deploy.plan import deployed_kv_tokens
+from proxy.relay.hold import capacity
+from proxy.settings import Settings
 
 
 def _done(r: Residency, key: str, now: float, prompt: int, cached: int = 0) -> None:
@@ -71,3 +85,46 @@ def test_the_kv_tokens_an_engine_reports() -> None:
     assert parse_vllm_metrics(page % "2048", 0.0).values == {"kv_tokens": 32768.0}
     assert parse_vllm_metrics(page % "None", 0.0).values == {}  # not profiled yet
     assert parse_vllm_metrics(page % "1e99", 0.0).values == {}
+
+
+def test_the_kv_tokens_in_order_policy_engine_deployed(tmp_path: Path) -> None:
+    config = tmp_path / "p.yaml"
+    doc = coder_policy({"a": "http://127.0.0.1:9", "b": "http://127.0.0.1:10"})
+    doc["backends"]["a"]["kv_tokens"] = 1000
+    config.write_text(yaml.safe_dump(doc))
+    policy = compile_policy(load_policy(config))
+    gw = Gateway(Settings(config=config, state_dir=tmp_path / "s"), policy)
+    assert capacity(gw, policy, "b").kv_tokens is None  # a gateway alone knows no budget
+    gw = Gateway(Settings(config=config, state_dir=tmp_path / "s"), policy)
+    gw.kv_of = deployed_kv_tokens  # as `specrouter serve` sets it
+    deployed = capacity(gw, policy, "b").kv_tokens
+    assert deployed is not None and deployed > 100_000  # the GB10 memory model's
+    gw.kv_reported["a"] = gw.kv_reported["b"] = 5000
+    assert capacity(gw, policy, "a") == Capacity(1000, 16)  # the policy's first
+    assert capacity(gw, policy, "b") == Capacity(5000, 16)  # then the engine's
+    assert deployed_kv_tokens(load_policy(config).model_copy(update={"backends": {}})) == {}
+
+
+def test_the_dashboards_rows(tmp_path: Path) -> None:
+    config = tmp_path / "p.yaml"
+    doc = coder_policy({"a": "http://127.0.0.1:9"})
+    doc["backends"]["a"]["kv_tokens"] = 1000
+    doc["admission"] = {"sessions": {"enabled": True, "idle_s": 60, "shared_prefix_tokens": 0}}
+    config.write_text(yaml.safe_dump(doc))
+    gw = Gateway(
+        Settings(config=config, state_dir=tmp_path / "s"), compile_policy(load_policy(config))
+    )
+    now = time.perf_counter()
+    gw.residency.admitted("a", "s1", 300)
+    gw.residency.admitted("a", "s2", 200)
+    gw.residency.turn_done("a", "s2", now - 61, prompt_tokens=None, completion_tokens=None,
+                           cached_tokens=None)  # fmt: skip
+    gw.residency.join("a", "s3", now - 5)
+    gw.residency.waited("a", 42.0, admitted=False)
+    [row] = residency_rows(gw)
+    assert row == {
+        "backend": "a", "enabled": True, "resident": 1, "resident_tokens": 300,
+        "kv_tokens": 1000, "waiting": 1, "longest_wait_s": row["longest_wait_s"], "held": 1,
+        "timeouts": 1, "longest_ever_s": 42.0,
+    }  # fmt: skip
+    assert 5.0 <= row["longest_wait_s"] < 10.0

@@ -18,9 +18,10 @@ schema: 1
 backends:
   gb10: {url: "http://127.0.0.1:8001", served_model_name: m, kv_tokens: 100000,
          max_concurrency: 4}
-  spare: {url: "http://127.0.0.1:8002", served_model_name: m}
+  spare: {url: "http://10.0.0.2:8002", served_model_name: m}
+  local: {url: "http://127.0.0.1:8003", served_model_name: m}
 routes:
-  coder: {models: [coder], task: generate, variants: [gb10, spare]}
+  coder: {models: [coder], task: generate, variants: [gb10, spare, local]}
 """
 CONTRACT = """
 admission:

@@ -125,6 +125,21 @@ def engine_plans(doc: PolicyDocument) -> tuple[list[EnginePlan], list[Skipped]]:
     return _with_memory(plans, memory_params(doc)), skipped
 
 
+def deployed_kv_tokens(doc: PolicyDocument) -> dict[str, int]:
+    """Each coding backend's KV tokens as `deploy render` deploys them (a backend of several
+    engines: their sum), for session-aware admission where neither the policy (`kv_tokens`)
+    nor the engine says; {} for a policy that does not render."""
+    try:
+        plans, _ = engine_plans(doc)
+    except Exception:  # noqa: BLE001 - a policy that does not render has no deployed budget
+        return {}
+    out: dict[str, int] = {}
+    for plan in plans:
+        if plan.memory is not None:
+            out[plan.backend] = out.get(plan.backend, 0) + plan.memory.kv_tokens
+    return out
+
+
 def memory_params(doc: PolicyDocument) -> MemoryParams:
     """The memory model's parameters, with the policy's overrides."""
     d, default = doc.deployment, MemoryParams()
