@@ -6,6 +6,7 @@ docs/sessions-real-vllm.md has the premises and the figures."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from loadtests.bench.kv_sessions import (
@@ -56,14 +57,17 @@ def test_admission_beats_straight_real_vllm_and_simulator(certs: CertFiles) -> N
         real_prompt = real.prompt_tokens(workload)
         # The premise: the sessions' first prompts alone hold more tokens than the KV.
         assert workload.sessions * real_prompt > real.kv_tokens
+        t0 = time.monotonic()
         on_vllm = compare(
             workload, real.fresh, certs=certs, policy=_policy(real.kv_tokens, workload)
         )
+    print(f"vLLM: start {real.server.start_s:.0f} s, modes {time.monotonic() - t0:.0f} s")
     _check_direction(on_vllm, workload)
 
     # The same prompts in tokens on the simulator, and the same KV.
     assert abs(sim_prompt_tokens(workload) - real_prompt) <= 0.05 * real_prompt
     sim = SimEngine(real.kv_tokens, SIM_SCALE)
+    t0 = time.monotonic()
     simulated = compare(
         workload,
         sim.fresh,
@@ -71,4 +75,5 @@ def test_admission_beats_straight_real_vllm_and_simulator(certs: CertFiles) -> N
         policy=_policy(sim.kv_tokens, workload, SIM_SCALE),
         time_scale=SIM_SCALE,
     )
+    print(f"simulator: {time.monotonic() - t0:.0f} s")
     _check_direction(simulated, workload)
