@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from policies.capabilities import EngineKind
 from policies.types import Endpoint
 from proxy import vllm_wire
@@ -29,11 +31,21 @@ class Rule:
     edit: Callable[[Json], Json | None]
 
 
+def _parsed(value: Any, needle: bytes) -> Any:
+    """A top-level field as parsed JSON, or None when it cannot hold `needle`. Once decided, the
+    body's containers are the bytes `check_fields` wrote (`orjson.Fragment`, proxy/relay/
+    exchange.py `release_tree`): they are parsed again only when the needle is in them."""
+    if type(value) is orjson.Fragment:
+        raw = orjson.dumps(value)
+        return orjson.loads(raw) if needle in raw else None
+    return value
+
+
 def _encrypted_reasoning(body: Json) -> Json | None:
     """Responses input: reasoning items carrying `encrypted_content` (what Codex replays of a
     thread begun on a provider that encrypts reasoning). Only that provider can read the blob;
     the item is left out, or kept without the blob where it also carries readable text."""
-    items = body.get("input")
+    items = _parsed(body.get("input"), b'"encrypted_content":"')
     if not isinstance(items, list):
         return None
     out: list[Any] = []

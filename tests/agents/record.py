@@ -43,6 +43,7 @@ ENCRYPTED_REASONING = {
     "content": None,
     "encrypted_content": "gAAAAABpZ3Jfc3BlY3JvdXRlcl9zeW50aGV0aWNfZW5jcnlwdGVkX3JlYXNvbmluZw==",
 }
+CLAUDE_TOOLS = "Bash,Read,Edit,Write,Glob,Grep,Task"
 CODEX_REASONING = '\nmodel_reasoning_effort = "medium"\nmodel_reasoning_summary = "auto"\n'
 
 
@@ -101,7 +102,10 @@ def claude_code(tap: Tap, env: dict[str, str], work: Path, bins: Path) -> None:
         "CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1",
         "PATH": f"{bins}{os.pathsep}{env['PATH']}",
     }
-    _run(["claude", "-p", "List the files here, then write a notes file."], work, env)
+    # Its core tools and the subagent tool: all of them make a prompt past the tiny model's
+    # 32,768 positions (about 35K of its tokens; 22K with these).
+    prompt = "List the files here, then write a notes file."
+    _run(["claude", "-p", prompt, "--tools", CLAUDE_TOOLS], work, env)  # --tools takes several
 
 
 def aider(tap: Tap, env: dict[str, str], work: Path, bins: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import os
 from typing import Any
 
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
@@ -23,7 +24,8 @@ def pinned() -> dict[str, str]:
     for line in (ROOT / "scripts" / "agents.versions").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             _, package, version = line.split()
-            out[package] = version
+            if package != "openai":  # openai-node: docs/clients.md's recipe, not recorded
+                out[package] = version
     for package in ("anthropic", "openai"):
         out[f"{package} (Python SDK)"] = importlib.metadata.version(package)
     return out
@@ -45,10 +47,17 @@ def measure(sessions: dict[str, list[dict[str, Any]]]) -> None:
         "routes": {"agents": {"models": [AGENT_MODEL], "variants": ["v-ngram"], "defaults": {}}},
         "clients": [{"name": "agent", "key_sha256": auth.hash_key(CLIENT_KEY)}],
     }
-    with engine:
+    given = os.environ.get("SPECROUTER_VLLM_URL")  # an ngram engine already serving (tests')
+    if given:
+        engine.url = given
+    else:
+        engine.start()
+    try:
         policy["backends"]["v-ngram"]["url"] = engine.url
         with GatewayServer(policy) as gw:
             done = replay.replay_all(gw, engine)
+    finally:
+        engine.stop()
     models = (ROOT / "scripts" / "vllm_models.py").read_bytes()
     manifest = {
         "recorded": "each agent against `specrouter demo` (the simulator), tests/agents/record.py",
@@ -66,3 +75,7 @@ def measure(sessions: dict[str, list[dict[str, Any]]]) -> None:
         },
     }
     replay.MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+if __name__ == "__main__":  # the manifest again, for the recordings as they are
+    measure({name: [r.__dict__ for r in replay.load(name)] for name in replay.sessions()})

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from proxy import vllm_wire
 from proxy.relay.adapt import RULES, adapt
 
@@ -70,3 +72,14 @@ def test_rule_names_are_unique_and_documented() -> None:
     assert len(set(names)) == len(names)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "vllm-adaptations.md").read_text()
     assert all(f"`{n}`" in doc for n in names)
+
+
+def test_a_released_body_is_read_from_its_bytes() -> None:
+    """Once decided, the body's containers are orjson fragments (exchange.release_tree)."""
+    body = _body(BLOB, CALL)
+    released = {**body, "input": orjson.Fragment(orjson.dumps(body["input"]))}
+    out, applied = adapt(released, "responses", "vllm", "0.32.0")
+    assert applied == ("responses-encrypted-reasoning",)
+    assert [i.get("type") for i in out["input"]] == [None, "function_call"]
+    plain = {**body, "input": orjson.Fragment(orjson.dumps([READABLE, CALL]))}
+    assert adapt(plain, "responses", "vllm", "0.32.0") == (plain, ())

@@ -139,7 +139,8 @@ def send(
 def replay_all(gw: GatewayServer, engine: VllmServer) -> dict[str, list[Replayed]]:
     """Every recorded session in turn, each request alone (the next waits for its answer)."""
     out: dict[str, list[Replayed]] = {}
-    with gw.client(timeout=httpx.Timeout(300)) as c:
+    with gw.client() as c:
+        c.timeout = httpx.Timeout(300)  # a 28K-token prefill on a loaded 2-core machine: 30 s
         for session in sessions():
             turn_state: str | None = None
             done = out.setdefault(session, [])
