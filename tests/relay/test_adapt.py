@@ -83,3 +83,33 @@ def test_a_released_body_is_read_from_its_bytes() -> None:
     assert [i.get("type") for i in out["input"]] == [None, "function_call"]
     plain = {**body, "input": orjson.Fragment(orjson.dumps([READABLE, CALL]))}
     assert adapt(plain, "responses", "vllm", "0.32.0") == (plain, ())
+
+
+def test_the_simulator_refuses_and_the_gateway_adapts(certs: Any) -> None:
+    """The simulator refuses encrypted reasoning as vLLM does; through the gateway, a `kind:
+    vllm` backend gets it left out (counted), a `kind: openai` one the original (its 400)."""
+    import httpx
+
+    from loadtests.harness.gateway import GatewayServer, coder_policy
+    from loadtests.harness.sim import SimServer
+
+    body = {**_body(BLOB, CALL), "model": "coder", "stream": False, "max_output_tokens": 8}
+    with SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.05) as sim:
+        direct = httpx.post(f"{sim.url}/v1/responses", json={**body, "model": "qwen3.8-27b"})
+        assert direct.status_code == 400
+        assert direct.json()["error"]["param"] == "input"
+        assert vllm_wire.ENCRYPTED_REASONING_ERROR in direct.json()["error"]["message"]
+        doc = coder_policy({"coder-a": sim.url})
+        doc["backends"]["plain"] = {**doc["backends"]["coder-a"], "kind": "openai"}
+        doc["routes"]["plain"] = {"models": ["plain"], "variants": ["plain"]}
+        with GatewayServer(doc, certs=certs) as gw, gw.client() as c:
+            adapted = c.post("/v1/responses", json=body)
+            assert adapted.status_code == 200, adapted.text
+            kept = c.post("/v1/responses", json={**body, "model": "plain"})
+            assert kept.status_code == 400 and kept.json() == direct.json()
+            counted = [
+                line.split("{")[1]
+                for line in gw.metrics().splitlines()
+                if line.startswith("specrouter_adaptations_total{")
+            ]
+            assert counted == ['backend="coder-a",rule="responses-encrypted-reasoning"} 1.0']
