@@ -103,8 +103,12 @@ def test_figures_equal_vllms_counters(replayed: dict[str, list[Replayed]]) -> No
       tokenising up to 28K tokens: ~0.1-0.2 s on this loaded machine);
     - streams, ITL: the last token. vLLM's TTFT plus its ITL summed over the request
       (vllm:inter_token_latency_seconds, one sample per engine step) is when it made the last
-      token; the gateway's end is when it relayed the stream's end, later by the same bound;
-    - tokens per step, where the gateway logs one: (generated - 1) / the request's decode steps,
+      token; the gateway's end is when it relayed the stream's end: later by the same bound, or
+      earlier by at most 0.05 s (vLLM stamps a step's outputs when its API process handles
+      them, which on a loaded machine can follow the bytes already sent: -0.011 s seen once in
+      15 requests);
+    - tokens per step, where the API carries what it takes (chat's per-chunk usage, vLLM's
+      summary: `tps_source` engine or chunks): (generated - 1) / the request's decode steps,
       which are its ITL samples, within 1 %."""
     lengths = replay.manifest()["prompt_tokens"]
     wrong: list[str] = []
@@ -131,8 +135,11 @@ def test_figures_equal_vllms_counters(replayed: dict[str, list[Replayed]]) -> No
                 f"end {row['e2e_s']:.4f}/{d[TTFT] + d[ITL + '_sum']:.4f} "
                 f"tps {row['tokens_per_step']}/{truth:.3f} {row['tps_source']}"
             )
+            # Read only where the API carries per-step counts (chat's usage on each chunk) or
+            # vLLM its summary; a Responses or Messages stream gets the request average
+            # (docs/tokens-per-step.md), read high here where vLLM's API server merged outputs.
             if (
-                row["tokens_per_step"] is not None
+                row["tps_source"] in ("engine", "chunks")
                 and abs(row["tokens_per_step"] / truth - 1) > 0.01
             ):
                 wrong.append(f"{name} tokens per step {row['tokens_per_step']} vllm {truth:.3f}")
@@ -142,7 +149,7 @@ def test_figures_equal_vllms_counters(replayed: dict[str, list[Replayed]]) -> No
             if not 0 <= row["ttft_s"] - d[TTFT] <= bound:
                 wrong.append(f"{name} ttft gateway {row['ttft_s']:.4f} vllm {d[TTFT]:.4f}")
             last = d[TTFT] + d[ITL + "_sum"]
-            if not 0 <= row["e2e_s"] - last <= bound:
+            if not -0.05 <= row["e2e_s"] - last <= bound:
                 wrong.append(f"{name} last token gateway {row['e2e_s']:.4f} vllm {last:.4f}")
     print("\n".join(["", "request wall prompt cached ttft(gw/vllm) end(gw/vllm) tps", *table]))
     assert wrong == [], "\n".join(wrong)
