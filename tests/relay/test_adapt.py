@@ -92,6 +92,7 @@ def test_the_simulator_refuses_and_the_gateway_adapts(certs: Any) -> None:
 
     from loadtests.harness.gateway import GatewayServer, coder_policy
     from loadtests.harness.sim import SimServer
+    from tests.engines.vllm.common import logged
 
     body = {**_body(BLOB, CALL), "model": "coder", "stream": False, "max_output_tokens": 8}
     with SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.05) as sim:
@@ -113,3 +114,5 @@ def test_the_simulator_refuses_and_the_gateway_adapts(certs: Any) -> None:
                 if line.startswith("specrouter_adaptations_total{")
             ]
             assert counted == ['backend="coder-a",rule="responses-encrypted-reasoning"} 1.0']
+            rows = [logged(gw, r.headers["x-request-id"]) for r in (adapted, kept)]
+            assert [row["adapted"] for row in rows] == ["responses-encrypted-reasoning", None]

@@ -88,6 +88,7 @@ def test_encrypted_reasoning_is_adapted_and_counted(
         re.M,
     )
     assert found and float(found.group(1)) == 1.0, page
+    assert one.row["adapted"] == "responses-encrypted-reasoning"
     others = [o for s, ones in replayed.items() if s != "codex-encrypted" for o in ones]
     assert not any('encrypted_content":"gAAAA' in o.rec.body.decode() for o in others)
 
