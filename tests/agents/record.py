@@ -4,7 +4,9 @@
 
 Starts the demo, puts a recording TLS relay (tests/agents/tap.py) in front of it, and runs each
 agent at the version scripts/agents.versions pins: Codex `exec` then two `exec resume` turns,
-Claude Code `-p` (tools, thinking), aider, the Anthropic and OpenAI Python SDKs with tools. Each
+Claude Code `-p` (its core tools and the Agent tool, thinking; no subagent: the simulator's
+scripted turn never calls the Agent tool), aider, the Anthropic and OpenAI Python SDKs with
+tools. Each
 session is written to tests/fixtures/agent-recordings/<session>.jsonl.gz (one request a line,
 as the agent sent it, secrets left out), plus the synthetic Codex thread begun on a provider that
 encrypts its reasoning (`codex-encrypted`: the last Codex request with an earlier reasoning item
