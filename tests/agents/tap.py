@@ -100,7 +100,10 @@ class Tap:
                 if k.lower() not in _HOP:
                     out.headers.add(k, v)
             await out.prepare(request)
-            async for chunk in up.content.iter_any():
-                await out.write(chunk)
-            await out.write_eof()
+            try:
+                async for chunk in up.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+            except ConnectionResetError:  # the agent hung up after what it needed (Codex)
+                pass
             return out
