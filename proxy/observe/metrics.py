@@ -249,6 +249,14 @@ class GatewayMetrics:
             ("route", "field"),
             registry=r,
         )
+        # proxy/relay/adapt.py: requests changed for an engine that refuses part of them.
+        self.adaptations = Counter(
+            "specrouter_adaptations_total",
+            "Requests adapted for their engine by a named rule (proxy/relay/adapt.py: a part "
+            "the engine refuses and the agent does not need, left out).",
+            ("rule", "backend"),
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "specrouter_upstream_errors_total",
             "Upstream failures: connect, status, timeout, midstream.",

@@ -58,6 +58,7 @@ Pending = tuple[
     str,
     AgentSignals,
     str,
+    tuple[str, ...],
 ]
 Row = tuple[Any, ...]
 
@@ -125,6 +126,7 @@ def row_of(p: Pending) -> Row:
         continued_from,
         sig,
         turn_state,
+        adapted,
     ) = p
     gaps, tokens = m.itl_steps()
     p50, p95 = itl_quantiles(gaps, tokens)
@@ -167,6 +169,7 @@ def row_of(p: Pending) -> Row:
         sig.prompt_id or None,
         sig.turn_id or None,
         turn_state or None,
+        ",".join(adapted) or None,
     )
 
 
@@ -344,6 +347,7 @@ class RequestLog:
                     r.continued_from,
                     r.signals,
                     r.turn_state,
+                    r.adapted,
                 )
             )
         except Exception:  # a log must never fail the request that feeds it

@@ -6,8 +6,8 @@ import sqlite3
 from pathlib import Path
 
 # 2: tps_source, gateway_s, engine_headers_s; 3: session, agent; 4: continued_from;
-# 5: the agents' own signals (request_class ... turn_state)
-SCHEMA_VERSION = 5
+# 5: the agents' own signals (request_class ... turn_state); 6: adapted
+SCHEMA_VERSION = 6
 
 # Column order is the order of `requestlog.row_of`'s tuple; `report` reads them by these names.
 COLUMNS: tuple[str, ...] = (
@@ -48,6 +48,7 @@ COLUMNS: tuple[str, ...] = (
     "prompt_id",
     "turn_id",
     "turn_state",
+    "adapted",
 )
 # Columns after version 1's, with their types: an older file gets them on open.
 ADDED = (
@@ -65,6 +66,7 @@ ADDED = (
     ("prompt_id", "TEXT"),
     ("turn_id", "TEXT"),
     ("turn_state", "TEXT"),
+    ("adapted", "TEXT"),
 )
 
 SCHEMA = """
@@ -106,7 +108,8 @@ CREATE TABLE IF NOT EXISTS requests (
     prev_tool_durations TEXT,       -- Claude Code: at most 16 numbers, comma-separated
     prompt_id TEXT,                 -- the prompt id hashed with the client (p-...)
     turn_id TEXT,                   -- Codex's turn id hashed with the client (t-...)
-    turn_state TEXT                 -- x-codex-turn-state: issued, valid or refused
+    turn_state TEXT,                -- x-codex-turn-state: issued, valid or refused
+    adapted TEXT                    -- proxy/relay/adapt.py rules that changed it, comma-separated
 );
 CREATE INDEX IF NOT EXISTS requests_time ON requests (time);
 """

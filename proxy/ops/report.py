@@ -161,6 +161,7 @@ GROUP_KEYS: dict[str, Callable[[Row], str]] = {
     "prompt_id": lambda r: _column(r, "prompt_id"),
     "turn_id": lambda r: _column(r, "turn_id"),
     "turn_state": lambda r: _column(r, "turn_state"),
+    "adapted": lambda r: _column(r, "adapted"),  # proxy/relay/adapt.py's rules
 }
 
 

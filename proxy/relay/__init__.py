@@ -20,6 +20,7 @@
 - record.py: `RequestRecord`, one request from arrival to its last byte, handed to the
   gateway's sinks (request log, metrics, dashboard).
 - sse.py, rewrite.py: event-stream framing; the upstream request body.
+- adapt.py: named adaptations of the body for an engine that refuses part of it (counted).
 
 Beside the path: asgi.py (ASGI types and one-shot answers), channel.py (`PushChannel`, the
 client's connection for the push relay), errors.py (error bodies),

@@ -13,6 +13,7 @@ import orjson
 from policies.capabilities import capabilities
 from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
+from proxy.relay.adapt import adapt
 from proxy.relay.continuation import ContinuableFilter
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_with_error
 from proxy.relay.events import reader_for
@@ -194,6 +195,11 @@ async def open_engine(
     """Send `body` (the request, or its continuation) to one engine; its answer and first
     body bytes."""
     usage = plan_usage(x.body, x.endpoint, backend.kind)
+    version = backend.engine.vllm_version or x.policy.document.deployment.vllm_version
+    body, adapted = adapt(body, x.endpoint, backend.kind, version)
+    x.record.adapted = adapted  # the answering engine's (the last attempt's)
+    for rule in adapted:  # proxy/relay/adapt.py: what this engine refuses, left out
+        x.gw.metrics.adaptations.labels(rule, x.record.backend).inc()
     decision = x.decision
     inject = dict(decision.inject)
     if decision.priority is not None and backend.priority_scheduling:

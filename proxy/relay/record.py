@@ -40,6 +40,7 @@ class RequestRecord:
     # type, compaction, hashed prompt and turn ids. A class records; it grants nothing.
     signals: AgentSignals = NONE
     turn_state: str = ""  # "" | issued | valid | refused: the x-codex-turn-state token's fate
+    adapted: tuple[str, ...] = ()  # proxy/relay/adapt.py: the rules that changed the request
     model: str = ""  # as the client named it
     # OpenTelemetry, when on (proxy/observe/otel.py): the request's open span, and the
     # `traceparent` that carries its context to the engines ("" when off: the client's goes).

@@ -22,6 +22,8 @@ from loadtests.harness.vllm import DRAFT_TOKENS, SERVED, START_TIMEOUT_S, VllmSe
 from proxy import auth
 from proxy.certs import CertFiles
 
+# The model the recorded agents name (tests/fixtures/agent-recordings): served by the ngram engine.
+AGENT_MODEL = "qwen3.8-27b"
 # Clients whose policy priority is the key (test_vllm_restart.py's priority test); 0 holds the slot.
 PRIORITY_KEYS = {prio: f"sk-test-priority-{prio}" for prio in (0, 1, 5, 9)}
 
@@ -99,6 +101,7 @@ def vllm_policy(engines: Engines) -> dict[str, Any]:
         "routes": {
             "draft": {"models": [SERVED], "variants": ["v-draft"], "defaults": {}},
             "ngram": {"models": [f"{SERVED}-ngram"], "variants": ["v-ngram"], "defaults": {}},
+            "agents": {"models": [AGENT_MODEL], "variants": ["v-ngram"], "defaults": {}},
             "failover": {
                 "models": [f"{SERVED}-fo"],
                 "variants": ["v-ngram", "v-draft"],

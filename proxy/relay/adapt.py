@@ -1,0 +1,88 @@
+"""Named adaptations: what the gateway changes in an agent's request so that an engine which
+refuses part of it serves it, where the agent does not need that part.
+
+Each rule is pure (a body in, the adapted body out, or None when it does not apply), names the
+engines it is for (kind, and the vLLM releases that refuse the original: vLLM's wire facts,
+proxy/vllm_wire.py), and is counted per backend (`specrouter_adaptations_total{rule,backend}`,
+proxy/observe/metrics.py). An engine that accepts the original gets it untouched.
+docs/vllm-adaptations.md lists the rules and what vLLM cannot serve at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from policies.capabilities import EngineKind
+from policies.types import Endpoint
+from proxy import vllm_wire
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    endpoint: Endpoint
+    refused_by: Callable[[str], bool]  # vLLM releases (a version string) that refuse the original
+    edit: Callable[[Json], Json | None]
+
+
+def _parsed(value: Any, needle: bytes) -> Any:
+    """A top-level field as parsed JSON, or None when it cannot hold `needle`. Once decided, the
+    body's containers are the bytes `check_fields` wrote (`orjson.Fragment`, proxy/relay/
+    exchange.py `release_tree`): they are parsed again only when the needle is in them."""
+    if type(value) is orjson.Fragment:
+        raw = orjson.dumps(value)
+        return orjson.loads(raw) if needle in raw else None
+    return value
+
+
+def _encrypted_reasoning(body: Json) -> Json | None:
+    """Responses input: reasoning items carrying `encrypted_content` (what Codex replays of a
+    thread begun on a provider that encrypts reasoning). Only that provider can read the blob;
+    the item is left out, or kept without the blob where it also carries readable text."""
+    items = _parsed(body.get("input"), b'"encrypted_content":"')
+    if not isinstance(items, list):
+        return None
+    out: list[Any] = []
+    changed = False
+    for item in items:
+        if isinstance(item, dict) and item.get("type") == "reasoning":
+            if item.get("encrypted_content"):
+                changed = True
+                if not (item.get("content") or item.get("summary")):
+                    continue
+                item = {k: v for k, v in item.items() if k != "encrypted_content"}
+        out.append(item)
+    return {**body, "input": out} if changed else None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "responses-encrypted-reasoning",
+        "responses",
+        vllm_wire.refuses_encrypted_reasoning,
+        _encrypted_reasoning,
+    ),
+)
+
+
+def adapt(
+    body: Json, endpoint: Endpoint, kind: EngineKind, vllm_version: str
+) -> tuple[Json, tuple[str, ...]]:
+    """The body for this engine, and the names of the rules that changed it."""
+    if kind != "vllm":
+        return body, ()
+    applied: list[str] = []
+    for rule in RULES:
+        if rule.endpoint != endpoint or not rule.refused_by(vllm_version):
+            continue
+        edited = rule.edit(body)
+        if edited is not None:
+            body = edited
+            applied.append(rule.name)
+    return body, tuple(applied)

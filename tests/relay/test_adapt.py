@@ -1,0 +1,118 @@
+"""The named adaptations (proxy/relay/adapt.py) as pure functions: what each rule leaves out,
+and that it is off where the engine accepts the original. Against real vLLM, with the counter:
+tests/engines/vllm/test_vllm_agent_replay.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from proxy import vllm_wire
+from proxy.relay.adapt import RULES, adapt
+
+BLOB = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA..."}
+READABLE = {"type": "reasoning", "id": "rs_2", "summary": [], "content": None}
+SUMMARISED = {
+    "type": "reasoning",
+    "id": "rs_3",
+    "summary": [{"type": "summary_text", "text": "looked at files"}],
+    "encrypted_content": "gAAAB...",
+}
+CALL = {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"}
+
+
+def _body(*items: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "m", "input": [{"role": "user", "content": "hi"}, *items], "stream": True}
+
+
+def test_encrypted_reasoning_is_left_out_for_vllm() -> None:
+    body = _body(BLOB, CALL, SUMMARISED, READABLE)
+    out, applied = adapt(body, "responses", "vllm", "0.32.0")
+    assert applied == ("responses-encrypted-reasoning",)
+    kinds = [(i.get("type"), i.get("id")) for i in out["input"]]
+    # the blob alone is left out; a summarised item keeps its text, not its blob
+    assert kinds == [
+        (None, None),
+        ("function_call", None),
+        ("reasoning", "rs_3"),
+        ("reasoning", "rs_2"),
+    ]
+    assert "encrypted_content" not in out["input"][2]
+    assert out["input"][2]["summary"] == SUMMARISED["summary"]
+    assert body["input"][1] is BLOB  # the client's body is not changed in place
+
+
+def test_nothing_changes_without_encrypted_content() -> None:
+    body = _body(READABLE, CALL)
+    out, applied = adapt(body, "responses", "vllm", "0.28.0")
+    assert out is body and applied == ()
+
+
+def test_off_for_engines_that_accept_the_original() -> None:
+    body = _body(BLOB, CALL)
+    for kind in ("openai", "llamacpp"):
+        out, applied = adapt(body, "responses", kind, "0.32.0")
+        assert out is body and applied == ()
+    out, applied = adapt(body, "chat", "vllm", "0.32.0")  # another endpoint: not this rule's
+    assert out is body and applied == ()
+
+
+def test_every_release_the_gateway_knows_refuses_encrypted_reasoning() -> None:
+    for version in ("0.28.0", "0.32.0", "0.33.0", "0.32.0+cpu"):
+        assert vllm_wire.refuses_encrypted_reasoning(version)
+    assert vllm_wire.release("0.32.0+cpu") == (0, 32, 0)
+    assert vllm_wire.release("nonsense") == (99, 0, 0)
+
+
+def test_rule_names_are_unique_and_documented() -> None:
+    from pathlib import Path
+
+    names = [r.name for r in RULES]
+    assert len(set(names)) == len(names)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "vllm-adaptations.md").read_text()
+    assert all(f"`{n}`" in doc for n in names)
+
+
+def test_a_released_body_is_read_from_its_bytes() -> None:
+    """Once decided, the body's containers are orjson fragments (exchange.release_tree)."""
+    body = _body(BLOB, CALL)
+    released = {**body, "input": orjson.Fragment(orjson.dumps(body["input"]))}
+    out, applied = adapt(released, "responses", "vllm", "0.32.0")
+    assert applied == ("responses-encrypted-reasoning",)
+    assert [i.get("type") for i in out["input"]] == [None, "function_call"]
+    plain = {**body, "input": orjson.Fragment(orjson.dumps([READABLE, CALL]))}
+    assert adapt(plain, "responses", "vllm", "0.32.0") == (plain, ())
+
+
+def test_the_simulator_refuses_and_the_gateway_adapts(certs: Any) -> None:
+    """The simulator refuses encrypted reasoning as vLLM does; through the gateway, a `kind:
+    vllm` backend gets it left out (counted), a `kind: openai` one the original (its 400)."""
+    import httpx
+
+    from loadtests.harness.gateway import GatewayServer, coder_policy
+    from loadtests.harness.sim import SimServer
+    from tests.engines.vllm.common import logged
+
+    body = {**_body(BLOB, CALL), "model": "coder", "stream": False, "max_output_tokens": 8}
+    with SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.05) as sim:
+        direct = httpx.post(f"{sim.url}/v1/responses", json={**body, "model": "qwen3.8-27b"})
+        assert direct.status_code == 400
+        assert direct.json()["error"]["param"] == "input"
+        assert vllm_wire.ENCRYPTED_REASONING_ERROR in direct.json()["error"]["message"]
+        doc = coder_policy({"coder-a": sim.url})
+        doc["backends"]["plain"] = {**doc["backends"]["coder-a"], "kind": "openai"}
+        doc["routes"]["plain"] = {"models": ["plain"], "variants": ["plain"]}
+        with GatewayServer(doc, certs=certs) as gw, gw.client() as c:
+            adapted = c.post("/v1/responses", json=body)
+            assert adapted.status_code == 200, adapted.text
+            kept = c.post("/v1/responses", json={**body, "model": "plain"})
+            assert kept.status_code == 400 and kept.json() == direct.json()
+            counted = [
+                line.split("{")[1]
+                for line in gw.metrics().splitlines()
+                if line.startswith("specrouter_adaptations_total{")
+            ]
+            assert counted == ['backend="coder-a",rule="responses-encrypted-reasoning"} 1.0']
+            rows = [logged(gw, r.headers["x-request-id"]) for r in (adapted, kept)]
+            assert [row["adapted"] for row in rows] == ["responses-encrypted-reasoning", None]
