@@ -83,6 +83,9 @@ class SessionOut(BaseModel):
     out_tokens_per_turn: float
     mean_turns: float | None
     subagent: bool
+    attained_tokens: int = Field(
+        0, description="Tokens served for it within the fairness window (its priority level)."
+    )
     verdict: str | None = Field(
         None, description="new, stay, move or the constraint that moved it; null: not sticky."
     )
