@@ -66,6 +66,7 @@ class SimConfig:
     # the profile's, the documents' 36 GiB; `specrouter sim` always sets it: colocate.py).
     device: Device | None = None
     kv_cache_tokens: int | None = None
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy (fcfs | priority)
 
 
 @dataclass(slots=True)
@@ -125,6 +126,7 @@ class Sim:
             max_num_batched_tokens=config.max_num_batched_tokens,
             device=config.device,
             kv_cache_tokens=config.kv_cache_tokens,
+            scheduling_policy=config.scheduling_policy,
         )
         self.engine = Engine(self.core, time_scale=config.time_scale)
         self.faults = Faults(self.engine, time_scale=config.time_scale)
@@ -217,6 +219,7 @@ class Sim:
         n: int,
         seed: int | None,
         script: Script | None = None,
+        priority: int = 0,
     ) -> EngineRequest:
         # Same seed (or none, with the same server --seed) and same prompt: same text.
         key = (
@@ -234,6 +237,7 @@ class Sim:
             arrival=asyncio.get_running_loop().time(),
             script=script,
             tail_ids=prompt_ids[len(hashes) * self.profile.block_size :],
+            priority=priority,
         )
 
     def submit(self, req: EngineRequest) -> None:
@@ -376,6 +380,7 @@ class Sim:
             n=n,
             seed=req.seed,
             script=script,
+            priority=req.priority,
         )
         engine_req.stream_interval = req.stream_interval or self.config.stream_interval
         opts = req.stream_options
