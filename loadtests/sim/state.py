@@ -145,6 +145,14 @@ class Sim:
         # Test-only truth (`/_sim/traceparents`, with --faults): the W3C `traceparent` each
         # recent request came with, by its `x-request-id` (vLLM parents its spans to it).
         self.traceparents: OrderedDict[str, str] = OrderedDict()
+        # Test-only truth (`/_sim/priorities`, with --faults): the `priority` field each recent
+        # chat or completion request came with (None: not sent), in arrival order.
+        self.priorities: OrderedDict[str, int | None] = OrderedDict()
+
+    def saw_priority(self, request_id: str, priority: int | None) -> None:
+        self.priorities[request_id] = priority
+        while len(self.priorities) > FINISHED_SPEC_KEEP:
+            self.priorities.popitem(last=False)
 
     def saw_traceparent(self, request_id: str, traceparent: str) -> None:
         self.traceparents[request_id] = traceparent
@@ -371,6 +379,9 @@ class Sim:
             temperature=temperature,
         )
         request_id = self.request_id(request, req.request_id, prefix)
+        if self.config.faults:
+            sent = "priority" in req.model_fields_set
+            self.saw_priority(request_id, req.priority if sent else None)
         engine_req = self.new_request(
             request_id,
             prompt_key=prompt_key,

@@ -68,7 +68,8 @@ class ExplainIn(BaseModel):
         None,
         description="A session key of the live table (`s-...`, as the request log and the "
         "dashboard show it), or a row given by hand: {engine, prefix_tokens, turns, "
-        "out_tokens_per_turn, mean_turns, subagent} (as `specrouter policy explain --session`).",
+        "out_tokens_per_turn, mean_turns, subagent, attained_tokens} (as `specrouter policy "
+        "explain --session`).",
     )
 
 
