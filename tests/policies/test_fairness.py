@@ -3,11 +3,15 @@ on priority-scheduling engines, with the reason in explain."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
+from policies.cli import main
 from policies.compiled import compile_policy
 from policies.engine import decide
 from policies.fairness import attained_level, fair_priority
@@ -15,6 +19,7 @@ from policies.schema import PolicyDocument
 from policies.spec.fairness import FairnessSpec
 from policies.types import LiveState, RequestView, SessionView
 
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = FairnessSpec(enabled=True)  # boundaries 16,384 / 65,536 / 262,144
 
 
@@ -133,3 +138,22 @@ def test_decide_sends_the_fair_priority_and_explains_it(
         assert verdict is not None and verdict.verdict == f"priority {priority}"
         assert why in verdict.detail, verdict.detail
     assert explained.verdicts[-1].verdict == "a"  # the choice stays the last verdict
+
+
+def test_policy_explain_cli_shows_the_priority_and_why(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    doc = yaml.safe_load((ROOT / "policies" / "gb10.yaml").read_text())
+    doc["fairness"] = {"enabled": True}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    request = json.dumps({"model": "coder", "messages": [{"role": "user", "content": "hi"}]})
+    argv = ["explain", str(path), "--request", request, "--session"]
+    assert main([*argv, '{"attained_tokens": 70000}']) == 0
+    out = capsys.readouterr().out
+    assert "priority: 3" in out and "attained 70,000 tokens in 600 s" in out, out
+    header = "x-claude-code-request-class:compaction"
+    assert main([*argv, '{"attained_tokens": 70000}', "--header", header]) == 0
+    out = capsys.readouterr().out
+    assert "priority: 1" in out and "compaction: its own level" in out, out
+    assert main([*argv, "{}", "--header", "no-colon"]) == 2
