@@ -13,9 +13,11 @@ Header values are client input. What is kept is bounded whatever was sent: the c
 [a-z0-9_.:-], ids are hashed with the client's name (one client cannot name another's prompt or
 turn), durations are at most `MAX_DURATIONS` numbers. Nothing else of a header is kept.
 
-A class only records and keeps a request in place: a compaction or auxiliary request is served
-where its session is and never moves it (policies/engine.py, `keeps_place`). It grants nothing:
-no priority, no pin, no other engine; a client declaring `subagent` gets what it got before.
+A class records and keeps a request in place: a compaction or auxiliary request is served
+where its session is and never moves it (policies/engine.py, `keeps_place`). It grants no pin
+and no other engine; with the policy's `fairness` on, compaction, auxiliary and subagent
+requests get their class's level of vLLM priority (policies/fairness.py: by default never ahead
+of a fresh session's, a subagent never ahead of its own attained level).
 """
 
 from __future__ import annotations

@@ -67,9 +67,16 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("--pin", metavar="VARIANT", help="as the X-Specrouter-Variant header")
     explain.add_argument("--now", type=float, default=0.0, help="monotonic seconds")
     explain.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="a request header (repeat), e.g. x-claude-code-request-class:compaction",
+    )
+    explain.add_argument(
         "--session",
         help="the session table's row: {engine, prefix_tokens, "
-        "turns, out_tokens_per_turn, mean_turns, subagent}",
+        "turns, out_tokens_per_turn, mean_turns, subagent, attained_tokens}",
     )
     explain.add_argument(
         "--residency",
@@ -128,6 +135,11 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     clients = policy.document.clients
     client = args.client or (clients[0].name if clients else "anonymous")
     headers = {b"x-specrouter-variant": args.pin.encode()} if args.pin else {}
+    for header in args.header:
+        name, sep, value = header.partition(":")
+        if not sep or not name.strip():
+            raise _UsageError(f"--header {header!r}: expected NAME:VALUE")
+        headers[name.strip().lower().encode()] = value.strip().encode()
     view = request_view(body, args.endpoint, str(body.get("model", "")), client, headers, args.now)
     if args.session is not None:
         key = view.session.key if view.session is not None else "s-explain"

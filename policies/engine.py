@@ -36,6 +36,7 @@ from typing import Any, Final
 from policies.classify import classify
 from policies.compiled import CompiledPolicy, CompiledRoute
 from policies.explain import verdicts_for
+from policies.fairness import request_priority
 from policies.predicates import SELECT, is_available, is_tripped
 from policies.spec.rules import Rule
 from policies.stickiness import MoveCost, move_cost
@@ -133,16 +134,16 @@ def decide(
             blocked = None
     fallbacks = tuple(v for v in usable if v != choice)
 
-    priority = None
+    priority, priority_why = None, ""
     if policy.backend(choice).priority_scheduling:
-        # A client marks its own requests as a subagent's (a header): that may lower their
-        # priority, never raise it above the client's own (lower runs first in vLLM).
-        own = client.priority if client is not None else None
-        subagent = view.session is not None and view.session.subagent
-        if subagent and policy.sessions.subagent_priority is not None:
-            priority = max(policy.sessions.subagent_priority, own or 0)
-        else:
-            priority = own
+        # The client's priority, then fairness among sessions (policies/fairness.py).
+        priority, priority_why = request_priority(
+            view,
+            client.priority if client is not None else None,
+            policy.document.fairness,
+            policy.sessions.subagent_priority,
+            explain=explain,
+        )
     verdicts: tuple[RuleVerdict, ...] = ()
     if explain:
         verdicts = verdicts_for(
@@ -150,6 +151,9 @@ def decide(
         )
         if session_why is not None and view.session is not None:
             verdict = _session_verdict(session_why, view.session, reason)
+            verdicts = (*verdicts[:-1], verdict, verdicts[-1])
+        if priority_why:
+            verdict = RuleVerdict("fairness", f"priority {priority}", priority_why)
             verdicts = (*verdicts[:-1], verdict, verdicts[-1])
     return Decision(
         route=route.name,

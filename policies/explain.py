@@ -36,6 +36,7 @@ SESSION_FIELDS: Final = (
     "out_tokens_per_turn",
     "mean_turns",
     "subagent",
+    "attained_tokens",
 )
 
 
@@ -58,6 +59,7 @@ def session_from_row(key: str, row: Mapping[str, Any]) -> SessionView:
             _count(row.get("turns", 0), "turns"),
             _number(row.get("out_tokens_per_turn", 0.0), "out_tokens_per_turn"),
             None if mean is None else _number(mean, "mean_turns"),
+            _count(row.get("attained_tokens", 0), "attained_tokens"),
         )
     except ValueError as exc:
         raise TypeError(str(exc)) from None

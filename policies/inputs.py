@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, TypeGuard
 
+from policies.agent_signals import NONE as _NO_AGENT
 from policies.agent_signals import signals_of
 from policies.classify import signals_from_body
 from policies.engine import canary_bucket
@@ -38,12 +39,14 @@ def request_view(
     identified: bool = False,
     keeps_place: bool | None = None,
     turn_engine: str | None = None,
+    request_class: str | None = None,
 ) -> RequestView:
     """`session`: the session table's view of the request's session (policies/sessions.py);
     without one the session is identified here, as new, unless the caller already tried
     (`identified`: the request has no session, and fingerprinting it again would find none).
     `keeps_place`: the agent's class keeps the request in place (policies/agent_signals.py),
-    read from the headers when not given; `turn_engine`: a verified turn-state token's engine."""
+    read from the headers when not given, as is `request_class` (its fairness level);
+    `turn_engine`: a verified turn-state token's engine."""
     temperature = body.get("temperature")
     min_p = body.get("min_p")
     n = body.get("n")
@@ -52,6 +55,11 @@ def request_view(
         sid = session_of(client, body, headers)
         session = None if sid is None else SessionView(sid.key, sid.subagent)
     numeric = {k: v for k, v in body.items() if _is_number(v)}
+    signals = (
+        _NO_AGENT
+        if keeps_place is not None and request_class is not None
+        else signals_of(client, headers)
+    )
     fields_set = set(body)
     for name, spellings in FIELD_NAMES.get(endpoint, {}).items():
         numeric.pop(name, None)
@@ -80,8 +88,9 @@ def request_view(
         now=now,
         numeric_fields=numeric,
         session=session,
-        keeps_place=signals_of(client, headers).keeps_place if keeps_place is None else keeps_place,
+        keeps_place=signals.keeps_place if keeps_place is None else keeps_place,
         turn_engine=turn_engine,
+        request_class=signals.request_class if request_class is None else request_class,
     )
 
 

@@ -46,6 +46,8 @@ class SessionView:
     turns: int = 0  # requests it has made
     out_tokens_per_turn: float = 0.0
     mean_turns: float | None = None  # turns per session over the table; None: too few seen
+    # Tokens served for it within the policy's fairness window (policies/fairness.py).
+    attained_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,9 @@ class RequestView:
     # The engine a verified turn-state token names (proxy/relay/turnstate.py): every request of
     # the turn stays there while it can serve. None: no token, or one that did not verify.
     turn_engine: str | None = None
+    # The agent's request class (policies/agent_signals.py's REQUEST_CLASSES, "" undeclared):
+    # its fairness level on priority-scheduling engines (policies/fairness.py).
+    request_class: str = ""
 
 
 @dataclass(frozen=True, slots=True)

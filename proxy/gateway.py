@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from proxy.backends.admission import Admission
+from proxy.backends.attained import served_tokens
 from proxy.backends.engines import EngineTable
 from proxy.backends.live import LiveTracker
 from proxy.backends.residency import Residency
@@ -140,10 +141,16 @@ class Gateway:
             self.response_owners.note(record.m.response_id, record.client)
 
     def _session_turn(self, record: RequestRecord) -> None:
-        # A compaction or auxiliary request is not the session's turn (policies/agent_signals.py)
-        if not record.session or record.outcome != "ok" or record.signals.keeps_place:
+        if not record.session or record.outcome != "ok":
             return
         m = record.m
+        now = time.perf_counter()
+        # Every request of the session counts in its attained service (policies/fairness.py)
+        served = served_tokens(m.prompt_tokens, m.cached_tokens, m.completion_tokens)
+        self.sessions.served(record.session, served, now)
+        # A compaction or auxiliary request is not the session's turn (policies/agent_signals.py)
+        if record.signals.keeps_place:
+            return
         decode = (
             m.t_last_token - m.t_first_token
             if m.t_last_token is not None and m.t_first_token is not None
@@ -152,7 +159,7 @@ class Gateway:
         self.sessions.finished(
             record.session,
             record.backend,
-            time.perf_counter(),
+            now,
             prompt_tokens=m.prompt_tokens,
             completion_tokens=m.completion_tokens,
             cached_tokens=m.cached_tokens,

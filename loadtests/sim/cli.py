@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary"), default="none")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument(
+        "--scheduling-policy",
+        choices=("fcfs", "priority"),
+        default="fcfs",
+        help="vLLM's: priority serves and preempts by the requests' `priority` field",
+    )
     p.add_argument("--faults", action="store_true", help="enable /_sim/faults and /_sim/stats")
     p.add_argument(
         "--profile-file", default=None, help="YAML file with extra or overriding profiles"
@@ -94,6 +100,7 @@ _VLLM_FLAGS = (
     "--seed",
     "--max-num-seqs",
     "--max-num-batched-tokens",
+    "--scheduling-policy",
     "--api-key",
     "--enable-auto-tool-choice",
     "--tool-call-parser",
@@ -207,6 +214,7 @@ def main(argv: list[str]) -> int:
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         stream_interval=args.stream_interval,
         frontend_chunk_ms=args.frontend_chunk_ms,
+        scheduling_policy=args.scheduling_policy,
     )
     if args.engine:
         return colocate.main(args, profiles, config)

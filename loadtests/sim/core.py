@@ -22,6 +22,12 @@ _ACCEPT_CAP = 0.99  # no draft position is certain, whatever the multipliers say
 _NEWLINE_RUNS = {piece_id("\n" * k): "\n" * k for k in range(1, 9)}
 
 
+def _order(seq: Sequence) -> tuple[int, float, int]:
+    """vLLM's Request.__lt__ under priority scheduling: priority, then arrival (then a tie
+    breaker of our own: the sequence's index)."""
+    return (seq.request.priority, seq.request.arrival, seq.index)
+
+
 @dataclass(slots=True)
 class StepPlan:
     decode: list[Sequence]
@@ -41,8 +47,13 @@ class EngineCore:
         max_num_batched_tokens: int = 8192,
         device: Device | None = None,
         kv_cache_tokens: int | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         self.profile = profile
+        # vLLM's --scheduling-policy: `priority` serves the waiting queue by (priority, arrival)
+        # and preempts the running sequence with the largest; `fcfs` ignores `priority`.
+        self.by_priority = scheduling_policy == "priority"
+
         # Alone on a device of its own unless told otherwise (device.py has the model).
         self.device = device or Device()
         self.device.attach(self)
@@ -131,10 +142,15 @@ class EngineCore:
     # -- internals ---------------------------------------------------------------------------
 
     def _preempt(self) -> None:
-        """Running sequences outgrew the cache: the last admitted goes back to the front of the
-        queue and frees its KV, to be recomputed (vLLM's recompute preemption)."""
+        """Running sequences outgrew the cache: the last admitted (with priority scheduling,
+        the largest (priority, arrival), as vllm/v1/core/sched/scheduler.py picks it) goes back
+        to the queue and frees its KV, to be recomputed (vLLM's recompute preemption)."""
         while self.kv_used > self.kv_capacity and len(self.running) > 1:
-            seq = self.running.pop()
+            if self.by_priority:
+                seq = max(self.running, key=_order)
+                self.running.remove(seq)
+            else:
+                seq = self.running.pop()
             self.kv_used -= seq.kv_tokens
             seq.state = State.WAITING
             seq.preempted = True
@@ -144,13 +160,17 @@ class EngineCore:
 
     def _admit(self, now: float) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            # vLLM's waiting queue: first come first served, or a heap by (priority, arrival)
+            seq = min(self.waiting, key=_order) if self.by_priority else self.waiting[0]
             req = seq.request
             # A preempted sequence needs its generated tokens back too.
             need = seq.kv_tokens
             if self.running and self.kv_used + need > self.kv_capacity:
                 break  # no room: wait for a sequence to finish
-            self.waiting.popleft()
+            if seq is self.waiting[0]:
+                self.waiting.popleft()
+            else:
+                self.waiting.remove(seq)
             hit_blocks = self.cache.match(req.block_hashes)
             # vLLM always recomputes the last prompt token to get logits.
             cached = min(hit_blocks * self.profile.block_size, req.prompt_len - 1)

@@ -89,6 +89,7 @@ class _GenerationRequest(_Base):
     return_token_ids: bool | None = None
     stream_interval: int | None = None  # per request, overrides the server's
     request_id: str | None = None
+    priority: int = 0  # lower first, with --scheduling-policy priority; ignored with fcfs
 
     @model_validator(mode="before")
     @classmethod

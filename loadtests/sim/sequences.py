@@ -154,8 +154,10 @@ class EngineRequest:
         arrival: float,
         script: Script | None = None,
         tail_ids: Seq[int] | None = None,
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
+        self.priority = priority  # vLLM's `priority` field: lower first (priority scheduling)
         self.prompt_len = prompt_len
         self.block_hashes = list(block_hashes)
         self.sampling = sampling

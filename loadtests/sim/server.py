@@ -102,6 +102,11 @@ async def sim_traceparents(sim: Sim, request: Request) -> Response:
     return json_response(dict(sim.traceparents))
 
 
+async def sim_priorities(sim: Sim, request: Request) -> Response:
+    """Test-only truth: the `priority` recent requests came with, by request id, in order."""
+    return json_response(dict(sim.priorities))
+
+
 async def sim_stats(sim: Sim, request: Request) -> Response:
     s = sim.stats
     return json_response(
@@ -223,6 +228,7 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:
             r("/_sim/stats", sim_stats, ["GET"]),
             r("/_sim/requests", sim_requests, ["GET"]),
             r("/_sim/traceparents", sim_traceparents, ["GET"]),
+            r("/_sim/priorities", sim_priorities, ["GET"]),
         ]
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}

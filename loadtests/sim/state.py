@@ -66,6 +66,7 @@ class SimConfig:
     # the profile's, the documents' 36 GiB; `specrouter sim` always sets it: colocate.py).
     device: Device | None = None
     kv_cache_tokens: int | None = None
+    scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy (fcfs | priority)
 
 
 @dataclass(slots=True)
@@ -125,6 +126,7 @@ class Sim:
             max_num_batched_tokens=config.max_num_batched_tokens,
             device=config.device,
             kv_cache_tokens=config.kv_cache_tokens,
+            scheduling_policy=config.scheduling_policy,
         )
         self.engine = Engine(self.core, time_scale=config.time_scale)
         self.faults = Faults(self.engine, time_scale=config.time_scale)
@@ -143,6 +145,14 @@ class Sim:
         # Test-only truth (`/_sim/traceparents`, with --faults): the W3C `traceparent` each
         # recent request came with, by its `x-request-id` (vLLM parents its spans to it).
         self.traceparents: OrderedDict[str, str] = OrderedDict()
+        # Test-only truth (`/_sim/priorities`, with --faults): the `priority` field each recent
+        # chat or completion request came with (None: not sent), in arrival order.
+        self.priorities: OrderedDict[str, int | None] = OrderedDict()
+
+    def saw_priority(self, request_id: str, priority: int | None) -> None:
+        self.priorities[request_id] = priority
+        while len(self.priorities) > FINISHED_SPEC_KEEP:
+            self.priorities.popitem(last=False)
 
     def saw_traceparent(self, request_id: str, traceparent: str) -> None:
         self.traceparents[request_id] = traceparent
@@ -217,6 +227,7 @@ class Sim:
         n: int,
         seed: int | None,
         script: Script | None = None,
+        priority: int = 0,
     ) -> EngineRequest:
         # Same seed (or none, with the same server --seed) and same prompt: same text.
         key = (
@@ -234,6 +245,7 @@ class Sim:
             arrival=asyncio.get_running_loop().time(),
             script=script,
             tail_ids=prompt_ids[len(hashes) * self.profile.block_size :],
+            priority=priority,
         )
 
     def submit(self, req: EngineRequest) -> None:
@@ -367,6 +379,9 @@ class Sim:
             temperature=temperature,
         )
         request_id = self.request_id(request, req.request_id, prefix)
+        if self.config.faults:
+            sent = "priority" in req.model_fields_set
+            self.saw_priority(request_id, req.priority if sent else None)
         engine_req = self.new_request(
             request_id,
             prompt_key=prompt_key,
@@ -376,6 +391,7 @@ class Sim:
             n=n,
             seed=req.seed,
             script=script,
+            priority=req.priority,
         )
         engine_req.stream_interval = req.stream_interval or self.config.stream_interval
         opts = req.stream_options

@@ -1,5 +1,5 @@
 """The whole policy document, and its document-wide settings (admission, guard, health,
-sessions)."""
+sessions, fairness)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from policies.spec.backends import BackendSpec
 from policies.spec.base import NAME, StrictModel
 from policies.spec.clients import ClientSpec
 from policies.spec.deployment import DeploymentSpec
+from policies.spec.fairness import FairnessSpec
 from policies.spec.routes import RouteSpec
 from policies.spec.sessions import SessionsSpec
 
@@ -40,6 +41,7 @@ class PolicyDocument(StrictModel):
     health: HealthSpec = HealthSpec()
     deployment: DeploymentSpec = DeploymentSpec()
     sessions: SessionsSpec = SessionsSpec()
+    fairness: FairnessSpec = FairnessSpec()
 
     def to_data(self) -> dict[str, Any]:
         """The document as plain data, keyed as in YAML (for diff, history and the admin API)."""

@@ -74,7 +74,8 @@ class ExplainIn(BaseModel):
         None,
         description="A session key of the live table (`s-...`, as the request log and the "
         "dashboard show it), or a row given by hand: {engine, prefix_tokens, turns, "
-        "out_tokens_per_turn, mean_turns, subagent} (as `specrouter policy explain --session`).",
+        "out_tokens_per_turn, mean_turns, subagent, attained_tokens} (as `specrouter policy "
+        "explain --session`).",
     )
 
 
@@ -89,6 +90,9 @@ class SessionOut(BaseModel):
     out_tokens_per_turn: float
     mean_turns: float | None
     subagent: bool
+    attained_tokens: int = Field(
+        0, description="Tokens served for it within the fairness window (its priority level)."
+    )
     verdict: str | None = Field(
         None, description="new, stay, move or the constraint that moved it; null: not sticky."
     )

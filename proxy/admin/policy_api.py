@@ -352,6 +352,7 @@ def _session_out(
         out_tokens_per_turn=session.out_tokens_per_turn,
         mean_turns=session.mean_turns,
         subagent=session.subagent,
+        attained_tokens=session.attained_tokens,
         verdict=None if verdict is None else verdict.verdict,
         detail="" if verdict is None else verdict.detail,
     )

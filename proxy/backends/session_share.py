@@ -4,7 +4,8 @@ The request path only reads and writes the local table (proxy/backends/session_t
 local change queues the session's key (`changed`, one dict operation; a key already queued is
 not queued twice, the flush reads its current row). Two background loops do the rest:
 
-- flush, every `session_flush_s`: one pipeline of `SET <prefix>:sess:<key> <row> EX idle_s` per
+- flush, every `session_flush_s` (a row: its engine, last seen, prefix tokens, turns, output
+  tokens and attained service by minute, proxy/backends/attained.py): one pipeline of `SET <prefix>:sess:<key> <row> EX idle_s` per
   queued key and `ZADD <prefix>:sess-changed <wall time> <key>`, the index of recent changes
   (trimmed past the idle horizon, so it holds at most one member per live session);
 - pull, every `session_pull_s`: `ZRANGEBYSCORE` of the index since the last pull, `MGET` of
@@ -37,10 +38,12 @@ import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
+from proxy.backends.attained import parse_pairs
 from proxy.backends.session_table import SessionTable, SharedRow
 from proxy.bounds import token_count
 from proxy.observe.metrics import GatewayMetrics
@@ -203,6 +206,7 @@ class SessionShare:
                     row.prefix_tokens,
                     row.turns,
                     row.tokens_out,
+                    row.attained.pairs(offset),
                 )
             )
             pipe.set(self._rows_key + key, value, ex=ttl)
@@ -257,13 +261,17 @@ class SessionShare:
 
     def _merge(self, key: str, value: bytes, offset: float) -> int:
         try:
-            replica, engine, seen, prefix, turns, out = orjson.loads(value)
+            # A replica of the version before fairness sends no attained buckets.
+            replica, engine, seen, prefix, turns, out, *attained = orjson.loads(value)
         except (orjson.JSONDecodeError, TypeError, ValueError):
             return 0  # not a row this version wrote: ignored, it expires
         if replica == self.replica:
             return 0
         shared = _row(engine, seen, prefix, turns, out, offset)
-        if shared is None:
+        buckets = parse_pairs(attained[0], offset) if len(attained) == 1 else []
+        if shared is not None and buckets is not None:
+            shared = replace(shared, attained=tuple(buckets))
+        if shared is None or buckets is None:
             self._rows.labels("refused").inc()
             return 0
         if not self.table.merge(key, shared):

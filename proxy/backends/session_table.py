@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.sessions import SessionId
 from policies.types import SessionView
+from proxy.backends.attained import AttainedWindow
 
 MIN_SESSIONS_FOR_MEAN = 20  # fewer sessions seen: the policy's default_turns
 
@@ -39,6 +40,8 @@ class SessionEntry:
     cached_tokens: int = 0
     decode_s: float = 0.0
     moves: int = 0
+    # Tokens served for it, by minute (proxy/backends/attained.py): its fairness level.
+    attained: AttainedWindow = field(default_factory=AttainedWindow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +53,13 @@ class SharedRow:
     prefix_tokens: int
     turns: int
     tokens_out: int
+    attained: tuple[tuple[float, int], ...] = ()  # (bucket start, tokens), this clock
 
 
 class SessionTable:
     def __init__(self, size: int = 10_000, idle_s: float = 1800.0) -> None:
         self.size, self.idle_s = size, idle_s
+        self.window_s = 600.0  # the policy's fairness window: `view`'s attained_tokens
         self._rows: OrderedDict[str, SessionEntry] = OrderedDict()
         # The same keys by client, least recently seen first: what eviction takes from.
         self._by_client: dict[str, OrderedDict[str, None]] = {}
@@ -68,10 +73,12 @@ class SessionTable:
     def get(self, key: str) -> SessionEntry | None:
         return self._rows.get(key)
 
-    def configure(self, size: int, idle_s: float) -> None:
-        """The policy's bounds (`sessions.table_size`, `idle_s`), checked per request: a policy
-        applied meanwhile takes effect on the next one."""
+    def configure(self, size: int, idle_s: float, window_s: float | None = None) -> None:
+        """The policy's bounds (`sessions.table_size`, `idle_s`) and fairness window, checked
+        per request: a policy applied meanwhile takes effect on the next one."""
         self.size, self.idle_s = size, idle_s
+        if window_s is not None:
+            self.window_s = window_s
 
     def view(self, sid: SessionId, now: float) -> SessionView:
         row = self._rows.get(sid.key)
@@ -86,6 +93,7 @@ class SessionTable:
             turns,
             row.tokens_out / turns if turns else 0.0,
             self.mean_turns(),
+            row.attained.total(now, self.window_s),
         )
 
     def mean_turns(self) -> float | None:
@@ -138,6 +146,17 @@ class SessionTable:
         if self.on_change is not None:
             self.on_change(key)
 
+    def served(self, key: str, tokens: int, now: float) -> None:
+        """A request of the session ended: `tokens` served for it (its turns, and the
+        compaction and auxiliary requests that are not), counted in its attained service."""
+        row = self._rows.get(key)
+        if row is None or tokens <= 0:
+            return
+        row.attained.add(tokens, now)
+        row.last_seen = max(row.last_seen, now)  # so other replicas take the change
+        if self.on_change is not None:
+            self.on_change(key)
+
     def merge(self, key: str, shared: SharedRow) -> bool:
         """A row from another replica: taken when it was seen later than ours (last seen wins).
         True when taken."""
@@ -156,6 +175,7 @@ class SessionTable:
             shared.turns,
             shared.tokens_out,
         )
+        row.attained = AttainedWindow(shared.attained)
         self._touch(key, row)
         self._evict()
         return True

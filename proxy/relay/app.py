@@ -322,7 +322,11 @@ class PublicApp:
         if x.endpoint != "embeddings":  # what the agent says of its request, bounded
             record.signals = signals_of(x.client.name, x.headers)
         if sid is not None:
-            table.configure(policy.sessions.table_size, policy.sessions.idle_s)
+            table.configure(
+                policy.sessions.table_size,
+                policy.sessions.idle_s,
+                policy.document.fairness.window_s,
+            )
             session = table.view(sid, x.t0)
             record.session, record.subagent = sid.key, sid.subagent
             record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
@@ -342,6 +346,7 @@ class PublicApp:
             identified=True,
             keeps_place=keeps,
             turn_engine=turn_engine,
+            request_class=record.signals.request_class,
         )
         decision = for_body(decide(view, gw.live.snapshot(), policy), x.endpoint, body)
         # A compaction or auxiliary request never places nor moves its session.

@@ -78,6 +78,7 @@ async def test_a_session_placed_by_one_replica_sticks_on_the_other(
     try:
         assert _request(a)[0] == "a"
         key = KEY
+        a.sessions.served(key, 4500, time.perf_counter())  # its attained service travels too
         a.sessions.finished(
             key,
             "a",
@@ -91,6 +92,7 @@ async def test_a_session_placed_by_one_replica_sticks_on_the_other(
         waited = await _until(lambda: b.sessions.get(key) is not None, 4 * BOUND_S + 1.0)
         row = b.sessions.get(key)
         assert row is not None and (row.engine, row.prefix_tokens, row.turns) == ("a", 4500, 1)
+        assert row.attained.total(time.perf_counter(), 600.0) == 4500
         assert waited < 4 * BOUND_S + 1.0
         # b's rules say b; the session stays where its prefix is
         assert _request(b) == ("a", "session")

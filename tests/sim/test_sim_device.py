@@ -16,7 +16,7 @@ from loadtests.sim.device import (
     kv_tokens_from_share,
     kv_tokens_split,
 )
-from loadtests.sim.engine import EngineCore, State
+from loadtests.sim.engine import EngineCore, EngineRequest, State
 from loadtests.sim.metrics import SimMetrics
 from loadtests.sim.profiles import BUILTIN_PROFILES
 from proxy.ops.deploy.memory import engine_from_share
@@ -164,3 +164,51 @@ def test_prefix_cache_evicts_lru_blocks_under_pressure() -> None:
     core.add(again)
     core.plan_step(1.0)
     assert again.cached_tokens == 0  # its first blocks were the least recently used
+
+
+def _prio_core(kv: int, policy: str) -> EngineCore:
+    metrics = SimMetrics("m", PROFILE.max_model_len, PROFILE.num_spec_tokens)
+    return EngineCore(
+        PROFILE, metrics, kv_cache_tokens=kv, max_num_seqs=1, scheduling_policy=policy
+    )
+
+
+def _prio_req(key: int, priority: int, arrival: float, **kw: int) -> EngineRequest:
+    req = make_req(key, ignore_eos=True, **kw)
+    req.priority, req.arrival = priority, arrival
+    return req
+
+
+@pytest.mark.parametrize(("policy", "first"), [("fcfs", "r1"), ("priority", "r2")])
+def test_priority_scheduling_serves_the_waiting_queue_by_priority(policy, first) -> None:
+    """vLLM's waiting queue: arrival order under fcfs, (priority, arrival) under priority."""
+    core = _prio_core(100_000, policy)
+    late_but_urgent = _prio_req(2, 0, arrival=1.0, max_tokens=5)
+    early = _prio_req(1, 5, arrival=0.0, max_tokens=5)
+    core.add(early)
+    core.add(late_but_urgent)
+    core.plan_step(0.0)  # one slot: admits one
+    assert [s.request.request_id for s in core.running] == [first]
+
+
+@pytest.mark.parametrize(("policy", "victim"), [("fcfs", "r2"), ("priority", "r1")])
+def test_priority_scheduling_preempts_the_lowest_priority(policy, victim) -> None:
+    """Under pressure vLLM preempts the last admitted (fcfs) or the running request with the
+    largest (priority, arrival) (priority): here the one admitted first."""
+    core = EngineCore(
+        PROFILE,
+        SimMetrics("m", PROFILE.max_model_len, PROFILE.num_spec_tokens),
+        kv_cache_tokens=3000,
+        scheduling_policy=policy,
+    )
+    low = _prio_req(1, 9, arrival=0.0, prompt_len=1200, max_tokens=900)
+    high = _prio_req(2, 0, arrival=1.0, prompt_len=1200, max_tokens=900)
+    core.add(low)
+    core.add(high)
+    now = 0.0
+    while core.metrics.preemptions._value.get() == 0:
+        plan = core.plan_step(now)
+        now += plan.duration
+        core.complete_step(plan, now)
+    preempted = [r.request_id for r in (low, high) if r.sequences[0].preempted]
+    assert preempted == [victim]
