@@ -1,0 +1,141 @@
+"""Real agents complete a tool loop through the gateway (TLS) in front of a real vLLM.
+
+The engine serves scripts/vllm_agent_model.py's trained model with vLLM's own `qwen3_coder` tool
+parser and `qwen3` reasoning parser: the first request of a loop (no tool result yet) gets a
+`<think>` block and an `echo ok` call of the agent's shell tool, the next (with the result) a
+short answer, so each agent runs the command, sends its output back and prints the answer.
+Each agent's first prompt is its real one (10-30K tokens in this model's tokens); the gateway's
+route bounds every answer to conftest.MAX_TOKENS. The request log must show each request served.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import ssl
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from loadtests.harness.gateway import CLIENT_KEY
+from loadtests.harness.vllm import SERVED
+from tests.engines.vllm_agents.common import ANSWER, TASK, agent_env, rows, summary
+from tests.engines.vllm_agents.conftest import Stack
+
+pytestmark = pytest.mark.slow
+
+CODEX_CONFIG = """\
+model = "{model}"
+model_provider = "specrouter"
+
+[model_providers.specrouter]
+name = "specrouter"
+base_url = "{url}"
+env_key = "SPECROUTER_KEY"
+wire_api = "responses"
+"""
+AGENT_TIMEOUT_S = 240  # a cold first prefill of ~25K tokens on a loaded 2-core machine
+
+
+def _served(found: list[sqlite3.Row], count: int) -> None:
+    assert len(found) >= count, summary(found)
+    for row in found:
+        assert row["outcome"] == "ok", dict(row)
+        assert 0 < row["completion_tokens"] <= 64, dict(row)  # it ended; not cut at the bound
+        assert row["finish_reason"] in ("stop", "tool_calls", "end_turn", "tool_use"), dict(row)
+
+
+def test_codex_exec_runs_the_tool_and_answers(stack: Stack, agents: Path, tmp_path: Path) -> None:
+    bin_dir = agents / "npm" / "node_modules" / ".bin"
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(CODEX_CONFIG.format(model=SERVED, url=stack.gateway.url))
+    since = time.time()
+    done = subprocess.run(
+        [
+            "codex",
+            "exec",
+            "--skip-git-repo-check",
+            "--sandbox",
+            "workspace-write",
+            TASK,
+        ],
+        cwd=work,
+        env={**agent_env(stack.gateway, tmp_path, bin_dir), "CODEX_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=AGENT_TIMEOUT_S,
+    )
+    out = done.stdout + done.stderr
+    found = rows(stack.gateway, since, 2)
+    print("codex exec:\n" + summary(found))
+    assert done.returncode == 0, out
+    assert "echo ok" in out and "succeeded in" in out, out  # the call ran in Codex's sandbox
+    assert ANSWER in done.stdout, out
+    _served(found, 2)
+
+
+def test_claude_code_runs_the_tool_and_answers(stack: Stack, agents: Path, tmp_path: Path) -> None:
+    bin_dir = agents / "npm" / "node_modules" / ".bin"
+    since = time.time()
+    done = subprocess.run(
+        ["claude", "-p", TASK, "--allowedTools", "Bash(echo:*)"],
+        cwd=tmp_path,
+        env={**agent_env(stack.gateway, tmp_path, bin_dir), "ANTHROPIC_MODEL": SERVED},
+        capture_output=True,
+        text=True,
+        timeout=AGENT_TIMEOUT_S,
+    )
+    out = done.stdout + done.stderr
+    found = rows(stack.gateway, since, 2)
+    print("claude -p:\n" + summary(found))
+    assert done.returncode == 0, out
+    assert ANSWER in done.stdout, out
+    _served(found, 2)
+
+
+def test_anthropic_sdk_completes_a_tool_loop(stack: Stack) -> None:
+    client = anthropic.Anthropic(
+        base_url=stack.gateway.base,
+        api_key=CLIENT_KEY,
+        http_client=anthropic.DefaultHttpxClient(
+            verify=ssl.create_default_context(cafile=str(stack.gateway.certs.ca_cert))
+        ),
+        timeout=120,
+    )
+    bash: Any = {
+        "name": "bash",
+        "description": "Run a shell command",
+        "input_schema": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    }
+    messages: list[Any] = [{"role": "user", "content": TASK}]
+    since = time.time()
+    with client.messages.stream(
+        model=SERVED, max_tokens=256, tools=[bash], messages=messages
+    ) as stream:
+        first = stream.get_final_message()
+    assert first.stop_reason == "tool_use", first
+    assert [b.type for b in first.content] == ["thinking", "tool_use"], first
+    call = first.content[-1]
+    assert call.type == "tool_use" and call.name == "bash" and call.input == {"command": "echo ok"}
+    messages += [
+        {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "ok"}],
+        },
+    ]
+    second = client.messages.create(model=SERVED, max_tokens=256, tools=[bash], messages=messages)
+    assert second.stop_reason == "end_turn", second
+    assert [b.type for b in second.content] == ["thinking", "text"], second
+    text = second.content[-1]
+    assert text.type == "text" and text.text == ANSWER
+    _served(rows(stack.gateway, since, 2), 2)
