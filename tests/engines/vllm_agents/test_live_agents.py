@@ -150,3 +150,39 @@ def test_anthropic_sdk_completes_a_tool_loop(stack: Stack) -> None:
     assert text.type == "text" and text.text.strip() == ANSWER
     client.close()
     _served(rows(stack.gateway, since, 2), 2)
+
+
+def test_aider_gets_the_answer(stack: Stack, agents: Path, tmp_path: Path) -> None:
+    """aider offers no tools (its edits are text formats): the model answers in text."""
+    (tmp_path / "hello.py").write_text("def hello():\n    return 'hi'\n")
+    since = time.time()
+    done = subprocess.run(
+        [
+            "aider",
+            "--model",
+            f"openai/{SERVED}",
+            "--yes-always",
+            "--no-git",
+            "--no-show-model-warnings",
+            "--no-check-update",
+            "--no-analytics",
+            "--message",
+            "Add a docstring to hello.py",
+            "hello.py",
+        ],
+        cwd=tmp_path,
+        env={
+            **agent_env(stack.gateway, tmp_path, agents / "aider" / "bin"),
+            "OPENAI_API_BASE": stack.gateway.url,
+            "OPENAI_API_KEY": CLIENT_KEY,
+        },
+        capture_output=True,
+        text=True,
+        timeout=AGENT_TIMEOUT_S,
+    )
+    out = done.stdout + done.stderr
+    found = rows(stack.gateway, since, 1)
+    print("aider:\n" + summary(found))
+    assert done.returncode == 0, out
+    assert ANSWER in done.stdout, out
+    _served(found, 1)
