@@ -45,7 +45,11 @@ AGENT_TIMEOUT_S = 240  # a cold first prefill of ~25K tokens on a loaded 2-core 
 def _served(found: list[sqlite3.Row], count: int) -> None:
     assert len(found) >= count, summary(found)
     for row in found:
-        assert row["outcome"] == "ok", dict(row)
+        # Codex sometimes hangs up once it has read the answer's end and before the stream's
+        # own end (tests/agents/test_codex.py): client_gone, with the finish relayed.
+        assert row["outcome"] == "ok" or (
+            row["outcome"] == "client_gone" and row["finish_reason"] is not None
+        ), dict(row)
         assert 0 < row["completion_tokens"] <= 64, dict(row)  # it ended; not cut at the bound
         # chat, Responses (its status), Messages
         assert row["finish_reason"] in ("stop", "completed", "end_turn", "tool_use"), dict(row)
