@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         "worktree` of main), by this interpreter with that checkout first on the path: a "
         "`baseline` target beside `gateway`, interleaved in the same rounds",
     )
+    ap.add_argument(
+        "--engine-without-request-id",
+        action="store_true",
+        help="the pacer does not echo x-request-id (vLLM without --enable-request-id-headers, "
+        "which the deploy sets): the gateway then opens an engine connection per request",
+    )
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]
     plan = make_plan(args.quick, args.repeats, args.paced_tokens)
@@ -82,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             relay=not args.no_relay,
             otlp=args.otlp,
             baseline=args.baseline_gateway,
+            engine_echo=not args.engine_without_request_id,
         ) as stack:
             names = [n for n in TARGETS if n in stack.targets]
             log(

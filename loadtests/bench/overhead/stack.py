@@ -77,6 +77,7 @@ class Stack:
         workdir: Path | None = None,
         otlp: bool = False,
         baseline: Path | None = None,
+        engine_echo: bool = True,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-overhead-")
         self.dir = workdir or Path(self._tmp.name)
@@ -86,6 +87,8 @@ class Stack:
         self.want_otlp = otlp
         # Another checkout's gateway (its `proxy` package first on the path), same policy.
         self.baseline_checkout = baseline
+        # The pacer echoes x-request-id as the deploy's vLLM does (engine connections reused).
+        self.engine_echo = engine_echo
         self.baseline: Child | None = None
         self.baseline_module = ""  # the `proxy/__init__.py` it runs, as it reported it
         self.otlp: Child | None = None
@@ -130,7 +133,8 @@ class Stack:
         self.pacer = self._spawn(
             Child(
                 "pacer",
-                [sys.executable, "-m", "loadtests.bench.pacer", "--port", "0"],
+                [sys.executable, "-m", "loadtests.bench.pacer", "--port", "0"]
+                + ([] if self.engine_echo else ["--no-request-id-echo"]),
                 ready=re.compile(r"pacer listening on http://127\.0\.0\.1:(\d+)"),
                 detach=True,
             )
