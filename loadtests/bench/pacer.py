@@ -25,7 +25,9 @@ gateway passes through untouched):
 - `--ttft-ms` / `pacer_ttft_ms`: prefill time before the first chunk (default 0).
 
 Also `GET /health` (200, empty body, like vLLM), `GET /metrics` (a few counters in Prometheus
-text), `GET /v1/models`, and non-streaming chat completions.
+text), `GET /v1/models`, and non-streaming chat completions. A request's `x-request-id` is
+echoed in the answer's head, as vLLM does with `--enable-request-id-headers` (the deploy's flag;
+`--no-request-id-echo`: as vLLM without it).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class PacerConfig:
     ttft_ms: float = 0.0
     burst: int = 1
     model: str = "pacer"
+    echo_request_id: bool = True  # as vLLM with --enable-request-id-headers
 
 
 @dataclass(slots=True)
@@ -343,12 +346,19 @@ class PacerProtocol(asyncio.Protocol):
         head = b"HTTP/1.1 %d %s\r\n" % (status, reason)
         if content_type is not None:
             head += b"content-type: " + content_type + b"\r\n"
-        head += b"content-length: %d\r\n" % len(body)
+        head += b"content-length: %d\r\n" % len(body) + self._echo()
         if close:
             head += b"connection: close\r\n"
         self.transport.write(head + b"\r\n" + body)
         if close:
             self.transport.close()
+
+    def _echo(self) -> bytes:
+        """The request's `x-request-id` header line, echoed as vLLM does with
+        `--enable-request-id-headers` (the shipped deploy's flag): the gateway reuses an engine
+        connection only after an answer that echoed it (proxy/relay/engine_conn.py)."""
+        rid = self.headers.get(b"x-request-id") if self.cfg.echo_request_id else None
+        return b"" if rid is None else b"x-request-id: " + rid + b"\r\n"
 
     def _chat(self, raw: bytes, end: bytes = DONE) -> None:
         try:
@@ -369,7 +379,7 @@ class PacerProtocol(asyncio.Protocol):
         self.stream = stream
         self.stats.open_streams += 1
         assert self.transport is not None
-        self.transport.write(SSE_HEAD)
+        self.transport.write(SSE_HEAD[:-2] + self._echo() + b"\r\n")
         xargs = body.get("vllm_xargs")
         ttft = self.cfg.ttft_ms
         if isinstance(xargs, dict) and isinstance(xargs.get("pacer_ttft_ms"), int | float):
@@ -437,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
         help="unpaced only: steps per write per loop turn (default 1)",
     )
     p.add_argument("--model", default="pacer", help="the model name in /v1/models")
+    p.add_argument(
+        "--no-request-id-echo",
+        action="store_true",
+        help="answer without the request's x-request-id, as vLLM without "
+        "--enable-request-id-headers (the gateway then opens a connection per request)",
+    )
     a = p.parse_args(argv)
     cfg = PacerConfig(
         step_ms=a.step_ms,
@@ -445,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         ttft_ms=max(0.0, a.ttft_ms),
         burst=max(1, a.burst),
         model=a.model,
+        echo_request_id=not a.no_request_id_echo,
     )
     try:
         import uvloop

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from proxy.relay.upstream import UpstreamError, describe, echo_mismatch, head_size
+from proxy.relay.upstream import Payload, UpstreamError, describe, echo_mismatch, head_size
 
 Key = tuple[str, str, int]  # scheme, host, port
 
@@ -340,13 +340,15 @@ class EnginePool:
 async def open_engine_stream(
     pool: EnginePool,
     url: str,
-    payload: bytes,
+    payload: bytes | Payload,
     headers: dict[str, str],
     connect_timeout: float,
     sent: list[bool] | None = None,
 ) -> EngineStream:
     """Send the request (on a kept-alive connection when one is idle); wait for the head.
-    `sent` gets True once the request is written: from then on the engine has it."""
+    `payload`: the body, or its pieces (written one after the other, none copied). `sent`
+    gets True once the request is written: from then on the engine has it."""
+    pieces = (payload,) if isinstance(payload, bytes) else tuple(payload)
     parts = urlsplit(url)
     scheme = parts.scheme or "http"
     host = parts.hostname or "127.0.0.1"
@@ -355,7 +357,7 @@ async def open_engine_stream(
     lines = [
         f"POST {parts.path or '/'} HTTP/1.1",
         f"host: {parts.netloc.rpartition('@')[2]}",
-        f"content-length: {len(payload)}",
+        f"content-length: {sum(map(len, pieces))}",
     ]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")  # the body not copied after it
@@ -370,7 +372,7 @@ async def open_engine_stream(
         stream.request_id = headers.get("x-request-id")
         conn.stream = stream
         assert conn.transport is not None
-        conn.transport.writelines((head, payload))
+        conn.transport.writelines((head, *pieces))
         if sent is not None:
             sent.append(True)
         try:

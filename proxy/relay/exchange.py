@@ -20,7 +20,7 @@ from proxy.relay.asgi import respond
 from proxy.relay.errors import error_body
 from proxy.relay.fields import client_request_id
 from proxy.relay.measure import Measurement
-from proxy.relay.upstream import UpstreamResponse
+from proxy.relay.upstream import Payload, UpstreamResponse
 
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
@@ -45,7 +45,7 @@ class Relay(Generic[R]):
     """One way to relay an engine's answer (proxy/relay/push.py's PUSH, pull.py's PULL)."""
 
     # (exchange, url, payload, upstream headers, check_status): the response, its first bytes
-    open: Callable[[Exchange[R], str, bytes, dict[str, str], bool], Awaitable[tuple[R, bytes]]]
+    open: Callable[[Exchange[R], str, Payload, dict[str, str], bool], Awaitable[tuple[R, bytes]]]
     sse: Callable[[Exchange[R]], Awaitable[str]]  # an event stream; the outcome
     body: Callable[[Exchange[R]], Awaitable[str]]  # a plain body; the outcome
 
@@ -127,7 +127,7 @@ class Exchange(Generic[R]):
 
     def release_tree(self) -> None:
         """Once decided: every container of the body that `check_fields` serialised is
-        replaced in `body` by those bytes (an `orjson.Fragment`, written upstream as it is),
+        replaced in `body` by those bytes (a `memoryview`, written upstream as it is),
         so the parsed conversation is freed before the request first waits, and at most one
         request's tree is alive at a time: a request in flight holds its body's bytes, not its
         objects (a list of empty objects is ~21 times its JSON as objects). `stream_options`
@@ -144,14 +144,13 @@ class Exchange(Generic[R]):
         """The engine answered and no continuation will resend the body: its serialised
         containers go, for as long as the answer streams (what stays is read by the relay:
         `stream`, `stream_options`, `stream_interval`)."""
-        self.body = {k: v for k, v in self.body.items() if type(v) is not orjson.Fragment}
+        self.body = {k: v for k, v in self.body.items() if type(v) is not memoryview}
 
     def parsed_body(self) -> dict[str, Any]:
         """The body with its containers parsed again (a continuation reads `messages`)."""
-        if not any(type(v) is orjson.Fragment for v in self.body.values()):
+        if not any(type(v) is memoryview for v in self.body.values()):
             return self.body
-        parsed: dict[str, Any] = orjson.loads(orjson.dumps(self.body))
-        return parsed
+        return {k: orjson.loads(v) if type(v) is memoryview else v for k, v in self.body.items()}
 
     async def _start(self, message: dict[str, Any]) -> None:
         """Every response's start, whoever sends it: `Server-Timing` with what is known now

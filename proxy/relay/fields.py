@@ -308,8 +308,8 @@ _MANTISSA = frozenset(b"0123456789.-")
 _VALUE_START = frozenset(b"[,:")  # orjson writes no whitespace
 # Each top-level container the check serialised: the value (by identity: the upstream body
 # reuses the bytes only for the very object checked, the body is never edited in place) and
-# its JSON, for `orjson.dumps` to copy.
-Encoded = dict[str, tuple[Any, orjson.Fragment]]
+# its JSON, a view into the bytes orjson wrote (no copy), sent upstream as it is.
+Encoded = dict[str, tuple[Any, memoryview]]
 Problem = tuple[str, str | None]  # message, param: the 400's
 
 
@@ -402,8 +402,8 @@ def _shape(body: dict[str, Any], max_depth: int, encoded: Encoded) -> Problem | 
     nested beyond `_ORJSON_DEPTH`, so a container (depth 2) wrapped in `wrap` lists fails
     exactly when the body is too deep; and it writes every float of 2**63 or more with an
     exponent (`e+`). Only a container that fails or has such a number is walked in Python, to
-    name the field. The bytes written go into `encoded`: the upstream body reuses them instead
-    of serialising the same containers again."""
+    name the field. The bytes written go into `encoded` (a view, not a copy): the upstream body
+    reuses them instead of serialising the same containers again."""
     wrap = _ORJSON_DEPTH - max_depth + 1
     inner: list[Any] = [None]
     outer: list[Any] = inner
@@ -424,8 +424,8 @@ def _shape(body: dict[str, Any], max_depth: int, encoded: Encoded) -> Problem | 
             problem = _walk({name: value}, max_depth)
             if problem is not None:
                 return problem
-        if out is not None:
-            encoded[name] = (value, orjson.Fragment(out[wrap:-wrap]))
+        if out is not None:  # the container's own JSON, inside the `wrap` brackets
+            encoded[name] = (value, memoryview(out)[wrap:-wrap])
     return None
 
 

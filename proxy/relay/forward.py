@@ -21,7 +21,7 @@ from proxy.relay.hold import hold, turn_ended
 from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
 from proxy.relay.lease import Lease
 from proxy.relay.measure import StreamFilter, withhold_estimate
-from proxy.relay.rewrite import plan_usage, upstream_body
+from proxy.relay.rewrite import plan_usage, upstream_pieces
 from proxy.relay.turnstate import HEADER as TURN_STATE
 from proxy.relay.upstream import RESPONSE_ALLOW, UpstreamError, not_an_answer, not_json
 
@@ -204,7 +204,7 @@ async def open_engine(
     inject = dict(decision.inject)
     if decision.priority is not None and backend.priority_scheduling:
         inject.setdefault("priority", decision.priority)
-    payload = upstream_body(body, inject, backend.served_model_name, usage, x.encoded)
+    payload = upstream_pieces(body, inject, backend.served_model_name, usage, x.encoded)
     record = x.record
     up_headers = _upstream_headers(
         x.headers, x.request_id, x.gw.operator.secret(backend.api_key), record.session

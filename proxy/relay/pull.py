@@ -32,7 +32,7 @@ from proxy.relay.ends import (
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
 from proxy.relay.resume import resume_stream
-from proxy.relay.upstream import PulledResponse, UpstreamError
+from proxy.relay.upstream import Payload, PulledResponse, UpstreamError
 
 if TYPE_CHECKING:
     from proxy.relay.exchange import Exchange
@@ -43,13 +43,14 @@ _BODY_COPY_LIMIT = 4 * 1024 * 1024  # non-streaming bodies kept for measurement 
 async def open_pulled(
     x: Exchange[PulledResponse],
     url: str,
-    payload: bytes,
+    payload: Payload,
     headers: dict[str, str],
     check_status: bool,
 ) -> tuple[PulledResponse, bytes]:
-    """The request through the aiohttp session; the response and its first body bytes."""
+    """The request through the aiohttp session (the body's pieces joined for it); the
+    response and its first body bytes."""
     watch = x.watch
-    resp = await watch.wait(x.gw.upstream.post(url, payload, headers))
+    resp = await watch.wait(x.gw.upstream.post(url, b"".join(payload), headers))
     x.record.m.t_headers = time.perf_counter()
     watch.response = resp
     try:

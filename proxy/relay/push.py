@@ -40,7 +40,7 @@ from proxy.relay.engine_conn import EngineStream, open_engine_stream
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
 from proxy.relay.resume import resume_stream
-from proxy.relay.upstream import UpstreamError
+from proxy.relay.upstream import Payload, UpstreamError
 
 if TYPE_CHECKING:
     from proxy.relay.exchange import Exchange
@@ -50,7 +50,11 @@ Sink = Callable[[bytes], None]
 
 
 async def open_pushed(
-    x: Exchange[EngineStream], url: str, payload: bytes, headers: dict[str, str], check_status: bool
+    x: Exchange[EngineStream],
+    url: str,
+    payload: Payload,
+    headers: dict[str, str],
+    check_status: bool,
 ) -> tuple[EngineStream, bytes]:
     """The request on a kept-alive engine connection; the response and its first body bytes."""
     watch = x.watch
@@ -60,7 +64,11 @@ async def open_pushed(
 
 
 async def _open_stream(
-    x: Exchange[EngineStream], url: str, payload: bytes, headers: dict[str, str], check_status: bool
+    x: Exchange[EngineStream],
+    url: str,
+    payload: Payload,
+    headers: dict[str, str],
+    check_status: bool,
 ) -> tuple[EngineStream, bytes]:
     gw = x.gw
     settings = gw.settings

@@ -58,8 +58,22 @@ def upstream_body(
     usage: UsagePlan,
     encoded: Encoded | None = None,
 ) -> bytes:
-    """The body for the engine. `encoded`: the containers `check_fields` serialised, copied
-    as they are wherever the body still holds the very value checked."""
+    """The body for the engine, as one bytes object (`upstream_pieces` joined)."""
+    return b"".join(upstream_pieces(body, inject, served_model, usage, encoded))
+
+
+def upstream_pieces(
+    body: dict[str, Any],
+    inject: dict[str, Any],
+    served_model: str,
+    usage: UsagePlan,
+    encoded: Encoded | None = None,
+) -> list[bytes | memoryview]:
+    """The body for the engine, as the pieces to write one after the other: exactly the bytes
+    `orjson.dumps` writes for the edited body, but a container already serialised (a
+    `memoryview` in `body`, put there by `Exchange.release_tree`, or one of `encoded`, the
+    containers `check_fields` serialised, wherever the body still holds the very value
+    checked) goes out as that view, not copied into a new body."""
     out = dict(body)
     out.update(inject)
     out["model"] = served_model
@@ -71,4 +85,18 @@ def upstream_body(
     for name, (value, json) in (encoded or {}).items():
         if out.get(name) is value:
             out[name] = json
-    return orjson.dumps(out)
+    pieces: list[bytes | memoryview] = []
+    small = bytearray(b"{")
+    for i, (key, value) in enumerate(out.items()):
+        if i:
+            small += b","
+        small += orjson.dumps(key)
+        small += b":"
+        if type(value) is memoryview:
+            pieces += (bytes(small), value)
+            small = bytearray()
+        else:
+            small += orjson.dumps(value)
+    small += b"}"
+    pieces.append(bytes(small))
+    return pieces

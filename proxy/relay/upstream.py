@@ -54,6 +54,9 @@ RESPONSE_ALLOW = frozenset(
 # What a 200 may carry to be relayed as success: an HTML page from a proxy in front of the
 # engine, say, is a failure of the engine, not an answer.
 SUCCESS_TYPES = ("application/json", "text/event-stream")
+# A request body as the pieces to write one after the other (proxy/relay/rewrite.py's
+# `upstream_pieces`): the containers already serialised go out as views, not copied.
+Payload = Sequence[bytes | memoryview]
 
 
 class UpstreamError(Exception):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import ssl
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ from loadtests.bench.overhead import (
     render,
     summarize,
 )
+from loadtests.bench.overhead.report import versus
 
 ROLE_KEYS = ["id", "object", "created", "model", "choices", "prompt_token_ids", "prompt_text"]
 CHOICE_KEYS = ["index", "delta", "logprobs", "finish_reason", "token_ids"]
@@ -142,6 +144,53 @@ def test_pacer_usage_shapes(stack: Stack) -> None:
     assert list(dicts[0]) == [*ROLE_KEYS[:5], "usage", *ROLE_KEYS[5:]]
     assert dicts[-2]["choices"][0]["finish_reason"] == "length"
     assert "system_fingerprint" not in dicts[-2]
+
+
+def test_pacer_echoes_the_request_id(stack: Stack) -> None:
+    """As vLLM with --enable-request-id-headers (the deploy's flag): the gateway reuses an
+    engine connection only after an answer that echoed the id."""
+    body = {"model": "pacer", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for stream_ in (True, False):
+        with_id = httpx.post(
+            pacer_url(stack) + "/v1/chat/completions",
+            json={**body, "stream": stream_},
+            headers={"x-request-id": "rid-1"},
+            timeout=5,
+        )
+        assert with_id.status_code == 200 and with_id.headers["x-request-id"] == "rid-1"
+        without = httpx.post(
+            pacer_url(stack) + "/v1/chat/completions", json={**body, "stream": stream_}, timeout=5
+        )
+        assert without.status_code == 200 and "x-request-id" not in without.headers
+
+
+def test_baseline_gateway_runs_another_checkouts_code(tmp_path: Path) -> None:
+    """`--baseline-gateway`: a second gateway whose `proxy` package is the checkout's (here this
+    repository's own root, as a checkout), answering beside the gateway; a folder without the
+    package is refused before anything starts."""
+    root = Path(__file__).resolve().parents[2]
+    with Stack(nginx=False, relay=False, baseline=root) as s:
+        assert s.baseline_module == str(root / "proxy" / "__init__.py")
+        assert s.certs is not None
+        base = s.targets["baseline"]
+        assert base.port != s.targets["gateway"].port
+        raw = stream(
+            f"https://127.0.0.1:{base.port}",
+            {"max_tokens": 3, "vllm_xargs": {"pacer_step_ms": 1}},
+            headers={"authorization": f"Bearer {BENCH_KEY}"},
+            verify=ssl.create_default_context(cafile=str(s.certs.ca_cert)),
+        )
+        assert events(raw)[-1] == "[DONE]"
+    with pytest.raises(RuntimeError, match="no proxy/cli.py"), Stack(baseline=tmp_path):
+        pass
+
+
+def test_baseline_verdicts() -> None:
+    assert versus([1.0, 1.1, 1.2], [2.0, 2.1, 2.2], [-1.0]).startswith("better (ranges apart)")
+    assert versus([3.0, 3.1], [2.0, 2.1], [1.0]).startswith("WORSE (ranges apart)")
+    assert versus([1.0, 2.0, 3.0], [1.5, 2.5, 2.6], []).startswith("no worse (medians")
+    assert versus([1.0, 2.6, 3.0], [1.5, 2.5, 2.6], []).startswith("worse by the medians")
+    assert versus([1.0], [2.0], []) == "no worse (one round)"
 
 
 def test_pacer_health(stack: Stack) -> None:

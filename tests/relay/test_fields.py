@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import pytest
 
@@ -15,7 +17,7 @@ from proxy.relay.fields import (
     too_many_containers,
 )
 from proxy.relay.openapi import build_spec, spec
-from proxy.relay.rewrite import plan_usage, upstream_body
+from proxy.relay.rewrite import UsagePlan, plan_usage, upstream_body, upstream_pieces
 from proxy.settings import Settings
 
 
@@ -150,7 +152,7 @@ def test_the_checked_containers_are_serialised_once_for_the_upstream_body() -> N
     encoded: Encoded = {}
     assert check_fields("chat", body, Limits(), encoded) is None
     assert set(encoded) == {"messages", "stream_options", "tools", "stop"}
-    assert all(orjson.dumps(j) == orjson.dumps(body[k]) for k, (_, j) in encoded.items())
+    assert all(bytes(j) == orjson.dumps(body[k]) for k, (_, j) in encoded.items())
     usage = plan_usage(body, "chat", "vllm")
     assert usage.injected  # stream_options is rewritten: its checked bytes are not reused
     # The policy's injected `stop` replaces the client's: the new value is written, not the old.
@@ -158,6 +160,43 @@ def test_the_checked_containers_are_serialised_once_for_the_upstream_body() -> N
     out = upstream_body(body, inject, "served", usage, encoded)
     assert out == upstream_body(body, inject, "served", usage)
     assert orjson.loads(out)["stop"] == ["END"] and b'"x + 1 \xc3\xa9"' in out
+    # The checked `messages` and `tools` go upstream as the very bytes the check wrote (views,
+    # no copy), between pieces written for the rest: together, orjson's bytes of the body.
+    pieces = upstream_pieces(body, inject, "served", usage, encoded)
+    assert b"".join(pieces) == out
+    views = [p for p in pieces if type(p) is memoryview]
+    assert [v.obj for v in views] == [encoded["messages"][1].obj, encoded["tools"][1].obj]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"a": [1]}]},
+        {"messages": [], "model": "m", "stop": [], "x": {"y": [1.5, None, True, "\u2028"]}},
+        {"model": "m", "messages": [{"role": "user", "content": "é"}], "z": 1, "a": {}},
+        {"model": "m", "messages": [[]], "stream_options": {"include_usage": True}},
+    ],
+)
+def test_upstream_pieces_are_orjsons_bytes_of_the_edited_body(body: dict[str, Any]) -> None:
+    """Whatever holds views (checked containers, released trees), the pieces joined are the
+    bytes `orjson.dumps` writes for the body with its edits, key order kept."""
+    encoded: Encoded = {}
+    assert check_fields("chat", body, Limits(), encoded) is None
+    # As `Exchange.release_tree` leaves it: `stream_options` stays parsed (the usage plan edits it)
+    released = {
+        k: encoded[k][1] if k in encoded and k != "stream_options" else v for k, v in body.items()
+    }
+    plan = UsagePlan(injected=True, strip_usage=True)
+    inject = {"temperature": 0.2}
+    edited = {**body, **inject, "model": "served"}
+    edited["stream_options"] = {
+        **(body.get("stream_options") or {}),
+        "include_usage": True,
+        "continuous_usage_stats": True,
+    }
+    want = orjson.dumps(edited)
+    for b, enc in ((body, encoded), (released, None), (body, None)):
+        assert b"".join(upstream_pieces(b, inject, "served", plan, enc)) == want
 
 
 def test_limits_are_the_settings() -> None:

@@ -4,6 +4,7 @@
     python -m loadtests.bench.overhead --quick    # ~2 minutes
     python -m loadtests.bench.overhead --quick --only agents   # the agents' rounds, ~1 minute
     python -m loadtests.bench.overhead --json out.json
+    python -m loadtests.bench.overhead --baseline-gateway ../other-checkout   # before / after
 
 It starts, on loopback only:
 - the pacer (`loadtests/bench/pacer.py`), a vLLM-shaped SSE backend that costs next to nothing;
@@ -12,6 +13,9 @@ It starts, on loopback only:
   an `nginx` binary is on PATH (or in /usr/sbin); otherwise that column is skipped;
 - a bare relay (bare_relay.py: Starlette + aiohttp on uvicorn, TLS, no parsing): the floor of
   a Python gateway on the same stack (`--no-relay` skips it);
+- with `--baseline-gateway CHECKOUT`, a second gateway (`baseline`) from another checkout of
+  this repository (a `git worktree` of main, say), by this interpreter with that checkout first
+  on the path: today's code and the change measured in the same interleaved rounds;
 and drives them from one load-client process (raw asyncio protocol + httptools on uvloop,
 connections opened and kept alive before each round, so no TLS handshake falls inside a TTFT).
 

@@ -63,18 +63,43 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the gateway exports OpenTelemetry (--otlp-endpoint) to a receiver on loopback",
     )
+    ap.add_argument(
+        "--baseline-gateway",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also run the gateway of another checkout of this repository (e.g. a `git "
+        "worktree` of main), by this interpreter with that checkout first on the path: a "
+        "`baseline` target beside `gateway`, interleaved in the same rounds",
+    )
+    ap.add_argument(
+        "--engine-without-request-id",
+        action="store_true",
+        help="the pacer does not echo x-request-id (vLLM without --enable-request-id-headers, "
+        "which the deploy sets): the gateway then opens an engine connection per request",
+    )
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.only.split(",") if k.strip()]
     plan = make_plan(args.quick, args.repeats, args.paced_tokens)
     signal.signal(signal.SIGTERM, _interrupt)
     t_start = time.monotonic()
     try:
-        with Stack(nginx=not args.no_nginx, relay=not args.no_relay, otlp=args.otlp) as stack:
+        with Stack(
+            nginx=not args.no_nginx,
+            relay=not args.no_relay,
+            otlp=args.otlp,
+            baseline=args.baseline_gateway,
+            engine_echo=not args.engine_without_request_id,
+        ) as stack:
             names = [n for n in TARGETS if n in stack.targets]
             log(
                 f"pacer pid {stack.pacer.pid if stack.pacer else '?'}, gateway pid "
                 f"{stack.gateway.pid if stack.gateway else '?'}"
                 + (f", nginx pid {stack.nginx.pid}" if stack.nginx else "")
+                + (
+                    f", baseline pid {stack.baseline.pid} ({stack.baseline_module})"
+                    if stack.baseline
+                    else ""
+                )
                 + (f"; nginx skipped: {stack.nginx_skipped}" if stack.nginx_skipped else "")
             )
             log(describe(plan, args.prompt_bytes))

@@ -115,7 +115,7 @@ ROWS: list[tuple[str, str, str]] = [
 def render(
     summary: dict[str, dict[str, Figure]], targets: Sequence[str], results: list[RoundResult]
 ) -> str:
-    cols = [t for t in ("gateway", "relay", "nginx") if t in targets]
+    cols = [t for t in ("gateway", "baseline", "relay", "nginx") if t in targets]
     header = ["metric", *cols, "target", "gateway meets"]
     lines: list[list[str]] = []
     for key, label, fmt in ROWS:
@@ -165,6 +165,8 @@ def render(
         # A shared machine's speed moves between runs, nginx's figure with it: the ratio of
         # the two within one repeat tells what the gateway adds on that machine, that moment.
         out.append(f"gateway / nginx CPU per paced chunk, per repeat: {ratio.cell('.2f')}")
+    if "baseline" in targets:
+        out += baseline_lines(summary, results)
     failed = [r for r in results if not r.ok]
     if failed:
         out.append(
@@ -172,6 +174,59 @@ def render(
             + "; ".join(f"{r.kind}/{r.target}#{r.repeat}: {r.error}" for r in failed[:6])
         )
     return "\n".join(out)
+
+
+def versus(gateway: Sequence[float], baseline: Sequence[float], paired: Sequence[float]) -> str:
+    """The gateway against the baseline gateway (lower is better): a verdict from the ranges,
+    then the medians, and the per-repeat differences (same repeat, interleaved rounds)."""
+    if not gateway or not baseline:
+        return "n/a"
+    gm, bm = pct(gateway, 50) or 0.0, pct(baseline, 50) or 0.0
+    if min(len(gateway), len(baseline)) < 2:  # one round says nothing of a range
+        verdict = "no worse (one round)" if gm <= bm else "worse (one round)"
+    elif max(gateway) < min(baseline):
+        verdict = "better (ranges apart)"
+    elif min(gateway) > max(baseline):
+        verdict = "WORSE (ranges apart)"
+    elif gm <= bm:
+        verdict = "no worse (medians; ranges overlap)"
+    else:
+        verdict = "worse by the medians (ranges overlap)"
+    diff = pct(paired, 50)
+    said = (
+        "" if diff is None else f"; per repeat {diff:+.2f} ({min(paired):+.2f}–{max(paired):+.2f})"
+    )
+    return f"{verdict}{said}"
+
+
+def paired(results: Sequence[RoundResult], kind: str, attr: str) -> list[float]:
+    """Gateway minus baseline, per repeat, for one round kind and attribute."""
+    by = {(r.target, r.repeat): getattr(r, attr) for r in results if r.ok and r.kind == kind}
+    out = []
+    for (t, rep), g in by.items():
+        b = by.get(("baseline", rep))
+        if t == "gateway" and g is not None and b is not None:
+            out.append(g - b)
+    return out
+
+
+def baseline_lines(
+    summary: dict[str, dict[str, Figure]], results: Sequence[RoundResult]
+) -> list[str]:
+    """One-line prompts no worse than the baseline checkout's gateway, in this run."""
+    out = ["gateway vs baseline (another checkout's gateway, same run):"]
+    for key, kind, attr, label in (
+        ("ttft1_added_ms", "ttft1", "ttft_p50_ms", "added TTFT p50, 1 stream (ms)"),
+        ("ttft16_added_ms", "paced16", "ttft_p50_ms", "added TTFT p50, 16 streams (ms)"),
+        ("gap99_added_ms", "paced16", "gap_p99_ms", "added gap p99, 16 streams (ms)"),
+        ("cpu_paced_us", "paced16", "cpu_per_chunk_us", "CPU per chunk, 16 paced (µs)"),
+        ("cpu_sat_us", "sat", "cpu_per_chunk_us", "CPU per chunk, saturated (µs)"),
+    ):
+        g, b = summary[key].get("gateway"), summary[key].get("baseline")
+        if g is None or b is None or not g.values or not b.values:
+            continue
+        out.append(f"  {label}: {versus(g.values, b.values, paired(results, kind, attr))}")
+    return out
 
 
 def describe(plan: Plan, prompt_bytes: int) -> str:

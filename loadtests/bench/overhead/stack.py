@@ -1,5 +1,6 @@
 """The processes under test: the pacer, the gateway in front of it, a bare relay (Starlette +
-aiohttp, no parsing) and nginx when installed."""
+aiohttp, no parsing), nginx when installed, and (`baseline`) a second gateway run from another
+checkout of this repository, so a change is measured beside the code it replaces in one run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import re
 import socket
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,7 +30,7 @@ from proxy.certs import CertFiles, make_local_ca
 BENCH_KEY = "sk-bench-overhead"
 ADMIN_TOKEN = "bench-admin-token-of-thirty-two-chars"  # 32+: the gateway refuses less
 MODEL = "pacer"
-TARGETS = ("direct", "gateway", "relay", "nginx")
+TARGETS = ("direct", "gateway", "baseline", "relay", "nginx")
 
 
 def _tree(pid: int) -> Callable[[], list[int]]:
@@ -74,6 +76,8 @@ class Stack:
         relay: bool = True,
         workdir: Path | None = None,
         otlp: bool = False,
+        baseline: Path | None = None,
+        engine_echo: bool = True,
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-overhead-")
         self.dir = workdir or Path(self._tmp.name)
@@ -81,6 +85,12 @@ class Stack:
         self.want_relay = relay
         # The gateway exports OpenTelemetry to a receiver process of its own on loopback.
         self.want_otlp = otlp
+        # Another checkout's gateway (its `proxy` package first on the path), same policy.
+        self.baseline_checkout = baseline
+        # The pacer echoes x-request-id as the deploy's vLLM does (engine connections reused).
+        self.engine_echo = engine_echo
+        self.baseline: Child | None = None
+        self.baseline_module = ""  # the `proxy/__init__.py` it runs, as it reported it
         self.otlp: Child | None = None
         self.children: list[Child] = []
         self.targets: dict[str, Arm] = {}
@@ -123,7 +133,8 @@ class Stack:
         self.pacer = self._spawn(
             Child(
                 "pacer",
-                [sys.executable, "-m", "loadtests.bench.pacer", "--port", "0"],
+                [sys.executable, "-m", "loadtests.bench.pacer", "--port", "0"]
+                + ([] if self.engine_echo else ["--no-request-id-echo"]),
                 ready=re.compile(r"pacer listening on http://127\.0\.0\.1:(\d+)"),
                 detach=True,
             )
@@ -157,6 +168,8 @@ class Stack:
         bearer = b"authorization: Bearer " + BENCH_KEY.encode() + b"\r\n"
         gw_port = int(self.gateway.match.group(1).rsplit(":", 1)[1])
         self.targets["gateway"] = Arm("gateway", gw_port, client_tls, bearer, lambda: [gw_pid])
+        if self.baseline_checkout is not None:
+            self._start_baseline(self.baseline_checkout, policy_path, certs, client_tls, bearer)
         if self.want_relay:  # the bare relay (bare_relay.py): the floor of the Python stack
             relay = self._spawn(
                 Child(
@@ -183,6 +196,41 @@ class Stack:
             )
         if self.want_nginx:
             self._start_nginx(pacer_port, certs, client_tls, bearer)
+
+    def _start_baseline(
+        self,
+        checkout: Path,
+        policy_path: Path,
+        certs: CertFiles,
+        client_tls: ssl.SSLContext,
+        bearer: bytes,
+    ) -> None:
+        """`specrouter serve` from `checkout`, by this interpreter (this environment's
+        dependencies): `-P` keeps the working directory off the path, PYTHONPATH puts the
+        checkout first, so its `proxy` package is the one imported."""
+        root = checkout.resolve()
+        if not (root / "proxy" / "cli.py").is_file():
+            raise RuntimeError(f"--baseline-gateway {checkout}: no proxy/cli.py there")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root)}
+        where = subprocess.run(
+            [sys.executable, "-P", "-c", "import proxy; print(proxy.__file__)"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        if not Path(where).resolve().is_relative_to(root):
+            raise RuntimeError(f"the baseline imports {where}, not the checkout {root}")
+        self.baseline_module = where
+        args = serve_args(policy_path, self.dir / "state-baseline", ADMIN_TOKEN, certs=certs)
+        cmd = [sys.executable, "-P", "-m", "proxy.cli", "serve", *args]
+        self.baseline = child = self._spawn(
+            Child("baseline", cmd, ready=SERVE_READY, env=env, detach=True)
+        )
+        assert child.match is not None
+        pid = child.pid
+        port = int(child.match.group(1).rsplit(":", 1)[1])
+        self.targets["baseline"] = Arm("baseline", port, client_tls, bearer, lambda: [pid])
 
     def _start_nginx(
         self, pacer_port: int, certs: CertFiles, client_tls: ssl.SSLContext, bearer: bytes
