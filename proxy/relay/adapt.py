@@ -33,11 +33,12 @@ class Rule:
 
 def _parsed(value: Any, needle: bytes) -> Any:
     """A top-level field as parsed JSON, or None when it cannot hold `needle`. Once decided, the
-    body's containers are the bytes `check_fields` wrote (`orjson.Fragment`, proxy/relay/
+    body's containers are the bytes `check_fields` wrote (a `memoryview`, proxy/relay/
     exchange.py `release_tree`): they are parsed again only when the needle is in them."""
-    if type(value) is orjson.Fragment:
-        raw = orjson.dumps(value)
-        return orjson.loads(raw) if needle in raw else None
+    if type(value) is memoryview:
+        whole = value.obj  # the buffer it views: a false hit only costs a parse
+        raw = whole if isinstance(whole, bytes | bytearray) else bytes(value)
+        return orjson.loads(value) if needle in raw else None
     return value
 
 

@@ -75,13 +75,13 @@ def test_rule_names_are_unique_and_documented() -> None:
 
 
 def test_a_released_body_is_read_from_its_bytes() -> None:
-    """Once decided, the body's containers are orjson fragments (exchange.release_tree)."""
+    """Once decided, the body's containers are views of their bytes (exchange.release_tree)."""
     body = _body(BLOB, CALL)
-    released = {**body, "input": orjson.Fragment(orjson.dumps(body["input"]))}
+    released = {**body, "input": memoryview(orjson.dumps(body["input"]))}
     out, applied = adapt(released, "responses", "vllm", "0.32.0")
     assert applied == ("responses-encrypted-reasoning",)
     assert [i.get("type") for i in out["input"]] == [None, "function_call"]
-    plain = {**body, "input": orjson.Fragment(orjson.dumps([READABLE, CALL]))}
+    plain = {**body, "input": memoryview(orjson.dumps([READABLE, CALL]))}
     assert adapt(plain, "responses", "vllm", "0.32.0") == (plain, ())
 
 
