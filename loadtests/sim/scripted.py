@@ -3,7 +3,9 @@
 Agents execute the calls they get, so the calls are chosen by tool name and are inert: a shell tool
 lists the working directory, an edit / apply-patch tool writes one scratch file, any other tool
 gets arguments that satisfy its JSON schema with inert values. A conversation gets at most
-`MAX_CALLS` calls (one per turn); the turn after the last call's result is a short final answer,
+`MAX_CALLS` calls (one per turn), then one call of a subagent tool (Claude Code's `Task` /
+`Agent`) when the request offers one, unless the conversation is itself that subagent's (its user
+turn carries `SUBAGENT_PROMPT`); the turn after the last call's result is a short final answer,
 so an agent loop ends by itself. Same request, same turn: nothing here is random.
 """
 
@@ -33,6 +35,10 @@ _EDIT_NAMES = {
     "str_replace_editor",
     "multiedit",
 }
+# Claude Code's subagent tool: `Task`, renamed `Agent` in 2.1; its subagent runs the same script.
+_SUBAGENT_NAMES = {"task", "agent"}
+SUBAGENT_TYPE = "general-purpose"
+SUBAGENT_PROMPT = "specrouter simulator subagent: list the working directory, then report."
 _COMMAND_KEYS = ("command", "cmd", "commands", "script")
 _PATH_KEYS = ("path", "file_path", "filename", "file", "target_file")
 _TEXT_KEYS = ("content", "file_text", "text", "new_string", "new_str", "contents")
@@ -90,6 +96,8 @@ def responses_tools(tools: list[Json] | None) -> list[Tool]:
 
 def _kind(name: str) -> str:
     low = name.lower()
+    if low in _SUBAGENT_NAMES:
+        return "subagent"
     if low in _SHELL_NAMES or "shell" in low or low.startswith("bash"):
         return "shell"
     if low in _EDIT_NAMES or "patch" in low:
@@ -136,6 +144,10 @@ def _arguments(tool: Tool, kind: str) -> Json:
     args = inert(tool.parameters)
     if not isinstance(args, dict):
         args = {}
+    if kind == "subagent":
+        wanted = {"description": "List the workspace", "prompt": SUBAGENT_PROMPT}
+        wanted["subagent_type"] = SUBAGENT_TYPE
+        return {**args, **{k: v for k, v in wanted.items() if k in props or not props}}
     if kind == "shell":
         key = next((k for k in _COMMAND_KEYS if k in props), None)
         args[key or "command"] = _command(props.get(key or "command") or {}, ["bash", "-lc", "ls"])
@@ -156,19 +168,29 @@ def _arguments(tool: Tool, kind: str) -> Json:
     return args
 
 
-def plan(tools: list[Tool]) -> list[Call]:
-    """The calls a conversation makes, in order: a shell listing, then a scratch-file edit."""
+def plan(tools: list[Tool], *, subagent: bool = True) -> list[Call]:
+    """The calls a conversation makes, in order: a shell listing, a scratch-file edit, then
+    (`subagent`: the conversation is not a subagent's own) one call of the subagent tool."""
     calls: list[Call] = []
     for kind in ("shell", "edit"):
         tool = next((t for t in tools if _kind(t.name) == kind), None)
         if tool is not None:
             calls.append(Call(tool.name, _arguments(tool, kind), tool.custom))
-    if not calls and tools:
+    spawn = next((t for t in tools if _kind(t.name) == "subagent" and not t.custom), None)
+    if not calls and tools and (spawn is None or not subagent):
         calls.append(Call(tools[0].name, _arguments(tools[0], "other"), tools[0].custom))
     if len(calls) == 1 and _kind(calls[0].name) == "shell" and not calls[0].custom:
         # A shell-only agent (Codex without apply_patch) still makes two round trips.
         calls.append(calls[0])
-    return calls[:MAX_CALLS]
+    calls = calls[:MAX_CALLS]
+    if spawn is not None and subagent:
+        calls.append(Call(spawn.name, _arguments(spawn, "subagent")))
+    return calls
+
+
+def in_subagent(user_texts: list[str]) -> bool:
+    """Whether a conversation is the one a scripted subagent call started (no second spawn)."""
+    return any(SUBAGENT_PROMPT in text for text in user_texts)
 
 
 def _reasoning(call: Call | None, answering: bool) -> str:
@@ -179,7 +201,9 @@ def _reasoning(call: Call | None, answering: bool) -> str:
     return "\nThe user wants code. I will write it directly.\n"
 
 
-def decide(tools: list[Tool], tool_choice: Any, calls_made: int, *, thinking: bool) -> Turn:
+def decide(
+    tools: list[Tool], tool_choice: Any, calls_made: int, *, thinking: bool, subagent: bool = True
+) -> Turn:
     """This turn: the next scripted call, or the final answer once the script is used up.
 
     `tool_choice` "none" (or no tools) answers in text; "required" and a named function always
@@ -192,9 +216,10 @@ def decide(tools: list[Tool], tool_choice: Any, calls_made: int, *, thinking: bo
         forced = (fn or tool_choice).get("name")
     if forced is not None:
         named = [t for t in offered if t.name == forced]
-        calls = plan(named) or [Call(t.name, _arguments(t, "other"), t.custom) for t in named]
+        calls = plan(named, subagent=subagent)
+        calls = calls or [Call(t.name, _arguments(t, "other"), t.custom) for t in named]
     else:
-        calls = plan(offered)
+        calls = plan(offered, subagent=subagent)
     if calls and (tool_choice == "required" or forced is not None):
         call: Call | None = calls[calls_made % len(calls)]
     else:

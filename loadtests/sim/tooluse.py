@@ -78,6 +78,17 @@ def _calls_made(messages: list[ChatMessage]) -> int:
     return sum(len(m.tool_calls or []) for m in messages if m.role == "assistant")
 
 
+def _may_spawn(messages: list[ChatMessage]) -> bool:
+    """Not a scripted subagent's own conversation (scripted.in_subagent): it may call one."""
+    texts: list[str] = []
+    for m in messages:
+        if m.role != "user":
+            continue
+        parts = m.content if isinstance(m.content, list) else [{"text": m.content or ""}]
+        texts += [str(p.get("text") or "") for p in parts if isinstance(p, dict)]
+    return not scripted.in_subagent(texts)
+
+
 def _plan(
     config: SimConfig,
     tools: list[Tool],
@@ -85,6 +96,7 @@ def _plan(
     calls_made: int,
     thinking: bool,
     template_thinks: bool = True,
+    spawn: bool = True,
 ) -> Plan:
     """`thinking`: the scripted turn thinks; `template_thinks`: the chat template's
     `enable_thinking` (what 0.32's parser starts from)."""
@@ -97,7 +109,7 @@ def _plan(
     implicit = d.implicit_think and reasoning and template_thinks
     if not offered and not thinking:
         return Plan(None, None, reasoning, None, {}, False, keep, implicit)
-    turn = scripted.decide(tools, tool_choice, calls_made, thinking=thinking)
+    turn = scripted.decide(tools, tool_choice, calls_made, thinking=thinking, subagent=spawn)
     # "required" and a named function are decoded without the auto parser; the simulator writes
     # their calls in the configured parser's markup (hermes without one) and parses them back.
     tool_parser = (config.tool_call_parser or "hermes") if offered else None
@@ -113,11 +125,13 @@ def chat_plan(config: SimConfig, req: ChatRequest) -> Plan:
     tools = scripted.chat_tools(req.tools)
     kwargs = req.chat_template_kwargs or {}
     thinking = kwargs.get("enable_thinking", True) is not False
-    return _plan(config, tools, req.tool_choice, _calls_made(req.messages), thinking, thinking)
+    made, spawn = _calls_made(req.messages), _may_spawn(req.messages)
+    return _plan(config, tools, req.tool_choice, made, thinking, thinking, spawn)
 
 
 def responses_plan(config: SimConfig, req: ResponsesRequest, messages: list[ChatMessage]) -> Plan:
     tools = scripted.responses_tools(req.tools)
     effort = (req.reasoning or {}).get("effort")
     thinking = req.reasoning is not None and effort != "none"
-    return _plan(config, tools, req.tool_choice, _calls_made(messages), thinking)
+    made, spawn = _calls_made(messages), _may_spawn(messages)
+    return _plan(config, tools, req.tool_choice, made, thinking, spawn=spawn)

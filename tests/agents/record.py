@@ -1,11 +1,12 @@
 """Record the real agents' requests against the demo (simulator), for the replay to real vLLM.
 
     make agent-recordings        # = PYTHONPATH=. .venv/bin/python -m tests.agents.record
+    PYTHONPATH=. .venv/bin/python -m tests.agents.record claude-code   # only these sessions
 
 Starts the demo, puts a recording TLS relay (tests/agents/tap.py) in front of it, and runs each
 agent at the version scripts/agents.versions pins: Codex `exec` then two `exec resume` turns,
-Claude Code `-p` (its core tools and the Agent tool, thinking; no subagent: the simulator's
-scripted turn never calls the Agent tool), aider, the Anthropic and OpenAI Python SDKs with
+Claude Code `-p` (its core tools and the Agent tool, thinking; the simulator's script calls the
+Agent tool once, so the subagent's own requests are in the session), aider, the Anthropic and OpenAI Python SDKs with
 tools. Each
 session is written to tests/fixtures/agent-recordings/<session>.jsonl.gz (one request a line,
 as the agent sent it, secrets left out), plus the synthetic Codex thread begun on a provider that
@@ -225,7 +226,7 @@ def write(sessions: dict[str, list[dict[str, Any]]]) -> None:
         (OUT / f"{name}.jsonl.gz").write_bytes(gzip.compress(lines.encode(), mtime=0))
 
 
-def record(work_root: Path) -> dict[str, list[dict[str, Any]]]:
+def record(work_root: Path, only: set[str]) -> dict[str, list[dict[str, Any]]]:
     bins = agents_dir()
     npm_bin, aider_bin = bins / "npm" / "node_modules" / ".bin", bins / "aider" / "bin"
     (work_root / "demo").mkdir()
@@ -243,6 +244,8 @@ def record(work_root: Path) -> dict[str, list[dict[str, Any]]]:
                 "openai-sdk": lambda w: openai_sdk(tap, demo),
             }
             for name, run in runs.items():
+                if only and name not in only:
+                    continue
                 tap.session = name
                 work = work_root / name / "work"
                 work.mkdir(parents=True)
@@ -252,17 +255,21 @@ def record(work_root: Path) -> dict[str, list[dict[str, Any]]]:
                 print(f"{name}: {len(sessions[name])} requests", file=sys.stderr)
     finally:
         stop_demo(demo)
-    sessions["codex-encrypted"] = encrypted(sessions["codex"])
+    if "codex" in sessions:
+        sessions["codex-encrypted"] = encrypted(sessions["codex"])
     return sessions
 
 
 def main() -> int:
+    """Records every session, or those named on the command line (the others kept as they are);
+    then the manifest, for all of them."""
     with tempfile.TemporaryDirectory() as tmp:
-        sessions = record(Path(tmp))
+        sessions = record(Path(tmp), set(sys.argv[1:]))
     write(sessions)
     from tests.agents.record_measure import measure
+    from tests.engines.vllm import replay
 
-    measure(sessions)
+    measure({name: [r.__dict__ for r in replay.load(name)] for name in replay.sessions()})
     print(OUT)
     return 0
 

@@ -11,7 +11,7 @@ import httpx
 
 from loadtests.sim import messages_wire as mw
 from loadtests.sim.profiles import BUILTIN_PROFILES
-from loadtests.sim.scripted import FINAL_ANSWER
+from loadtests.sim.scripted import FINAL_ANSWER, SUBAGENT_PROMPT
 from loadtests.sim.server import create_app
 from loadtests.sim.state import SimConfig
 
@@ -174,3 +174,58 @@ def test_output_config_format_gets_a_short_json_answer() -> None:
     assert [b["type"] for b in body["content"]] == ["thinking", "text"]
     assert json.loads(body["content"][1]["text"]) == {"title": "sim"}
     assert body["stop_reason"] == "end_turn"
+
+
+AGENT = {  # Claude Code's subagent tool, its schema's shape (2.1)
+    "name": "Agent",
+    "description": "Launch a subagent.",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "description": {"type": "string"},
+            "prompt": {"type": "string"},
+            "subagent_type": {"type": "string"},
+            "run_in_background": {"type": "boolean"},
+        },
+        "required": ["description", "prompt"],
+    },
+}
+
+
+def _loop(first: str, tools: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Run the scripted loop to its final answer: the (name, input) of each call made."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
+    calls: list[tuple[str, dict[str, Any]]] = []
+    for _ in range(6):
+        body = _post({"messages": messages, "tools": tools}, **TOOLS).json()
+        uses = [b for b in body["content"] if b["type"] == "tool_use"]
+        if not uses:
+            assert body["stop_reason"] == "end_turn" and FINAL_ANSWER in body["content"][-1]["text"]
+            return calls
+        calls += [(u["name"], u["input"]) for u in uses]
+        messages += [
+            {"role": "assistant", "content": body["content"]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": u["id"], "content": "done"} for u in uses
+                ],
+            },
+        ]
+    raise AssertionError(f"no final answer after {calls}")
+
+
+def test_the_loop_calls_the_subagent_tool_once_and_the_subagent_does_not() -> None:
+    calls = _loop("look around", [AGENT, BASH])
+    assert [name for name, _ in calls] == ["bash", "bash", "Agent"]
+    spawn = calls[-1][1]
+    assert spawn == {
+        "description": "List the workspace",
+        "prompt": SUBAGENT_PROMPT,
+        "subagent_type": "general-purpose",
+    }
+    # The subagent's own conversation (its user turn is that prompt, wrapped as Claude Code
+    # wraps it) runs the script without spawning again, even if it is offered the tool.
+    wrapped = f"<system-reminder>ctx</system-reminder>\n{spawn['prompt']}"
+    assert [name for name, _ in _loop(wrapped, [AGENT, BASH])] == ["bash", "bash"]
+    assert _loop("only agents", [AGENT]) == [("Agent", spawn)]

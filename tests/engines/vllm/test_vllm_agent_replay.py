@@ -1,7 +1,7 @@
 """The real agents' recorded sessions (tests/fixtures/agent-recordings: Codex, Claude Code,
 aider, the Anthropic and OpenAI SDKs, and a Codex thread begun on a provider that encrypts its
-reasoning) replayed through the gateway to real vLLM, one request at a time, so that the
-engine's counter deltas are that request's own.
+reasoning; Claude Code's holds its subagent's requests) replayed through the gateway to real
+vLLM, one request at a time, so that the engine's counter deltas are that request's own.
 
 Every request is served (200 and a whole answer), or adapted by a named rule of
 proxy/relay/adapt.py (counted), and the gateway's request log says what vLLM's own /metrics
@@ -18,6 +18,7 @@ import pytest
 
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
 from loadtests.harness.vllm import SERVED
+from loadtests.sim.scripted import SUBAGENT_PROMPT
 from proxy import vllm_wire
 from tests.engines.vllm import replay
 from tests.engines.vllm.conftest import Engines
@@ -60,6 +61,26 @@ def test_every_recorded_request_is_served(replayed: dict[str, list[Replayed]]) -
             if one.status != 200 or not _answer_complete(one):
                 failed.append(f"{one.rec.name} {one.status} {one.text[:300]}")
     assert failed == [], "\n".join(failed)
+
+
+def test_claude_code_subagent_is_replayed(replayed: dict[str, list[Replayed]]) -> None:
+    """Claude Code's session holds its subagent's own requests (the simulator's script called
+    the Agent tool: `x-claude-code-agent-id`, the scripted prompt), and the main conversation's
+    request after it (the Agent call and its result); all of them are served."""
+    session = replayed["claude-code"]
+    sub = [o for o in session if "x-claude-code-agent-id" in dict(o.rec.headers)]
+    assert len(sub) >= 2, [o.rec.name for o in session]
+    assert all(SUBAGENT_PROMPT in o.rec.body.decode() for o in sub)
+    after = [o for o in session[sub[-1].rec.index + 1 :] if o.rec.body]
+    spawned = [
+        block["name"]
+        for m in after[-1].rec.doc["messages"]
+        if m["role"] == "assistant" and isinstance(m["content"], list)
+        for block in m["content"]
+        if block["type"] == "tool_use"
+    ]
+    assert spawned[-1] == "Agent", spawned
+    assert all(o.status == 200 and o.row is not None for o in [*sub, *after])
 
 
 def test_codex_turn_state_is_honoured(replayed: dict[str, list[Replayed]]) -> None:
