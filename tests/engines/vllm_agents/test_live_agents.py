@@ -2,11 +2,10 @@
 
 The engine serves scripts/vllm_agent_model.py's trained model with vLLM's own `qwen3_coder` tool
 parser and `qwen3` reasoning parser: the first request of a loop (no tool result yet) gets a
-`<think>` block and a call `Bash(command="echo ok")`, the next (with the result) a `<think>` block
-and a short answer, so the agent handles the call, sends a result back and prints the answer.
-The model names Bash whatever the request offers (it did not learn to pick among the names
-within its two-minute training budget, docs/real-vllm.md): Claude Code and the SDK run it, Codex
-answers it as a tool it does not have. Each agent's first prompt is its real one (Codex 11.7K,
+`<think>` block and a call of the command tool the request offers (Codex: `exec_command(cmd="echo
+ok")`, Claude Code and the SDK: `Bash(command="echo ok")`), the next (with the result) a `<think>`
+block and a short answer, so the agent runs the command, sends its output back and prints the
+answer. Each agent's first prompt is its real one (Codex 11.7K,
 Claude Code 27.1K tokens in this model's tokens); the route bounds answers to conftest.MAX_TOKENS.
 """
 
@@ -83,7 +82,8 @@ def test_codex_exec_runs_the_tool_and_answers(stack: Stack, agents: Path, tmp_pa
     assert done.returncode == 0, out
     assert ANSWER in done.stdout, out
     _served(found, 2)
-    # The call reached Codex, which answered it with a tool result: the second prompt is longer.
+    # Codex ran the call in its sandbox and sent the output back: the second prompt is longer.
+    assert "succeeded in" in out, out  # its exec line (the prompt's "echo ok" is echoed too)
     assert found[1]["prompt_tokens"] > found[0]["prompt_tokens"], summary(found)
 
 
