@@ -15,6 +15,7 @@ machine as `deploy render` does (loadtests/sim/colocate.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ PROFILES = {
     "coder-dflash7": "dflash7-prob-block",
     "coder-dflash5": "dflash5-prob-block",
     "coder-mtp3": "mtp3",
+    "coder-dflash7b": "dflash7-prob-block",  # a second, identical block-7 engine (the twins)
 }
 
 
@@ -43,6 +45,10 @@ class Config:
     overlap: float = SERIAL
     policy: Path | None = None  # None: the first engine straight, no gateway
     machines: int = 1  # GB10s it needs: the verdict compares like with like
+    kv_budget: str = "machine"  # `specrouter sim --kv-budget` of an engine alone on a device
+    # The policy document as the configuration changes it, before it is cut to the engines
+    # (the sessions sweep: admission settings, the identical twin engines).
+    edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     @property
     def engines(self) -> tuple[str, ...]:
@@ -135,6 +141,8 @@ def gateway_policy(config: Config, urls: dict[str, str], key_sha: str) -> dict[s
 
     assert config.policy is not None
     doc = yaml.safe_load(config.policy.read_text())
+    if config.edit is not None:
+        doc = config.edit(doc)
     out = restrict(doc, ROUTE, list(config.engines), urls, key_sha)
     out["clients"][0]["may_pin"] = False  # the agents are ordinary clients
     return out
