@@ -36,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, default=RESULTS, help="the JSON-lines records")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--stages", nargs="+", default=None, help=" ".join(s.name for s in STAGES))
+    p.add_argument("--agents", type=int, nargs="+", default=None, help="only these agent counts")
+    p.add_argument("--configs", nargs="+", default=None, help="only these configurations")
     p.add_argument("--time-scale", type=float, default=0.05)
     p.add_argument("--window", type=float, default=3600.0, help="simulated s measured")
     p.add_argument(
@@ -58,7 +60,13 @@ def _commit() -> str:
 def todo(args: argparse.Namespace) -> list[Run]:
     only = None if args.stages is None else set(args.stages)
     finished = done(read(args.results))
-    return [r for r in schedule(args.repeats, only=only) if r.key not in finished]
+    return [
+        r
+        for r in schedule(args.repeats, only=only)
+        if r.key not in finished
+        and (args.agents is None or r.agents in args.agents)
+        and (args.configs is None or r.config in args.configs)
+    ]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,18 +23,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loadtests.bench.sweep.configs import PAIR, POLICIES, Config
+from loadtests.bench.sweep.configs import PAIR, POLICIES, PROFILES, Config
 
 GB10 = POLICIES / "gb10.yaml"
 D7 = "coder-dflash7"
 WAITS = {"": 600, "-w240": 240, "-wnone": None}  # max_wait_s per name suffix
 
 
+def engine_kv_tokens(budget: str) -> int:
+    """The KV tokens the simulator gives the block-7 engine alone on a GB10 at `budget`."""
+    from loadtests.sim.colocate import EngineSpec, kv_tokens
+    from loadtests.sim.profiles import BUILTIN_PROFILES
+
+    profile = PROFILES[D7]
+    [n] = kv_tokens(
+        [EngineSpec(D7, 0, profile, None)], {profile: BUILTIN_PROFILES[profile]}, budget
+    )
+    return n
+
+
 def admission(budget: str, max_wait_s: int | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """gb10.yaml with session-aware admission on (the contract of issue 28's point 2)."""
+    """gb10.yaml with session-aware admission on (the contract of issue 28's point 2). The
+    engine's KV tokens are stated: the simulator's cache_config_info leaves num_gpu_blocks unset,
+    as vLLM does before it has profiled its memory."""
 
     def edit(doc: dict[str, Any]) -> dict[str, Any]:
         out = copy.deepcopy(doc)
+        out["backends"][D7]["kv_tokens"] = engine_kv_tokens(budget)
         out.setdefault("admission", {})["sessions"] = {
             "enabled": True,
             "max_wait_s": max_wait_s,
