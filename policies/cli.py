@@ -2,7 +2,8 @@
 
     specrouter policy check FILE... [--strict]
     specrouter policy explain FILE --request JSON [--state JSON] [--client NAME]
-                              [--endpoint chat] [--pin VARIANT] [--now S] [--session JSON] [--json]
+                              [--endpoint chat] [--pin VARIANT] [--now S] [--session JSON]
+                              [--residency JSON] [--json]
     specrouter policy diff A B
 
 JSON arguments are inline JSON, `@path` to read a file, or `-` for standard input. Exit status:
@@ -18,6 +19,8 @@ from typing import Any, TextIO
 
 import orjson
 
+from policies.admission import EngineResidency
+from policies.admission_explain import body_tokens, residency_from_json, turn_verdict
 from policies.compiled import CompiledPolicy
 from policies.diff import diff_documents
 from policies.engine import decide
@@ -26,7 +29,7 @@ from policies.lint import policy_warnings
 from policies.loading import load_policy
 from policies.spec.base import PolicyError
 from policies.spec.document import PolicyDocument
-from policies.types import Decision, LiveState
+from policies.types import Decision, LiveState, RequestView, RuleVerdict
 
 ENDPOINTS = ("chat", "completions", "embeddings", "responses", "messages")
 
@@ -67,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
         "--session",
         help="the session table's row: {engine, prefix_tokens, "
         "turns, out_tokens_per_turn, mean_turns, subagent}",
+    )
+    explain.add_argument(
+        "--residency",
+        help="the decided engine's residency (session-aware admission): {kv_tokens, "
+        "shared_prefix_tokens, residents: [{key, prefix_tokens, idle_s}], "
+        "waiting: [{key, waited_s}]}",
     )
     explain.add_argument("--json", action="store_true", help="print the decision as JSON")
     explain.set_defaults(run=_explain)
@@ -134,6 +143,9 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
         }
         view = replace(view, numeric_fields=numbers)
     decision = decide(view, state, policy, explain=True)
+    admission = _admission(args, view, body, decision, policy)
+    if admission is not None:
+        decision = replace(decision, verdicts=(*decision.verdicts, admission))
     if args.json:
         data = asdict(decision)
         data["inject"] = dict(decision.inject)
@@ -146,6 +158,29 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     else:
         _print_decision(decision, policy, client, out)
     return 0
+
+
+def _admission(
+    args: argparse.Namespace,
+    view: RequestView,
+    body: dict[str, Any],
+    decision: Decision,
+    policy: CompiledPolicy,
+) -> RuleVerdict | None:
+    """Session-aware admission's verdict on the decided engine (policies/admission_explain.py),
+    when the policy turns it on or a residency is given."""
+    if decision.backend is None:
+        return None
+    if args.residency is None and not policy.document.admission.sessions.enabled:
+        return None
+    engine, kv = EngineResidency(), None
+    if args.residency is not None:
+        try:
+            engine, kv = residency_from_json(_json_arg(args.residency, "--residency"), args.now)
+        except TypeError as exc:
+            raise _UsageError(f"--residency: {exc}") from None
+    tokens = body_tokens(len(orjson.dumps(body)))
+    return turn_verdict(view, decision.backend, policy, engine, kv, tokens)[1]
 
 
 def _print_decision(decision: Decision, policy: CompiledPolicy, client: str, out: TextIO) -> None:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from policies.compiled import CompiledPolicy, CompiledRoute, GuardBinding, compile_policy
 from policies.loading import load_policy, parse_policy, validate_policy
+from policies.spec.admission import AdmissionSpec, SessionAdmissionSpec
 from policies.spec.backends import BackendKind, BackendSpec, RepairSpec, SpeculativeSpec
 from policies.spec.base import BUILTIN_REASONS, NOT_DEFAULTABLE, Defaults, PolicyError, Task
 from policies.spec.clients import ClientSpec
 from policies.spec.context import LOOPBACK_HOSTS, ValidationContext
 from policies.spec.deployment import DeploymentSpec, EngineSpec, ToolCallParser
-from policies.spec.document import AdmissionSpec, GuardDefaults, HealthSpec, PolicyDocument
+from policies.spec.document import GuardDefaults, HealthSpec, PolicyDocument
 from policies.spec.references import check_operator_names, check_references
 from policies.spec.routes import Clamp, RouteSpec
 from policies.spec.rules import (
@@ -72,6 +73,7 @@ __all__ = [
     "RouteSpec",
     "Rule",
     "SamplingRule",
+    "SessionAdmissionSpec",
     "SessionsSpec",
     "SpeculativeSpec",
     "Task",

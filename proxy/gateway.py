@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from proxy.backends.admission import Admission
 from proxy.backends.engines import EngineTable
 from proxy.backends.live import LiveTracker
+from proxy.backends.residency import Residency
 from proxy.backends.response_owners import ResponseOwners
 from proxy.backends.session_share import SessionShare
 from proxy.backends.session_table import SessionTable
@@ -60,6 +61,10 @@ class Gateway:
         self.live = LiveTracker()
         self.sessions = SessionTable(policy.sessions.table_size, policy.sessions.idle_s)
         self.admission = Admission()
+        # Session-aware admission's state (proxy/relay/hold.py), and the KV tokens each engine
+        # reports (vLLM's cache_config_info, proxy/backends/health.py).
+        self.residency = Residency(self._resident_gauges)
+        self.kv_reported: dict[str, int] = {}
         self.engine_table = EngineTable()
         self.limits: Limits = (
             RedisLimits(settings.redis_url, settings.redis_prefix, self.metrics.limits_errors)
@@ -102,6 +107,11 @@ class Gateway:
             self._response_owner,
         ]
         self.begin: Begin | None = None  # set with a tracing sink (proxy/serve.py)
+
+    def _resident_gauges(self, backend: str, sessions: int, tokens: int) -> None:
+        gauge = self.metrics.sessions.resident
+        gauge.labels(backend, "sessions").set(sessions)
+        gauge.labels(backend, "tokens").set(tokens)
 
     def finished(self, record: RequestRecord) -> None:
         for sink in self.sinks:

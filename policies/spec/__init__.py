@@ -1,5 +1,6 @@
 """The policy document's pydantic models, one module per part of the YAML.
 
+    admission   admission: the queue's timeout, session-aware admission
     base        PolicyError, the strict base model, shared field patterns and defaults checks
     backends    backends: engines, their speculative configuration, guarded repair
     context     what the operator lets a policy name (actions, secrets, engine hosts)

@@ -99,6 +99,10 @@ class BackendSpec(StrictModel):
     # prefills ~2,000 tokens/s) and one sequence's decode rate; unset decode: no move pays.
     prefill_tokens_per_s: Annotated[float, Field(gt=0)] = 2000.0
     decode_tokens_per_s: Annotated[float, Field(gt=0)] | None = None
+    # The tokens its KV cache holds (`specrouter deploy render` states them), for session-aware
+    # admission (policies/admission.py); None: what the engine reports (vLLM's
+    # cache_config_info: num_gpu_blocks x block_size), else admission holds nothing there.
+    kv_tokens: Annotated[int, Field(ge=1)] | None = None
     engine: EngineSpec = EngineSpec()  # launch settings for `specrouter deploy`
 
     @model_validator(mode="before")

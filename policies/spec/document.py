@@ -7,16 +7,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from policies.spec.admission import AdmissionSpec
 from policies.spec.backends import BackendSpec
 from policies.spec.base import NAME, StrictModel
 from policies.spec.clients import ClientSpec
 from policies.spec.deployment import DeploymentSpec
 from policies.spec.routes import RouteSpec
 from policies.spec.sessions import SessionsSpec
-
-
-class AdmissionSpec(StrictModel):
-    queue_timeout_s: Annotated[float, Field(gt=0)] = 30.0
 
 
 class GuardDefaults(StrictModel):

@@ -21,6 +21,7 @@ from starlette.routing import BaseRoute, Route
 from proxy.admin.identity import Denied
 from proxy.admin.login import login_form, login_routes, refused, viewer
 from proxy.admin.policy_store import PolicyStore
+from proxy.admin.residency_view import residency_rows
 from proxy.backends.health import HealthMonitor
 from proxy.gateway import Gateway
 from proxy.observe.stats import quantile, weighted_quantile
@@ -28,7 +29,7 @@ from proxy.relay.record import RequestRecord
 from proxy.relay.steps import StepCount, pooled
 
 VARIANT_WINDOW_S = 300.0
-_ROWS = ("in_flight", "recent", "variants", "agents", "backends", "repairs", "events")
+_ROWS = ("in_flight", "recent", "variants", "agents", "backends", "admission", "repairs", "events")
 _SHOWN = 50  # rows of a list the page shows at most (in-flight sessions, say)
 
 
@@ -207,6 +208,7 @@ def snapshot(
             "variants": gw.timeline.series("variants", gw.timeline.variant_names()),
         },
         "backends": backends,
+        "admission": residency_rows(gw),  # session-aware admission, per engine
         "repairs": repairs,
         "events": gw.events.rows()[::-1],  # newest first; bounded (proxy/observe/events.py)
     }

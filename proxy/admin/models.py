@@ -64,6 +64,12 @@ class ExplainIn(BaseModel):
         description="The request's headers: its session is identified from them (agent "
         "headers, then `user`, then the fingerprint) and looked up in the live session table.",
     )
+    residency: dict[str, Any] | None = Field(
+        None,
+        description="The decided engine's residency given by hand: {kv_tokens, "
+        "shared_prefix_tokens, residents: [{key, prefix_tokens, idle_s}], waiting: [{key, "
+        "waited_s}]} (as `specrouter policy explain --residency`); the live one when absent.",
+    )
     session: str | dict[str, Any] | None = Field(
         None,
         description="A session key of the live table (`s-...`, as the request log and the "
@@ -93,10 +99,28 @@ class SessionOut(BaseModel):
     )
 
 
+class AdmissionOut(BaseModel):
+    """Session-aware admission's verdict for the turn on the decided engine
+    (policies/admission.py), against the engine's live residency or the one given."""
+
+    backend: str
+    admit: bool
+    reason: str = Field(
+        description="off, class, kv-unknown, resident, fits, alone; full, queue, yield"
+    )
+    detail: str = Field(description="the arithmetic: resident prefixes + turns vs the KV budget")
+    ahead: int = Field(description="sessions waiting before this one")
+    expected_wait_s: float
+    source: str = Field(description="`live` (the gateway's residency) or `given`")
+
+
 class ExplainOut(BaseModel):
     policy_version: str
     decision: dict[str, Any] = Field(description="The decision and every rule's verdict.")
     session: SessionOut | None = Field(None, description="Null when nothing names a session.")
+    admission: AdmissionOut | None = Field(
+        None, description="Null when session-aware admission is off and no residency is given."
+    )
 
 
 class HistoryEntry(BaseModel):

@@ -41,6 +41,7 @@ from proxy.admin.models import (
     ValidOut,
 )
 from proxy.admin.policy_store import Applied, PolicyStore, StaleVersion
+from proxy.admin.residency_view import admission_out
 from proxy.gateway import Gateway
 
 # The audit's "who" is the name of the admin token used; a header only adds a note.
@@ -264,12 +265,17 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
         except (ValueError, KeyError, TypeError) as exc:
             raise AdminError(400, f"cannot explain: {exc}") from None
         decision = decide(view, state, policy, explain=True)
+        try:
+            admission = admission_out(gw, data.residency, view, decision, policy, body)
+        except (ValueError, TypeError) as exc:
+            raise AdminError(400, f"cannot explain: residency: {exc}") from None
         out = asdict(decision)
         out["inject"] = dict(decision.inject)
         return ExplainOut(
             policy_version=policy.version,
             decision=out,
             session=_session_out(view.session, source, decision.verdicts),
+            admission=admission,
         )
 
     @router.get("/admin/policy/history", summary="Every applied version: who, when, what changed")

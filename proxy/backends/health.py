@@ -17,6 +17,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -87,6 +88,9 @@ def parse_metrics(text: str, t: float, kind: EngineKind) -> Scrape:
     wanted, per_pos = SCRAPED[kind]
     out = Scrape(t)
     for family in text_string_to_metric_families(text):
+        if kind == "vllm" and family.name == Family.CACHE_CONFIG_INFO:
+            _kv_tokens(family.samples, out)
+            continue
         counted = COUNTED.get(family.name) if kind == "vllm" else None
         key = wanted.get(family.name, counted)
         if key is None and family.name != per_pos:
@@ -105,6 +109,17 @@ def parse_metrics(text: str, t: float, kind: EngineKind) -> Scrape:
             else:
                 out.values[key] = out.values.get(key, 0.0) + value
     return out
+
+
+def _kv_tokens(samples: list[Any], out: Scrape) -> None:
+    """The tokens the engine's KV cache holds, from vLLM's cache_config_info labels
+    (num_gpu_blocks x block_size; "None" until the engine has profiled its memory): what
+    session-aware admission counts against when the policy states none (proxy/relay/hold.py)."""
+    for sample in samples[:1]:
+        blocks = token_count(_int(sample.labels.get("num_gpu_blocks", "")))
+        size = token_count(_int(sample.labels.get("block_size", "")))
+        if blocks and size:
+            out.values["kv_tokens"] = float(blocks * size)
 
 
 def _int(text: str) -> int | None:
@@ -299,6 +314,9 @@ class HealthMonitor:
         window.add(scrape)
         running, waiting = scrape.values.get("running"), scrape.values.get("waiting")
         kv = [s.values["kv_usage"] for s in scrapes if "kv_usage" in s.values]
+        kv_tokens = scrape.values.get("kv_tokens")
+        if kv_tokens is not None:  # several engines: their caches together
+            gw.kv_reported[name] = int(kv_tokens)
         gw.live.set_scraped(
             name,
             running=None if running is None else int(running),

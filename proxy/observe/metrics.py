@@ -21,6 +21,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from proxy.observe.admission_metrics import AdmissionMetrics
 from proxy.relay.measure import Measurement, TpsSource
 
 # `_created` samples double the exposition and no dashboard reads them (vLLM runs without them
@@ -327,6 +328,8 @@ class GatewayMetrics:
             registry=r,
         )
 
+        self.sessions = AdmissionMetrics(r)  # session-aware admission
+
     def observe_request(
         self, route: str, backend: str, client: str, outcome: str, m: Measurement
     ) -> None:
@@ -469,7 +472,7 @@ def markdown_table() -> str:
 
 
 def _labels_of(g: GatewayMetrics, name: str) -> list[str]:
-    for value in vars(g).values():
+    for value in (*vars(g).values(), *vars(g.sessions).values()):
         if isinstance(value, FastHistogram) and value.name == name:
             return list(value.labels)
         metric_name = getattr(value, "_name", None)

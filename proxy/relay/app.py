@@ -299,6 +299,7 @@ class PublicApp:
                 headers=rid,
             )
         x.body, x.model, x.encoded = body, body["model"], encoded
+        x.body_bytes = len(raw)
         return None
 
     def _decide(self, x: Exchange[Any]) -> Coroutine[Any, Any, None] | None:

@@ -85,6 +85,8 @@ class Exchange(Generic[R]):
         "rename",
         "continuable",
         "pinger",
+        "body_bytes",
+        "resident",
     )
 
     # once authenticated and decided (app.py)
@@ -120,6 +122,8 @@ class Exchange(Generic[R]):
         self.first = b""  # its first body bytes, read before the response start
         self.rename: tuple[bytes, bytes] | None = None  # served model name -> client's
         self.continuable = False  # a broken stream may be continued (resume.py)
+        self.body_bytes = 0  # the request body's size (app.py)
+        self.resident: str | None = None  # the engine its session's turn is resident on (hold.py)
 
     def release_tree(self) -> None:
         """Once decided: every container of the body that `check_fields` serialised is

@@ -16,6 +16,7 @@ from proxy.backends.admission import AdmissionTimeout
 from proxy.relay.continuation import ContinuableFilter
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_with_error
 from proxy.relay.events import reader_for
+from proxy.relay.hold import hold, turn_ended
 from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
 from proxy.relay.lease import Lease
 from proxy.relay.measure import StreamFilter, withhold_estimate
@@ -45,13 +46,14 @@ async def forward(x: Exchange[R]) -> None:
     for the request, however it ended."""
     gw, record = x.gw, x.record
     gw.in_flight[id(record)] = record
-    x.pinger = _pinger(x)
+    x.pinger = _route_pinger(x)
     try:
         if await _connect(x):
             await _relay(x)
     finally:
         if x.pinger is not None:
             x.pinger.cancel()
+        turn_ended(x)
         if x.resp is not None:
             x.resp.finish(record.outcome == "ok")
         if x.lease is not None:
@@ -70,7 +72,20 @@ async def _connect(x: Exchange[R]) -> bool:
     """Try the decided backend, then its fallbacks, until one sends a first byte (`x.resp`);
     False when the client is gone or has been answered with an error."""
     gw, policy, record, watch = x.gw, x.policy, x.record, x.watch
-    attempts: list[Any] = [x.decision.backend, *x.decision.fallbacks]
+    held = await hold(x, lambda every: _pinger(x, every))  # session-aware admission
+    if held.backend is None:
+        if watch.gone:
+            record.outcome = "client_gone"
+            return False
+        record.outcome, record.status = "rejected", 503
+        await _refuse(x, 503, held.timed_out, b"5")
+        return False
+    attempts: list[Any] = [held.backend, *x.decision.fallbacks]
+    if held.backend != x.decision.backend:  # moved: the decided engine is a fallback now
+        attempts = [
+            held.backend,
+            *(a for a in (x.decision.backend, *x.decision.fallbacks) if a != held.backend),
+        ]
     last_error: UpstreamError | None = None
     for i, backend_name in enumerate(attempts):
         if watch.gone:
@@ -145,11 +160,16 @@ async def _connect(x: Exchange[R]) -> bool:
     return True
 
 
-def _pinger(x: Exchange[R]) -> Pinger | None:
+def _route_pinger(x: Exchange[R]) -> Pinger | None:
     """Pings while no engine byte came, when the route asks for them (streams only)."""
     every = x.policy.routes[x.record.route].spec.keepalive_s
     if every is None or x.body.get("stream") is not True or x.endpoint == "embeddings":
         return None
+    return _pinger(x, every)
+
+
+def _pinger(x: Exchange[R], every: float) -> Pinger:
+    """Pings every `every` seconds until the engine's first byte."""
     return Pinger(
         x.send,
         every,

@@ -63,6 +63,10 @@ class Pinger:
             await self._send({"type": "http.response.body", "body": self._frame, "more_body": True})
             due = max(due + self._every, loop.time())
 
+    @property
+    def every(self) -> float:
+        return self._every
+
     async def stop(self) -> bool:
         """No more pings (a ping being written is finished first); whether headers went out."""
         self._stop.set()

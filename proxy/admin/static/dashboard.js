@@ -29,6 +29,11 @@ function render(s) {
     <td>${b.kv_usage === null ? "–" : `<span class="kv"><span style="width:${(b.kv_usage * 100).toFixed(0)}%"></span></span> ${(b.kv_usage * 100).toFixed(0)}%`}</td>
     <td class="num">${fmt(b.decode_tokens_per_s)}</td><td class="num">${fmt(b.acceptance, "", 2)}</td>
     <td>${bars(b.per_position)}</td>`);
+  rows($("#admission tbody"), s.admission || [], (a) => `
+    <td>${esc(a.backend)}</td><td>${a.enabled ? "on" : "off"}</td><td class="num">${a.resident}</td>
+    <td class="num">${a.resident_tokens} / ${a.kv_tokens ?? "–"}</td>
+    <td class="num">${a.waiting}</td><td class="num">${fmt(a.longest_wait_s, " s", 0)}</td>
+    <td class="num">${a.held}</td><td class="num">${a.timeouts}</td><td class="num">${fmt(a.longest_ever_s, " s", 0)}</td>`);
   rows($("#variants tbody"), s.variants, (v) => `
     <td>${esc(v.variant)}</td><td class="num">${v.requests}</td>
     <td class="num">${fmt(v.ttft_p50_ms, " ms", 0)}</td><td class="num">${fmt(v.ttft_p95_ms, " ms", 0)}</td>

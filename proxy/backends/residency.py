@@ -1,0 +1,193 @@
+"""Session-aware admission's state, per engine (backend): which sessions are resident (their
+prefixes kept in the engine's KV cache), the tokens they hold, and the sessions waiting, first
+come first served, each keeping its place across its client's retries for `place_kept_s`.
+
+The rule that reads it is pure (policies/admission.py); the waiting is proxy/relay/hold.py's.
+Owned by the event loop; `snapshot` freezes one engine's state for the rule. A change wakes the
+engine's waiters (`changed`), which decide again; idleness and `max_wait_s` pass with time, so
+waiters also decide again every `RECHECK_S`.
+
+Replicas: the residency of a session follows its turns, and its turns follow the session table
+(proxy/backends/session_share.py shares it through Redis); this state itself is per replica
+(docs/sessions.md says what that means with several).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+from policies.admission import EngineResidency, Resident, Waiter, held_tokens
+
+RECHECK_S: Final = 1.0
+
+
+@dataclass(slots=True)
+class _Resident:
+    prefix_tokens: int
+    in_flight: int = 0
+    idle_since: float | None = None  # monotonic; None while a turn is in flight
+    turns: int = 0
+    ending: bool = False  # its residency ends when its turn in flight does
+
+
+@dataclass(slots=True)
+class _Place:
+    since: float  # monotonic: when the session began waiting
+    holders: int = 0  # requests of the session waiting in this place now
+    left_at: float | None = None  # when the last one left (the place is kept for a retry)
+
+
+@dataclass(slots=True)
+class EngineState:
+    residents: dict[str, _Resident] = field(default_factory=dict)
+    waiting: OrderedDict[str, _Place] = field(default_factory=OrderedDict)
+    shared_tokens: int = 0  # the cached tokens of a session's first turn here
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    held: int = 0  # turns held so far (the dashboard; the metrics count them by outcome)
+    timeouts: int = 0  # of them, ended without admission
+    longest_s: float = 0.0  # the longest wait so far
+
+
+Gauges = Callable[[str, int, int], None]  # (backend, resident sessions, their tokens)
+
+
+class Residency:
+    def __init__(self, gauges: Gauges | None = None) -> None:
+        self._engines: dict[str, EngineState] = {}
+        self._gauges = gauges
+
+    def engine(self, name: str) -> EngineState:
+        st = self._engines.get(name)
+        if st is None:
+            st = self._engines[name] = EngineState()
+        return st
+
+    def names(self) -> list[str]:
+        return list(self._engines)
+
+    def snapshot(self, name: str, now: float, place_kept_s: float) -> EngineResidency:
+        st = self.engine(name)
+        gone = [
+            k
+            for k, p in st.waiting.items()
+            if p.holders <= 0 and p.left_at is not None and now - p.left_at > place_kept_s
+        ]
+        for key in gone:
+            del st.waiting[key]
+        return EngineResidency(
+            tuple(Resident(k, r.prefix_tokens, r.idle_since) for k, r in st.residents.items()),
+            tuple(Waiter(k, p.since, p.holders > 0) for k, p in st.waiting.items()),
+            st.shared_tokens,
+        )
+
+    def waiting(self, name: str) -> int:
+        """Sessions waiting now (places kept for a retry not counted)."""
+        return sum(1 for p in self.engine(name).waiting.values() if p.holders > 0)
+
+    # A waiting turn ----------------------------------------------------------------------
+
+    def join(self, name: str, key: str, now: float) -> float:
+        """A turn of `key` waits: its session's place, kept from an earlier request, or a new
+        one at the end. When its session began waiting."""
+        st = self.engine(name)
+        place = st.waiting.get(key)
+        if place is None:
+            place = st.waiting[key] = _Place(now)
+        place.holders += 1
+        place.left_at = None
+        return place.since
+
+    def leave(self, name: str, key: str, now: float) -> None:
+        """A waiting turn left without admission (timed out, client gone): its place is kept."""
+        place = self.engine(name).waiting.get(key)
+        if place is not None:
+            place.holders -= 1
+            if place.holders <= 0:
+                place.left_at = now
+            self._changed(name)
+
+    def waited(self, name: str, seconds: float, admitted: bool) -> None:
+        """A held turn's wait ended (the dashboard's totals)."""
+        st = self.engine(name)
+        st.held += 1
+        st.timeouts += not admitted
+        st.longest_s = max(st.longest_s, seconds)
+
+    # Residency ---------------------------------------------------------------------------
+
+    def admitted(self, name: str, key: str, prefix_tokens: int) -> None:
+        """A turn of `key` goes to the engine: the session is resident there, a turn in flight."""
+        st = self.engine(name)
+        st.waiting.pop(key, None)
+        row = st.residents.get(key)
+        if row is None:
+            row = st.residents[key] = _Resident(prefix_tokens)
+        row.prefix_tokens = max(row.prefix_tokens, prefix_tokens)
+        row.in_flight += 1
+        row.idle_since, row.ending = None, False
+        self._changed(name)
+
+    def end(self, name: str, keys: tuple[str, ...] | list[str]) -> None:
+        """These sessions' residencies end (idle, yielded, compacted)."""
+        st = self.engine(name)
+        ended = False
+        for key in keys:
+            row = st.residents.get(key)
+            if row is not None and row.in_flight <= 0:
+                del st.residents[key]
+                ended = True
+            elif row is not None:  # a turn still in flight: it ends when that turn does
+                row.ending = True
+        if ended:
+            self._changed(name)
+
+    def turn_done(
+        self,
+        name: str,
+        key: str,
+        now: float,
+        *,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        cached_tokens: int | None,
+    ) -> None:
+        """A turn admitted on `name` ended, however it ended."""
+        st = self.engine(name)
+        row = st.residents.get(key)
+        if row is None:
+            return
+        row.in_flight = max(0, row.in_flight - 1)
+        if prompt_tokens:
+            row.prefix_tokens = prompt_tokens + (completion_tokens or 0)
+            if row.turns == 0 and cached_tokens:  # a new session's hits: the shared prefix
+                st.shared_tokens = cached_tokens
+        row.turns += 1
+        if row.in_flight == 0:
+            row.idle_since = now
+            if row.ending:
+                del st.residents[key]
+        self._changed(name)
+
+    def compacted(self, name: str, key: str) -> None:
+        """The session compacted: its residency ends once nothing of it is in flight."""
+        self.end(name, [key])
+
+    def resident_tokens(self, name: str) -> int:
+        st = self.engine(name)
+        return held_tokens((r.prefix_tokens for r in st.residents.values()), st.shared_tokens)
+
+    def wake_all(self) -> None:
+        """A policy applied: every waiter decides again under it."""
+        for name in self._engines:
+            self._changed(name)
+
+    def _changed(self, name: str) -> None:
+        st = self.engine(name)
+        st.changed.set()
+        st.changed = asyncio.Event()
+        if self._gauges is not None:
+            self._gauges(name, len(st.residents), self.resident_tokens(name))

@@ -1,0 +1,281 @@
+"""Session-aware admission end to end: the real gateway in front of a simulated engine whose
+KV (as the policy states it) holds one session's prefix at a time, with the real openai and
+anthropic SDKs. Held streams get pings (SSE comments; Anthropic's ping events), then their
+answer, or past `stream_wait_s` the API's error event; a held non-streaming request times out
+with 503 and Retry-After; waiting sessions go first come first served, a client's retry keeping
+its place, across a policy reload; a compaction is never held; the admin explain says why a
+turn would wait.
+
+The engine: 3,000 KV tokens x 0.9 less 4 x 100 kept for turns = 2,300 tokens of prefixes; each
+session's prompt is ~1,500 tokens (6,000 bytes): one resident at a time, the next admitted once
+the resident one has been idle `IDLE_S`."""
+
+from __future__ import annotations
+
+import re
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from loadtests.harness.gateway import ADMIN_TOKEN, CLIENT_KEY, GatewayServer, coder_policy
+from loadtests.harness.sim import SimServer
+
+SERVED = "qwen3.8-27b"
+IDLE_S = 1.5
+WINDOW_S = 5.0  # idle_s in the second test
+PING = b": ping\n\n"
+MESSAGES_PING = b"event: ping\n"
+PROMPT = "Refactor the parser in `parse.py`. " + "Context line of the repository. " * 190
+SHORT = "Rename `f` to `parse_line`. " + "Context. " * 180  # ~400 tokens
+
+
+def _policy(url: str, **sessions: Any) -> dict[str, Any]:
+    doc = coder_policy({"sim": url}, defaults={})
+    doc["backends"]["sim"].update(kv_tokens=3000, max_concurrency=4)
+    doc["routes"]["coder"]["keepalive_s"] = 0.3
+    doc["admission"] = {
+        "queue_timeout_s": 1.0,
+        "sessions": {
+            "enabled": True,
+            "max_wait_s": None,
+            "idle_s": IDLE_S,
+            "turn_tokens": 100,
+            "shared_prefix_tokens": 0,
+            "stream_wait_s": 30,
+            **sessions,
+        },
+    }
+    return doc
+
+
+@pytest.fixture(scope="module")
+def gw(certs: Any) -> Iterator[GatewayServer]:
+    with (
+        SimServer("mtp3", served_model_name=SERVED, time_scale=0.02) as sim,
+        GatewayServer(_policy(sim.url), certs=certs) as server,
+    ):
+        server.sim_url = sim.url  # type: ignore[attr-defined]
+        yield server
+
+
+def _chat(session: str, stream: bool, prompt: str = PROMPT) -> dict[str, Any]:
+    return {
+        "model": "coder",
+        "stream": stream,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": f"[{session}] {prompt}"}],
+    }
+
+
+class Stream(threading.Thread):
+    """One raw streaming request: its bytes, when its first event (not a ping) came."""
+
+    def __init__(
+        self, gw: GatewayServer, session: str, *, path: str = "/v1/chat/completions",
+        body: dict[str, Any] | None = None, leave_after_ping: bool = False,
+    ) -> None:  # fmt: skip
+        super().__init__(daemon=True)
+        self.gw, self.session, self.path = gw, session, path
+        self.body = body or _chat(session, True)
+        self.leave = leave_after_ping
+        self.raw = b""
+        self.first_event: float | None = None
+        self.pinged = threading.Event()
+        self.status = 0
+
+    def run(self) -> None:
+        with (
+            self.gw.client() as c,
+            c.stream(
+                "POST", self.path, json=self.body,
+                headers={"x-claude-code-session-id": self.session},
+            ) as r,
+        ):  # fmt: skip
+            self.status = r.status_code
+            for chunk in r.iter_raw():
+                self.raw += chunk
+                if PING in chunk or MESSAGES_PING in chunk:
+                    self.pinged.set()
+                    if self.leave:
+                        return
+                if self.first_event is None and re.search(rb"(^|\n)(data|event): (?!ping)", chunk):
+                    self.first_event = time.monotonic()
+
+    def done(self) -> Stream:
+        self.join(30)
+        assert not self.is_alive()
+        return self
+
+
+def _metric(gw: GatewayServer, pattern: str) -> float:
+    found = re.findall(rf"^{pattern} ([0-9.e+]+)$", gw.metrics(), re.M)
+    return sum(float(v) for v in found)
+
+
+def _until(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.05)
+
+
+def _waiting(gw: GatewayServer) -> float:
+    return _metric(gw, r'specrouter_session_waiting\{backend="sim"\}')
+
+
+def _resident_turn(gw: GatewayServer, session: str, prompt: str = PROMPT) -> None:
+    """A turn of `session` through the openai SDK: then it is the resident one."""
+    client = gw.openai(max_retries=0)
+    got = client.chat.completions.create(
+        **_chat(session, False, prompt), extra_headers={"x-claude-code-session-id": session}
+    )
+    assert got.choices[0].message.content
+
+
+class SdkStream(threading.Thread):
+    """A streamed chat turn through the openai SDK: its text, when its first content came."""
+
+    def __init__(self, gw: GatewayServer, session: str) -> None:
+        super().__init__(daemon=True)
+        self.gw, self.session = gw, session
+        self.text, self.first, self.error = "", 0.0, None
+
+    def run(self) -> None:
+        sdk = self.gw.openai(max_retries=0)
+        headers = {"x-claude-code-session-id": self.session}
+        try:
+            with sdk.chat.completions.create(
+                **_chat(self.session, True), extra_headers=headers
+            ) as events:
+                for event in events:
+                    for choice in event.choices:
+                        self.text += choice.delta.content or ""
+                        self.first = self.first or time.monotonic()
+        except openai.APIError as exc:
+            self.error = exc
+
+    def done(self) -> SdkStream:
+        self.join(30)
+        assert not self.is_alive()
+        return self
+
+
+def _anthropic(gw: GatewayServer) -> anthropic.Anthropic:
+    ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
+    return anthropic.Anthropic(
+        base_url=gw.base, api_key=CLIENT_KEY, max_retries=0,
+        http_client=anthropic.DefaultHttpxClient(verify=ctx),
+    )  # fmt: skip
+
+
+def _apply(gw: GatewayServer, **sessions: Any) -> None:
+    gw.write_policy(_policy(gw.sim_url, **sessions))  # type: ignore[attr-defined]
+    gw.hup()
+
+    def applied() -> bool:
+        doc = gw.admin_get("/admin/policy").json()["document"]
+        return all(doc["admission"]["sessions"][k] == v for k, v in sessions.items())
+
+    _until(applied)
+
+
+def test_held_streams_pinged_then_answered_in_order_across_retry_and_reload(
+    gw: GatewayServer,
+) -> None:
+    _resident_turn(gw, "a")
+    b = Stream(gw, "b")
+    b.start()
+    _until(lambda: _waiting(gw) >= 1)
+    c = Stream(gw, "c", leave_after_ping=True)  # leaves after its first ping: place kept
+    c.start()
+    c.done()
+    assert c.pinged.is_set() and c.status == 200
+    gone = r'specrouter_session_waits_total\{backend="sim",outcome="client_gone"\}'
+    _until(lambda: _metric(gw, gone) >= 1)
+    d = SdkStream(gw, "d")  # the openai SDK, pinged while held (SSE comments)
+    d.start()
+    _until(lambda: _waiting(gw) >= 2)
+    t_d = time.monotonic()
+    # The admin explain says why another session's turn would wait.
+    explained = httpx.post(
+        gw.admin + "/admin/policy/explain",
+        headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+        json={"request": _chat("e", True), "headers": {"x-claude-code-session-id": "e"}},
+        timeout=10,
+    ).json()["admission"]
+    assert explained["admit"] is False and explained["reason"] == "full", explained
+    assert explained["source"] == "live" and "> 0.9 x 3,000 KV tokens" in explained["detail"]
+    # A policy applied (another place_kept_s) while b and d wait: nothing lost.
+    _apply(gw, place_kept_s=100.0)
+    # c's retry, a Messages stream through the anthropic SDK: its place is before d's.
+    with (
+        _anthropic(gw) as sdk,
+        sdk.messages.stream(
+            model="coder", max_tokens=8, messages=[{"role": "user", "content": f"[c] {PROMPT}"}],
+            extra_headers={"x-claude-code-session-id": "c"},
+        ) as stream,
+    ):  # fmt: skip
+        assert "".join(stream.text_stream)
+        c_done = time.monotonic()
+    b.done(), d.done()
+    assert b.status == 200 and b.pinged.is_set() and b.first_event is not None
+    assert b.raw.index(PING) < b.raw.index(b"data: ")  # pings while held, then the answer
+    assert b"[DONE]" in b.raw and b'"error"' not in b.raw
+    assert d.error is None and d.text and d.first - t_d > 1.0  # held past several pings
+    assert b.first_event < c_done < d.first
+    admitted = r'specrouter_session_waits_total\{backend="sim",outcome="admitted"\}'
+    assert _metric(gw, admitted) >= 3
+    full = r'specrouter_session_admission_total\{backend="sim",reason="full",verdict="wait"\}'
+    assert _metric(gw, full) >= 3
+
+
+def test_held_turns_time_out_and_compaction_is_never_held(gw: GatewayServer) -> None:
+    _until(lambda: _waiting(gw) == 0)
+    time.sleep(IDLE_S)  # the first test's sessions idle: r's turn ends their residency
+    _resident_turn(gw, "r", PROMPT + PROMPT[:3000])  # ~2,000 tokens: none fits beside it
+    t0 = time.monotonic()
+    _apply(gw, idle_s=WINDOW_S, stream_wait_s=1.0)  # the window the checks below run in
+    client = gw.openai(max_retries=0)
+    t1 = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(
+            **_chat("n", False, SHORT), extra_headers={"x-claude-code-session-id": "n"}
+        )
+    assert caught.value.status_code == 503 and 0.9 < time.monotonic() - t1
+    assert int(caught.value.response.headers["retry-after"]) >= 1
+    assert "session-aware admission" in caught.value.message
+    with _anthropic(gw) as sdk:
+        # A compaction of another session goes at once, the engine full or not.
+        msg = sdk.messages.create(
+            model="coder", max_tokens=8,
+            messages=[{"role": "user", "content": f"[k] {PROMPT}"}],
+            extra_headers={
+                "x-claude-code-session-id": "k", "x-claude-code-request-class": "compaction",
+            },
+        )  # fmt: skip
+        assert msg.content
+    cls = r'specrouter_session_admission_total\{backend="sim",reason="class",verdict="admit"\}'
+    assert _metric(gw, cls) == 1
+    # Held streams past stream_wait_s: Anthropic's ping events, then its error event; the
+    # openai SDK reads the pings and raises the error event.
+    m = Stream(gw, "m", path="/v1/messages", body={
+        "model": "coder", "max_tokens": 8, "stream": True,
+        "messages": [{"role": "user", "content": f"[m] {SHORT}"}],
+    })  # fmt: skip
+    m.start()
+    m2 = SdkStream(gw, "m2")
+    m2.start()
+    m.done(), m2.done()
+    assert time.monotonic() - t0 < WINDOW_S  # all of it while r was resident
+    assert m.status == 200 and m.raw.startswith(MESSAGES_PING)
+    assert b"event: error\n" in m.raw and b'"type":"overloaded_error"' in m.raw.replace(b" ", b"")
+    assert b"session-aware admission" in m.raw and b"message_start" not in m.raw
+    assert isinstance(m2.error, openai.APIError) and not m2.text
+    assert "session-aware admission" in str(m2.error)
