@@ -88,3 +88,30 @@ def test_the_two_gb10_configurations_are_valid_policies() -> None:
     twins = gateway_policy(BY_NAME["twins-2dev"], {"coder-dflash7": "a", "coder-dflash7b": "b"}, "")
     spec = [twins["backends"][b]["speculative"] for b in ("coder-dflash7", "coder-dflash7b")]
     assert spec[0] == spec[1]
+
+
+def test_the_admission_configurations_are_valid_policies() -> None:
+    for name in (
+        "admit-documents",
+        "admit-machine",
+        "admit-documents-w240",
+        "admit-documents-wnone",
+    ):
+        config = BY_NAME[name]
+        doc = gateway_policy(config, {"coder-dflash7": "http://127.0.0.1:9000"}, "0" * 64)
+        validate_policy(doc)
+        sessions = doc["admission"]["sessions"]
+        assert sessions["enabled"] is True and sessions["fit_fraction"] == 0.9
+        assert doc["backends"]["coder-dflash7"]["kv_tokens"] > 0
+    assert BY_NAME["admit-documents-wnone"].edit is not None
+    assert (
+        gateway_policy(BY_NAME["admit-documents-wnone"], {"coder-dflash7": "u"}, "")["admission"][
+            "sessions"
+        ]["max_wait_s"]
+        is None
+    )
+    kv = [
+        gateway_policy(BY_NAME[n], {"coder-dflash7": "u"}, "")["backends"]["coder-dflash7"]
+        for n in ("admit-documents", "admit-machine")
+    ]
+    assert kv[0]["kv_tokens"] < kv[1]["kv_tokens"]

@@ -6,6 +6,7 @@ are rebuilt from the JSON-lines records alone, so a continued sweep re-renders a
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ def plot(records: Sequence[Mapping[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     agg = cells(records)
+    colour = {name: f"C{i % 10}" for i, name in enumerate(BY_NAME)}
     panels = sorted({a for a, _ in agg if a >= 8})
     if not panels:
         return
@@ -96,6 +98,7 @@ def plot(records: Sequence[Mapping[str, Any]], path: Path, title: str) -> None:
                     yerr=[[y["median"] - y["min"]], [y["max"] - y["median"]]],
                     fmt="o",
                     capsize=3,
+                    color=colour.get(name, "k"),
                     label=f"{name} (n={f['runs']})",
                 )
         ax.axvline(600, color="grey", linestyle=":", linewidth=1)
@@ -104,8 +107,10 @@ def plot(records: Sequence[Mapping[str, Any]], path: Path, title: str) -> None:
             ylabel="turns finished per simulated hour",
             title=f"{agents} agents",
         )
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.15)
         ax.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(textwrap.fill(title, 150), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
