@@ -103,6 +103,8 @@ def test_the_admission_configurations_are_valid_policies() -> None:
         sessions = doc["admission"]["sessions"]
         assert sessions["enabled"] is True and sessions["fit_fraction"] == 0.9
         assert doc["backends"]["coder-dflash7"]["kv_tokens"] > 0
+        # the gateway refuses a repair action no operator file defines (the bench has none)
+        assert "repair" not in doc["backends"]["coder-dflash7"]
     assert BY_NAME["admit-documents-wnone"].edit is not None
     assert (
         gateway_policy(BY_NAME["admit-documents-wnone"], {"coder-dflash7": "u"}, "")["admission"][

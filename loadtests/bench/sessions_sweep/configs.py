@@ -50,6 +50,7 @@ def admission(budget: str, max_wait_s: int | None) -> Callable[[dict[str, Any]],
     def edit(doc: dict[str, Any]) -> dict[str, Any]:
         out = copy.deepcopy(doc)
         out["backends"][D7]["kv_tokens"] = engine_kv_tokens(budget)
+        out["backends"][D7].pop("repair", None)  # names an operator file's action: none here
         out.setdefault("admission", {})["sessions"] = {
             "enabled": True,
             "max_wait_s": max_wait_s,
