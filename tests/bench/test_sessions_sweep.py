@@ -74,7 +74,7 @@ def test_tables_replace_only_the_generated_part(tmp_path: Path) -> None:
     update(doc, recs)
     text = doc.read_text()
     assert text.startswith("intro\n") and text.endswith(f"{END}\noutro\n") and "old" not in text
-    assert "| straight-documents | 3 |" in text and "11 [10-12]" in text
+    assert "| straight-documents | 3 | 3600 |" in text and "11 [10-12]" in text
     assert tables(recs).index("straight-documents") < tables(recs).index("straight-machine")
 
 

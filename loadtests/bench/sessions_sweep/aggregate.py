@@ -65,6 +65,7 @@ def cells(
                 "errors": sum(r.get("errors", 0) for r in recs),
                 "cpu_max": max(r.get("cpu_max", 0.0) for r in recs),
                 "scales": sorted({r["time_scale"] for r in recs}),
+                "windows": sorted({r["window_s"] for r in recs if "window_s" in r}),
                 **{m: spread(r.get(m) for r in recs) for m in METRICS},
             }
             for name, recs in by.items()

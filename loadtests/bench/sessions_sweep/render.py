@@ -27,15 +27,16 @@ def _f(s: Mapping[str, Any], fmt: str, scale: float = 1.0) -> str:
 
 
 HEAD = (
-    "| configuration | runs | turns / h | turn s p50 | turn s p95 | turn s max | longest wait s "
+    "| configuration | runs | window s | turns / h | turn s p50 | turn s p95 | turn s max | longest wait s "
     "| TTFT s p50 | TTFT s p95 | prefix hits % | prefilled / turn | unfinished | busiest CPU |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
 def row(name: str, f: Mapping[str, Any]) -> str:
     return (
-        f"| {name} | {f['runs']} | {_f(f['turns_per_hour'], '.0f')} | {_f(f['turn_p50'], '.0f')} "
+        f"| {name} | {f['runs']} | {'/'.join(f'{w:g}' for w in f.get('windows', []))} "
+        f"| {_f(f['turns_per_hour'], '.0f')} | {_f(f['turn_p50'], '.0f')} "
         f"| {_f(f['turn_p95'], '.0f')} | {_f(f['turn_max'], '.0f')} "
         f"| {_f(f['longest_wait'], '.0f')} | {_f(f['ttft_p50'], '.1f')} "
         f"| {_f(f['ttft_p95'], '.0f')} | {_f(f['prefix_hit_rate'], '.1f', 100.0)} "
@@ -51,11 +52,11 @@ def tables(records: Sequence[Mapping[str, Any]]) -> str:
     for (agents, temp), by in sorted(agg.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         names = sorted(by, key=order.index)
         scales = sorted({s for n in names for s in by[n]["scales"]})
-        windows = sorted({(r["warmup_s"], r["window_s"]) for r in records if r["agents"] == agents})
-        win = ", ".join(f"{w:g} s after a {u:g} s warm-up" for u, w in windows)
+        warm = sorted({r["warmup_s"] for r in records if r["agents"] == agents})
         parts.append(
             f"**{agents} agent{'s' if agents > 1 else ''}, temperature {temp}** (time scale "
-            f"{', '.join(f'{s:g}' for s in scales)}; window {win}):\n\n{HEAD}\n"
+            f"{', '.join(f'{s:g}' for s in scales)}; the window after a "
+            f"{', '.join(f'{w:g}' for w in warm)} s warm-up):\n\n{HEAD}\n"
             + "\n".join(row(n, by[n]) for n in names)
         )
     return "\n\n".join(parts)
