@@ -7,10 +7,11 @@ Configurations (the sweep package's `Config`: devices, policy, KV budget):
   with session-aware admission on (`max_wait_s` 600), at each budget;
 - `admit-documents-w240`, `admit-documents-wnone`: the same with `max_wait_s` 240 and unlimited
   (only at 12 and 16 agents, where the documents' budget cannot hold every session);
-- `pair-2dev`: policies/gb10-pair.yaml on two GB10s (block 7 on one, block 5 on the other, a new
-  session placed by load, then sticky);
-- `twins-2dev`: two identical block-7 engines, one per GB10, a new session placed by a hash of its
-  key (50/50) and then sticky: what any session-affine balancer does.
+- `pair-2dev`: the former policies/gb10-pair.yaml (loadtests/bench/sweep/pair-block5.yaml) on
+  two GB10s (block 7 on one, block 5 on the other, a new session placed by load, then sticky);
+- `twins-2dev`: policies/gb10-pair.yaml since this sweep: two identical block-7 engines, one per
+  GB10, a new session placed by a hash of its key (50/50) and then sticky: what any
+  session-affine balancer does.
 
 Stages run in priority order; within a stage every repeat runs every cell, and within a cell
 every configuration once, rotated per repeat and cell.
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtests.bench.sweep.configs import PAIR, POLICIES, PROFILES, Config
+
+SHIPPED_PAIR = POLICIES / "gb10-pair.yaml"  # two identical block-7 engines, since this sweep
 
 GB10 = POLICIES / "gb10.yaml"
 D7 = "coder-dflash7"
@@ -63,25 +66,6 @@ def admission(budget: str, max_wait_s: int | None) -> Callable[[dict[str, Any]],
     return edit
 
 
-def twins(doc: dict[str, Any]) -> dict[str, Any]:
-    """gb10-pair.yaml with block 5 replaced by a second block-7 engine, placed by session hash."""
-    out = copy.deepcopy(doc)
-    backends = out["backends"]
-    second = copy.deepcopy(backends[D7])
-    second["url"] = backends["coder-dflash5"]["url"]
-    out["backends"] = {
-        (D7 + "b" if k == "coder-dflash5" else k): (second if k == "coder-dflash5" else v)
-        for k, v in backends.items()
-    }
-    route = out["routes"]["coder"]
-    route["variants"] = [D7, D7 + "b"]
-    route["fallback"] = D7 + "b"
-    rules = [r for r in route["rules"] if r.get("kind") != "load"]
-    rules.append({"name": "half-by-session", "kind": "canary", "use": D7 + "b", "percent": 50})
-    route["rules"] = rules
-    return out
-
-
 def all_configs() -> list[Config]:
     out = [
         Config(
@@ -110,20 +94,19 @@ def all_configs() -> list[Config]:
     out += [
         Config(
             "pair-2dev",
-            "policies/gb10-pair.yaml on two GB10s: block 7 on one, block 5 on the other, sessions "
-            "placed by load then sticky",
+            "the former policies/gb10-pair.yaml (loadtests/bench/sweep/pair-block5.yaml) on two "
+            "GB10s: block 7 on one, block 5 on the other, sessions placed by load then sticky",
             ((D7,), ("coder-dflash5",)),
             policy=PAIR,
             machines=2,
         ),
         Config(
             "twins-2dev",
-            "two identical block-7 engines on two GB10s, sessions placed 50/50 by key hash then "
-            "sticky (a session-affine balancer)",
+            "policies/gb10-pair.yaml: two identical block-7 engines on two GB10s, sessions placed "
+            "50/50 by key hash then sticky (a session-affine balancer)",
             ((D7,), (D7 + "b",)),
-            policy=PAIR,
+            policy=SHIPPED_PAIR,
             machines=2,
-            edit=twins,
         ),
     ]
     return out
