@@ -127,9 +127,11 @@ def render(args: argparse.Namespace) -> int:
     plot(
         records,
         PNG,
-        "specrouter sessions sweep: simulated GB10 (loadtests/sim), DFlash2 block 7, agent "
-        "sessions at the documents' context sizes (70K start, 131K compaction, 5 s think), "
-        "temperature 0.7; median and min-max over runs",
+        "specrouter sessions sweep: simulated GB10s (loadtests/sim; one GB10, two for the -2dev "
+        "configurations), DFlash2 block 7 (pair-2dev: block 7 + block 5), agent sessions at the "
+        "documents' context sizes (70K start, 131K compaction, 5 s think), temperature 0.7, time "
+        "scale 0.05, 600 s warm-up then a 3,600 s window (-2dev: 1,800 s); median and min-max "
+        "over runs (docs/sessions-sweep.md)",
     )
     print(f"rendered {len(records)} records into {DOC} and {PNG}", file=sys.stderr)
     return 0
