@@ -1,6 +1,9 @@
 """Runs the agents' sessions against a gateway or engines over HTTP(S), bounded in time.
 
 Each agent runs sessions one after another until the deadline; a turn is one streamed request.
+Each request names its session as coding agents do (OpenCode's `x-session-id`, a subagent's
+parent in `x-parent-session-id`; Claude Code and Codex send their own equivalents), so a gateway
+tells the sessions apart: without it they share one fingerprint (the same system prompt).
 Times are measured in wall seconds and reported unscaled (divided by the time scale the
 simulator runs at; 1.0 against real engines).
 """
@@ -101,6 +104,7 @@ class Driver:
         verify: Any = True,
         api_key: str | None = None,
         on_turn: Callable[[TurnResult], None] | None = None,
+        session_headers: bool = True,
     ) -> None:
         self.params = params
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
@@ -116,6 +120,7 @@ class Driver:
         self.results: list[TurnResult] = []
         self.in_flight = 0
         self.on_turn = on_turn
+        self.session_headers = session_headers
         self._t0 = 0.0
         self._deadline = 0.0
 
@@ -137,12 +142,30 @@ class Driver:
             await self._session(Session(self.params, agent, number), agent, number)
             number += 1
 
+    def _headers(self, session: Session, parent: Session | None) -> dict[str, str]:
+        if not self.session_headers:
+            return {}
+
+        def name(s: Session) -> str:
+            return "replay-" + "-".join(str(int(k)) for k in s.key)
+
+        out = {"x-session-id": name(session)}
+        if parent is not None:
+            out["x-parent-session-id"] = name(parent)
+        return out
+
     async def _session(
-        self, session: Session, agent: int, number: int, subagent: bool = False
+        self,
+        session: Session,
+        agent: int,
+        number: int,
+        subagent: bool = False,
+        parent: Session | None = None,
     ) -> None:
         sub = 0
+        headers = self._headers(session, parent)
         while not session.done and self._left() > 0:
-            result, answer = await self._turn(session.next_turn(), agent, number, subagent)
+            result, answer = await self._turn(session.next_turn(), agent, number, subagent, headers)
             if result.error is not None:
                 return  # a failed turn ends its session; the next starts afresh
             session.record(answer, result.completion_tokens)
@@ -153,11 +176,12 @@ class Driver:
                     agent,
                     number,
                     subagent=True,
+                    parent=session,
                 )
             await asyncio.sleep(min(max(0.0, self._left()), self.params.think_s * self.scale))
 
     async def _turn(
-        self, turn: Turn, agent: int, number: int, subagent: bool
+        self, turn: Turn, agent: int, number: int, subagent: bool, headers: dict[str, str]
     ) -> tuple[TurnResult, str]:
         path, body = request_body(turn, self.params)
         s = _Stream([])
@@ -169,7 +193,7 @@ class Driver:
                 "POST",
                 self.base_url + path,
                 content=orjson.dumps(body),
-                headers={"content-type": "application/json"},
+                headers={"content-type": "application/json", **headers},
             ) as resp:
                 if resp.status_code != 200:
                     error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"

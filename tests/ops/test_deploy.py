@@ -180,15 +180,16 @@ def test_a_kv_budget_below_one_request_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_pair_renders_on_two_gb10s(tmp_path: Path) -> None:
-    """As gb10-pair.yaml says: block 5 on the second GB10, block 7 with the whole machine here."""
+    """As gb10-pair.yaml says: the second engine on the second GB10, the first with the whole
+    machine here."""
     raw = yaml.safe_load(PAIR.read_text())
-    raw["backends"]["coder-dflash5"]["url"] = "http://gb10-b:8003"
+    raw["backends"]["coder-dflash7b"]["url"] = "http://gb10-b:8003"
     policy = tmp_path / "pair2.yaml"
     policy.write_text(yaml.safe_dump(raw))
     compose = _render(policy, tmp_path / "out")
-    assert "coder-dflash5" not in compose["services"] and "coder-dflash7" in compose["services"]
+    assert "coder-dflash7b" not in compose["services"] and "coder-dflash7" in compose["services"]
     text = (tmp_path / "out" / "compose.yaml").read_text()
-    assert "# Not run here: coder-dflash5 (http://gb10-b:8003 is on another machine)." in text
+    assert "# Not run here: coder-dflash7b (http://gb10-b:8003 is on another machine)." in text
     _, line = memory_report(load_policy(policy))
     assert "coder-dflash7" in line and "fits" in line
     assert deploy.main(["check", str(policy), str(tmp_path / "out" / "compose.yaml")]) == 0

@@ -194,3 +194,50 @@ def test_replay_smoke_through_the_gateway(tmp_path: Path) -> None:
     assert o["turns"] == sum(1 for t in data["turns"] if t["start_s"] >= 50.0)
     assert (tmp_path / "replay.png").stat().st_size > 1000
     assert {t["temperature"] for t in data["turns"]} == {0.7, None}
+
+
+def test_each_session_names_itself_as_agents_do() -> None:
+    """Every request carries its session's id (a subagent's its parent's too): a gateway cannot
+    tell the replay's sessions apart otherwise (they share one system prompt)."""
+    import asyncio
+
+    from aiohttp import web
+
+    from loadtests.replay.driver import Driver
+
+    seen: list[tuple[str | None, str | None]] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        seen.append(
+            (request.headers.get("x-session-id"), request.headers.get("x-parent-session-id"))
+        )
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        delta = {"choices": [{"index": 0, "delta": {"content": "ok"}}]}
+        usage = {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 1}}
+        for event in (delta, usage):
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        params = WorkloadParams(
+            agents=2, turns=3, think_s=0.0, api_mix={"chat": 1.0}, subagent_rate=1.0
+        )
+        try:
+            await Driver(params, f"http://127.0.0.1:{port}", time_scale=1.0, duration_s=3.0).run()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    ids = {s for s, _ in seen}
+    assert None not in ids and len(ids) >= 4  # two agents' sessions and their subagents
+    parents = {p for _, p in seen if p is not None}
+    assert parents and parents <= ids  # a subagent names a session that sent requests itself

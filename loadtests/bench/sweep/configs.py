@@ -15,6 +15,7 @@ machine as `deploy render` does (loadtests/sim/colocate.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,9 @@ import yaml
 
 POLICIES = Path(__file__).resolve().parents[3] / "policies"
 THREE = POLICIES / "gb10-three.yaml"  # the former default: what `gb10@...` measures
-PAIR = POLICIES / "gb10-pair.yaml"
+# The block 7 + block 5 pair the sweep measured (policies/gb10-pair.yaml shipped it until the
+# sessions sweep found two identical engines ahead: docs/sessions-sweep.md).
+PAIR = Path(__file__).resolve().parent / "pair-block5.yaml"
 ROUTE = "coder"
 SERIAL, PARTIAL = 0.0, 0.6  # the device model's two contention settings
 # The policies' coding backends and the simulated profile each runs (policy_sweep.profile_for
@@ -32,6 +35,7 @@ PROFILES = {
     "coder-dflash7": "dflash7-prob-block",
     "coder-dflash5": "dflash5-prob-block",
     "coder-mtp3": "mtp3",
+    "coder-dflash7b": "dflash7-prob-block",  # a second, identical block-7 engine (the twins)
 }
 
 
@@ -43,6 +47,10 @@ class Config:
     overlap: float = SERIAL
     policy: Path | None = None  # None: the first engine straight, no gateway
     machines: int = 1  # GB10s it needs: the verdict compares like with like
+    kv_budget: str = "machine"  # `specrouter sim --kv-budget` of an engine alone on a device
+    # The policy document as the configuration changes it, before it is cut to the engines
+    # (the sessions sweep: admission settings, the identical twin engines).
+    edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     @property
     def engines(self) -> tuple[str, ...]:
@@ -94,7 +102,7 @@ def all_configs() -> list[Config]:
         ),
         *_both(
             "pair",
-            "policies/gb10-pair.yaml: block 7 + block 5 on one GB10, sessions sticky",
+            "the block 7 + block 5 pair (pair-block5.yaml) on one GB10, sessions sticky",
             ((d7, d5),),
             PAIR,
         ),
@@ -108,7 +116,8 @@ def all_configs() -> list[Config]:
         ),
         Config(
             "pair-2dev",
-            "policies/gb10-pair.yaml on two GB10s, one engine each (whole machine each)",
+            "the block 7 + block 5 pair (pair-block5.yaml) on two GB10s, one engine each (whole "
+            "machine each)",
             ((d7,), (d5,)),
             policy=PAIR,
             machines=2,
@@ -135,6 +144,8 @@ def gateway_policy(config: Config, urls: dict[str, str], key_sha: str) -> dict[s
 
     assert config.policy is not None
     doc = yaml.safe_load(config.policy.read_text())
+    if config.edit is not None:
+        doc = config.edit(doc)
     out = restrict(doc, ROUTE, list(config.engines), urls, key_sha)
     out["clients"][0]["may_pin"] = False  # the agents are ordinary clients
     return out

@@ -30,7 +30,7 @@ def profile_file(config: Config, folder: Path) -> Path:
     if config.policy is not None:
         engines = {
             name: (spec.get("engine") or {})
-            for name, spec in yaml.safe_load(config.policy.read_text())["backends"].items()
+            for name, spec in _policy_doc(config)["backends"].items()
         }
     out: dict[str, dict[str, Any]] = {}
     for backend in config.engines:
@@ -43,6 +43,12 @@ def profile_file(config: Config, folder: Path) -> Path:
     return path
 
 
+def _policy_doc(config: Config) -> dict[str, Any]:
+    assert config.policy is not None
+    doc: dict[str, Any] = yaml.safe_load(config.policy.read_text())
+    return doc if config.edit is None else config.edit(doc)
+
+
 @contextlib.contextmanager
 def started(
     config: Config, *, time_scale: float, seed: int
@@ -53,7 +59,13 @@ def started(
         pids: list[int] = []
         kv: dict[str, int] = {}
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sweep-")))
-        flags = (*ENGINE_FLAGS, "--profile-file", str(profile_file(config, folder)))
+        flags = (
+            *ENGINE_FLAGS,
+            "--profile-file",
+            str(profile_file(config, folder)),
+            "--kv-budget",
+            config.kv_budget,
+        )
         for i, backends in enumerate(config.devices):
             dev = stack.enter_context(
                 DeviceSim(

@@ -1,0 +1,73 @@
+"""The sessions sweep's records: the JSON-lines file they are appended to, and the figures over a
+cell's repeats (median, min-max spread, run count), pure but for reading and appending."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtests.bench.sweep.verdict import spread
+
+METRICS = (
+    "turns_per_hour",
+    "turn_p50",
+    "turn_p95",
+    "turn_max",
+    "longest_wait",
+    "ttft_p50",
+    "ttft_p95",
+    "prefix_hit_rate",
+    "prefilled_per_turn",
+    "unfinished",
+    "preemptions",
+)
+Key = tuple[str, int, str, int]  # configuration, agents, temperature, repeat
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def append(path: Path, record: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def key(rec: Mapping[str, Any]) -> Key:
+    return (rec["config"], rec["agents"], rec["temperature"], rec["repeat"])
+
+
+def done(records: Iterable[Mapping[str, Any]]) -> set[Key]:
+    """Runs that need no rerun: those that produced turns (a failed start is tried again)."""
+    return {key(r) for r in records if not r.get("failed")}
+
+
+def cells(
+    records: Sequence[Mapping[str, Any]],
+) -> dict[tuple[int, str], dict[str, dict[str, Any]]]:
+    """(agents, temperature) -> configuration -> metric -> spread over its runs, plus counts."""
+    grouped: dict[tuple[int, str], dict[str, list[Mapping[str, Any]]]] = {}
+    for rec in records:
+        if rec.get("failed"):
+            continue
+        by = grouped.setdefault((rec["agents"], rec["temperature"]), {})
+        by.setdefault(rec["config"], []).append(rec)
+    out: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}
+    for cell, by in grouped.items():
+        out[cell] = {
+            name: {
+                "runs": len(recs),
+                "errors": sum(r.get("errors", 0) for r in recs),
+                "cpu_max": max(r.get("cpu_max", 0.0) for r in recs),
+                "scales": sorted({r["time_scale"] for r in recs}),
+                "windows": sorted({r["window_s"] for r in recs if "window_s" in r}),
+                **{m: spread(r.get(m) for r in recs) for m in METRICS},
+            }
+            for name, recs in by.items()
+        }
+    return out

@@ -1,0 +1,119 @@
+"""The sessions sweep's pure parts: the window's figures (unfinished turns counted), the schedule
+(priority order, interleaved, each run once, resumable) and the configurations' policies."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from loadtests.bench.sessions_sweep.aggregate import append, cells, done, read
+from loadtests.bench.sessions_sweep.configs import BY_NAME, STAGES, schedule
+from loadtests.bench.sessions_sweep.measure import window_figures
+from loadtests.bench.sessions_sweep.render import BEGIN, END, tables, update
+from loadtests.bench.sweep.configs import gateway_policy
+from policies.schema import validate_policy
+
+
+def turn(start: float, took: float, ttft: float | None = 1.0, error: str | None = None) -> Any:
+    return {"start_s": start, "turn_s": took, "ttft_s": ttft, "error": error}
+
+
+def test_window_counts_unfinished_turns_and_their_wait() -> None:
+    turns = [
+        turn(50, 100),  # started in the warm-up, ended in the window: a turn of the hour
+        turn(200, 100, ttft=10),
+        turn(400, 50, ttft=2),
+        turn(3500, 900, ttft=700),  # still running at the end: counted, not dropped
+        turn(3700, 10),  # after the window
+        turn(300, 5, ttft=None, error="HTTP 503"),
+    ]
+    f = window_figures(turns, 100.0, 3700.0)
+    assert f["turns_ended"] == 3  # 150, 300, 450
+    assert f["turns_per_hour"] == 3.0
+    assert f["turns_started"] == 4
+    assert f["unfinished"] == 1
+    assert f["errors"] == 1
+    assert f["longest_wait"] == 700
+    assert f["turn_max"] == 900
+
+
+def test_schedule_priority_interleaving_and_no_duplicates() -> None:
+    runs = schedule(3)
+    keys = [r.key for r in runs]
+    assert len(keys) == len(set(keys))
+    assert runs[0].stage == "a" and runs[0].agents == 16
+    stages = [r.stage for r in runs]
+    assert stages.index("b") > max(i for i, s in enumerate(stages) if s == "a")
+    # within a cell the first configuration rotates between repeats
+    firsts = {r.repeat: r.config for r in runs if r.stage == "a" and r.agents == 16}
+    assert len(set(firsts.values())) > 1
+    # stage b does not rerun stage a's straight runs at 16 agents
+    assert sum(1 for r in runs if r.key == ("straight-machine", 16, "0.7", 0)) == 1
+    assert {c for s in STAGES for c in s.configs} <= set(BY_NAME)
+
+
+def test_resume_skips_what_is_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    rec = {"config": "straight-machine", "agents": 16, "temperature": "0.7", "repeat": 0}
+    append(path, {**rec, "time_scale": 0.05, "turns_per_hour": 100.0, "cpu_max": 0.1})
+    append(path, {**rec, "repeat": 1, "failed": "did not start"})
+    assert done(read(path)) == {("straight-machine", 16, "0.7", 0)}
+    agg = cells(read(path))
+    assert agg[(16, "0.7")]["straight-machine"]["turns_per_hour"]["median"] == 100.0
+
+
+def test_tables_replace_only_the_generated_part(tmp_path: Path) -> None:
+    doc = tmp_path / "d.md"
+    doc.write_text(f"intro\n{BEGIN}\nold\n{END}\noutro\n")
+    base = {"agents": 8, "temperature": "0.7", "time_scale": 0.05, "cpu_max": 0.1}
+    recs = [
+        {**base, "config": c, "repeat": r, "warmup_s": 600, "window_s": 3600, "turn_p50": 10 + r}
+        for c in ("straight-machine", "straight-documents")
+        for r in range(3)
+    ]
+    update(doc, recs)
+    text = doc.read_text()
+    assert text.startswith("intro\n") and text.endswith(f"{END}\noutro\n") and "old" not in text
+    assert "| straight-documents | 3 | 3600 |" in text and "11 [10-12]" in text
+    assert tables(recs).index("straight-documents") < tables(recs).index("straight-machine")
+
+
+def test_the_two_gb10_configurations_are_valid_policies() -> None:
+    for name in ("pair-2dev", "twins-2dev"):
+        config = BY_NAME[name]
+        urls = {b: f"http://127.0.0.1:{9000 + i}" for i, b in enumerate(config.engines)}
+        doc = gateway_policy(config, urls, "0" * 64)
+        validate_policy(doc)
+        assert list(doc["backends"]) == list(config.engines)
+    twins = gateway_policy(BY_NAME["twins-2dev"], {"coder-dflash7": "a", "coder-dflash7b": "b"}, "")
+    spec = [twins["backends"][b]["speculative"] for b in ("coder-dflash7", "coder-dflash7b")]
+    assert spec[0] == spec[1]
+
+
+def test_the_admission_configurations_are_valid_policies() -> None:
+    for name in (
+        "admit-documents",
+        "admit-machine",
+        "admit-documents-w240",
+        "admit-documents-wnone",
+    ):
+        config = BY_NAME[name]
+        doc = gateway_policy(config, {"coder-dflash7": "http://127.0.0.1:9000"}, "0" * 64)
+        validate_policy(doc)
+        sessions = doc["admission"]["sessions"]
+        assert sessions["enabled"] is True and sessions["fit_fraction"] == 0.9
+        assert doc["backends"]["coder-dflash7"]["kv_tokens"] > 0
+        # the gateway refuses a repair action no operator file defines (the bench has none)
+        assert "repair" not in doc["backends"]["coder-dflash7"]
+    assert BY_NAME["admit-documents-wnone"].edit is not None
+    assert (
+        gateway_policy(BY_NAME["admit-documents-wnone"], {"coder-dflash7": "u"}, "")["admission"][
+            "sessions"
+        ]["max_wait_s"]
+        is None
+    )
+    kv = [
+        gateway_policy(BY_NAME[n], {"coder-dflash7": "u"}, "")["backends"]["coder-dflash7"]
+        for n in ("admit-documents", "admit-machine")
+    ]
+    assert kv[0]["kv_tokens"] < kv[1]["kv_tokens"]
