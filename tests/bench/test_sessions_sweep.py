@@ -117,3 +117,19 @@ def test_the_admission_configurations_are_valid_policies() -> None:
         for n in ("admit-documents", "admit-machine")
     ]
     assert kv[0]["kv_tokens"] < kv[1]["kv_tokens"]
+
+
+def test_session_durations_run_on_the_simulators_clock() -> None:
+    """The gateway reads the policy's waits on its own clock while the simulator runs 20x
+    faster: the sweep states them in wall seconds (600 s of max_wait_s is 30 s at 0.05)."""
+    urls = {"coder-dflash7": "http://127.0.0.1:9000"}
+    for name, wait in (("admit-documents", 30.0), ("admit-documents-wnone", None)):
+        doc = gateway_policy(BY_NAME[name], urls, "0" * 64, 0.05)
+        validate_policy(doc)
+        sessions = doc["admission"]["sessions"]
+        assert sessions["max_wait_s"] == wait
+        assert sessions["idle_s"] == 3.0
+        assert sessions["stream_wait_s"] == 90.0  # the schema's 1,800 s, not stated in the edit
+        assert doc["admission"]["queue_timeout_s"] == 1.5
+    plain = gateway_policy(BY_NAME["admit-documents"], urls, "0" * 64)
+    assert plain["admission"]["sessions"]["max_wait_s"] == 600

@@ -15,6 +15,7 @@ machine as `deploy render` does (loadtests/sim/colocate.py).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,14 +139,55 @@ def by_name(names: list[str] | None) -> list[Config]:
     return [known[n] for n in names]
 
 
-def gateway_policy(config: Config, urls: dict[str, str], key_sha: str) -> dict[str, Any]:
-    """The configuration's policy on the simulated engines, for the bench client's key."""
+# The policy's durations of sessions' time (admission waits and residency, the fairness window):
+# the gateway reads them on its own clock, the simulator runs `time_scale` times faster.
+SCALED: tuple[tuple[str, ...], ...] = (
+    ("admission", "queue_timeout_s"),
+    ("admission", "sessions", "max_wait_s"),
+    ("admission", "sessions", "idle_s"),
+    ("admission", "sessions", "place_kept_s"),
+    ("admission", "sessions", "stream_wait_s"),
+    ("fairness", "window_s"),
+)
+
+
+def scaled(doc: dict[str, Any], time_scale: float) -> dict[str, Any]:
+    """`doc` with the SCALED durations of each block it has (stated, or the schema's default)
+    on the simulator's clock: a 600 s `max_wait_s` is 30 wall seconds at time scale 0.05."""
+    from policies.spec.admission import AdmissionSpec, SessionAdmissionSpec
+    from policies.spec.fairness import FairnessSpec
+
+    specs: dict[tuple[str, ...], Any] = {
+        ("admission",): AdmissionSpec,
+        ("admission", "sessions"): SessionAdmissionSpec,
+        ("fairness",): FairnessSpec,
+    }
+    out = copy.deepcopy(doc)
+    for path in SCALED:
+        *parents, leaf = path
+        block: Any = out
+        for name in parents:
+            block = block.get(name) if isinstance(block, dict) else None
+        if not isinstance(block, dict):
+            continue
+        value = block.get(leaf, specs[tuple(parents)].model_fields[leaf].default)
+        if isinstance(value, int | float):
+            block[leaf] = value * time_scale
+    return out
+
+
+def gateway_policy(
+    config: Config, urls: dict[str, str], key_sha: str, time_scale: float = 1.0
+) -> dict[str, Any]:
+    """The configuration's policy on the simulated engines, for the bench client's key, its
+    session durations on the simulator's clock (`scaled`)."""
     from loadtests.bench.policy_sweep import restrict
 
     assert config.policy is not None
     doc = yaml.safe_load(config.policy.read_text())
     if config.edit is not None:
         doc = config.edit(doc)
+    doc = scaled(doc, time_scale)
     out = restrict(doc, ROUTE, list(config.engines), urls, key_sha)
     out["clients"][0]["may_pin"] = False  # the agents are ordinary clients
     return out

@@ -85,7 +85,9 @@ def started(
         if config.policy is None:
             yield Address(urls[config.engines[0]], True, None, metrics, {"simulator": pids}), kv
             return
-        gw = stack.enter_context(GatewayServer(gateway_policy(config, urls, hash_key(CLIENT_KEY))))
+        gw = stack.enter_context(
+            GatewayServer(gateway_policy(config, urls, hash_key(CLIENT_KEY), time_scale))
+        )
         assert gw.proc is not None
         verify = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
         pids_by = {"simulator": pids, "gateway": [gw.proc.pid]}
