@@ -121,6 +121,7 @@ class KvSession:
 
     def __init__(self, workload: KvWorkload, number: int) -> None:
         self.workload = workload
+        self.key = (workload.seed, 0, number, False)  # as the replay's: names it (x-session-id)
         self.rng = random.Random(f"{workload.seed}:{number}")
         head = "You are a coding agent working in a repository.\n# Repository context\n"
         self.messages = [
