@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.agents.demo import Demo, start_demo, stop_demo
-from tests.agents.install import installed_agents
+from tests.agents_cache import installed_agents
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
 from loadtests.harness.vllm import DRAFT_TOKENS, SERVED, START_TIMEOUT_S, VllmServer, vllm_home
 from proxy import auth
 from proxy.certs import CertFiles
-from tests.agents.install import installed_agents
+from tests.agents_cache import installed_agents
 
 HERE = Path(__file__).resolve().parent
 # The output-token bound the gateway's route puts on every agent request (a default for Codex,

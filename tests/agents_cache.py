@@ -1,12 +1,13 @@
 """The agents' install cache, for the tests that run real agents (tests/agents/ against the
-demo, tests/engines/vllm_agents/ against a real vLLM)."""
+demo, tests/engines/vllm_agents/ against a real vLLM): beside both folders, since tests/agents/
+imports tests/engines/ and the import back would make a circle."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-from tests.agents.demo import ROOT
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def installed_agents() -> Path:
