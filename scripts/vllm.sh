@@ -58,9 +58,10 @@ if [ ! -f "$models/.done" ]; then
 fi
 ln -sfn "models-$hash" "$dir/models"
 # The agent model (tests/engines/vllm_agents/): trained here, about a minute on one core,
-# cached by a hash of the script that trains it; one thread, so the same weights every time.
+# cached by a hash of the script that trains it and of vllm_models.py (its token lists); one
+# thread, so the same weights every time.
 gen="$here/scripts/vllm_agent_model.py"
-hash="$(sha256sum "$gen" | cut -c1-16)"
+hash="$(cat "$gen" "$here/scripts/vllm_models.py" | sha256sum | cut -c1-16)"
 agent="$dir/agent-$hash"
 if [ ! -f "$agent/.done" ]; then
     rm -rf "$agent.tmp"

@@ -28,7 +28,8 @@ How:
   the system turn (so RoPE distances of a long prompt are seen), and the attention is sharpened
   after training (SHARPEN).
 
-Deterministic: fixed seeds, one thread (scripts/vllm.sh caches the result by this file's hash).
+Deterministic: fixed seeds, one thread (scripts/vllm.sh caches the result by a hash of this file
+and scripts/vllm_models.py, whose token lists it takes).
 81-83 s of CPU on this project's machine (tokenizer included), 2-3 minutes of wall time at load 4-9.
 """
 
@@ -42,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_models import ADDED, SPECIAL  # Qwen3's special and added tokens (scripts/ is on the path)
+
 SEED = 4321
 POSITIONS = 32768
 VOCAB = 8192
@@ -52,36 +55,6 @@ DECISIVE_WEIGHT = 8.0  # the loss on the tokens that carry the decision
 # outweigh the many that do not (measured on Codex's 8.5K-token prompt: 1 answers text where
 # a call is due, 1.5 calls, 2 ends the call after the name, 3 breaks the short prompts).
 SHARPEN = 1.5
-SPECIAL = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|object_ref_start|>",
-    "<|object_ref_end|>",
-    "<|box_start|>",
-    "<|box_end|>",
-    "<|quad_start|>",
-    "<|quad_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|vision_pad|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
-ADDED = [
-    "<tool_call>",
-    "</tool_call>",
-    "<|fim_prefix|>",
-    "<|fim_middle|>",
-    "<|fim_suffix|>",
-    "<|fim_pad|>",
-    "<|repo_name|>",
-    "<|file_sep|>",
-    "<tool_response>",
-    "</tool_response>",
-    "<think>",
-    "</think>",
-]
 # The tools the model calls, first offered first: name -> the parameter that takes a command.
 TOOLS = {"exec_command": "cmd", "Bash": "command"}
 # The known tools a training conversation offers: each set as often (the agents offer one; the

@@ -23,12 +23,13 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
 
 from policies.admission import Resident, Waiter
+from proxy.backends.redis_loops import IO_TIMEOUT_S, RedisLoops
 from proxy.backends.residency import Remote, Residency
 from proxy.bounds import token_count
 from proxy.observe.metrics import GatewayMetrics
@@ -36,12 +37,10 @@ from proxy.settings import Settings
 
 TTL_FLUSHES: Final = 10  # a replica's state outlives it by this many flushes
 MAX_ROWS: Final = 10_000  # resident plus waiting sessions per engine, each way
-IO_TIMEOUT_S: Final = 2.0
-MAX_BACKOFF_S: Final = 10.0
 _KEY = re.compile(r"s-[0-9a-f]{32}")
 
 
-class ResidencyShare:
+class ResidencyShare(RedisLoops):
     def __init__(
         self,
         residency: Residency,
@@ -70,26 +69,6 @@ class ResidencyShare:
             loop.create_task(self._every(self.flush_s, "resid-flush", self.flush)),
             loop.create_task(self._every(self.pull_s, "resid-pull", self.pull)),
         ]
-
-    async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._redis.aclose()
-
-    async def _every(self, interval: float, op: str, once: Callable[[], Awaitable[int]]) -> None:
-        backoff = interval
-        while True:
-            await asyncio.sleep(backoff)
-            try:
-                await asyncio.wait_for(once(), IO_TIMEOUT_S * 2)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # noqa: BLE001 - Redis away: decide from the local residency
-                self._errors.labels(op).inc()
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
-                continue
-            backoff = interval
 
     async def flush(self) -> int:
         """Publish this replica's residency; the engines published."""

@@ -37,13 +37,13 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
 from proxy.backends.attained import parse_pairs
+from proxy.backends.redis_loops import IO_TIMEOUT_S, MAX_BACKOFF_S, RedisLoops
 from proxy.backends.session_table import SessionTable, SharedRow
 from proxy.bounds import token_count
 from proxy.observe.metrics import GatewayMetrics
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("specrouter.sessions")
 
 CLOCK_SKEW_S: Final = 1.0
-MAX_BACKOFF_S: Final = 10.0
 PULL_BATCH: Final = 5_000  # index members per round trip; more are read at once after
 PULL_PAGES: Final = 20  # round trips one pull makes at most (100,000 members); the rest next time
 FLUSH_BATCH: Final = 5_000  # rows one flush sends at most; the rest stay queued for the next
@@ -64,10 +63,9 @@ FLUSH_BATCH: Final = 5_000  # rows one flush sends at most; the rest stay queued
 # from the last score, would read again (6,000 members of one score once made every replica's
 # pull read the same 5,000 forever).
 SCORE_STEP_S: Final = 1e-6
-IO_TIMEOUT_S: Final = 2.0  # a Redis that hangs counts as away
 
 
-class SessionShare:
+class SessionShare(RedisLoops):
     def __init__(
         self,
         table: SessionTable,
@@ -126,36 +124,19 @@ class SessionShare:
         if self.turn_state is not None:
             self._tasks.append(loop.create_task(self._until_secret()))
 
-    async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._redis.aclose()
+    def _failed(self, op: str, exc: Exception) -> None:
+        if not self._down:
+            self._down = True
+            log.warning(
+                "Redis unreachable (%s: %s): sessions served from the local table, retrying",
+                op,
+                exc or type(exc).__name__,
+            )
 
-    async def _every(self, interval: float, op: str, once: Callable[[], Awaitable[int]]) -> None:
-        backoff = interval
-        while True:
-            await asyncio.sleep(backoff)
-            try:
-                await asyncio.wait_for(once(), IO_TIMEOUT_S * 2)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any Redis failure: serve locally, retry
-                self._errors.labels(op).inc()
-                if not self._down:
-                    self._down = True
-                    log.warning(
-                        "Redis unreachable (%s: %s): sessions served from the local table, "
-                        "retrying",
-                        op,
-                        exc or type(exc).__name__,
-                    )
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
-                continue
-            if self._down:
-                self._down = False
-                log.warning("Redis reachable again: sessions shared")
-            backoff = interval
+    def _reached(self) -> None:
+        if self._down:
+            self._down = False
+            log.warning("Redis reachable again: sessions shared")
 
     async def secret(self) -> bool:
         """The replicas' one turn-state secret: set if none is (NX), then read. True once known

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.agents.demo import ROOT, Demo, start_demo, stop_demo
+from tests.agents.demo import Demo, start_demo, stop_demo
+from tests.agents_cache import installed_agents
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +21,4 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
 @pytest.fixture(scope="session")
 def agents() -> Path:
     """The agents' install cache (scripts/agents.sh installs what is missing)."""
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "agents.sh")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=True,
-    )
-    return Path(done.stdout.strip().splitlines()[-1])
+    return installed_agents()

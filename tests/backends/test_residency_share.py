@@ -11,34 +11,21 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 
 from loadtests.harness.gateway import coder_policy
 from policies.admission import Capacity, Turn, admission
-from policies.compiled import compile_policy
-from policies.schema import load_policy
 from proxy.backends.residency import Remote
 from proxy.backends.residency_share import _merge
 from proxy.gateway import Gateway
-from proxy.settings import Settings
+from tests.backends.replicas import replica
 
-FLUSH_S = PULL_S = 0.1
 S1, S2, S3, S4 = (f"s-{i:032x}" for i in range(1, 5))
 
 
 def _gateway(tmp_path: Path, name: str, redis_url: str) -> Gateway:
-    config = tmp_path / f"{name}.yaml"
     doc = coder_policy({"a": "http://127.0.0.1:9"})
     doc["admission"] = {"sessions": {"enabled": True, "turn_tokens": 0}}
-    config.write_text(yaml.safe_dump(doc))
-    settings = Settings(
-        config=config,
-        state_dir=tmp_path / name,
-        redis_url=redis_url,
-        session_flush_s=FLUSH_S,
-        session_pull_s=PULL_S,
-    )
-    return Gateway(settings, compile_policy(load_policy(config)))
+    return replica(tmp_path, name, doc, redis_url)
 
 
 async def _until(check: Any, timeout: float = 5.0) -> None:

@@ -10,21 +10,17 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-import yaml
 
 from loadtests.harness.gateway import coder_policy
-from policies.compiled import compile_policy
 from policies.engine import decide
 from policies.inputs import request_view
-from policies.schema import load_policy
 from policies.sessions import session_of
 from policies.types import LiveState
 from proxy.backends.session_share import SessionShare
 from proxy.backends.session_table import SharedRow
 from proxy.gateway import Gateway
-from proxy.settings import Settings
+from tests.backends.replicas import FLUSH_S, PULL_S, replica
 
-FLUSH_S = PULL_S = 0.1
 BOUND_S = FLUSH_S + PULL_S
 HEADERS = {b"x-session-id": b"conv-1"}
 BODY: dict[str, Any] = {"model": "coder", "messages": [{"role": "user", "content": "hi"}]}
@@ -33,18 +29,8 @@ KEY = session_of("agent", BODY, HEADERS).key  # type: ignore[union-attr]
 
 def _gateway(tmp_path: Path, name: str, variants: list[str], redis_url: str, **kw: Any) -> Gateway:
     """A replica whose rules place a new session on `variants[0]`."""
-    config = tmp_path / f"{name}.yaml"
     urls = {"a": "http://127.0.0.1:9", "b": "http://127.0.0.1:10"}
-    config.write_text(yaml.safe_dump(coder_policy({v: urls[v] for v in variants})))
-    settings = Settings(
-        config=config,
-        state_dir=tmp_path / name,
-        redis_url=redis_url,
-        session_flush_s=FLUSH_S,
-        session_pull_s=PULL_S,
-        **kw,
-    )
-    return Gateway(settings, compile_policy(load_policy(config)))
+    return replica(tmp_path, name, coder_policy({v: urls[v] for v in variants}), redis_url, **kw)
 
 
 def _request(gw: Gateway) -> tuple[str | None, str]:

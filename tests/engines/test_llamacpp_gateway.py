@@ -9,7 +9,6 @@ its per-request figures llama.cpp's own `timings`, checked against the engine's 
 from __future__ import annotations
 
 import re
-import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
 from loadtests.harness.llamacpp import LlamaCppServer
+from loadtests.harness.requestlog import logged_rows
 from loadtests.harness.tinymodels import tiny_pair
 from proxy import auth
 from proxy.certs import CertFiles
@@ -203,26 +203,12 @@ def test_engine_4xx_is_the_clients_error(gw: GatewayServer) -> None:
 # -- figures ---------------------------------------------------------------------------------------
 
 
-def logged(gw: GatewayServer, request_id: str, timeout: float = 5.0) -> sqlite3.Row:
+def logged(gw: GatewayServer, request_id: str, timeout: float = 5.0) -> dict[str, Any]:
     """The request's row in the gateway's request log (written in batches)."""
-    db = gw.dir / "state" / "requests.sqlite3"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if db.exists():
-            conn = sqlite3.connect(db)
-            conn.row_factory = sqlite3.Row
-            try:
-                row = conn.execute(
-                    "SELECT * FROM requests WHERE request_id = ?", (request_id,)
-                ).fetchone()
-            except sqlite3.OperationalError:  # the gateway has not created its table yet
-                row = None
-            finally:
-                conn.close()
-            if row is not None:
-                return row
-        time.sleep(0.1)
-    raise AssertionError(f"request {request_id} never logged")
+    row = logged_rows(gw.dir / "state", {request_id}, timeout=timeout).get(request_id)
+    if row is None:
+        raise AssertionError(f"request {request_id} never logged")
+    return row
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -269,7 +255,7 @@ def test_ttft_and_itl_against_the_clients_clock(gw: GatewayServer) -> None:
     assert min(itl_gaps) < 0.002, itl_gaps
 
 
-def _timed_stream(gw: GatewayServer, rid: str) -> tuple[float, float, sqlite3.Row]:
+def _timed_stream(gw: GatewayServer, rid: str) -> tuple[float, float, dict[str, Any]]:
     """(the client's TTFT, its median gap between token frames, the gateway's log row), on the
     client's clock at each token frame's first byte."""
     body = {"model": "tiny-plain", "messages": CHAT, "max_tokens": 64, "stream": True, **GREEDY}

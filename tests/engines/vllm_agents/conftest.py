@@ -7,7 +7,6 @@ fails, every test here fails.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +18,9 @@ from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
 from loadtests.harness.vllm import DRAFT_TOKENS, SERVED, START_TIMEOUT_S, VllmServer, vllm_home
 from proxy import auth
 from proxy.certs import CertFiles
+from tests.agents_cache import installed_agents
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
 # The output-token bound the gateway's route puts on every agent request (a default for Codex,
 # which sends none; a clamp for Claude Code's 32,000). The model ends in about 30 tokens: the
 # bound only matters if it does not (and the engine's context must hold prompt + bound).
@@ -94,11 +93,4 @@ def stack(certs: CertFiles) -> Iterator[Stack]:
 @pytest.fixture(scope="session")
 def agents() -> Path:
     """The agents' install cache (scripts/agents.sh installs what is missing)."""
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "agents.sh")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=True,
-    )
-    return Path(done.stdout.strip().splitlines()[-1])
+    return installed_agents()

@@ -54,33 +54,38 @@ def _served(found: list[sqlite3.Row], count: int) -> None:
         assert row["finish_reason"] in ("stop", "completed", "end_turn", "tool_use"), dict(row)
 
 
+def _run(
+    stack: Stack, label: str, argv: list[str], cwd: Path, env: dict[str, str], count: int
+) -> tuple[str, list[sqlite3.Row]]:
+    """Run an agent to its end through the gateway: its output (stdout and stderr) and the
+    gateway's rows of the requests it made (`count` at least, waited for); it exited 0 having
+    printed the model's answer."""
+    since = time.time()
+    done = subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S
+    )
+    out = done.stdout + done.stderr
+    found = rows(stack.gateway, since, count)
+    print(f"{label}:\n" + summary(found))
+    assert done.returncode == 0, out
+    assert ANSWER in done.stdout, out
+    return out, found
+
+
 def test_codex_exec_runs_the_tool_and_answers(stack: Stack, agents: Path, tmp_path: Path) -> None:
     bin_dir = agents / "npm" / "node_modules" / ".bin"
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
     (home / "config.toml").write_text(CODEX_CONFIG.format(model=SERVED, url=stack.gateway.url))
-    since = time.time()
-    done = subprocess.run(
-        [
-            "codex",
-            "exec",
-            "--skip-git-repo-check",
-            "--sandbox",
-            "workspace-write",
-            TASK,
-        ],
-        cwd=work,
-        env={**agent_env(stack.gateway, tmp_path, bin_dir), "CODEX_HOME": str(home)},
-        capture_output=True,
-        text=True,
-        timeout=AGENT_TIMEOUT_S,
+    out, found = _run(
+        stack,
+        "codex exec",
+        ["codex", "exec", "--skip-git-repo-check", "--sandbox", "workspace-write", TASK],
+        work,
+        {**agent_env(stack.gateway, tmp_path, bin_dir), "CODEX_HOME": str(home)},
+        2,
     )
-    out = done.stdout + done.stderr
-    found = rows(stack.gateway, since, 2)
-    print("codex exec:\n" + summary(found))
-    assert done.returncode == 0, out
-    assert ANSWER in done.stdout, out
     _served(found, 2)
     # Codex ran the call in its sandbox and sent the output back: the second prompt is longer.
     assert "succeeded in" in out, out  # its exec line (the prompt's "echo ok" is echoed too)
@@ -89,20 +94,14 @@ def test_codex_exec_runs_the_tool_and_answers(stack: Stack, agents: Path, tmp_pa
 
 def test_claude_code_runs_the_tool_and_answers(stack: Stack, agents: Path, tmp_path: Path) -> None:
     bin_dir = agents / "npm" / "node_modules" / ".bin"
-    since = time.time()
-    done = subprocess.run(
+    _, found = _run(
+        stack,
+        "claude -p",
         ["claude", "-p", TASK, "--allowedTools", "Bash(echo:*)"],
-        cwd=tmp_path,
-        env={**agent_env(stack.gateway, tmp_path, bin_dir), "ANTHROPIC_MODEL": SERVED},
-        capture_output=True,
-        text=True,
-        timeout=AGENT_TIMEOUT_S,
+        tmp_path,
+        {**agent_env(stack.gateway, tmp_path, bin_dir), "ANTHROPIC_MODEL": SERVED},
+        3,
     )
-    out = done.stdout + done.stderr
-    found = rows(stack.gateway, since, 3)
-    print("claude -p:\n" + summary(found))
-    assert done.returncode == 0, out
-    assert ANSWER in done.stdout, out
     # Its side request for a session title (no tools, a JSON schema as `output_config.format`,
     # which vLLM enforces: the model's own answer is not JSON, the grammar holds it to the bound).
     title = [r for r in found if r["prompt_tokens"] < 2000]
@@ -159,8 +158,9 @@ def test_anthropic_sdk_completes_a_tool_loop(stack: Stack) -> None:
 def test_aider_gets_the_answer(stack: Stack, agents: Path, tmp_path: Path) -> None:
     """aider offers no tools (its edits are text formats): the model answers in text."""
     (tmp_path / "hello.py").write_text("def hello():\n    return 'hi'\n")
-    since = time.time()
-    done = subprocess.run(
+    _, found = _run(
+        stack,
+        "aider",
         [
             "aider",
             "--model",
@@ -174,19 +174,12 @@ def test_aider_gets_the_answer(stack: Stack, agents: Path, tmp_path: Path) -> No
             "Add a docstring to hello.py",
             "hello.py",
         ],
-        cwd=tmp_path,
-        env={
+        tmp_path,
+        {
             **agent_env(stack.gateway, tmp_path, agents / "aider" / "bin"),
             "OPENAI_API_BASE": stack.gateway.url,
             "OPENAI_API_KEY": CLIENT_KEY,
         },
-        capture_output=True,
-        text=True,
-        timeout=AGENT_TIMEOUT_S,
+        1,
     )
-    out = done.stdout + done.stderr
-    found = rows(stack.gateway, since, 1)
-    print("aider:\n" + summary(found))
-    assert done.returncode == 0, out
-    assert ANSWER in done.stdout, out
     _served(found, 1)
