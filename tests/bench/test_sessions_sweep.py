@@ -6,12 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+
 from loadtests.bench.sessions_sweep.aggregate import append, cells, done, read
 from loadtests.bench.sessions_sweep.configs import BY_NAME, STAGES, schedule
-from loadtests.bench.sessions_sweep.measure import window_figures
+from loadtests.bench.sessions_sweep.measure import admission_figures, window_figures
 from loadtests.bench.sessions_sweep.render import BEGIN, END, tables, update
 from loadtests.bench.sweep.configs import gateway_policy
 from policies.schema import validate_policy
+from proxy.observe.admission_metrics import AdmissionMetrics
 
 
 def turn(start: float, took: float, ttft: float | None = 1.0, error: str | None = None) -> Any:
@@ -133,3 +136,36 @@ def test_session_durations_run_on_the_simulators_clock() -> None:
         assert doc["admission"]["queue_timeout_s"] == 1.5
     plain = gateway_policy(BY_NAME["admit-documents"], urls, "0" * 64)
     assert plain["admission"]["sessions"]["max_wait_s"] == 600
+
+
+def test_the_control_configurations_run_the_gateway_with_admission_off() -> None:
+    urls = {"coder-dflash7": "http://127.0.0.1:9000"}
+    for budget in ("documents", "machine"):
+        control = gateway_policy(BY_NAME[f"gateway-{budget}"], urls, "0" * 64)
+        admit = gateway_policy(BY_NAME[f"admit-{budget}"], urls, "0" * 64)
+        validate_policy(control)
+        assert control["admission"]["sessions"]["enabled"] is False
+        # everything else the admission run has: the same engine, KV tokens and fairness
+        control["admission"]["sessions"]["enabled"] = True
+        assert control == admit
+    assert "ctl" in {run.stage for run in schedule(1)}
+
+
+def test_what_admission_did_is_read_from_the_gateways_own_counters() -> None:
+    registry = CollectorRegistry()
+    metrics = AdmissionMetrics(registry)
+    metrics.turns.labels("coder-dflash7", "admit", "fits").inc(40)
+    metrics.turns.labels("coder-dflash7", "admit", "resident").inc(200)
+    metrics.turns.labels("coder-dflash7", "wait", "full").inc(6)
+    metrics.turns.labels("coder-dflash7", "wait", "queue").inc(2)
+    metrics.waits.labels("coder-dflash7", "admitted").inc(7)
+    metrics.waits.labels("coder-dflash7", "client_gone").inc(1)
+    got = admission_figures(generate_latest(registry).decode())
+    assert got == {
+        "decided": 248,
+        "held": 8,
+        "held_by_reason": {"full": 6, "queue": 2},
+        "wait_outcomes": {"admitted": 7, "client_gone": 1},
+    }
+    nothing = admission_figures(generate_latest(CollectorRegistry()).decode())
+    assert nothing == {"decided": 0, "held": 0, "held_by_reason": {}, "wait_outcomes": {}}

@@ -22,6 +22,7 @@ METRICS = (
     "prefilled_per_turn",
     "unfinished",
     "preemptions",
+    "held",
 )
 Key = tuple[str, int, str, int]  # configuration, agents, temperature, repeat
 

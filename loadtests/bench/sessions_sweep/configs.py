@@ -7,6 +7,8 @@ Configurations (the sweep package's `Config`: devices, policy, KV budget):
   with session-aware admission on (`max_wait_s` 600), at each budget;
 - `admit-documents-w240`, `admit-documents-wnone`: the same with `max_wait_s` 240 and unlimited
   (only at 12 and 16 agents, where the documents' budget cannot hold every session);
+- `gateway-documents`, `gateway-machine`: the control: the same policy through the gateway with
+  admission off, so what admission did is told from what the gateway's path does;
 - `pair-2dev`: the former policies/gb10-pair.yaml (loadtests/bench/sweep/pair-block5.yaml) on
   two GB10s (block 7 on one, block 5 on the other, a new session placed by load, then sticky);
 - `twins-2dev`: policies/gb10-pair.yaml since this sweep: two identical block-7 engines, one per
@@ -45,17 +47,19 @@ def engine_kv_tokens(budget: str) -> int:
     return n
 
 
-def admission(budget: str, max_wait_s: int | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """gb10.yaml with session-aware admission on (the contract of issue 28's point 2). The
-    engine's KV tokens are stated: the simulator's cache_config_info leaves num_gpu_blocks unset,
-    as vLLM does before it has profiled its memory."""
+def admission(
+    budget: str, max_wait_s: int | None, *, enabled: bool = True
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """gb10.yaml with session-aware admission on (the contract of issue 28's point 2), or off
+    (the control). The engine's KV tokens are stated: the simulator's cache_config_info leaves
+    num_gpu_blocks unset, as vLLM does before it has profiled its memory."""
 
     def edit(doc: dict[str, Any]) -> dict[str, Any]:
         out = copy.deepcopy(doc)
         out["backends"][D7]["kv_tokens"] = engine_kv_tokens(budget)
         out["backends"][D7].pop("repair", None)  # names an operator file's action: none here
         out.setdefault("admission", {})["sessions"] = {
-            "enabled": True,
+            "enabled": enabled,
             "max_wait_s": max_wait_s,
             "idle_s": 60,
             "fit_fraction": 0.9,
@@ -91,6 +95,17 @@ def all_configs() -> list[Config]:
                     edit=admission(b, wait),
                 )
             )
+    out += [
+        Config(
+            f"gateway-{b}",
+            f"policies/gb10.yaml through the gateway, session admission off, KV budget {b}",
+            ((D7,),),
+            policy=GB10,
+            kv_budget=b,
+            edit=admission(b, 600, enabled=False),
+        )
+        for b in ("documents", "machine")
+    ]
     out += [
         Config(
             "pair-2dev",
@@ -135,6 +150,8 @@ STAGES = (
     Stage("c-low", (4,), ("0.7",), (*STRAIGHT, *ADMIT)),
     Stage("c-one", (1, 2), ("0.7", "unset"), (*STRAIGHT, *ADMIT)),
     Stage("c-8", (8,), ("0.7",), ADMIT),
+    # The control: what the gateway's path does with admission off, where it fits and where not.
+    Stage("ctl", (8, 16), ("0.7",), ("gateway-machine", "gateway-documents")),
 )
 
 

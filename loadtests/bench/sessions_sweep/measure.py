@@ -20,6 +20,8 @@ import argparse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from loadtests.replay.report import dist
 from loadtests.replay.workload import WorkloadParams
 
@@ -70,6 +72,32 @@ def figures(report: Mapping[str, Any], start_s: float, end_s: float) -> dict[str
     }
 
 
+def admission_figures(metrics_text: str) -> dict[str, Any]:
+    """What session-aware admission did over a whole run (warm-up included), from the gateway's
+    own counters (proxy/observe/admission_metrics.py): the turns it decided, those it held, and
+    how the holds ended. Where everything fits, `held` must be 0: the rule did nothing."""
+    decided: dict[str, float] = {}
+    reasons: dict[str, float] = {}  # of the held turns
+    outcomes: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "specrouter_session_admission_total":
+                verdict = sample.labels["verdict"]
+                decided[verdict] = decided.get(verdict, 0.0) + sample.value
+                if verdict == "wait":
+                    why = sample.labels["reason"]
+                    reasons[why] = reasons.get(why, 0.0) + sample.value
+            elif sample.name == "specrouter_session_waits_total":
+                outcome = sample.labels["outcome"]
+                outcomes[outcome] = outcomes.get(outcome, 0.0) + sample.value
+    return {
+        "decided": int(sum(decided.values())),
+        "held": int(decided.get("wait", 0.0)),
+        "held_by_reason": {k: int(v) for k, v in sorted(reasons.items()) if v},
+        "wait_outcomes": {k: int(v) for k, v in sorted(outcomes.items()) if v},
+    }
+
+
 def params(agents: int, temperature: str, seed: int) -> WorkloadParams:
     temp = None if temperature == "unset" else float(temperature)
     return WorkloadParams(
@@ -101,10 +129,12 @@ def run_one(
     config = BY_NAME[config_name]
     wall = (warmup_s + window_s) * time_scale
     args = argparse.Namespace(duration=wall, progress_s=60.0, warmup=warmup_s * time_scale)
-    with started(config, time_scale=time_scale, seed=seed) as (target, kv):
+    with started(config, time_scale=time_scale, seed=seed) as (target, kv, gateway):
         report = replay(args, params(agents, temperature, seed), target, time_scale)
+        held = None if gateway is None else admission_figures(gateway.metrics())
     return {
         **figures(report, warmup_s, warmup_s + window_s),
         "kv_tokens": kv,
         "wall_s": report["wall_s"],
+        **({} if held is None else {"admission": held, "held": held["held"]}),
     }

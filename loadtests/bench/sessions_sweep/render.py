@@ -28,8 +28,9 @@ def _f(s: Mapping[str, Any], fmt: str, scale: float = 1.0) -> str:
 
 HEAD = (
     "| configuration | runs | window s | turns / h | turn s p50 | turn s p95 | turn s max | longest wait s "
-    "| TTFT s p50 | TTFT s p95 | prefix hits % | prefilled / turn | unfinished | busiest CPU |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| TTFT s p50 | TTFT s p95 | prefix hits % | prefilled / turn | unfinished | held turns "
+    "| busiest CPU |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -41,7 +42,7 @@ def row(name: str, f: Mapping[str, Any]) -> str:
         f"| {_f(f['longest_wait'], '.0f')} | {_f(f['ttft_p50'], '.1f')} "
         f"| {_f(f['ttft_p95'], '.0f')} | {_f(f['prefix_hit_rate'], '.1f', 100.0)} "
         f"| {_f(f['prefilled_per_turn'], ',.0f')} | {_f(f['unfinished'], '.0f')} "
-        f"| {f['cpu_max']:.0%} |"
+        f"| {_f(f['held'], '.0f')} | {f['cpu_max']:.0%} |"
     )
 
 

@@ -52,8 +52,9 @@ def _policy_doc(config: Config) -> dict[str, Any]:
 @contextlib.contextmanager
 def started(
     config: Config, *, time_scale: float, seed: int
-) -> Iterator[tuple[Address, dict[str, int]]]:
-    """The replay's target and each engine's KV tokens (as its simulator announced them)."""
+) -> Iterator[tuple[Address, dict[str, int], GatewayServer | None]]:
+    """The replay's target, each engine's KV tokens (as its simulator announced them) and the
+    gateway, if the configuration has one (its metrics say what its policy did)."""
     with contextlib.ExitStack() as stack:
         urls: dict[str, str] = {}
         pids: list[int] = []
@@ -83,7 +84,8 @@ def started(
             kv.update(dev.kv_tokens)
         metrics = [urls[b] for b in config.engines]
         if config.policy is None:
-            yield Address(urls[config.engines[0]], True, None, metrics, {"simulator": pids}), kv
+            target = Address(urls[config.engines[0]], True, None, metrics, {"simulator": pids})
+            yield target, kv, None
             return
         gw = stack.enter_context(
             GatewayServer(gateway_policy(config, urls, hash_key(CLIENT_KEY), time_scale))
@@ -91,4 +93,4 @@ def started(
         assert gw.proc is not None
         verify = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
         pids_by = {"simulator": pids, "gateway": [gw.proc.pid]}
-        yield Address(gw.base, verify, CLIENT_KEY, metrics, pids_by), kv
+        yield Address(gw.base, verify, CLIENT_KEY, metrics, pids_by), kv, gw

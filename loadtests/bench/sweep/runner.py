@@ -101,7 +101,7 @@ def run_one(
     args = argparse.Namespace(
         duration=plan.duration_s, progress_s=max(30.0, plan.duration_s), warmup=plan.warmup_s
     )
-    with started(config, time_scale=plan.time_scale, seed=seed) as (target, kv):
+    with started(config, time_scale=plan.time_scale, seed=seed) as (target, kv, _):
         report = replay(args, params, target, plan.time_scale)
     if out is not None:
         path = out / "runs" / f"a{agents}-t{temp_label(temp)}" / f"{config.name}-s{seed}.json"
