@@ -11,7 +11,8 @@ relays by the pull relay (aiohttp, a connection per request: non-streamed answer
 session, decision, upstream body, relay, measurement, log row), not TLS or HTTP parsing. CPU
 time of this process (`time.process_time`) per request, median of `--rounds` rounds of
 `--requests` requests each; on a shared machine read the spread, and compare one-line with
-agent-sized bodies within one run. `--cprofile` times functions by CPU time too (not wall
+agent-sized bodies within one run. `--steps` adds each step's CPU per request, timed where it
+runs in the live path (steps.py). `--cprofile` times functions by CPU time too (not wall
 time: the machine's other work, and the waits on the pacer, are not counted).
 """
 
@@ -36,6 +37,7 @@ import yaml
 
 from loadtests.bench.agent_body import Api, agent_body, one_line
 from loadtests.bench.overhead.stack import BENCH_KEY, MODEL, bench_policy
+from loadtests.bench.overhead.steps import StepClock, report
 from loadtests.harness.launch import Child
 from policies.compiled import compile_policy
 from policies.schema import load_policy
@@ -158,6 +160,10 @@ async def run(args: argparse.Namespace, port: int, workdir: Path) -> None:
             assert await one(app, path, raw, not args.pull) == 200
     per: dict[str, list[float]] = {k: [] for k in bodies}
     prof = cProfile.Profile(time.process_time) if args.cprofile else None
+    clock = StepClock() if args.steps else None
+    if clock is not None:
+        clock.install()
+    spent: dict[str, dict[str, float]] = {k: {} for k in bodies}
     for _ in range(args.rounds):
         for name, (path, raw) in bodies.items():
             if prof is not None and name.endswith("K"):
@@ -172,12 +178,19 @@ async def run(args: argparse.Namespace, port: int, workdir: Path) -> None:
             per[name].append((time.process_time() - c0) / args.requests * 1000)
             if prof is not None:
                 prof.disable()
+            if clock is not None:
+                for label, secs in clock.take().items():
+                    spent[name][label] = spent[name].get(label, 0.0) + secs
+    if clock is not None:
+        clock.uninstall()
     for name, vals in per.items():
         print(
             f"{name:<16} {len(bodies[name][1]) / 1024:7.1f} KiB  CPU per request "
             f"{statistics.median(vals):.3f} ms ({min(vals):.3f}-{max(vals):.3f}, "
             f"{args.rounds} rounds of {args.requests})"
         )
+        if clock is not None:
+            print(report(name, spent[name], args.rounds * args.requests))
     if prof is not None:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats(args.sort).print_stats(args.top)
@@ -194,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
     ap.add_argument("--pull", action="store_true", help="relay by the pull relay, not push")
     ap.add_argument("--cprofile", action="store_true", help="profile the agent-sized requests")
+    ap.add_argument("--steps", action="store_true", help="CPU per request of each step (steps.py)")
     ap.add_argument("--sort", default="tottime")
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args(argv)
