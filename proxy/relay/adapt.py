@@ -29,6 +29,9 @@ class Rule:
     endpoint: Endpoint
     refused_by: Callable[[str], bool]  # vLLM releases (a version string) that refuse the original
     edit: Callable[[Json], Json | None]
+    # Whether `edit` may change the body, read on the parsed body before its tree is released
+    # (a few lookups per item; `edit` on a released body scans its bytes): `candidates`.
+    may_edit: Callable[[Json], bool]
 
 
 def _parsed(value: Any, needle: bytes) -> Any:
@@ -62,25 +65,49 @@ def _encrypted_reasoning(body: Json) -> Json | None:
     return {**body, "input": out} if changed else None
 
 
+def _holds_encrypted_reasoning(body: Json) -> bool:
+    """On the parsed body: whether `_encrypted_reasoning` changes it (exactly when it does)."""
+    items = body.get("input")
+    return type(items) is list and any(
+        type(item) is dict and item.get("type") == "reasoning" and item.get("encrypted_content")
+        for item in items
+    )
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "responses-encrypted-reasoning",
         "responses",
         vllm_wire.refuses_encrypted_reasoning,
         _encrypted_reasoning,
+        _holds_encrypted_reasoning,
     ),
 )
 
 
+def candidates(body: Json, endpoint: Endpoint) -> frozenset[str]:
+    """The rules that may change this body for some engine, read while the body is parsed
+    (proxy/relay/exchange.py `release_tree`): an agent's 400 KiB Responses body without
+    encrypted reasoning is then not scanned for it on every attempt (~70 us a scan)."""
+    return frozenset(r.name for r in RULES if r.endpoint == endpoint and r.may_edit(body))
+
+
 def adapt(
-    body: Json, endpoint: Endpoint, kind: EngineKind, vllm_version: str
+    body: Json,
+    endpoint: Endpoint,
+    kind: EngineKind,
+    vllm_version: str,
+    only: frozenset[str] | None = None,
 ) -> tuple[Json, tuple[str, ...]]:
-    """The body for this engine, and the names of the rules that changed it."""
-    if kind != "vllm":
+    """The body for this engine, and the names of the rules that changed it. `only`: the
+    body's `candidates`, when known (no other rule can change it)."""
+    if kind != "vllm" or only is not None and not only:
         return body, ()
     applied: list[str] = []
     for rule in RULES:
         if rule.endpoint != endpoint or not rule.refused_by(vllm_version):
+            continue
+        if only is not None and rule.name not in only:
             continue
         edited = rule.edit(body)
         if edited is not None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import orjson
 
 from proxy.backends.engines import prefix_affinity
+from proxy.relay.adapt import candidates
 from proxy.relay.asgi import respond
 from proxy.relay.errors import error_body
 from proxy.relay.fields import client_request_id
@@ -70,6 +71,7 @@ class Exchange(Generic[R]):
         "body",
         "encoded",
         "affinity",
+        "adaptable",
         "model",
         "record",
         "decision",
@@ -94,6 +96,7 @@ class Exchange(Generic[R]):
     body: dict[str, Any]
     encoded: Encoded  # the body's containers as `check_fields` serialised them, for the rewrite
     affinity: bytes | None  # the conversation's opening, for an engine of several (engines.py)
+    adaptable: frozenset[str]  # the adaptations that may change the body (adapt.py `candidates`)
     model: str
     record: RequestRecord
     decision: Decision
@@ -135,6 +138,7 @@ class Exchange(Generic[R]):
         again (`parsed_body`)."""
         body = self.body
         self.affinity = prefix_affinity(body) if self.policy.several_engines else None
+        self.adaptable = candidates(body, self.endpoint)
         for name, (value, json) in self.encoded.items():
             if name != "stream_options" and body.get(name) is value:
                 body[name] = json

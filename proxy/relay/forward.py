@@ -196,7 +196,10 @@ async def open_engine(
     body bytes."""
     usage = plan_usage(x.body, x.endpoint, backend.kind)
     version = backend.engine.vllm_version or x.policy.document.deployment.vllm_version
-    body, adapted = adapt(body, x.endpoint, backend.kind, version)
+    # The rules that may change the request were read before its tree was freed; a
+    # continuation's body is another, judged whole.
+    only = x.adaptable if body is x.body else None
+    body, adapted = adapt(body, x.endpoint, backend.kind, version, only)
     x.record.adapted = adapted  # the answering engine's (the last attempt's)
     for rule in adapted:  # proxy/relay/adapt.py: what this engine refuses, left out
         x.gw.metrics.adaptations.labels(rule, x.record.backend).inc()

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from proxy import vllm_wire
-from proxy.relay.adapt import RULES, adapt
+from proxy.relay.adapt import RULES, adapt, candidates
 
 BLOB = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAAA..."}
 READABLE = {"type": "reasoning", "id": "rs_2", "summary": [], "content": None}
@@ -116,3 +116,35 @@ def test_the_simulator_refuses_and_the_gateway_adapts(certs: Any) -> None:
             assert counted == ['backend="coder-a",rule="responses-encrypted-reasoning"} 1.0']
             rows = [logged(gw, r.headers["x-request-id"]) for r in (adapted, kept)]
             assert [row["adapted"] for row in rows] == ["responses-encrypted-reasoning", None]
+
+
+def test_candidates_read_on_the_parsed_body_say_exactly_when_a_rule_edits() -> None:
+    """`candidates` (read before the tree is released) names a rule exactly when its edit
+    changes the body: with them, `adapt` skips scanning a released body's bytes, and answers
+    the same as without them."""
+    bodies = [
+        _body(BLOB, CALL),
+        _body(SUMMARISED),
+        _body(READABLE, CALL),
+        _body({**BLOB, "encrypted_content": ""}),  # an empty blob: nothing to leave out
+        _body({**BLOB, "type": "message"}),  # not a reasoning item
+        {"model": "m", "input": ["a string item", 3, None, BLOB]},
+        {"model": "m", "input": "one prompt"},
+        {"model": "m"},
+    ]
+    for body in bodies:
+        names = candidates(body, "responses")
+        edits = {r.name for r in RULES if r.endpoint == "responses" and r.edit(body) is not None}
+        assert names == edits, body
+        released = {**body}
+        if isinstance(body.get("input"), list):
+            released["input"] = memoryview(orjson.dumps(body["input"]))
+        with_hint = adapt(released, "responses", "vllm", "0.32.0", names)
+        assert with_hint[1] == adapt(released, "responses", "vllm", "0.32.0")[1]
+        assert orjson.dumps(with_hint[0]["input"] if with_hint[1] else body.get("input")) == (
+            orjson.dumps(adapt(body, "responses", "vllm", "0.32.0")[0].get("input"))
+        )
+    assert candidates(_body(BLOB), "chat") == frozenset()  # another endpoint: no rule's
+    # the hint is taken as it is: a body it names no rule for is not read again
+    released = {"model": "m", "input": memoryview(orjson.dumps([BLOB]))}
+    assert adapt(released, "responses", "vllm", "0.32.0", frozenset()) == (released, ())

@@ -5,11 +5,15 @@
 
 The gateway's public app (proxy/relay/app.py) is called as ASGI, in this process, against the
 pacer (a child process): the body handed over in 64 KiB messages as uvicorn does, the answer
-relayed by the pull relay and dropped. What is timed is the request path (read, parse, checks,
+relayed by the push relay (as `specrouter serve` relays streams: a kept engine connection, the
+body's pieces written with one `writelines`) to a client transport that drops it; `--pull`
+relays by the pull relay (aiohttp, a connection per request: non-streamed answers) instead. What is timed is the request path (read, parse, checks,
 session, decision, upstream body, relay, measurement, log row), not TLS or HTTP parsing. CPU
 time of this process (`time.process_time`) per request, median of `--rounds` rounds of
 `--requests` requests each; on a shared machine read the spread, and compare one-line with
-agent-sized bodies within one run.
+agent-sized bodies within one run. `--steps` adds each step's CPU per request, timed where it
+runs in the live path (steps.py). `--cprofile` times functions by CPU time too (not wall
+time: the machine's other work, and the waits on the pacer, are not counted).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import functools
 import io
 import pstats
 import re
@@ -32,16 +37,46 @@ import yaml
 
 from loadtests.bench.agent_body import Api, agent_body, one_line
 from loadtests.bench.overhead.stack import BENCH_KEY, MODEL, bench_policy
+from loadtests.bench.overhead.steps import StepClock, report
 from loadtests.harness.launch import Child
 from policies.compiled import compile_policy
 from policies.schema import load_policy
 from proxy.gateway import Gateway
 from proxy.memory import tune_allocator
 from proxy.relay.app import PublicApp
+from proxy.relay.channel import PushChannel
 from proxy.settings import Settings
 
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 CHUNK = 65536
+
+
+class _Dropped:
+    """The client's side of the push relay: a transport that takes every byte and drops it."""
+
+    write_paused = False
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    async def drain(self) -> None:
+        pass
+
+
+class _Protocol:
+    """What `PushChannel` reads of our server's protocol (proxy/servers.py)."""
+
+    def __init__(self) -> None:
+        self.transport = self.flow = _Dropped()
+        self.cycle = self
+        self.disconnected = False
+        self.on_lost: Any = None
 
 
 def _gateway(pacer_port: int, workdir: Path) -> Gateway:
@@ -61,7 +96,14 @@ def body_of(api: Api, size: int) -> bytes:
     return orjson.dumps(body)
 
 
-async def one(app: PublicApp, path: str, raw: bytes) -> int:
+@functools.lru_cache(maxsize=16)
+def _pieces(raw: bytes) -> list[bytes]:
+    """The body as uvicorn hands it over, cut once (the harness's copies are not the gateway's)."""
+    return [raw[i : i + CHUNK] for i in range(0, len(raw), CHUNK)] or [b""]
+
+
+async def one(app: PublicApp, path: str, raw: bytes, push: bool = True) -> int:
+    protocol = _Protocol()
     scope: dict[str, Any] = {
         "type": "http",
         "method": "POST",
@@ -72,9 +114,9 @@ async def one(app: PublicApp, path: str, raw: bytes) -> int:
             (b"content-length", str(len(raw)).encode()),
         ],
         "client": ("127.0.0.1", 1),
-        "extensions": {},
+        "extensions": {"specrouter.push": PushChannel(protocol)} if push else {},
     }
-    pieces = [raw[i : i + CHUNK] for i in range(0, len(raw), CHUNK)] or [b""]
+    pieces = _pieces(raw)
     sent = 0
     done = asyncio.Event()
     status = 0
@@ -99,6 +141,7 @@ async def one(app: PublicApp, path: str, raw: bytes) -> int:
             done.set()
 
     await app(scope, receive, send)
+    del protocol  # held until the answer ends, as the connection holds it
     done.set()
     return status
 
@@ -114,9 +157,13 @@ async def run(args: argparse.Namespace, port: int, workdir: Path) -> None:
     }
     for path, raw in bodies.values():  # warm up: pools, caches, lazy imports
         for _ in range(20):
-            assert await one(app, path, raw) == 200
+            assert await one(app, path, raw, not args.pull) == 200
     per: dict[str, list[float]] = {k: [] for k in bodies}
-    prof = cProfile.Profile() if args.cprofile else None
+    prof = cProfile.Profile(time.process_time) if args.cprofile else None
+    clock = StepClock() if args.steps else None
+    if clock is not None:
+        clock.install()
+    spent: dict[str, dict[str, float]] = {k: {} for k in bodies}
     for _ in range(args.rounds):
         for name, (path, raw) in bodies.items():
             if prof is not None and name.endswith("K"):
@@ -125,18 +172,25 @@ async def run(args: argparse.Namespace, port: int, workdir: Path) -> None:
 
             async def loop(path: str = path, raw: bytes = raw) -> None:
                 for _ in range(args.requests // args.concurrency):
-                    await one(app, path, raw)
+                    await one(app, path, raw, not args.pull)
 
             await asyncio.gather(*(loop() for _ in range(args.concurrency)))
             per[name].append((time.process_time() - c0) / args.requests * 1000)
             if prof is not None:
                 prof.disable()
+            if clock is not None:
+                for label, secs in clock.take().items():
+                    spent[name][label] = spent[name].get(label, 0.0) + secs
+    if clock is not None:
+        clock.uninstall()
     for name, vals in per.items():
         print(
             f"{name:<16} {len(bodies[name][1]) / 1024:7.1f} KiB  CPU per request "
             f"{statistics.median(vals):.3f} ms ({min(vals):.3f}-{max(vals):.3f}, "
             f"{args.rounds} rounds of {args.requests})"
         )
+        if clock is not None:
+            print(report(name, spent[name], args.rounds * args.requests))
     if prof is not None:
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats(args.sort).print_stats(args.top)
@@ -151,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    ap.add_argument("--pull", action="store_true", help="relay by the pull relay, not push")
     ap.add_argument("--cprofile", action="store_true", help="profile the agent-sized requests")
+    ap.add_argument("--steps", action="store_true", help="CPU per request of each step (steps.py)")
     ap.add_argument("--sort", default="tottime")
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args(argv)
