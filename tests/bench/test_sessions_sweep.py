@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from loadtests.bench.sessions_sweep.aggregate import append, cells, done, read
+from loadtests.bench.sessions_sweep.aggregate import append, cells, done, paired, read
 from loadtests.bench.sessions_sweep.configs import BY_NAME, STAGES, schedule
 from loadtests.bench.sessions_sweep.measure import admission_figures, window_figures
 from loadtests.bench.sessions_sweep.render import BEGIN, END, tables, update
@@ -169,3 +170,24 @@ def test_what_admission_did_is_read_from_the_gateways_own_counters() -> None:
     }
     nothing = admission_figures(generate_latest(CollectorRegistry()).decode())
     assert nothing == {"decided": 0, "held": 0, "held_by_reason": {}, "wait_outcomes": {}}
+
+
+def test_paired_ratios_divide_by_the_straight_run_of_the_same_seed() -> None:
+    def rec(config: str, repeat: int, tph: float) -> dict[str, Any]:
+        return {"config": config, "agents": 8, "temperature": "0.7", "repeat": repeat,
+                "turns_per_hour": tph, "time_scale": 0.05, "warmup_s": 600.0}  # fmt: skip
+
+    records = [
+        rec("straight-machine", 0, 300.0),
+        rec("admit-machine", 0, 360.0),  # 1.2 of its own seed's straight run
+        rec("straight-machine", 1, 500.0),  # a seed of smaller sessions: every config faster
+        rec("admit-machine", 1, 550.0),  # 1.1
+        rec("admit-documents", 1, 400.0),  # no straight-documents of seed 1: no ratio
+        rec("admit-machine", 2, 900.0),  # no straight run of seed 2: no ratio
+        rec("twins-2dev", 0, 800.0),  # two GB10s: not paired
+    ]
+    got = paired(records)[(8, "0.7")]
+    assert set(got) == {"admit-machine"}
+    assert got["admit-machine"]["n"] == 2
+    assert (got["admit-machine"]["min"], got["admit-machine"]["max"]) == pytest.approx((1.1, 1.2))
+    assert "| 1.15 [1.10-1.20] |" in tables(records)

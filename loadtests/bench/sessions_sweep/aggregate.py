@@ -72,3 +72,33 @@ def cells(
             for name, recs in by.items()
         }
     return out
+
+
+def straight_of(config: str) -> str | None:
+    """The straight run a configuration is paired with: the engine alone at the same budget
+    (none for the straight runs themselves and the two-GB10 ones)."""
+    if config.startswith("straight-") or config.endswith("-2dev"):
+        return None
+    return "straight-machine" if "-machine" in config else "straight-documents"
+
+
+def paired(records: Sequence[Mapping[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
+    """(agents, temperature) -> configuration -> the spread of its turns per hour over its
+    straight run's of the same repeat: the same seed, so the same sessions. The repeats'
+    workloads differ (sessions of other sizes): a ratio within a repeat takes that out."""
+    by: dict[tuple[int, str, int], dict[str, float]] = {}
+    for rec in records:
+        if not rec.get("failed") and rec.get("turns_per_hour"):
+            cell = by.setdefault((rec["agents"], rec["temperature"], rec["repeat"]), {})
+            cell[rec["config"]] = rec["turns_per_hour"]
+    ratios: dict[tuple[int, str], dict[str, list[float]]] = {}
+    for (agents, temp, _), runs in by.items():
+        for config, value in runs.items():
+            base = straight_of(config)
+            if base is not None and base in runs:
+                out = ratios.setdefault((agents, temp), {})
+                out.setdefault(config, []).append(value / runs[base])
+    return {
+        cell: {config: spread(values) for config, values in configs.items()}
+        for cell, configs in ratios.items()
+    }

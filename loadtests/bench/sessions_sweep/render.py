@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .aggregate import cells
+from .aggregate import cells, paired
 from .configs import BY_NAME
 
 BEGIN, END = "<!-- sessions-sweep:begin -->", "<!-- sessions-sweep:end -->"
@@ -29,12 +29,12 @@ def _f(s: Mapping[str, Any], fmt: str, scale: float = 1.0) -> str:
 HEAD = (
     "| configuration | runs | window s | turns / h | turn s p50 | turn s p95 | turn s max | longest wait s "
     "| TTFT s p50 | TTFT s p95 | prefix hits % | prefilled / turn | unfinished | held turns "
-    "| busiest CPU |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| turns / h over straight, same seed | busiest CPU |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
-def row(name: str, f: Mapping[str, Any]) -> str:
+def row(name: str, f: Mapping[str, Any], ratio: Mapping[str, Any] | None = None) -> str:
     return (
         f"| {name} | {f['runs']} | {'/'.join(f'{w:g}' for w in f.get('windows', []))} "
         f"| {_f(f['turns_per_hour'], '.0f')} | {_f(f['turn_p50'], '.0f')} "
@@ -42,12 +42,13 @@ def row(name: str, f: Mapping[str, Any]) -> str:
         f"| {_f(f['longest_wait'], '.0f')} | {_f(f['ttft_p50'], '.1f')} "
         f"| {_f(f['ttft_p95'], '.0f')} | {_f(f['prefix_hit_rate'], '.1f', 100.0)} "
         f"| {_f(f['prefilled_per_turn'], ',.0f')} | {_f(f['unfinished'], '.0f')} "
-        f"| {_f(f['held'], '.0f')} | {f['cpu_max']:.0%} |"
+        f"| {_f(f['held'], '.0f')} | {_f(ratio or {}, '.2f')} | {f['cpu_max']:.0%} |"
     )
 
 
 def tables(records: Sequence[Mapping[str, Any]]) -> str:
     agg = cells(records)
+    ratios = paired(records)
     order = list(BY_NAME)
     parts: list[str] = []
     for (agents, temp), by in sorted(agg.items(), key=lambda kv: (kv[0][0], kv[0][1])):
@@ -58,7 +59,7 @@ def tables(records: Sequence[Mapping[str, Any]]) -> str:
             f"**{agents} agent{'s' if agents > 1 else ''}, temperature {temp}** (time scale "
             f"{', '.join(f'{s:g}' for s in scales)}; the window after a "
             f"{', '.join(f'{w:g}' for w in warm)} s warm-up):\n\n{HEAD}\n"
-            + "\n".join(row(n, by[n]) for n in names)
+            + "\n".join(row(n, by[n], ratios.get((agents, temp), {}).get(n)) for n in names)
         )
     return "\n\n".join(parts)
 
