@@ -101,7 +101,7 @@ def adapt(
 ) -> tuple[Json, tuple[str, ...]]:
     """The body for this engine, and the names of the rules that changed it. `only`: the
     body's `candidates`, when known (no other rule can change it)."""
-    if kind != "vllm" or only is not None and not only:
+    if kind != "vllm":
         return body, ()
     applied: list[str] = []
     for rule in RULES:

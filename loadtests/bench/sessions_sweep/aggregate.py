@@ -10,6 +10,8 @@ from typing import Any
 
 from loadtests.bench.sweep.verdict import spread
 
+from .configs import BY_NAME
+
 METRICS = (
     "turns_per_hour",
     "turn_p50",
@@ -74,12 +76,13 @@ def cells(
     return out
 
 
-def straight_of(config: str) -> str | None:
+def straight_of(name: str) -> str | None:
     """The straight run a configuration is paired with: the engine alone at the same budget
     (none for the straight runs themselves and the two-GB10 ones)."""
-    if config.startswith("straight-") or config.endswith("-2dev"):
+    config = BY_NAME.get(name)
+    if config is None or config.policy is None or config.machines != 1:
         return None
-    return "straight-machine" if "-machine" in config else "straight-documents"
+    return f"straight-{config.kv_budget}"
 
 
 def paired(records: Sequence[Mapping[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:
