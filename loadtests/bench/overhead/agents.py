@@ -171,8 +171,14 @@ def cell(values: list[float], fmt: str = ".2f") -> str:
     return f"{med:{fmt}} ({min(values):{fmt}}–{max(values):{fmt}})"
 
 
-# What the goals allow over the bare relay: one orjson parse and one write of the 406 KiB body.
+# What the goals allow over the bare relay: one orjson parse and one write of the 406 KiB body,
+# as the issue timed them alone; `relay_json` (bare_relay.py --json) does exactly that work in
+# the same run, so the allowance is also measured as warm or cold as the run leaves the caches.
 PARSE_AND_WRITE_MS = 0.55
+
+
+def _verdict(strict: bool, medians: bool) -> str:
+    return "met" if strict else "met (medians)" if medians else "NOT met"
 
 
 def goals(figs: dict[str, dict[str, Values]]) -> list[str]:
@@ -188,24 +194,32 @@ def goals(figs: dict[str, dict[str, Values]]) -> list[str]:
             if not gw or not rl:
                 continue
             bound = (pct(rl, 50) or 0.0) + PARSE_AND_WRITE_MS
-            strict = max(gw) <= min(rl) + PARSE_AND_WRITE_MS
             med = pct(gw, 50) or 0.0
-            verdict = "met" if strict else "met (medians)" if med <= bound else "NOT met"
-            out.append(
+            verdict = _verdict(max(gw) <= min(rl) + PARSE_AND_WRITE_MS, med <= bound)
+            line = (
                 f"{api} 406 KiB, 1 stream, what the body adds to {label}: gateway "
                 f"{cell(gw)} ms vs relay {cell(rl)} ms + {PARSE_AND_WRITE_MS} = "
                 f"{bound:.2f} ms: {verdict}"
             )
+            rj = one[key].get("relay_json", [])
+            if rj:  # the allowance measured: a relay that parses and writes the body once
+                measured = _verdict(max(gw) <= min(rj), med <= (pct(rj, 50) or 0.0))
+                line += f"; vs relay_json {cell(rj)} ms (measured allowance): {measured}"
+            out.append(line)
         if eight is not None:
             gw, rl = eight["ttft"].get("gateway", []), eight["ttft"].get("relay", [])
             if gw and rl:
                 ratio = (pct(gw, 50) or 0.0) / max(pct(rl, 50) or 0.0, 1e-3)
-                strict = max(gw) <= 1.5 * min(rl)
-                verdict = "met" if strict else "met (medians)" if ratio <= 1.5 else "NOT met"
-                out.append(
+                verdict = _verdict(max(gw) <= 1.5 * min(rl), ratio <= 1.5)
+                line = (
                     f"{api} 406 KiB, 8 streams, added TTFT: gateway {cell(gw)} ms vs relay "
                     f"{cell(rl)} ms: {ratio:.2f}x (goal <= 1.5x): {verdict}"
                 )
+                rj = eight["ttft"].get("relay_json", [])
+                if rj:
+                    rj_ratio = (pct(rj, 50) or 0.0) / max(pct(rl, 50) or 0.0, 1e-3)
+                    line += f" (relay_json {cell(rj)} ms: {rj_ratio:.2f}x)"
+                out.append(line)
     return out
 
 
@@ -227,7 +241,9 @@ def against_baseline(figs: dict[str, dict[str, Values]], scs: Sequence[Scenario]
 def render(results: Sequence[RoundResult], scs: Sequence[Scenario]) -> str:
     figs = figures(results, scs)
     targets = [
-        t for t in ("gateway", "baseline", "relay", "nginx") if any(r.target == t for r in results)
+        t
+        for t in ("gateway", "baseline", "relay", "relay_json", "nginx")
+        if any(r.target == t for r in results)
     ]
     rows = [
         ("ttft", "added TTFT p50 (ms)"),

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from loadtests.bench.overhead.result import RoundResult
 from loadtests.bench.overhead.rounds import Bench, Spec
-from loadtests.bench.overhead.stack import TARGETS
+from loadtests.bench.overhead.stack import AGENTS_ONLY, TARGETS
 from loadtests.harness.procfs import rss_bytes
 
 
@@ -79,6 +79,7 @@ async def run_plan(bench: Bench, plan: Plan, *, kinds: Sequence[str]) -> list[Ro
     warm = Spec("warmup", 16, 1.0, 8, 0.5, 0.1, (0.0, 0.01))
     for name in names:  # open the proxies' upstream pools, page everything in
         await bench.closed_loop(name, warm, -1, 1)
+    names = [n for n in names if n not in AGENTS_ONLY]  # warmed above, measured by agents.py
     proxies = [n for n in names if n != "direct"]
     for name in proxies:
         results.append(

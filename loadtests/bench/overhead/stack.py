@@ -30,7 +30,10 @@ from proxy.certs import CertFiles, make_local_ca
 BENCH_KEY = "sk-bench-overhead"
 ADMIN_TOKEN = "bench-admin-token-of-thirty-two-chars"  # 32+: the gateway refuses less
 MODEL = "pacer"
-TARGETS = ("direct", "gateway", "baseline", "relay", "nginx")
+TARGETS = ("direct", "gateway", "baseline", "relay", "relay_json", "nginx")
+# Targets only the agents' rounds measure (agents.py): the bare relay that parses the body and
+# writes it back, the allowance of issue 29's goals.
+AGENTS_ONLY = frozenset({"relay_json"})
 
 
 def _tree(pid: int) -> Callable[[], list[int]]:
@@ -171,31 +174,33 @@ class Stack:
         if self.baseline_checkout is not None:
             self._start_baseline(self.baseline_checkout, policy_path, certs, client_tls, bearer)
         if self.want_relay:  # the bare relay (bare_relay.py): the floor of the Python stack
-            relay = self._spawn(
-                Child(
-                    "relay",
-                    [
-                        sys.executable,
-                        "-m",
-                        "loadtests.bench.overhead.bare_relay",
-                        "--upstream",
-                        f"http://127.0.0.1:{pacer_port}",
-                        "--cert",
-                        str(certs.cert),
-                        "--key",
-                        str(certs.key),
-                    ],
-                    ready=re.compile(r"bare relay listening on https://127\.0\.0\.1:(\d+)"),
-                    detach=True,
-                )
-            )
-            assert relay.match is not None
-            relay_pid = relay.pid
-            self.targets["relay"] = Arm(
-                "relay", int(relay.match.group(1)), client_tls, bearer, lambda: [relay_pid]
-            )
+            self._start_relay("relay", pacer_port, certs, client_tls, bearer)
+            self._start_relay("relay_json", pacer_port, certs, client_tls, bearer, "--json")
         if self.want_nginx:
             self._start_nginx(pacer_port, certs, client_tls, bearer)
+
+    def _start_relay(
+        self,
+        name: str,
+        pacer_port: int,
+        certs: CertFiles,
+        client_tls: ssl.SSLContext,
+        bearer: bytes,
+        *extra: str,
+    ) -> None:
+        upstream = f"http://127.0.0.1:{pacer_port}"
+        args = ["--upstream", upstream, "--cert", str(certs.cert), "--key", str(certs.key), *extra]
+        relay = self._spawn(
+            Child(
+                name,
+                [sys.executable, "-m", "loadtests.bench.overhead.bare_relay", *args],
+                ready=re.compile(r"bare relay listening on https://127\.0\.0\.1:(\d+)"),
+                detach=True,
+            )
+        )
+        assert relay.match is not None
+        pid = relay.pid
+        self.targets[name] = Arm(name, int(relay.match.group(1)), client_tls, bearer, lambda: [pid])
 
     def _start_baseline(
         self,
