@@ -11,8 +11,9 @@ It starts, on loopback only:
 - the real gateway (`specrouter serve`, TLS with a throwaway local CA) in front of it;
 - nginx as a TLS reverse proxy in front of it (`proxy_buffering off`, keepalive upstream), when
   an `nginx` binary is on PATH (or in /usr/sbin); otherwise that column is skipped;
-- a bare relay (bare_relay.py: Starlette + aiohttp on uvicorn, TLS, no parsing): the floor of
-  a Python gateway on the same stack (`--no-relay` skips it);
+- a bare relay (bare_relay.py: Starlette + aiohttp on uvicorn and uvloop, TLS, no parsing): the
+  floor of a Python gateway on the same stack (`--no-relay` skips it), and `relay_json`, the same
+  relay parsing and writing the body once (the agents' rounds only: issue 29's allowance);
 - with `--baseline-gateway CHECKOUT`, a second gateway (`baseline`) from another checkout of
   this repository (a `git worktree` of main, say), by this interpreter with that checkout first
   on the path: today's code and the change measured in the same interleaved rounds;
@@ -33,7 +34,7 @@ Then the agents' rounds (agents.py): agent-sized bodies (chat with tools at 100 
 Responses and a Messages request of 406 KiB, from loadtests/bench/agent_body.py) beside one-line
 prompts of the same API, at 1 and 8 streams, 10-chunk responses: added TTFT, CPU per request,
 what the body adds (the body round minus the one-line round), and issue 29's goals as ratios to
-the bare relay. `profile_request.py` profiles one such request inside one process.
+the bare relay and to relay_json. `profile_request.py` profiles one such request inside one process.
 And, once, right after the warm-up: `rss256`, 256 streams open at once (100 ms step), the
 proxy's resident memory sampled while all 256 stream. The proxies' RSS idle (after the warm-up)
 and at the end of the run are shown too: the unpaced `sat` streams are long (thousands of chunks
