@@ -209,7 +209,8 @@ def goals(figs: dict[str, dict[str, Values]]) -> list[str]:
         if eight is not None:
             gw, rl = eight["ttft"].get("gateway", []), eight["ttft"].get("relay", [])
             if gw and rl:
-                ratio = (pct(gw, 50) or 0.0) / max(pct(rl, 50) or 0.0, 1e-3)
+                relay_med = max(pct(rl, 50) or 0.0, 1e-3)
+                ratio = (pct(gw, 50) or 0.0) / relay_med
                 verdict = _verdict(max(gw) <= 1.5 * min(rl), ratio <= 1.5)
                 line = (
                     f"{api} 406 KiB, 8 streams, added TTFT: gateway {cell(gw)} ms vs relay "
@@ -217,7 +218,7 @@ def goals(figs: dict[str, dict[str, Values]]) -> list[str]:
                 )
                 rj = eight["ttft"].get("relay_json", [])
                 if rj:
-                    rj_ratio = (pct(rj, 50) or 0.0) / max(pct(rl, 50) or 0.0, 1e-3)
+                    rj_ratio = (pct(rj, 50) or 0.0) / relay_med
                     line += f" (relay_json {cell(rj)} ms: {rj_ratio:.2f}x)"
                 out.append(line)
     return out
