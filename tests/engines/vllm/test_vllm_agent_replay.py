@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
 from loadtests.harness.vllm import SERVED
@@ -22,7 +24,7 @@ from loadtests.sim.scripted import SUBAGENT_PROMPT
 from proxy import vllm_wire
 from tests.engines.vllm import replay
 from tests.engines.vllm.conftest import Engines
-from tests.engines.vllm.replay import Replayed, replay_all
+from tests.engines.vllm.replay import ROOT, Replayed, replay_all
 
 TTFT = "vllm:time_to_first_token_seconds_sum"
 ITL = "vllm:inter_token_latency_seconds"  # _sum, _count: one sample per engine step
@@ -112,6 +114,50 @@ def test_encrypted_reasoning_is_adapted_and_counted(
     assert one.row["adapted"] == "responses-encrypted-reasoning"
     others = [o for s, ones in replayed.items() if s != "codex-encrypted" for o in ones]
     assert not any('encrypted_content":"gAAAA' in o.rec.body.decode() for o in others)
+
+
+def test_codex_cache_hits_are_what_vllms_rendering_shares(
+    replayed: dict[str, list[Replayed]], vllm: Engines
+) -> None:
+    """Each Codex request's prefix-cache hits are the whole blocks of what its prompt, rendered
+    as vLLM renders it (scripts/vllm_prompt_prefix.py, run on vLLM's own functions), shares
+    with the session's earlier prompts. The `exec resume` turn (#3) sends a new developer
+    message (read-only permissions) after the first turn: vLLM, whose template here does not
+    name the `developer` role, merges it into the system message at the top, so the resumed
+    turn shares only the first system block (docs/vllm-adaptations.md)."""
+    engine = vllm.ngram
+    out = subprocess.run(
+        [
+            str(engine.home / "venv" / "bin" / "python"),
+            str(ROOT / "scripts" / "vllm_prompt_prefix.py"),
+            "--model",
+            str(engine.models / "target"),
+            str(replay.RECORDINGS / "codex.jsonl.gz"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    rendered = {r["name"]: r for r in map(json.loads, out.splitlines())}
+    block = _block_size(engine.metrics_text())
+    seen: dict[str, tuple[int, int]] = {}
+    for one in replayed["codex"]:
+        mine = rendered[one.rec.name]
+        # vLLM computes a prompt's last token however much is cached
+        expected = min(mine["shared_tokens"], mine["prompt_tokens"] - 1) // block * block
+        seen[one.rec.name] = (one.row["cached_tokens"] or 0, expected)
+        assert one.row["prompt_tokens"] == mine["prompt_tokens"], (one.rec.name, mine)
+    assert all(cached == expected for cached, expected in seen.values()), seen
+    resumed, before = rendered["codex#3"], rendered["codex#2"]
+    assert resumed["shared_tokens"] < before["prompt_tokens"] // 2, (resumed, before)
+
+
+def _block_size(page: str) -> int:
+    for family in text_string_to_metric_families(page):
+        if family.name == vllm_wire.Family.CACHE_CONFIG_INFO:
+            return int(family.samples[0].labels["block_size"])
+    raise AssertionError("vLLM's /metrics has no cache_config_info")
 
 
 def test_figures_equal_vllms_counters(
