@@ -91,6 +91,7 @@ class CompiledPolicy:
         "routes",
         "backends",
         "several_engines",
+        "developer_in_place",
         "guards",
         "_by_model",
         "_by_key",
@@ -110,6 +111,8 @@ class CompiledPolicy:
         self.backends: Mapping[str, BackendSpec] = MappingProxyType(dict(doc.backends))
         # Whether a request may need the engine-affinity key (a backend with several engines).
         self.several_engines = any(len(b.engine_urls) > 1 for b in doc.backends.values())
+        # Whether a request's body is read for the opt-in adaptations (proxy/relay/adapt.py).
+        self.developer_in_place = any(b.developer_in_place for b in doc.backends.values())
         self.sessions: SessionsSpec = doc.sessions
         routes = {name: _compile_route(name, spec, doc) for name, spec in doc.routes.items()}
         self.routes: Mapping[str, CompiledRoute] = MappingProxyType(routes)

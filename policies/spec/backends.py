@@ -86,6 +86,12 @@ class BackendSpec(StrictModel):
     max_concurrency: Annotated[int, Field(ge=1, le=4096)] = 16  # admission limit = max_num_seqs
     api_key: Annotated[str, Field(pattern=NAME)] | None = None  # an operator-defined secret
     priority_scheduling: bool = False
+    # A Responses or chat conversation's `developer` messages after its first turn go to this
+    # engine as `user` messages, in place: vLLM merges every developer message into the system
+    # message at the top when the model's chat template lacks the `developer` role (Qwen's
+    # do), so a new one mid-thread (Codex's permissions on a resumed turn) would have the whole
+    # conversation prefilled again. Off: the engine gets them as sent (docs/vllm-adaptations.md).
+    developer_in_place: bool = False
     speculative: SpeculativeSpec | None = None
     # The GPU the engine runs on: backends naming the same device share its time and memory
     # (co-located engines slow each other; the simulator's model is loadtests/sim/device.py).
@@ -136,6 +142,8 @@ class BackendSpec(StrictModel):
     def _check_shape(self) -> BackendSpec:
         if (self.url is None) == (self.urls is None):
             raise ValueError("give exactly one of url or urls")
+        if self.developer_in_place and (self.kind != "vllm" or self.task != "generate"):
+            raise ValueError("developer_in_place is for a vllm backend that generates")
         if self.task == "embed" and self.speculative is not None:
             raise ValueError("an embed backend cannot have a speculative configuration")
         if self.task == "embed" and (self.engine.tool_call_parser or self.engine.reasoning_parser):

@@ -4,8 +4,10 @@ refuses part of it serves it, where the agent does not need that part.
 Each rule is pure (a body in, the adapted body out, or None when it does not apply), names the
 engines it is for (kind, and the vLLM releases that refuse the original: vLLM's wire facts,
 proxy/vllm_wire.py), and is counted per backend (`specrouter_adaptations_total{rule,backend}`,
-proxy/observe/metrics.py). An engine that accepts the original gets it untouched.
-docs/vllm-adaptations.md lists the rules and what vLLM cannot serve at all.
+proxy/observe/metrics.py). An engine that accepts the original gets it untouched. An opt-in
+rule changes what an engine would serve, not whether: it runs only for a backend whose policy
+asks for it (`developer_in_place`). docs/vllm-adaptations.md lists the rules and what vLLM
+cannot serve at all.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Rule:
     # Whether `edit` may change the body, read on the parsed body before its tree is released
     # (a few lookups per item; `edit` on a released body scans its bytes): `candidates`.
     may_edit: Callable[[Json], bool]
+    opt_in: bool = False  # only for a backend with `developer_in_place` (policies/spec)
 
 
 def _parsed(value: Any, needle: bytes) -> Any:
@@ -74,6 +77,61 @@ def _holds_encrypted_reasoning(body: Json) -> bool:
     )
 
 
+_LEADING = frozenset({"developer", "system"})
+
+
+def _in_place(items: Any) -> list[Any] | None:
+    """A conversation's `developer` and `system` messages that come after its first other item,
+    made `user` messages, when it holds a `developer` message at all; None when none moves.
+
+    vLLM (0.32.0's HF renderer, since its pull request 43590) turns every `developer` message
+    into a `system` one when the chat template does not name that role, and merges every
+    system message into one at the top. A developer message sent after the thread began
+    (Codex's new permissions on `exec resume`) then lands in the first system block, and the
+    whole conversation after it is prefilled again. As a `user` message it stays in place."""
+    if type(items) is not list:
+        return None
+    roles = [_role(item) for item in items]
+    if "developer" not in roles:
+        return None
+    out: list[Any] | None = None
+    begun = False
+    for i, role in enumerate(roles):
+        if role not in _LEADING:
+            begun = True
+        elif begun:
+            out = list(items) if out is None else out
+            out[i] = {**items[i], "role": "user"}
+    return out
+
+
+def _role(item: Any) -> str | None:
+    """A message's role (Responses items of `type` message, or with no type; chat messages)."""
+    if type(item) is not dict or item.get("type", "message") != "message":
+        return None
+    role = item.get("role")
+    return role if type(role) is str else None
+
+
+def _developer_in_place(field: str) -> Callable[[Json], Json | None]:
+    def edit(body: Json) -> Json | None:
+        moved = _in_place(_parsed(body.get(field), b'"role":"developer"'))
+        return None if moved is None else {**body, field: moved}
+
+    return edit
+
+
+def _holds_developer_late(field: str) -> Callable[[Json], bool]:
+    def may_edit(body: Json) -> bool:
+        return _in_place(body.get(field)) is not None
+
+    return may_edit
+
+
+def _every_release(version: str) -> bool:
+    return True  # opt-in: the policy says the engine's template lacks the `developer` role
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         "responses-encrypted-reasoning",
@@ -82,14 +140,35 @@ RULES: tuple[Rule, ...] = (
         _encrypted_reasoning,
         _holds_encrypted_reasoning,
     ),
+    Rule(
+        "responses-developer-in-place",
+        "responses",
+        _every_release,
+        _developer_in_place("input"),
+        _holds_developer_late("input"),
+        opt_in=True,
+    ),
+    Rule(
+        "chat-developer-in-place",
+        "chat",
+        _every_release,
+        _developer_in_place("messages"),
+        _holds_developer_late("messages"),
+        opt_in=True,
+    ),
 )
 
 
-def candidates(body: Json, endpoint: Endpoint) -> frozenset[str]:
+def candidates(body: Json, endpoint: Endpoint, opted_in: bool = False) -> frozenset[str]:
     """The rules that may change this body for some engine, read while the body is parsed
     (proxy/relay/exchange.py `release_tree`): an agent's 400 KiB Responses body without
-    encrypted reasoning is then not scanned for it on every attempt (~70 us a scan)."""
-    return frozenset(r.name for r in RULES if r.endpoint == endpoint and r.may_edit(body))
+    encrypted reasoning is then not scanned for it on every attempt (~70 us a scan).
+    `opted_in`: some backend of the policy asks for the opt-in rules (else they are not read)."""
+    return frozenset(
+        r.name
+        for r in RULES
+        if r.endpoint == endpoint and (opted_in or not r.opt_in) and r.may_edit(body)
+    )
 
 
 def adapt(
@@ -98,14 +177,19 @@ def adapt(
     kind: EngineKind,
     vllm_version: str,
     only: frozenset[str] | None = None,
+    *,
+    opted_in: bool = False,
 ) -> tuple[Json, tuple[str, ...]]:
     """The body for this engine, and the names of the rules that changed it. `only`: the
-    body's `candidates`, when known (no other rule can change it)."""
+    body's `candidates`, when known (no other rule can change it); `opted_in`: the backend's
+    `developer_in_place`."""
     if kind != "vllm":
         return body, ()
     applied: list[str] = []
     for rule in RULES:
         if rule.endpoint != endpoint or not rule.refused_by(vllm_version):
+            continue
+        if rule.opt_in and not opted_in:
             continue
         if only is not None and rule.name not in only:
             continue

@@ -138,7 +138,7 @@ class Exchange(Generic[R]):
         again (`parsed_body`)."""
         body = self.body
         self.affinity = prefix_affinity(body) if self.policy.several_engines else None
-        self.adaptable = candidates(body, self.endpoint)
+        self.adaptable = candidates(body, self.endpoint, self.policy.developer_in_place)
         for name, (value, json) in self.encoded.items():
             if name != "stream_options" and body.get(name) is value:
                 body[name] = json

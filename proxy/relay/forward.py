@@ -199,9 +199,11 @@ async def open_engine(
     # The rules that may change the request were read before its tree was freed; a
     # continuation's body is another, judged whole.
     only = x.adaptable if body is x.body else None
-    body, adapted = adapt(body, x.endpoint, backend.kind, version, only)
+    body, adapted = adapt(
+        body, x.endpoint, backend.kind, version, only, opted_in=backend.developer_in_place
+    )
     x.record.adapted = adapted  # the answering engine's (the last attempt's)
-    for rule in adapted:  # proxy/relay/adapt.py: what this engine refuses, left out
+    for rule in adapted:  # proxy/relay/adapt.py: what this engine refuses or is asked to change
         x.gw.metrics.adaptations.labels(rule, x.record.backend).inc()
     decision = x.decision
     inject = dict(decision.inject)

@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pytest
 
+from policies.types import Endpoint
 from proxy import vllm_wire
 from proxy.relay.adapt import RULES, adapt, candidates
 
@@ -148,3 +150,64 @@ def test_candidates_read_on_the_parsed_body_say_exactly_when_a_rule_edits() -> N
     # the hint is taken as it is: a body it names no rule for is not read again
     released = {"model": "m", "input": memoryview(orjson.dumps([BLOB]))}
     assert adapt(released, "responses", "vllm", "0.32.0", frozenset()) == (released, ())
+
+
+def _msg(role: str, text: str) -> dict[str, Any]:
+    return {"type": "message", "role": role, "content": [{"type": "input_text", "text": text}]}
+
+
+DEV = _msg("developer", "instructions")
+DEV_LATE = _msg("developer", "<permissions>read-only</permissions>")
+SYS_LATE = {"role": "system", "content": "later system"}  # an easy input message (no type)
+USER = _msg("user", "list the files")
+
+
+@pytest.mark.parametrize(
+    ("items", "moved"),
+    [
+        # Codex's resumed turn: leading developer messages stay, the late one becomes `user`
+        ([DEV, DEV, USER, CALL, DEV_LATE, USER], [4]),
+        # a late system message moves too when the body holds a developer message (vLLM
+        # merges every system message once it converts one)
+        ([DEV, USER, SYS_LATE, CALL], [2]),
+        ([DEV, USER, CALL, DEV_LATE, DEV_LATE], [3, 4]),
+        # a function call or reasoning item begins the thread as a message does
+        ([CALL, DEV_LATE], [1]),
+        ([READABLE, DEV_LATE], [1]),
+        # nothing moves: only leading ones, no developer message at all, not a list
+        ([DEV, DEV, USER, CALL], []),
+        ([{"role": "system", "content": "s"}, USER, SYS_LATE], []),
+        ([USER, {"type": "function_call_output", "role": "developer", "output": "x"}], []),
+        ([], []),
+    ],
+)
+def test_developer_in_place_table(items: list[Any], moved: list[int]) -> None:
+    """`developer_in_place` (opt-in): which messages go as `user`, in place, for Responses'
+    `input` and chat's `messages`; everything else of the body as it was."""
+    pairs: tuple[tuple[Endpoint, str], ...] = (("responses", "input"), ("chat", "messages"))
+    for endpoint, field in pairs:
+        body = {"model": "m", field: items, "stream": True}
+        out, applied = adapt(body, endpoint, "vllm", "0.28.0", opted_in=True)
+        name = f"{endpoint}-developer-in-place"
+        assert applied == ((name,) if moved else ()), (endpoint, items)
+        assert candidates(body, endpoint, opted_in=True) == ({name} if moved else set())
+        if not moved:
+            assert out is body
+            continue
+        assert [i for i, item in enumerate(out[field]) if item is not items[i]] == moved
+        for i in moved:
+            assert out[field][i] == {**items[i], "role": "user"}
+        assert body[field] is items  # the client's body is not changed in place
+        assert DEV_LATE["role"] == "developer" and SYS_LATE["role"] == "system"
+        # from a released body's bytes (exchange.release_tree), the same edit
+        released = {**body, field: memoryview(orjson.dumps(items))}
+        again, _ = adapt(released, endpoint, "vllm", "0.28.0", opted_in=True)
+        assert orjson.dumps(again[field]) == orjson.dumps(out[field])
+
+
+def test_developer_in_place_is_off_unless_the_backend_asks() -> None:
+    body = {"model": "m", "input": [DEV, USER, DEV_LATE]}
+    assert adapt(body, "responses", "vllm", "0.32.0") == (body, ())
+    assert candidates(body, "responses") == frozenset()  # the policy has no such backend
+    for kind in ("openai", "llamacpp"):
+        assert adapt(body, "responses", kind, "0.32.0", opted_in=True) == (body, ())

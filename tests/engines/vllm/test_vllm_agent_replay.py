@@ -22,8 +22,9 @@ from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
 from loadtests.harness.vllm import SERVED
 from loadtests.sim.scripted import SUBAGENT_PROMPT
 from proxy import vllm_wire
+from proxy.certs import CertFiles
 from tests.engines.vllm import replay
-from tests.engines.vllm.conftest import Engines
+from tests.engines.vllm.conftest import Engines, vllm_policy
 from tests.engines.vllm.replay import ROOT, Replayed, replay_all
 
 TTFT = "vllm:time_to_first_token_seconds_sum"
@@ -151,6 +152,39 @@ def test_codex_cache_hits_are_what_vllms_rendering_shares(
     assert all(cached == expected for cached, expected in seen.values()), seen
     resumed, before = rendered["codex#3"], rendered["codex#2"]
     assert resumed["shared_tokens"] < before["prompt_tokens"] // 2, (resumed, before)
+
+
+def test_developer_in_place_keeps_the_resumed_turns_prefix(
+    replayed: dict[str, list[Replayed]], vllm: Engines, certs: CertFiles
+) -> None:
+    """With `developer_in_place` on the backend (opt-in), the resumed turn's new developer
+    message goes as a `user` message where Codex sent it: vLLM's cache then serves every whole
+    block of the previous turn's prompt (13,056 tokens without it, test above), and the
+    adaptation is counted and logged."""
+    engine = vllm.ngram
+    doc = vllm_policy(vllm)
+    doc["backends"]["v-ngram"]["developer_in_place"] = True
+    block = _block_size(engine.metrics_text())
+    codex = {one.rec.name: one.rec for one in replayed["codex"]}
+    with GatewayServer(doc, certs=certs) as gw, gw.client() as c:
+        c.timeout = httpx.Timeout(300)
+        before, _ = replay.send(c, engine, gw, codex["codex#2"], None)  # cached by the replay
+        resumed, _ = replay.send(c, engine, gw, codex["codex#3"], None)
+        counted = [
+            line
+            for line in gw.metrics().splitlines()
+            if line.startswith("specrouter_adaptations_total{")
+        ]
+    assert before.status == resumed.status == 200, resumed.text[:500]
+    assert before.row["adapted"] is None and resumed.row["adapted"] == (
+        "responses-developer-in-place"
+    )
+    assert counted == [
+        'specrouter_adaptations_total{backend="v-ngram",rule="responses-developer-in-place"} 1.0'
+    ]
+    whole = before.row["prompt_tokens"] // block * block
+    assert resumed.row["cached_tokens"] == whole, (resumed.row, before.row["prompt_tokens"])
+    assert resumed.delta["vllm:prefix_cache_hits_total"] == whole
 
 
 def _block_size(page: str) -> int:
