@@ -130,6 +130,18 @@ ERRORS = [
         "backends.emb: an embed backend cannot have a speculative configuration",
     ),
     (
+        "developer-in-place-on-an-embedder",
+        "backends.emb.developer_in_place",
+        True,
+        "backends.emb: developer_in_place is for a vllm backend that generates",
+    ),
+    (
+        "developer-in-place-not-a-bool",
+        "backends.deep.developer_in_place",
+        "yes",
+        "backends.deep.developer_in_place: Input should be a valid boolean",
+    ),
+    (
         "k-zero",
         "backends.deep.speculative.num_speculative_tokens",
         0,
