@@ -271,7 +271,7 @@ def render_chat(messages: list[ChatMessage], tools: list[dict[str, Any]] | None)
     if tools:
         tool_text = "\n".join(orjson.dumps(t).decode() for t in tools)
         out.append(f"<|im_start|>system\n# Tools\n<tools>\n{tool_text}\n</tools><|im_end|>\n")
-    for m in messages:
+    for m in developer_as_system(messages):
         calls = "".join(
             "\n<tool_call>\n" + orjson.dumps(c.get("function")).decode() + "\n</tool_call>"
             for c in m.tool_calls or []
@@ -279,6 +279,25 @@ def render_chat(messages: list[ChatMessage], tools: list[dict[str, Any]] | None)
         out.append(f"<|im_start|>{m.role}\n{_content_text(m.content)}{calls}<|im_end|>\n")
     out.append("<|im_start|>assistant\n")
     return "".join(out)
+
+
+def developer_as_system(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """What vLLM's HF renderer (0.28.0 to 0.33.0, the same code in each wheel) does before a
+    chat template that does not name the `developer` role, as Qwen's do: once a `developer`
+    message is present, each becomes a `system` one, and every system message is merged into
+    one at the top (texts joined by a blank line). A developer message sent mid-thread (Codex's
+    permissions on a resumed turn) thus moves before the conversation, and the prefix cache
+    keeps only what came before it (docs/vllm-adaptations.md)."""
+    if not any(m.role == "developer" for m in messages):
+        return messages
+    converted = [
+        m.model_copy(update={"role": "system"}) if m.role == "developer" else m for m in messages
+    ]
+    systems = [m for m in converted if m.role == "system"]
+    if len(systems) == 1 and converted[0].role == "system":
+        return converted
+    text = "\n\n".join(t for t in (_content_text(m.content) for m in systems) if t)
+    return [ChatMessage(role="system", content=text), *(m for m in converted if m.role != "system")]
 
 
 def render_responses_input(req: ResponsesRequest) -> list[ChatMessage]:

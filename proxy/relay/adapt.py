@@ -84,9 +84,9 @@ def _in_place(items: Any) -> list[Any] | None:
     """A conversation's `developer` and `system` messages that come after its first other item,
     made `user` messages, when it holds a `developer` message at all; None when none moves.
 
-    vLLM (0.32.0's HF renderer, since its pull request 43590) turns every `developer` message
-    into a `system` one when the chat template does not name that role, and merges every
-    system message into one at the top. A developer message sent after the thread began
+    vLLM's HF renderer (0.28.0 to 0.33.0) turns every `developer` message into a `system` one
+    when the chat template does not name that role, and merges every system message into one
+    at the top (the simulator too: loadtests/sim/protocol.py `developer_as_system`). A developer message sent after the thread began
     (Codex's new permissions on `exec resume`) then lands in the first system block, and the
     whole conversation after it is prefilled again. As a `user` message it stays in place."""
     if type(items) is not list:
