@@ -87,8 +87,7 @@ def serve_args(
         "127.0.0.1:0",
         "--admin-listen",
         "127.0.0.1:0",
-        "--admin-token",
-        admin_token,
+        f"--admin-token={admin_token}",
         "--state-dir",
         str(state_dir),
         # Tests send many bad keys from loopback on purpose; `extra` may set the limit back.

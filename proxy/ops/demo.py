@@ -248,8 +248,7 @@ def main(argv: list[str]) -> int:
                     str(certs.cert),
                     "--tls-key",
                     str(certs.key),
-                    "--admin-token",
-                    admin_token,
+                    f"--admin-token={admin_token}",  # one form: a token may begin with "-"
                     "--state-dir",
                     str(state),
                     "--operator-file",
@@ -265,7 +264,9 @@ def demo_admin_token(state: Path) -> str:
     path = state / "admin.token"
     if path.exists():
         return path.read_text().strip()
-    token = secrets.token_urlsafe(24)
+    token = "-"
+    while token.startswith("-"):  # 1 in 64 would, and read as an option where pasted
+        token = secrets.token_urlsafe(24)
     path.write_text(token + "\n")
     path.chmod(0o600)
     return token

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import socket
 import sqlite3
 import ssl
@@ -122,6 +123,11 @@ def start_demo(
 ) -> Demo:
     port, admin_port = free_port(), free_port()
     state = tmp / "state"
+    # An admin token as the demo could write before it refused a leading "-" (one in 64 did):
+    # the demo must still start with it (it once read it as an option and exited).
+    state.mkdir(parents=True, exist_ok=True)
+    if not (state / "admin.token").exists():
+        (state / "admin.token").write_text("-" + secrets.token_urlsafe(24) + "\n")
     cmd = [
         sys.executable,
         "-m",
