@@ -127,7 +127,7 @@ def test_codex_cache_hits_are_what_vllms_rendering_shares(
     name the `developer` role, merges it into the system message at the top, so the resumed
     turn shares only the first system block (docs/vllm-adaptations.md)."""
     engine = vllm.ngram
-    out = subprocess.run(
+    run = subprocess.run(
         [
             str(engine.home / "venv" / "bin" / "python"),
             str(ROOT / "scripts" / "vllm_prompt_prefix.py"),
@@ -138,9 +138,9 @@ def test_codex_cache_hits_are_what_vllms_rendering_shares(
         capture_output=True,
         text=True,
         timeout=300,
-        check=True,
-    ).stdout
-    rendered = {r["name"]: r for r in map(json.loads, out.splitlines())}
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    rendered = {r["name"]: r for r in map(json.loads, run.stdout.splitlines())}
     block = _block_size(engine.metrics_text())
     seen: dict[str, tuple[int, int]] = {}
     for one in replayed["codex"]:
