@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +52,6 @@ def render(tokenizer: Any, body: dict[str, Any]) -> list[int]:
     return ids
 
 
-def shared(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True, help="the served model's folder")
@@ -75,7 +67,7 @@ def main() -> None:
         if row["method"] != "POST" or not row["path"].startswith("/v1/responses"):
             continue
         ids = render(tokenizer, json.loads(row["body"]))
-        common = max((shared(ids, e) for e in earlier), default=0)
+        common = max((len(os.path.commonprefix([ids, e])) for e in earlier), default=0)
         print(
             json.dumps(
                 {"name": f"{session}#{i}", "prompt_tokens": len(ids), "shared_tokens": common}

@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.harness.launch import Child
+from proxy.vllm_wire import Family
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = "0.32.0"
@@ -236,3 +238,11 @@ class VllmServer:
         resp = httpx.get(f"{self.url}/metrics", timeout=10)
         resp.raise_for_status()
         return resp.text
+
+    def cache_config(self) -> dict[str, str]:
+        """The labels of `vllm:cache_config_info` (block_size, num_gpu_blocks, ...); {} until
+        the engine reports it."""
+        for family in text_string_to_metric_families(self.metrics_text()):
+            if family.name == Family.CACHE_CONFIG_INFO and family.samples:
+                return dict(family.samples[0].labels)
+        return {}

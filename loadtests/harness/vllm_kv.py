@@ -20,11 +20,9 @@ import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.harness.launch import Child
 from loadtests.harness.vllm import COMMON, SERVED, VllmServer, engine_env, free_port
-from proxy.vllm_wire import Family
 
 
 class SmallKvVllm(VllmServer):
@@ -85,13 +83,9 @@ class SmallKvVllm(VllmServer):
     def reported_kv_tokens(self) -> int | None:
         """num_gpu_blocks x block_size from `vllm:cache_config_info` (what the gateway reads when
         a policy states no `kv_tokens`: the null block included)."""
-        for family in text_string_to_metric_families(self.metrics_text()):
-            if family.name == Family.CACHE_CONFIG_INFO:
-                for s in family.samples:
-                    blocks, size = s.labels.get("num_gpu_blocks"), s.labels.get("block_size")
-                    if blocks and size and blocks.isdigit() and size.isdigit():
-                        return int(blocks) * int(size)
-        return None
+        labels = self.cache_config()
+        blocks, size = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+        return int(blocks) * int(size) if blocks.isdigit() and size.isdigit() else None
 
     def reset_prefix_cache(self) -> None:
         """Empty the prefix cache (no request may be running: vLLM then says no; retried)."""

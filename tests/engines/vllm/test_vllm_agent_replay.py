@@ -16,7 +16,6 @@ import subprocess
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
 from loadtests.harness.vllm import SERVED
@@ -141,7 +140,7 @@ def test_codex_cache_hits_are_what_vllms_rendering_shares(
     )
     assert run.returncode == 0, run.stderr[-2000:]
     rendered = {r["name"]: r for r in map(json.loads, run.stdout.splitlines())}
-    block = _block_size(engine.metrics_text())
+    block = int(engine.cache_config()["block_size"])
     seen: dict[str, tuple[int, int]] = {}
     for one in replayed["codex"]:
         mine = rendered[one.rec.name]
@@ -164,7 +163,7 @@ def test_developer_in_place_keeps_the_resumed_turns_prefix(
     engine = vllm.ngram
     doc = vllm_policy(vllm)
     doc["backends"]["v-ngram"]["developer_in_place"] = True
-    block = _block_size(engine.metrics_text())
+    block = int(engine.cache_config()["block_size"])
     codex = {one.rec.name: one.rec for one in replayed["codex"]}
     with GatewayServer(doc, certs=certs) as gw, gw.client() as c:
         c.timeout = httpx.Timeout(300)
@@ -185,13 +184,6 @@ def test_developer_in_place_keeps_the_resumed_turns_prefix(
     whole = before.row["prompt_tokens"] // block * block
     assert resumed.row["cached_tokens"] == whole, (resumed.row, before.row["prompt_tokens"])
     assert resumed.delta["vllm:prefix_cache_hits_total"] == whole
-
-
-def _block_size(page: str) -> int:
-    for family in text_string_to_metric_families(page):
-        if family.name == vllm_wire.Family.CACHE_CONFIG_INFO:
-            return int(family.samples[0].labels["block_size"])
-    raise AssertionError("vLLM's /metrics has no cache_config_info")
 
 
 def test_figures_equal_vllms_counters(
