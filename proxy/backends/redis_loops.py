@@ -5,12 +5,17 @@ session table (proxy/backends/session_share.py) and admission's residency
 Each loop runs one round trip every `interval`; a failure (Redis away, or hung past
 `IO_TIMEOUT_S * 2`) is counted in `specrouter_session_share_errors_total{op=...}` and the loop
 retries with a doubling backoff, at most `MAX_BACKOFF_S`, back to `interval` on the first
-success. Closing cancels the loops, then closes the client.
+success. Redis counts as reached again only after a round trip that was made (a step may have
+nothing to send: it returns None) and began after the last failure: an empty flush, or a pull
+answered just before Redis went, once logged "reachable again" between two failures of one
+outage. Closing cancels the loops (a cancel a library took for an error is raised again:
+`raise_if_cancelled`), then closes the client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
@@ -26,6 +31,7 @@ class RedisLoops:
     _redis: Any
     _errors: Counter
     _tasks: list[asyncio.Task[None]]
+    _failed_at = float("-inf")  # when the last round trip failed (monotonic)
 
     async def aclose(self) -> None:
         for task in self._tasks:
@@ -33,20 +39,30 @@ class RedisLoops:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._redis.aclose()
 
-    async def _every(self, interval: float, op: str, once: Callable[[], Awaitable[int]]) -> None:
+    async def _every(
+        self, interval: float, op: str, once: Callable[[], Awaitable[int | None]]
+    ) -> None:
         backoff = interval
         while True:
             await asyncio.sleep(backoff)
+            began = time.monotonic()
             try:
-                await asyncio.wait_for(once(), IO_TIMEOUT_S * 2)
+                # asyncio.timeout, not wait_for: 3.11's wait_for drops a cancel that arrives as
+                # `once` completes (an empty flush completes at once), and the closing replica
+                # then waited for this loop forever.
+                async with asyncio.timeout(IO_TIMEOUT_S * 2):
+                    done = await once()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any Redis failure: decide locally, retry
+                raise_if_cancelled(exc)
                 self._errors.labels(op).inc()
+                self._failed_at = time.monotonic()
                 self._failed(op, exc)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
-            self._reached()
+            if done is not None and began > self._failed_at:
+                self._reached()
             backoff = interval
 
     def _failed(self, op: str, exc: Exception) -> None:
@@ -54,3 +70,14 @@ class RedisLoops:
 
     def _reached(self) -> None:
         """After a round trip that succeeded."""
+
+
+def raise_if_cancelled(exc: Exception) -> None:
+    """Raise the cancel that a library turned into `exc`. 3.11's wait_for, which redis-py wraps
+    around its socket writes, returns the inner outcome when a cancel arrives as the write
+    fails: the loop took a connection error for an outage and went on, and the closing
+    replica waited for it forever. The task still counts the request (`Task.cancelling`);
+    only `aclose` cancels these loops."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc

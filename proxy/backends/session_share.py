@@ -43,7 +43,12 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from proxy.backends.attained import parse_pairs
-from proxy.backends.redis_loops import IO_TIMEOUT_S, MAX_BACKOFF_S, RedisLoops
+from proxy.backends.redis_loops import (
+    IO_TIMEOUT_S,
+    MAX_BACKOFF_S,
+    RedisLoops,
+    raise_if_cancelled,
+)
 from proxy.backends.session_table import SessionTable, SharedRow
 from proxy.bounds import token_count
 from proxy.observe.metrics import GatewayMetrics
@@ -153,19 +158,22 @@ class SessionShare(RedisLoops):
         backoff = self.pull_s
         while True:
             try:
-                if await asyncio.wait_for(self.secret(), IO_TIMEOUT_S * 2):
-                    return
+                async with asyncio.timeout(IO_TIMEOUT_S * 2):  # a cancel is never dropped
+                    if await self.secret():
+                        return
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - Redis away: no tokens until it is back
+            except Exception as exc:  # noqa: BLE001 - Redis away: no tokens until it is back
+                raise_if_cancelled(exc)
                 self._errors.labels("secret").inc()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    async def flush(self) -> int:
-        """Send the queued rows; on failure they are queued again (bounded). Rows sent."""
+    async def flush(self) -> int | None:
+        """Send the queued rows; on failure they are queued again (bounded). Rows sent, None
+        when there was nothing to send (no round trip)."""
         if not self._queue:
-            return 0
+            return None
         queue = self._queue
         keys = list(itertools.islice(queue, FLUSH_BATCH))  # the oldest first
         for key in keys:
@@ -193,7 +201,7 @@ class SessionShare(RedisLoops):
             pipe.set(self._rows_key + key, value, ex=ttl)
             index[key] = wall + len(index) * SCORE_STEP_S
         if not index:
-            return 0
+            return None
         pipe.zadd(self._index_key, index)
         pipe.zremrangebyscore(self._index_key, "-inf", wall - self.table.idle_s)
         try:

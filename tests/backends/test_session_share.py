@@ -20,6 +20,7 @@ from proxy.backends.session_share import SessionShare
 from proxy.backends.session_table import SharedRow
 from proxy.gateway import Gateway
 from tests.backends.replicas import FLUSH_S, PULL_S, replica
+from tests.redis_server import free_port, redis_server
 
 BOUND_S = FLUSH_S + PULL_S
 HEADERS = {b"x-session-id": b"conv-1"}
@@ -126,6 +127,48 @@ async def test_redis_killed_mid_run_the_local_table_serves(
         assert len(unreachable) == 1  # logged once, however many retries
     finally:
         await a.aclose()
+
+
+async def test_one_outage_is_logged_once_and_never_reached_by_an_empty_flush(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing queued: the flush makes no round trip, which is no sign that Redis is back (it
+    once logged "reachable again", then the next failed pull "unreachable" again)."""
+    gw = _gateway(tmp_path, "a", ["a"], _dead_url())
+    gw.start()
+    try:
+        errors = gw.metrics.session_share_errors
+        await _until(lambda: errors.labels("pull")._value.get() >= 3, 10.0)
+        assert gw.share is not None and gw.share.queued() == 0
+        said = [r.getMessage() for r in caplog.records if "Redis" in r.getMessage()]
+        assert len(said) == 1 and said[0].startswith("Redis unreachable"), said
+    finally:
+        await gw.aclose()
+
+
+async def test_redis_back_on_its_port_is_logged_once_and_gets_the_kept_row(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    with redis_server(port, tmp_path):
+        gw = _gateway(tmp_path, "a", ["a"], f"redis://127.0.0.1:{port}/0")
+        gw.start()
+    try:  # Redis is gone: the row placed now is kept for when it is back
+        assert _request(gw)[0] == "a"
+        errors = gw.metrics.session_share_errors
+        await _until(lambda: errors.labels("flush")._value.get() >= 2, 10.0)
+        assert gw.share is not None and gw.share.queued() == 1
+        with redis_server(port, tmp_path):
+            sent = gw.metrics.session_share.labels("sent")
+            await _until(lambda: sent._value.get() >= 1, 15.0)  # the backoff is at most 10 s
+            assert gw.share.queued() == 0
+        said = [r.getMessage() for r in caplog.records if "Redis" in r.getMessage()]
+        assert [m.split(" (")[0].rstrip(":") for m in said] == [
+            "Redis unreachable",
+            "Redis reachable again: sessions shared",
+        ], said
+    finally:
+        await gw.aclose()
 
 
 def _dead_url() -> str:
