@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from loadtests.harness.ports import free_port
 from proxy.certs import CertFiles, make_local_ca
-from tests.redis_server import free_port, redis_server
+from tests.redis_server import redis_server
 
 
 @pytest.fixture(scope="session")

@@ -13,12 +13,6 @@ from pathlib import Path
 import pytest
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def redis_server(port: int, workdir: Path) -> Iterator[str]:
     """redis-server on loopback `port` (no persistence), its URL once it accepts; stopped on

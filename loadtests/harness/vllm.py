@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.harness.launch import Child
+from loadtests.harness.ports import free_port
 from proxy.vllm_wire import Family
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,13 +88,6 @@ def vllm_home() -> Path:
     if done.returncode != 0:
         raise RuntimeError(f"scripts/vllm.sh failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def engine_env(home: Path) -> dict[str, str]:

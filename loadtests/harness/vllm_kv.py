@@ -22,7 +22,8 @@ from pathlib import Path
 import httpx
 
 from loadtests.harness.launch import Child
-from loadtests.harness.vllm import COMMON, SERVED, VllmServer, engine_env, free_port
+from loadtests.harness.ports import free_port
+from loadtests.harness.vllm import COMMON, SERVED, VllmServer, engine_env
 
 
 class SmallKvVllm(VllmServer):

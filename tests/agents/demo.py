@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import socket
 import sqlite3
 import ssl
 import subprocess
@@ -24,16 +23,11 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from loadtests.harness.ports import free_port
 from proxy.ops.demo import DEMO_POLICY
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "qwen3.8-27b"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def policy_on_free_ports(out: Path, source: Path = DEMO_POLICY) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from loadtests.harness.gateway import coder_policy
+from loadtests.harness.ports import free_port
 from policies.engine import decide
 from policies.inputs import request_view
 from policies.sessions import session_of
@@ -20,7 +20,7 @@ from proxy.backends.session_share import SessionShare
 from proxy.backends.session_table import SharedRow
 from proxy.gateway import Gateway
 from tests.backends.replicas import FLUSH_S, PULL_S, replica
-from tests.redis_server import free_port, redis_server
+from tests.redis_server import redis_server
 
 BOUND_S = FLUSH_S + PULL_S
 HEADERS = {b"x-session-id": b"conv-1"}
@@ -177,10 +177,7 @@ async def test_redis_back_on_its_port_is_logged_once_and_gets_the_kept_row(
 
 
 def _dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"redis://127.0.0.1:{port}/0"  # nothing listens there once closed
+    return f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there once closed
 
 
 async def test_the_queue_is_bounded_while_redis_is_away(tmp_path: Path) -> None:

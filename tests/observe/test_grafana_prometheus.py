@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -26,6 +25,7 @@ import pytest
 import yaml
 
 from loadtests.harness.gateway import GatewayServer, coder_policy
+from loadtests.harness.ports import free_port
 from loadtests.harness.sim import SimServer
 from proxy.certs import CertFiles
 
@@ -112,13 +112,6 @@ def test_dashboard_json_is_well_formed() -> None:
 # -- a real Prometheus ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class Prometheus:
     def __init__(self, target: str) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="specrouter-prom-")
@@ -138,7 +131,7 @@ class Prometheus:
                 }
             )
         )
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = self.dir / "prometheus.log"

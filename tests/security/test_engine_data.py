@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from loadtests.harness.gateway import OTHER_KEY, GatewayServer, coder_policy
+from loadtests.harness.ports import free_port
 from loadtests.harness.requestlog import logged_rows
 from proxy.certs import CertFiles
 from tests.security.loopback_engine import LoopbackEngine
@@ -238,21 +239,13 @@ def test_metrics_values_that_are_not_counts_are_not_read(stack: Stack, kind: str
     _served(_post(gw, "ok"))
 
 
-def _closed_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("client", ["push", "pull"])
 async def test_a_connect_failure_names_no_engine_address(client: str) -> None:
     """What a client reads of a refused engine connection (both relays' engine clients)."""
     from proxy.relay.engine_conn import EnginePool, open_engine_stream
     from proxy.relay.upstream import Upstream, UpstreamError
 
-    port = _closed_port()
+    port = free_port()  # nothing listens there
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     with pytest.raises(UpstreamError) as caught:
         if client == "push":

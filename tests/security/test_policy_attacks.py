@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from loadtests.harness.gateway import ADMIN_TOKEN, GatewayServer, coder_policy
+from loadtests.harness.ports import free_port
 from loadtests.harness.sim import SimServer
 from proxy.safety import UnsafeSettings, check_startup
 from proxy.settings import Settings
@@ -69,7 +70,7 @@ def stack(certs, tmp_path_factory) -> Iterator[tuple[GatewayServer, Recorder, Pa
             policy = coder_policy({"a": sim.url})
             # A backend that is down, with a repair the operator defined: the attack replaces it.
             policy["backends"]["down"] = {
-                "url": f"http://127.0.0.1:{_closed_port()}",
+                "url": f"http://127.0.0.1:{free_port()}",
                 "served_model_name": "qwen3.8-27b",
                 "startup_s": 0,
                 "repair": {"action": "noop", "after_down_s": 0},
@@ -85,12 +86,6 @@ def stack(certs, tmp_path_factory) -> Iterator[tuple[GatewayServer, Recorder, Pa
     finally:
         os.environ.pop("SOME_SECRET", None)
         recorder.sock.close()
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _repair_command(policy: dict[str, Any], marker: Path) -> None:

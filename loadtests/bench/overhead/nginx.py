@@ -4,13 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def find_nginx() -> str | None:

@@ -21,8 +21,9 @@ from typing import Any
 
 import yaml
 
-from loadtests.bench.overhead.nginx import NGINX_CONF, find_nginx, free_port
+from loadtests.bench.overhead.nginx import NGINX_CONF, find_nginx
 from loadtests.harness.launch import SERVE_READY, Child, cli, serve_args
+from loadtests.harness.ports import free_port
 from loadtests.harness.procfs import child_pids
 from proxy import auth
 from proxy.certs import CertFiles, make_local_ca
