@@ -79,7 +79,11 @@ class PublicApp:
         if endpoint is not None:
             if method != "POST":
                 await respond_error(
-                    send, 405, f"{method} is not allowed on {path}", headers=[(b"allow", b"POST")]
+                    send,
+                    405,
+                    f"{method} is not allowed on {path}",
+                    headers=[(b"allow", b"POST")],
+                    anthropic=endpoint == "messages",  # its refusals in its API's shape
                 )
                 return
             await self.generate(scope, receive, send, endpoint)
@@ -103,7 +107,12 @@ class PublicApp:
             # The SDKs' models.retrieve(id); model ids may hold a slash.
             await self.models(scope, send, path[len("/v1/models/") :])
         else:
-            await respond_error(send, 404, f"no route for {method} {path}")
+            await respond_error(
+                send,
+                404,
+                f"no route for {method} {path}",
+                anthropic=path.startswith("/v1/messages"),
+            )
 
     def _client(self, scope: dict[str, Any], headers: dict[bytes, bytes], policy: Any) -> Any:
         """The policy's client of the request's key (`Authorization: Bearer` or `x-api-key`),
@@ -332,7 +341,10 @@ class PublicApp:
             record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
             token = x.headers.get(TURN_STATE)
             if token is not None:  # Codex echoes it within a turn (proxy/relay/turnstate.py)
-                turn_engine = gw.turn_state.verify(token, x.client.name, sid.key, time.time())
+                route = policy.route_for_model(x.model)
+                turn_engine = gw.turn_state.verify(
+                    token, x.client.name, sid.key, time.time(), route.variants if route else ()
+                )
                 record.turn_state = "refused" if turn_engine is None else "valid"
         keeps = record.signals.keeps_place
         view = request_view(

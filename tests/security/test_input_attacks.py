@@ -268,6 +268,17 @@ ATTACKS: dict[str, tuple[Callable[[Address], bytes], int, str | None]] = {
         400,
         '{"type":"error","error":{"type":"invalid_request_error"',
     ),
+    # The Messages API's own refusals are in its shape too.
+    "get-messages": (
+        _head(["GET /v1/messages HTTP/1.1", "host: {host}", f"x-api-key: {CLIENT_KEY}"]),
+        405,
+        '{"type":"error","error":{"type":"invalid_request_error"',
+    ),
+    "messages-unknown-path": (
+        _head(["GET /v1/messages/batches HTTP/1.1", "host: {host}", f"x-api-key: {CLIENT_KEY}"]),
+        404,
+        '{"type":"error","error":{"type":"not_found_error"',
+    ),
 }
 
 
