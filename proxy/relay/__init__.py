@@ -24,6 +24,7 @@
 
 Beside the path: asgi.py (ASGI types and one-shot answers), channel.py (`PushChannel`, the
 client's connection for the push relay), errors.py (error bodies),
-limits.py (client rate limits), turnstate.py (Codex's `x-codex-turn-state` tokens), openapi.py and openapi_schemas.py (the served API
+limits.py (client rate limits), turnstate.py (Codex's `x-codex-turn-state` tokens),
+tracecontext.py (the trace headers engines get, bounded), openapi.py and openapi_schemas.py (the served API
 description, its schemas).
 """

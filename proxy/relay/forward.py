@@ -22,6 +22,7 @@ from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
 from proxy.relay.lease import Lease
 from proxy.relay.measure import StreamFilter, withhold_estimate
 from proxy.relay.rewrite import plan_usage, upstream_pieces
+from proxy.relay.tracecontext import trace_headers
 from proxy.relay.turnstate import HEADER as TURN_STATE
 from proxy.relay.upstream import RESPONSE_ALLOW, UpstreamError, not_an_answer, not_json
 
@@ -38,8 +39,9 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/messages": "messages",
     "/v1/messages/count_tokens": "messages",
 }
-# Not x-session-id: the client's raw id never goes upstream, only the gateway's scoped one.
-_FORWARD_HEADERS = (b"x-data-parallel-rank", b"traceparent", b"tracestate")
+# Not x-session-id: the client's raw id never goes upstream, only the gateway's scoped one;
+# the trace headers go bounded (proxy/relay/tracecontext.py).
+_FORWARD_HEADERS = (b"x-data-parallel-rank",)
 
 
 async def forward(x: Exchange[R]) -> None:
@@ -214,8 +216,8 @@ async def open_engine(
     up_headers = _upstream_headers(
         x.headers, x.request_id, x.gw.operator.secret(backend.api_key), record.session
     )
-    if record.traceparent:  # the gateway's span is the engine's parent (proxy/observe/otel.py)
-        up_headers["traceparent"] = record.traceparent
+    # the gateway's span is the engine's parent when tracing (proxy/observe/otel.py)
+    up_headers.update(trace_headers(x.headers, record.traceparent))
     if x.resp is None:  # not a continuation: this attempt is the one the timings describe
         m = record.m
         m.t_engine, m.t_headers = time.perf_counter(), None

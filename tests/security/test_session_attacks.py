@@ -1,7 +1,7 @@
 """One client against another's sessions and conversations (issue 31, Low: sessions), replayed
 against the real gateway with a recording engine on loopback: what a client may claim about
 itself (a subagent's priority), how much of the shared session table it may hold, what of its
-session header goes upstream, and whose stored response it may continue.
+session and trace headers goes upstream, and whose stored response it may continue.
 """
 
 from __future__ import annotations
@@ -148,3 +148,32 @@ def test_previous_response_id_continues_only_the_creator_s_conversation(stack: S
     assert len(s.engine.seen) == before  # never reached the engine
     own, _, sent = _post(s, "/v1/responses", {**body, "previous_response_id": created}, CLIENT_KEY)
     assert own.status_code == 200 and sent["previous_response_id"] == created
+
+
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+# (case, the client's trace headers, what the engine gets of them)
+TRACE = [
+    ("valid", {"traceparent": PARENT, "tracestate": "a=1,b=2"}, ("a=1,b=2", PARENT)),
+    ("tracestate-60k", {"traceparent": PARENT, "tracestate": "a=" + "x" * 60_000}, (None, PARENT)),
+    (
+        "tracestate-33-members",
+        {"traceparent": PARENT, "tracestate": "a=1," * 32 + "b=2"},
+        (None, PARENT),
+    ),
+    ("traceparent-junk", {"traceparent": "x" * 8_000, "tracestate": "a=1"}, (None, None)),
+    (
+        "traceparent-zero-trace",
+        {"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"},
+        (None, None),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "sent", "forwarded"), TRACE, ids=[c[0] for c in TRACE])
+def test_trace_headers_reach_the_engine_only_within_the_standard_s_bounds(
+    stack: Stack, case: str, sent: dict[str, str], forwarded: tuple[str | None, str | None]
+) -> None:
+    body = {"model": "coder", "messages": [{"role": "user", "content": "hi"}]}
+    r, headers, _ = _post(stack, "/v1/chat/completions", body, OTHER_KEY, sent)
+    assert r.status_code == 200, r.text
+    assert (headers.get("tracestate"), headers.get("traceparent")) == forwarded, case
