@@ -11,6 +11,10 @@ from pathlib import Path
 from proxy.settings import Settings, is_loopback, split_hostport
 
 MIN_TOKEN_CHARS = 32
+# The turn-state secret signs tokens whose every other MAC input the client knows, so one token
+# allows an offline guess: a secret of few distinct characters ("k" * 32) is refused too (a
+# random 32-character hex string has fewer than 8 with odds of 4e-8).
+MIN_SECRET_DISTINCT = 8
 # Defaults published in documentation and examples, here or anywhere.
 PUBLISHED_TOKENS = frozenset({"change-me", "changeme", "admin", "secret", "password", "token"})
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +37,11 @@ def check_startup(settings: Settings, shipped_root: Path = REPO_ROOT) -> None:
                 f"the {kind} token has {len(token)} characters; use "
                 f"{MIN_TOKEN_CHARS} or more (e.g. `openssl rand -hex 32`)"
             )
+        if kind == _TURN_STATE and len(set(token)) < MIN_SECRET_DISTINCT:
+            raise UnsafeSettings(
+                f"the {kind} token has {len(set(token))} distinct characters; use a random one "
+                "(e.g. `openssl rand -hex 32`)"
+            )
         if token.lower() in PUBLISHED_TOKENS or _in_shipped_files(token, shipped_root):
             raise UnsafeSettings(f"the {kind} token is a published default: generate your own")
     host, _ = split_hostport(settings.admin_listen)
@@ -49,8 +58,15 @@ def check_startup(settings: Settings, shipped_root: Path = REPO_ROOT) -> None:
             )
 
 
+_TURN_STATE = "turn-state (SPECROUTER_TURN_STATE_SECRET)"
+
+
 def _other_tokens(settings: Settings) -> list[tuple[str, str | None]]:
-    return [("dashboard", settings.dashboard_token), ("scrape", settings.scrape_token)]
+    return [
+        ("dashboard", settings.dashboard_token),
+        ("scrape", settings.scrape_token),
+        (_TURN_STATE, settings.turn_state_secret),
+    ]
 
 
 def _in_shipped_files(token: str, root: Path) -> bool:

@@ -76,8 +76,9 @@ class Settings(BaseSettings):
     )
     # x-codex-turn-state tokens (proxy/relay/turnstate.py) are signed with this; unset: one
     # random secret shared through Redis with --redis-url, else a random one per process.
+    # Its length and spread are checked at start (proxy/safety.py), as the tokens' are.
     turn_state_secret: str | None = Field(
-        None, min_length=16, description="signs x-codex-turn-state tokens (same on every replica)"
+        None, description="signs x-codex-turn-state tokens (same on every replica)"
     )
     session_queue_max: int = Field(
         10_000, ge=1, description="session changes held while Redis is away (oldest dropped)"

@@ -11,11 +11,13 @@ reason `turn-state`), whatever the session table says, on any replica.
 
 The client's name and the session key are in the MAC, not in the token: a token copied to
 another client or another session does not verify, nor does one past `MAX_AGE_S`, one longer
-than `MAX_TOKEN_BYTES` or one naming an engine the policy does not have. A token that does not
-verify is ignored (the request is placed as without one) and counted as `refused` in the log.
+than `MAX_TOKEN_BYTES` or one naming an engine the request's route does not have (removed since
+it was issued). A token that does not verify is ignored (the request is placed as without one)
+and logged as `refused`.
 
-The secret: `SPECROUTER_TURN_STATE_SECRET` (at least 16 characters, the same on every replica;
-a variable, not a flag, so that it does not show in the process list); else, with `--redis-url`, one random secret the replicas agree on through Redis
+The secret: `SPECROUTER_TURN_STATE_SECRET` (32 characters or more, of at least 8 distinct ones:
+checked at start, proxy/safety.py, since one token allows an offline guess; the same on every
+replica; a variable, not a flag, so that it does not show in the process list); else, with `--redis-url`, one random secret the replicas agree on through Redis
 (proxy/backends/session_share.py: the first to start sets it); else a random one per process.
 Until a shared secret is known nothing is issued or honoured.
 """
@@ -27,6 +29,7 @@ import binascii
 import hashlib
 import hmac
 import secrets
+from collections.abc import Container
 from typing import Final
 
 HEADER: Final = b"x-codex-turn-state"
@@ -53,8 +56,15 @@ class TurnState:
         mac = self._mac(client, session, engine.encode(), issued)
         return b".".join((_VERSION, name, issued, mac))
 
-    def verify(self, token: bytes | None, client: str, session: str, now: float) -> str | None:
-        """The engine a valid token names, else None."""
+    def verify(
+        self,
+        token: bytes | None,
+        client: str,
+        session: str,
+        now: float,
+        engines: Container[str] | None = None,
+    ) -> str | None:
+        """The engine a valid token names, else None; with `engines`, only one of them."""
         if self.secret is None or not token or len(token) > MAX_TOKEN_BYTES:
             return None
         parts = token.split(b".")
@@ -69,9 +79,10 @@ class TurnState:
         if not 0 <= now - int(parts[2]) <= MAX_AGE_S:
             return None
         try:
-            return engine.decode()
+            name = engine.decode()
         except UnicodeDecodeError:
             return None
+        return name if engines is None or name in engines else None
 
     def _mac(self, client: str, session: str, engine: bytes, issued: bytes) -> bytes:
         assert self.secret is not None

@@ -12,9 +12,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
-from loadtests.harness.gateway import OTHER_KEY, GatewayServer, coder_policy
+from loadtests.harness.gateway import ADMIN_TOKEN, OTHER_KEY, GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
 from proxy.ops import report
 
@@ -133,3 +134,19 @@ def test_turn_state_round_trip(gw: GatewayServer) -> None:
         "refused",
         None,
     ]
+    # slow leaves the route: a token naming it, valid when issued, is refused (not `valid`)
+    auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    current = httpx.get(gw.admin + "/admin/policy", headers=auth, timeout=10).json()
+    doc = current["document"]
+    doc["routes"]["coder"].update(variants=["fast"], fallback="fast")
+    put = httpx.put(
+        gw.admin + "/admin/policy",
+        headers={**auth, "if-match": f'"{current["version"]}"'},
+        json=doc,
+        timeout=10,
+    )
+    assert put.status_code == 200, put.text
+    since = time.time()
+    with gw.client() as c:
+        assert _served(c.post("/v1/responses", json=RESPONSES, headers=again))[0] == "fast"
+    assert [r["turn_state"] for r in _rows(gw, since)] == ["refused"]

@@ -4,11 +4,15 @@ turn on the engine a valid token names, whatever the session table says."""
 
 from __future__ import annotations
 
+import secrets
+
 import pytest
 
 from policies.engine import decide
 from policies.types import RequestView
 from proxy.relay.turnstate import MAX_AGE_S, MAX_TOKEN_BYTES, TurnState
+from proxy.safety import UnsafeSettings, check_startup
+from proxy.settings import Settings
 from tests.policies.test_stickiness import policy, session, state
 
 NOW = 1_800_000_000.0
@@ -106,3 +110,25 @@ def test_decide_keeps_the_turn_on_the_token_engine(
     )
     d = decide(view, live, policy([]))
     assert (d.backend, d.reason) == (backend, reason)
+
+
+ADMIN = "admin-token-of-at-least-thirty-two-characters"
+
+
+@pytest.mark.parametrize(
+    ("secret", "refused"),
+    [
+        ("k" * 16, "16 characters"),  # one token allows an offline guess of it
+        ("0123456789abcdef", "16 characters"),
+        ("k" * 32, "1 distinct characters"),
+        ("abcd" * 8, "4 distinct characters"),
+        (secrets.token_hex(16), None),
+    ],
+)
+def test_a_weak_configured_secret_is_refused_at_start(secret: str, refused: str | None) -> None:
+    settings = Settings(admin_token=[ADMIN], turn_state_secret=secret)
+    if refused is None:
+        check_startup(settings)
+    else:
+        with pytest.raises(UnsafeSettings, match=f"turn-state .* has {refused}"):
+            check_startup(settings)
