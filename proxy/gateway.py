@@ -89,6 +89,7 @@ class Gateway:
                 settings,
                 self.metrics,
                 turn_state=None if self.turn_state.secret is not None else self.turn_state,
+                known_client=lambda name: self.policy.current.client(name) is not None,
             )
             if settings.redis_url
             else None

@@ -40,9 +40,14 @@ class RedisLoops:
         await self._redis.aclose()
 
     async def _every(
-        self, interval: float, op: str, once: Callable[[], Awaitable[int | None]]
+        self,
+        interval: float,
+        op: str,
+        once: Callable[[], Awaitable[int | None]],
+        first_s: float | None = None,
     ) -> None:
-        backoff = interval
+        """`once` every `interval`, the first after `first_s` (default: `interval`)."""
+        backoff = interval if first_s is None else first_s
         while True:
             await asyncio.sleep(backoff)
             began = time.monotonic()
@@ -59,7 +64,7 @@ class RedisLoops:
                 self._errors.labels(op).inc()
                 self._failed_at = time.monotonic()
                 self._failed(op, exc)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                backoff = min(max(backoff, interval) * 2, MAX_BACKOFF_S)
                 continue
             if done is not None and began > self._failed_at:
                 self._reached()

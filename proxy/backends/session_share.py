@@ -5,9 +5,10 @@ local change queues the session's key (`changed`, one dict operation; a key alre
 not queued twice, the flush reads its current row). Two background loops do the rest:
 
 - flush, every `session_flush_s` (a row: its engine, last seen, prefix tokens, turns, output
-  tokens and attained service by minute, proxy/backends/attained.py): one pipeline of `SET <prefix>:sess:<key> <row> EX idle_s` per
+  tokens, attained service by minute, proxy/backends/attained.py, and its client): one pipeline of `SET <prefix>:sess:<key> <row> EX idle_s` per
   queued key and `ZADD <prefix>:sess-changed <wall time> <key>`, the index of recent changes
-  (trimmed past the idle horizon, so it holds at most one member per live session);
+  (trimmed past the idle horizon, so it holds at most one member per live session, and of
+  members scored more than `FUTURE_TRIM_S` past Redis's own clock);
 - pull, every `session_pull_s`: `ZRANGEBYSCORE` of the index since the last pull, `MGET` of
   those rows, each merged into the local table when it was seen later than ours (last seen
   wins; a replica's own rows are skipped).
@@ -18,7 +19,18 @@ catches up with every session changed within the idle horizon, in the same two r
 
 Staleness: another replica sees a change within `session_flush_s + session_pull_s` (plus a
 round trip). Rows carry wall-clock times, so replicas' clocks are assumed to agree within
-`CLOCK_SKEW_S` (each pull reads that much of the index again; merging is idempotent).
+`CLOCK_SKEW_S` (each pull reads that much of the index again; merging is idempotent). What lies
+beyond that is not believed: a pull reads members scored up to now + `CLOCK_SKEW_S` only, its
+cursor never passes now, and a row seen later than that is refused (counted, logged once). A
+bad row or a replica whose clock is an hour ahead once moved every other replica's cursor an
+hour on, and they shared nothing more until restarted; now only that replica is left out.
+
+The turn-state secret (proxy/relay/turnstate.py), when none is configured, lives in Redis too:
+each replica sets it if none is (`SET NX` of the one it holds, or a new one) and reads it, at
+start and every `session_pull_s` after. A Redis restarted without persistence has lost it: the
+first replica to look puts its own back, and a replica that finds another one (set meanwhile by
+a replica starting) takes it, logged and counted (`errors_total{op="secret-changed"}`); tokens
+signed with the old one are refused from then on, so the replicas agree again within a pull.
 
 Redis away: the gateway serves from its local table; the first failure is logged once, both
 loops retry with a doubling backoff (at most `MAX_BACKOFF_S`), failures are counted in
@@ -37,6 +49,7 @@ import re
 import secrets
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -45,9 +58,7 @@ import orjson
 from proxy.backends.attained import parse_pairs
 from proxy.backends.redis_loops import (
     IO_TIMEOUT_S,
-    MAX_BACKOFF_S,
     RedisLoops,
-    raise_if_cancelled,
 )
 from proxy.backends.session_table import SessionTable, SharedRow
 from proxy.bounds import token_count
@@ -60,6 +71,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("specrouter.sessions")
 
 CLOCK_SKEW_S: Final = 1.0
+# Index members scored this far past Redis's clock are trimmed at each flush (by Redis's clock,
+# so that a replica whose own clock is behind trims no one's fresh members).
+FUTURE_TRIM_S: Final = 60.0
+_TRIM_FUTURE: Final = """
+local now = redis.call('TIME')
+return redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. (tonumber(now[1]) + tonumber(ARGV[1])), '+inf')
+"""
 PULL_BATCH: Final = 5_000  # index members per round trip; more are read at once after
 PULL_PAGES: Final = 20  # round trips one pull makes at most (100,000 members); the rest next time
 FLUSH_BATCH: Final = 5_000  # rows one flush sends at most; the rest stay queued for the next
@@ -78,6 +96,7 @@ class SessionShare(RedisLoops):
         metrics: GatewayMetrics,
         client: Any = None,
         turn_state: TurnState | None = None,
+        known_client: Callable[[str], bool] = lambda name: False,
     ) -> None:
         import redis.asyncio as aioredis
 
@@ -102,6 +121,10 @@ class SessionShare(RedisLoops):
         self._tasks: list[asyncio.Task[None]] = []
         self._rows = metrics.session_share
         self._errors = metrics.session_share_errors
+        # A row's client is kept when the policy has it (eviction weighs rows by client);
+        # another name is read as "" (clients stay few).
+        self._known_client = known_client
+        self._future_logged = False
         table.on_change = self.changed
 
     # The request path ---------------------------------------------------------------------
@@ -127,7 +150,8 @@ class SessionShare(RedisLoops):
             loop.create_task(self._every(self.pull_s, "pull", self.pull)),
         ]
         if self.turn_state is not None:
-            self._tasks.append(loop.create_task(self._until_secret()))
+            secret = self._every(self.pull_s, "secret", self.secret, first_s=0.0)
+            self._tasks.append(loop.create_task(secret))
 
     def _failed(self, op: str, exc: Exception) -> None:
         if not self._down:
@@ -143,31 +167,26 @@ class SessionShare(RedisLoops):
             self._down = False
             log.warning("Redis reachable again: sessions shared")
 
-    async def secret(self) -> bool:
-        """The replicas' one turn-state secret: set if none is (NX), then read. True once known
-        (it never changes while a replica holds it; its key has no expiry)."""
+    async def secret(self) -> int | None:
+        """The replicas' one turn-state secret: the one this replica holds (or a new one) set
+        if none is (NX), then read. 1 once known, None while Redis holds none."""
         assert self.turn_state is not None
-        await self._redis.set(self._secret_key, secrets.token_hex(32), nx=True)
-        value = await self._redis.get(self._secret_key)
+        held = self.turn_state.secret
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.set(self._secret_key, held or secrets.token_hex(32), nx=True)
+        pipe.get(self._secret_key)
+        _, value = await pipe.execute()
         if not value:
-            return False
-        self.turn_state.secret = value if isinstance(value, bytes) else str(value).encode()
-        return True
-
-    async def _until_secret(self) -> None:
-        backoff = self.pull_s
-        while True:
-            try:
-                async with asyncio.timeout(IO_TIMEOUT_S * 2):  # a cancel is never dropped
-                    if await self.secret():
-                        return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - Redis away: no tokens until it is back
-                raise_if_cancelled(exc)
-                self._errors.labels("secret").inc()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF_S)
+            return None
+        value = value if isinstance(value, bytes) else str(value).encode()
+        if held is not None and value != held:
+            self._errors.labels("secret-changed").inc()
+            log.warning(
+                "the turn-state secret in Redis is not this replica's (Redis restarted without "
+                "persistence?): taking it; tokens signed before are refused"
+            )
+        self.turn_state.secret = value
+        return 1
 
     async def flush(self) -> int | None:
         """Send the queued rows; on failure they are queued again (bounded). Rows sent, None
@@ -196,6 +215,7 @@ class SessionShare(RedisLoops):
                     row.turns,
                     row.tokens_out,
                     row.attained.pairs(offset),
+                    row.client,
                 )
             )
             pipe.set(self._rows_key + key, value, ex=ttl)
@@ -204,13 +224,17 @@ class SessionShare(RedisLoops):
             return None
         pipe.zadd(self._index_key, index)
         pipe.zremrangebyscore(self._index_key, "-inf", wall - self.table.idle_s)
+        pipe.eval(_TRIM_FUTURE, 1, self._index_key, FUTURE_TRIM_S)
         try:
-            await pipe.execute()
+            *_, future = await pipe.execute()
         except BaseException:
             for key in keys:  # newer changes queued meanwhile keep their place
                 self.changed(key)
             raise
         self._rows.labels("sent").inc(len(index))
+        if future:
+            self._rows.labels("future").inc(future)
+            self._from_the_future(f"{future} index members scored more than {FUTURE_TRIM_S:.0f} s")
         return len(index)
 
     async def pull(self) -> int:
@@ -221,11 +245,12 @@ class SessionShare(RedisLoops):
         at most PULL_PAGES pages a pull."""
         taken = 0
         last: float | None = None
+        now = time.time()
         for page in range(PULL_PAGES):
             found = await self._redis.zrangebyscore(
                 self._index_key,
                 self._cursor,
-                "+inf",
+                now + CLOCK_SKEW_S,  # later: a bad row, or a clock ahead (not believed)
                 start=page * PULL_BATCH,
                 num=PULL_BATCH,
                 withscores=True,
@@ -242,24 +267,39 @@ class SessionShare(RedisLoops):
             if len(found) < PULL_BATCH:
                 # Read the last CLOCK_SKEW_S again next time: a replica whose clock is behind
                 # may still add changes there.
-                self._cursor = max(self._cursor, last - CLOCK_SKEW_S)
+                self._cursor = min(max(self._cursor, last - CLOCK_SKEW_S), now)
                 return taken
         if last is not None:  # PULL_PAGES full pages: go on from the last score next time
-            self._cursor = max(self._cursor, last)
+            self._cursor = min(max(self._cursor, last), now)
         return taken
+
+    def _from_the_future(self, what: str) -> None:
+        if not self._future_logged:
+            self._future_logged = True
+            log.warning(
+                "%s past now: a bad row, or a replica whose clock is ahead of this one's by "
+                "more than %.0f s (its sessions are not shared); not logged again",
+                what,
+                CLOCK_SKEW_S,
+            )
 
     def _merge(self, key: str, value: bytes, offset: float) -> int:
         try:
-            # A replica of the version before fairness sends no attained buckets.
-            replica, engine, seen, prefix, turns, out, *attained = orjson.loads(value)
+            # Older versions send no attained buckets (before fairness), no client.
+            replica, engine, seen, prefix, turns, out, *rest = orjson.loads(value)
         except (orjson.JSONDecodeError, TypeError, ValueError):
             return 0  # not a row this version wrote: ignored, it expires
         if replica == self.replica:
             return 0
         shared = _row(engine, seen, prefix, turns, out, offset)
-        buckets = parse_pairs(attained[0], offset) if len(attained) == 1 else []
+        buckets = parse_pairs(rest[0], offset) if rest else []
         if shared is not None and buckets is not None:
-            shared = replace(shared, attained=tuple(buckets))
+            client = rest[1] if len(rest) > 1 else ""
+            client = client if isinstance(client, str) and self._known_client(client) else ""
+            shared = replace(shared, attained=tuple(buckets), client=client)
+        if shared is not None and shared.last_seen > time.perf_counter() + CLOCK_SKEW_S:
+            self._from_the_future("a session row seen")
+            shared = None
         if shared is None or buckets is None:
             self._rows.labels("refused").inc()
             return 0

@@ -2,8 +2,8 @@
 
 Local and bounded (the policy's `sessions.table_size`): past it, the least recently seen row of
 the client holding the most rows goes, so one client's many sessions (12,000 ids, say) evict
-its own rows, never another client's live ones (rows merged from other replicas count as one
-client, ""). Owned by the event loop: a lookup is one dict get. Per replica: with `--redis-url` the sharing task
+its own rows, never another client's live ones (a row merged from another replica keeps its
+client when the policy has it, else counts as client ""). Owned by the event loop: a lookup is one dict get. Per replica: with `--redis-url` the sharing task
 (proxy/backends/session_share.py) hears of each local change through `on_change` and `merge`s
 other replicas' newer rows; the request path never waits on it.
 
@@ -54,6 +54,7 @@ class SharedRow:
     turns: int
     tokens_out: int
     attained: tuple[tuple[float, int], ...] = ()  # (bucket start, tokens), this clock
+    client: str = ""  # whose session: what eviction weighs it by
 
 
 class SessionTable:
@@ -164,7 +165,7 @@ class SessionTable:
         if row is not None and row.last_seen >= shared.last_seen:
             return False
         if row is None:
-            row = self._rows[key] = SessionEntry(shared.engine, shared.last_seen)
+            row = self._rows[key] = SessionEntry(shared.engine, shared.last_seen, shared.client)
             self._by_client.setdefault(row.client, OrderedDict())[key] = None
         elif row.engine != shared.engine:
             row.moves += 1

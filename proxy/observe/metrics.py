@@ -309,7 +309,9 @@ class GatewayMetrics:
         self.session_share = Counter(
             "specrouter_session_share_rows_total",
             "Session rows sent to Redis, merged from other replicas, or dropped from a full queue.",
-            ("result",),  # sent, merged, dropped, refused (a row not a count: issue 31)
+            # sent, merged, dropped, refused (a row not a count, or seen in the future), future
+            # (index members trimmed: scored past Redis's clock, proxy/backends/session_share.py)
+            ("result",),
             registry=r,
         )
         # --redis-url: the client limits shared by replicas (proxy/relay/limits.py)
@@ -332,7 +334,9 @@ class GatewayMetrics:
         self.session_share_errors = Counter(
             "specrouter_session_share_errors_total",
             "Failed exchanges with Redis for the session table (the local table keeps serving).",
-            ("op",),  # flush, pull, secret (the turn-state secret, proxy/relay/turnstate.py)
+            # flush, pull, secret (the turn-state secret, proxy/relay/turnstate.py), and
+            # secret-changed (Redis held another: it lost the replicas' one)
+            ("op",),
             registry=r,
         )
 
