@@ -7,15 +7,18 @@ hosts engines may live on. The policy names these; it cannot define them.
               remote-key: {env: REMOTE_KEY, engines: ["gb10-b:8003"]}}  # off loopback: bound
     engine_hosts: [127.0.0.1, ::1, localhost]      # the default: loopback only
 
-The file is refused when anyone but the gateway's user (or root) owns it or may write it, or a
-symlink to it sits in a directory others may write: a group- or world-writable file, or another
-user's, would hand its commands to whoever else can edit it.
+The file is refused when anyone but the gateway's user (or root) owns it or may write it, or
+could swap it: a group- or world-writable file, or another user's, would hand its commands to
+whoever else can edit it; so would a directory on the way to it (any from `/` down, through
+every symlink, to the file) that another user owns or that others may write, since whoever may
+rename an entry there may put another file in its place.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -99,37 +102,64 @@ class Operator:
         return self._file_secrets.get(name) or None
 
 
+MAX_LINKS = 40  # symlinks one lookup follows at most (Linux's own limit)
+
+
 def check_permissions(path: Path) -> None:
-    """Refuse a file that anyone but the gateway's user (or root) owns or may write, or whose
-    directory others may write: the file's, and the directory of a symlink to it (a link in a
-    world-writable directory can be pointed elsewhere by anyone; a sticky one only keeps others
-    from replacing a link they do not own)."""
+    """Refuse a file that anyone but the gateway's user (or root) owns or may write, or that
+    someone else could swap: the path is walked from `/` as the kernel would, and every
+    directory a name is looked up in must be this user's or root's and not writable by others
+    (a sticky one may be, as /tmp: others cannot rename there what is not theirs), every
+    symlink this user's or root's. A 0777 directory halfway, behind a symlink or above the
+    file's own directory, once let anyone put another file in the operator's place."""
     me = os.geteuid()
+    here = Path("/")
+    _trusted(here, _stat(here, os.stat), me)
+    todo = list(reversed(path.absolute().parts[1:]))  # the next name last
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":  # `here` has no symlink left in it: its parent was walked through
+            here = here.parent
+            continue
+        step = here / name
+        st = _stat(step, os.lstat)
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (me, 0):
+                raise OperatorError(f"{step} is a symlink owned by uid {st.st_uid}, not this user")
+            links += 1
+            if links > MAX_LINKS:
+                raise OperatorError(f"{path}: more than {MAX_LINKS} symlinks on the way")
+            target = Path(os.readlink(step))
+            if target.is_absolute():
+                here = Path("/")
+            todo.extend(reversed(target.parts[1:] if target.is_absolute() else target.parts))
+            continue
+        if todo and not stat.S_ISDIR(st.st_mode):
+            raise OperatorError(f"{step} is not a directory")
+        _trusted(step, st, me, directory=bool(todo))
+        here = step
+
+
+def _stat(path: Path, how: Callable[[Path], os.stat_result]) -> os.stat_result:
     try:
-        link = path.lstat()
+        return how(path)
     except OSError as exc:
         raise OperatorError(f"{path}: {exc.strerror or exc}") from None
-    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (me, 0):
-        raise OperatorError(f"{path} is a symlink owned by uid {link.st_uid}, not this user")
-    parents = {path.resolve().parent}
-    if stat.S_ISLNK(link.st_mode):
-        parents.add(path.absolute().parent)
-    for target in (path, *sorted(parents)):
-        try:
-            st = target.stat()
-        except OSError as exc:
-            raise OperatorError(f"{target}: {exc.strerror or exc}") from None
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (
-            target != path and st.st_mode & stat.S_ISVTX
-        ):
-            raise OperatorError(
-                f"{target} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): chmod go-w it"
-            )
-        if target == path and st.st_uid not in (me, 0):
-            raise OperatorError(
-                f"{target} is owned by uid {st.st_uid}, not this user: whoever owns it can "
-                "change its commands"
-            )
+
+
+def _trusted(path: Path, st: os.stat_result, me: int, directory: bool = True) -> None:
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (directory and st.st_mode & stat.S_ISVTX):
+        raise OperatorError(
+            f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o}): chmod go-w it"
+        )
+    if st.st_uid not in (me, 0):
+        raise OperatorError(
+            f"{path} is owned by uid {st.st_uid}, not this user: whoever owns it can "
+            + ("put another file in its place" if directory else "change its commands")
+        )
 
 
 def load_operator(path: Path | None) -> Operator:

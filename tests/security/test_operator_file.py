@@ -80,6 +80,39 @@ def _others_link_in_sticky(tmp_path: Path) -> Path:
     return link
 
 
+def _through_dir_link_in(tmp_path: Path, mode: int) -> Path:
+    """The file's directory reached through a symlink that sits in a `mode` directory."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    (shared / "dir").symlink_to(_private(tmp_path).parent)
+    return shared / "dir" / "operator.yaml"
+
+
+def _under(tmp_path: Path, mode: int) -> Path:
+    """The file's own (private) directory inside a `mode` one."""
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    parent.chmod(mode)
+    (parent / "private").mkdir(mode=0o700)
+    return _write(parent / "private" / "operator.yaml", "engine_hosts: [127.0.0.1]\n")
+
+
+def _in_others_dir(tmp_path: Path) -> Path:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    return _write(theirs / "operator.yaml", "engine_hosts: [127.0.0.1]\n")
+
+
+def _relative_link(tmp_path: Path) -> Path:
+    _private(tmp_path)
+    (tmp_path / "links").mkdir(mode=0o700)
+    link = tmp_path / "links" / "operator.yaml"
+    link.symlink_to("../private/./operator.yaml")
+    return link
+
+
 # (case, the file as the gateway is given it, needs root to set up, refused with)
 CASES = [
     ("own-file", _private, False, None),
@@ -88,6 +121,13 @@ CASES = [
     ("own-link-in-sticky-dir", lambda p: _link_in(p, 0o1777), False, None),
     ("others-link-in-sticky-dir", _others_link_in_sticky, True, "symlink owned by uid"),
     ("0644-owned-by-another-user", _other_users, True, "owned by uid"),
+    # every directory on the way, from / down and through each symlink
+    ("dir-link-in-world-writable-dir", lambda p: _through_dir_link_in(p, 0o777), False, "writable"),
+    ("dir-link-in-private-dir", lambda p: _through_dir_link_in(p, 0o700), False, None),
+    ("ancestor-world-writable", lambda p: _under(p, 0o777), False, "parent is writable by others"),
+    ("ancestor-sticky", lambda p: _under(p, 0o1777), False, None),
+    ("directory-owned-by-another-user", _in_others_dir, True, "theirs is owned by uid"),
+    ("own-relative-link", _relative_link, False, None),
 ]
 
 
