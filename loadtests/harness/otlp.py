@@ -8,6 +8,10 @@ exports (`--otlp-endpoint`), decoded with the protocol's own messages (opentelem
 
 No Collector: only the two export paths (`/v1/traces`, `/v1/metrics`), protobuf bodies, gzip or
 not; anything else gets 404. `keep=False` counts what arrives and keeps nothing (the bench).
+
+A collector that misbehaves, per path: `otlp.behaviour["/v1/traces"] = "hang"` reads each export
+and then answers nothing until the receiver closes; "drip" answers a byte every 0.2 s; "503"
+refuses it. `otlp.arrived` counts the exports each behaviour got.
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ class OtlpReceiver:
         self.metrics: list[Metric] = []  # one per metric per export (cumulative)
         self.requests = 0
         self.span_count = 0
+        self.behaviour: dict[str, str] = {}  # path -> "hang", "drip" or "503"; else answered
+        self.arrived: dict[str, int] = {}  # behaviour -> exports it got
+        self.closing = threading.Event()
         self._lock = threading.Lock()
         receiver = self
 
@@ -94,6 +101,9 @@ class OtlpReceiver:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
+                if receiver._misbehaved(self.path, self.wfile):
+                    self.close_connection = True
+                    return
                 if self.path == "/v1/traces":
                     receiver._traces(body)
                     answer = ExportTraceServiceResponse().SerializeToString()
@@ -120,8 +130,31 @@ class OtlpReceiver:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.closing.set()  # hanging and dripping answers end
         self.server.shutdown()
         self.server.server_close()
+
+    def _misbehaved(self, path: str, out: Any) -> bool:
+        """Answer as `behaviour[path]` says; False: answer as a collector does."""
+        how = self.behaviour.get(path)
+        if how is None:
+            return False
+        with self._lock:
+            self.arrived[how] = self.arrived.get(how, 0) + 1
+        try:
+            if how == "503":
+                out.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+            elif how == "drip":
+                for byte in b"HTTP/1.1 200 OK\r\n" + b"x-drip: " + b"." * 10_000:
+                    out.write(bytes([byte]))
+                    out.flush()
+                    if self.closing.wait(0.2):
+                        break
+            else:
+                self.closing.wait()
+        except OSError:  # the exporter gave up and closed
+            pass
+        return True
 
     # --- what arrived -------------------------------------------------------------------------
 

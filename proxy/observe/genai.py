@@ -4,6 +4,12 @@ attributes of a finished request's span and metrics (proxy/observe/otel.py expor
 Pure: no SDK, no I/O. The names follow the GenAI semantic conventions (development stability)
 where they define one; what they do not cover (the policy's choice, speculative decoding) is under
 `specrouter.`. docs/opentelemetry.md lists every attribute.
+
+No value a client chose, whatever its size, becomes a span name or a metric attribute: the
+model is one the policy names, or OTHER_MODEL for every model it does not (else a client naming
+a new model per request adds a metric series per request, kept for good, and a megabyte name
+travels in every export); every other metric attribute is the policy's or the gateway's own.
+Span attributes are cut at MAX_ATTRIBUTE_CHARS.
 """
 
 from __future__ import annotations
@@ -80,15 +86,26 @@ OPERATIONS: dict[str, str] = {  # by Endpoint
 TOKEN_TYPES = ("input", "output", "cache_read")
 
 PREFIX = "specrouter."
+# Every model the policy does not name, in span names and attributes (the conventions' word for
+# a value outside the known set, as http.request.method's).
+OTHER_MODEL = "_OTHER"
+# A span attribute's string value at most (the SDK's span limit too: proxy/observe/otel.py).
+MAX_ATTRIBUTE_CHARS = 256
 
 
 def operation(record: RequestRecord) -> str:
     return OPERATIONS.get(record.endpoint, record.endpoint)
 
 
+def request_model(record: RequestRecord) -> str:
+    """The model as the client named it when the policy routes that name (the decision set
+    `record.route`), else OTHER_MODEL."""
+    return record.model if record.route else OTHER_MODEL
+
+
 def span_name(record: RequestRecord) -> str:
-    """`{operation} {model}`, as the conventions name an inference span."""
-    return f"{operation(record)} {record.model}".strip()
+    """`{operation} {model}`, as the conventions name an inference span (once decided)."""
+    return f"{operation(record)} {request_model(record)}"
 
 
 def is_error(record: RequestRecord) -> bool:
@@ -99,10 +116,10 @@ def is_error(record: RequestRecord) -> bool:
 
 
 def metric_attributes(record: RequestRecord, provider: str | None) -> Attributes:
-    """Bounded by the policy: no session, client or request id."""
+    """Bounded by the policy: no session, client or request id, no model it does not name."""
     out: Attributes = {
         "gen_ai.operation.name": operation(record),
-        "gen_ai.request.model": record.model,
+        "gen_ai.request.model": request_model(record),
         PREFIX + "route": record.route,
         PREFIX + "variant": record.backend,
     }
@@ -150,7 +167,18 @@ def span_attributes(record: RequestRecord, provider: str | None, served: str | N
     out[PREFIX + "concurrency"] = record.concurrency
     for phase, seconds in m.phases().items():
         out[f"{PREFIX}phase.{phase}_s"] = seconds
-    return out
+    return bounded(out)
+
+
+def bounded(attributes: Attributes) -> Attributes:
+    """`attributes` with every string (in a list too) cut at MAX_ATTRIBUTE_CHARS."""
+    n = MAX_ATTRIBUTE_CHARS
+    for key, value in attributes.items():
+        if isinstance(value, str):
+            attributes[key] = value[:n]
+        elif isinstance(value, list):
+            attributes[key] = [v[:n] for v in value]
+    return attributes
 
 
 def server_time_per_output_token(record: RequestRecord) -> float | None:

@@ -6,7 +6,9 @@ whose context the engine request then carries) and closed where the request is f
 recorded (`sink`, one of the gateway's sinks, as the request log's): its attributes and the metrics
 come from the figures already measured, nothing is added to the per-chunk path. Export runs in the
 SDK's batch processor and periodic reader threads, bounded queues, off the event loop: a
-collector that is down or slow drops telemetry, never a request.
+collector that is down or slow drops telemetry, never a request. What is queued is bounded
+too: span names and metric attributes from a closed set, span attributes cut
+(proxy/observe/genai.py), at most MAX_QUEUED_SPANS spans waiting, EXPORT_BATCH_SPANS a request.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -42,6 +44,10 @@ SCOPE = "specrouter"
 EXPORT_TIMEOUT_S = 5.0
 # At exit, what is pending gets this long to leave (a live collector takes milliseconds).
 SHUTDOWN_S = 2.0
+# Spans waiting for export (more are dropped, counted by the SDK), and spans per export request:
+# with attributes cut at genai.MAX_ATTRIBUTE_CHARS, a few MB at most.
+MAX_QUEUED_SPANS = 2048
+EXPORT_BATCH_SPANS = 512
 
 
 def views() -> list[View]:
@@ -72,10 +78,16 @@ class Telemetry:
         self.resource = resource or Resource.create({"service.name": "specrouter"})
         # shutdown_on_exit=False: `shutdown` is ours, bounded; an exit hook would wait on a dead
         # collector for the exporter's full retry time.
-        self.tracer_provider = TracerProvider(resource=self.resource, shutdown_on_exit=False)
+        self.tracer_provider = TracerProvider(
+            resource=self.resource,
+            shutdown_on_exit=False,
+            span_limits=SpanLimits(max_attribute_length=genai.MAX_ATTRIBUTE_CHARS),
+        )
         self.tracer_provider.add_span_processor(
             BatchSpanProcessor(
-                OTLPSpanExporter(endpoint=base + "/v1/traces", timeout=EXPORT_TIMEOUT_S)
+                OTLPSpanExporter(endpoint=base + "/v1/traces", timeout=EXPORT_TIMEOUT_S),
+                max_queue_size=MAX_QUEUED_SPANS,
+                max_export_batch_size=EXPORT_BATCH_SPANS,
             )
         )
         reader = PeriodicExportingMetricReader(
@@ -111,7 +123,7 @@ class Telemetry:
         parent = _PROPAGATOR.extract(carrier) if carrier else None
         age_ns = int((time.perf_counter() - record.m.t_start) * 1e9)
         span = self.tracer.start_span(
-            genai.span_name(record),
+            genai.operation(record),  # named once decided (`_finished`): never the raw model
             context=parent,
             kind=SpanKind.SERVER,
             start_time=time.time_ns() - age_ns,
@@ -133,6 +145,7 @@ class Telemetry:
         m, span = record.m, record.span
         provider, served = self._backend(record.backend)
         if span is not None and span.is_recording():  # not when the client's trace is unsampled
+            span.update_name(genai.span_name(record))
             span.set_attributes(genai.span_attributes(record, provider, served))
             if genai.is_error(record):
                 span.set_status(Status(StatusCode.ERROR, record.outcome))

@@ -3,7 +3,8 @@ the simulator, exported over real OTLP/HTTP into a receiver on loopback that dec
 (loadtests/harness/otlp.py): one span per request whose figures are the request log row's,
 parented to the client's `traceparent` and parenting the engine's; the GenAI metrics' names,
 units and TTFT buckets past 60 s. Off by default: no `traceparent` made up for the engines. A
-dead collector fails no request."""
+client's model names, however long or many, never become span names or metric series. A
+collector that refuses, hangs, drips or is gone fails no request."""
 
 from __future__ import annotations
 
@@ -201,21 +202,79 @@ def test_off_by_default_no_traceparent_made_up(certs: Any, sim: SimServer) -> No
     assert seen["otel-off-tp"] == header  # the client's own, passed on as it came
 
 
-def test_a_dead_collector_fails_no_request(certs: Any, sim: SimServer) -> None:
-    with OtlpReceiver() as gone:
-        dead = gone.url  # a loopback port nothing listens on once the receiver is closed
+def test_a_refusing_hanging_dripping_or_dead_collector_fails_no_request(
+    certs: Any, sim: SimServer
+) -> None:
+    """Requests are served while the collector answers 503, while it holds the span export
+    without an answer and drips the metrics export's, and once its port is closed."""
     policy = coder_policy({"coder-a": sim.url}, served=SERVED)
-    with (
-        mock.patch.dict(os.environ, FAST_EXPORT),
-        GatewayServer(policy, certs=certs, args=("--otlp-endpoint", dead)) as gw,
-    ):
-        for i in range(3):
+
+    def served(tag: str) -> None:
+        for i in range(2):
             body = {"model": "coder", "messages": ASK, "stream": True, "max_tokens": 8}
-            _stream(gw, "/v1/chat/completions", body, {"x-request-id": f"otel-dead-{i}"})
+            _stream(gw, "/v1/chat/completions", body, {"x-request-id": f"otel-{tag}-{i}"})
         with gw.client() as c:
             r = c.post("/v1/chat/completions", json={"model": "coder", "messages": ASK})
             assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
+
+    with OtlpReceiver() as otlp, mock.patch.dict(os.environ, FAST_EXPORT):
+        args = ("--otlp-endpoint", otlp.url, "--otlp-metrics-interval", "0.3")
+        with GatewayServer(policy, certs=certs, args=args) as gw:
+            otlp.behaviour = {"/v1/traces": "503", "/v1/metrics": "503"}
+            served("refused")
+            otlp.wait(lambda: otlp.arrived.get("503", 0) >= 2)
+            otlp.behaviour = {"/v1/traces": "hang", "/v1/metrics": "drip"}
+            served("before-stuck")
+            otlp.wait(lambda: min(otlp.arrived.get("hang", 0), otlp.arrived.get("drip", 0)))
+            served("stuck")  # both export threads are held by the collector now
+            otlp.__exit__()  # gone: its port refuses
+            served("dead")
     assert sim.traceparents()["otel-dead-0"].startswith("00-")  # still traced to the engine
+
+
+def test_a_clients_model_names_never_name_a_span_nor_a_metric_series(
+    traced: tuple[GatewayServer, OtlpReceiver],
+) -> None:
+    """Unknown models, 64 KiB each, all distinct: one span name and one metric series."""
+    gw, otlp = traced
+    count = 3
+    with gw.client() as c:
+        for i in range(count):
+            r = c.post(
+                "/v1/chat/completions",
+                json={"model": f"{i}-" + "m" * 65536, "messages": ASK},
+                headers={"x-request-id": f"otel-long-{i}"},
+            )
+            assert r.status_code == 404
+
+    def spans() -> list[Span] | None:
+        named = otlp.spans_named(f"chat {genai.OTHER_MODEL}")
+        got = [s for s in named if s.attributes["specrouter.request_id"].startswith("otel-long")]
+        return got if len(got) == count else None
+
+    for span in otlp.wait(spans):
+        assert span.attributes["gen_ai.request.model"] == genai.OTHER_MODEL
+        for value in span.attributes.values():
+            assert not isinstance(value, str) or len(value) <= genai.MAX_ATTRIBUTE_CHARS
+
+    def exported() -> bool:
+        metric = otlp.latest("gen_ai.server.request.duration")
+        other = [
+            p
+            for p in (metric.points if metric else [])
+            if p.attributes["gen_ai.request.model"] == genai.OTHER_MODEL
+        ]
+        return sum(p.count for p in other) >= count
+
+    otlp.wait(exported)
+    assert max(len(s.name) for s in otlp.spans) < 64
+    for name in {m.name for m in otlp.metrics}:
+        metric = otlp.latest(name)
+        assert metric is not None
+        models = {p.attributes["gen_ai.request.model"] for p in metric.points}
+        assert models <= {"coder", SERVED, genai.OTHER_MODEL}, name
+        for p in metric.points:
+            assert all(len(str(v)) < 64 for v in p.attributes.values()), name
 
 
 def test_a_rejected_request_has_its_span_without_an_engine(
@@ -229,8 +288,15 @@ def test_a_rejected_request_has_its_span_without_an_engine(
             headers={"x-request-id": "otel-rejected"},
         )
     assert 400 <= r.status_code < 500
-    span = otlp.wait(lambda: otlp.spans_named("chat no-such-model"))[0]
+    span = otlp.wait(
+        lambda: [
+            s
+            for s in otlp.spans_named(f"chat {genai.OTHER_MODEL}")
+            if s.attributes["specrouter.request_id"] == "otel-rejected"
+        ]
+    )[0]
     a = span.attributes
+    assert a["gen_ai.request.model"] == genai.OTHER_MODEL, "not a name the policy routes"
     assert a["specrouter.outcome"] == "rejected" and a["error.type"] == "rejected"
     assert a["http.response.status_code"] == r.status_code
     assert span.status_code == 0, "a policy's 4xx is the client's error, not the gateway's"

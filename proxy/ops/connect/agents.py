@@ -24,15 +24,19 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomlkit
-import yaml
-
 from proxy.ops.connect.files import Planned, ca_bundle, merge_toml, system_roots
 from proxy.ops.connect.gateway import Gateway
+from proxy.ops.connect.quoting import (
+    checked,
+    json_text,
+    shell_env,
+    shell_words,
+    toml_text,
+    yaml_text,
+)
 
 AGENTS = ("codex", "claude-code", "aider", "openai", "anthropic")
 
@@ -69,16 +73,16 @@ def plan(agent: str, gw: Gateway, places: Places, name: str = "specrouter") -> P
 
 
 def _env_file(agent: str, gw: Gateway, places: Places, run: str, extra: dict[str, str]) -> Planned:
-    lines = [
-        f"# `specrouter connect {agent}`: this gateway for {agent}. Use: source this file, then",
-        f"#   {run}",
-        f"export SPECROUTER_URL={shlex.quote(gw.url)}",
-        f"export SPECROUTER_KEY={shlex.quote(gw.key)}",
-    ]
+    use = f"`specrouter connect {agent}`: this gateway for {agent}. Use: source this file, then"
+    env = {"SPECROUTER_URL": gw.url, "SPECROUTER_KEY": gw.key}
     if gw.ca is not None:
-        lines.append(f"export SPECROUTER_CA={shlex.quote(str(gw.ca))}")
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in extra.items()]
-    return Planned(places.config / f"{agent}.env", "\n".join(lines) + "\n", private=True)
+        env["SPECROUTER_CA"] = str(gw.ca)
+    text = shell_env([use, f"  {run}"], {**env, **extra})
+    return Planned(places.config / f"{agent}.env", text, private=True)
+
+
+def _source(env_file: Planned, run: str) -> str:
+    return f"{shell_words(['source', str(env_file.path)])} && {run}"
 
 
 def _tls(
@@ -110,13 +114,13 @@ def _codex(gw: Gateway, places: Places, name: str) -> Plan:
     merge = functools.partial(
         merge_toml,
         path=("model_providers", name),
-        table=provider,
+        table=checked(provider),
         unset=(("profiles", name),),
         unset_equal=(("profile", name),),
     )
-    fragment = tomlkit.dumps({"model_providers": {name: provider}})
-    profile = tomlkit.dumps({"model": gw.model, "model_provider": name})
-    run = f"codex -p {name}"
+    fragment = toml_text({"model_providers": {name: provider}})
+    profile = toml_text({"model": gw.model, "model_provider": name})
+    run = shell_words(["codex", "-p", name])
     env, bundle = _tls(gw, places, python=True, node=False)
     files = [
         Planned(config, fragment, merge=merge),
@@ -128,7 +132,7 @@ def _codex(gw: Gateway, places: Places, name: str) -> Plan:
         f"{config}: only [model_providers.{name}] is added or replaced, and a legacy"
         f" [profiles.{name}] (Codex refuses it beside -p {name}) removed; the rest stays"
     ]
-    return Plan("codex", files, [f"source {files[2].path} && {run}"], notes)
+    return Plan("codex", files, [_source(files[2], run)], notes)
 
 
 def _claude_code(gw: Gateway, places: Places, name: str) -> Plan:
@@ -144,11 +148,11 @@ def _claude_code(gw: Gateway, places: Places, name: str) -> Plan:
         "CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1",
     }
     settings = {"env": env, "apiKeyHelper": 'printf %s "$SPECROUTER_KEY"'}
-    run = f"claude --settings {settings_path}"
+    run = shell_words(["claude", "--settings", str(settings_path)])
     tls, _ = _tls(gw, places, python=False, node=True)
     env_file = _env_file("claude-code", gw, places, run, tls)
-    files = [Planned(settings_path, json.dumps(settings, indent=2) + "\n"), env_file]
-    return Plan("claude-code", files, [f"source {env_file.path} && {run}"])
+    files = [Planned(settings_path, json_text(settings)), env_file]
+    return Plan("claude-code", files, [_source(env_file, run)])
 
 
 def _aider(gw: Gateway, places: Places, name: str) -> Plan:
@@ -158,21 +162,21 @@ def _aider(gw: Gateway, places: Places, name: str) -> Plan:
         "openai-api-base": gw.url,
         "show-model-warnings": False,  # the gateway's model is not in litellm's table
     }
-    run = f"aider --config {conf_path}"
+    run = shell_words(["aider", "--config", str(conf_path)])
     tls, bundle = _tls(gw, places, python=True, node=False)
     env_file = _env_file("aider", gw, places, run, {"AIDER_OPENAI_API_KEY": gw.key, **tls})
-    files = [Planned(conf_path, yaml.safe_dump(conf, sort_keys=False)), env_file, *bundle]
-    return Plan("aider", files, [f"source {env_file.path} && {run}"])
+    files = [Planned(conf_path, yaml_text(conf)), env_file, *bundle]
+    return Plan("aider", files, [_source(env_file, run)])
 
 
 def _openai(gw: Gateway, places: Places, name: str) -> Plan:
     tls, bundle = _tls(gw, places, python=True, node=True)
     env = {"OPENAI_BASE_URL": gw.url, "OPENAI_API_KEY": gw.key, **tls}
-    run = f"python -c 'import openai; print(openai.OpenAI().models.retrieve(\"{gw.model}\"))'"
+    # the model as a Python string literal (JSON's), the program as one quoted shell word
+    code = f"import openai; print(openai.OpenAI().models.retrieve({json.dumps(gw.model)}))"
+    run = shell_words(["python", "-c", code])
     env_file = _env_file("openai", gw, places, run, env)
-    return Plan(
-        "openai", [env_file, *bundle], [f"source {env_file.path} && {run}"], [f"model: {gw.model}"]
-    )
+    return Plan("openai", [env_file, *bundle], [_source(env_file, run)], [f"model: {gw.model}"])
 
 
 def _anthropic(gw: Gateway, places: Places, name: str) -> Plan:
@@ -180,6 +184,5 @@ def _anthropic(gw: Gateway, places: Places, name: str) -> Plan:
     env = {"ANTHROPIC_BASE_URL": gw.root, "ANTHROPIC_API_KEY": gw.key, **tls}
     run = "python  # anthropic.Anthropic() reads ANTHROPIC_BASE_URL and ANTHROPIC_API_KEY"
     env_file = _env_file("anthropic", gw, places, run, env)
-    return Plan(
-        "anthropic", [env_file, *bundle], [f"source {env_file.path}"], [f"model: {gw.model}"]
-    )
+    source = shell_words(["source", str(env_file.path)])
+    return Plan("anthropic", [env_file, *bundle], [source], [f"model: {gw.model}"])

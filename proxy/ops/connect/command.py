@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from proxy.ops.connect import agents, files
-from proxy.ops.connect.gateway import ConnectError, Gateway, check, resolve
+from proxy.ops.connect.gateway import CHECK_TIMEOUT_S, ConnectError, Gateway, check, resolve
+from proxy.ops.connect.quoting import UnsafeValue
 
 
 def main(argv: list[str]) -> int:
@@ -29,18 +30,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--name", default="specrouter", type=_name, help="Codex provider and profile")
     p.add_argument("--state-dir", type=Path, default=Path(".state/demo"), help="the demo's")
     p.add_argument("--no-check", action="store_true", help="do not ask the gateway (needs --model)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=CHECK_TIMEOUT_S,
+        help=f"seconds for the whole check of the gateway (default {CHECK_TIMEOUT_S:g})",
+    )
     args = p.parse_args(argv)
     try:
         gw = _gateway(args)
-    except ConnectError as exc:
+        plan = agents.plan(args.agent, gw, agents.default_places(), args.name)
+        if args.write:
+            print(f"specrouter connect {plan.agent}: {gw.url} (model {gw.model})")
+            for planned in plan.files:
+                print("  " + files.write(planned))
+    except (ConnectError, UnsafeValue) as exc:
         print(f"specrouter connect: {exc}", file=sys.stderr)
         return 1
-    plan = agents.plan(args.agent, gw, agents.default_places(), args.name)
-    if args.write:
-        print(f"specrouter connect {plan.agent}: {gw.url} (model {gw.model})")
-        for planned in plan.files:
-            print("  " + files.write(planned))
-    else:
+    if not args.write:
         for planned in plan.files:
             how = " (merged)" if planned.merge else ""
             print(f"# {planned.path}{how}\n{planned.shown or planned.text}")
@@ -65,4 +72,4 @@ def _gateway(args: argparse.Namespace) -> Gateway:
         if model is None:
             raise ConnectError("--no-check needs --model")
         return Gateway(url, ca, key, model)
-    return check(url, ca, key, model)
+    return check(url, ca, key, model, args.timeout)

@@ -4,20 +4,35 @@ Each comes from a flag, else the variable README's Clients section exports (`SPE
 `SPECROUTER_CA`, `SPECROUTER_KEY`), else the demo's state directory (`specrouter demo` records its
 base URL and model in `connect.json` there, beside `tls/ca.pem` and `client.key`). A CA file
 given for another URL is never mixed with the demo's.
+
+What the gateway answers is bounded: the whole check within `timeout_s` (a gateway dripping its
+answer is cut off), its body within MAX_MODELS_BYTES; its model ids go into files and commands
+only when they hold no control character (proxy/ops/connect/quoting.py). A `--ca` must be a PEM
+certificate: only its certificates are read, never a key.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from proxy.ops.connect.quoting import UnsafeValue, plain, shown
+
 DEMO_URL = "https://127.0.0.1:8443/v1"
 ENDPOINT_FILE = "connect.json"  # written by `specrouter demo` into its state directory
+CHECK_TIMEOUT_S = 10.0  # the whole GET /models: connect, headers and body
+MAX_MODELS_BYTES = 4 << 20  # a /models list of thousands of models is well under 1 MiB
+MAX_CA_BYTES = 1 << 20  # a CA file of hundreds of certificates
+_PEM_CERT = re.compile(
+    r"-----BEGIN CERTIFICATE-----\r?\n[A-Za-z0-9+/=\r\n]+-----END CERTIFICATE-----"
+)
 
 
 class ConnectError(Exception):
@@ -30,6 +45,13 @@ class Gateway:
     ca: Path | None  # None: the gateway's certificate is publicly trusted
     key: str
     model: str
+
+    def __post_init__(self) -> None:
+        plain("the URL", self.url)
+        plain("the client key", self.key)
+        plain("the model", self.model)
+        if self.ca is not None:
+            plain("the CA file's name", str(self.ca))
 
     @property
     def root(self) -> str:
@@ -69,46 +91,111 @@ def resolve(
             "no client key: give --key, export SPECROUTER_KEY, or start `specrouter demo` "
             f"(its key is {state / 'client.key'})"
         )
-    if ca is not None and not ca.is_file():
-        raise ConnectError(f"CA file {ca} does not exist")
+    if ca is not None:
+        ca_certificates(ca)  # a clear refusal now, not a traceback or a key copied later
     url = url.rstrip("/")
     if not url.endswith("/v1"):
         url += "/v1"
     return url, ca.resolve() if ca else None, key, model
 
 
-def check(url: str, ca: Path | None, key: str, model: str | None) -> Gateway:
+def ca_certificates(ca: Path) -> str:
+    """The PEM certificates of the CA file `ca`, each on its own lines; refused (ConnectError)
+    when the file holds a private key or no certificate OpenSSL accepts."""
+    try:
+        with ca.open("rb") as f:
+            raw = f.read(MAX_CA_BYTES + 1)
+    except OSError as exc:
+        raise ConnectError(f"CA file {shown(str(ca))}: {exc.strerror or exc}") from exc
+    text = raw.decode("ascii", "replace")
+    if "PRIVATE KEY-----" in text:
+        raise ConnectError(
+            f"--ca {shown(str(ca))} holds a private key: give the CA's certificate (ca.pem)"
+        )
+    if len(raw) > MAX_CA_BYTES:
+        raise ConnectError(f"--ca {shown(str(ca))} is over {MAX_CA_BYTES} bytes: not a CA file")
+    blocks = _PEM_CERT.findall(text)
+    try:
+        if not blocks:
+            raise ssl.SSLError("no PEM certificate")
+        ssl.create_default_context(cadata="\n".join(blocks))
+    except ssl.SSLError as exc:
+        raise ConnectError(
+            f"--ca {shown(str(ca))} is not a PEM certificate ({shown(str(exc))})"
+        ) from exc
+    return "".join(b.replace("\r\n", "\n") + "\n" for b in blocks)
+
+
+def check(
+    url: str, ca: Path | None, key: str, model: str | None, timeout_s: float = CHECK_TIMEOUT_S
+) -> Gateway:
     """One GET /models with this CA and key: the errors an agent would hide, said plainly.
 
     (A CA that does not verify the gateway makes Codex retry "Reconnecting..." with no hint.)
     The model is the one asked for, else the first the gateway serves.
     """
+    status, body = _get_models(url, ca, key, timeout_s)
+    if status == 401:
+        raise ConnectError(f"{url}: the gateway refused this client key (401)")
+    if status != 200:
+        text = body.decode("utf-8", "replace")
+        raise ConnectError(f"{url}/models answered {status}: {shown(text)}")
+    try:
+        data = json.loads(body).get("data", [])
+        served = [m["id"] for m in data]
+    except (ValueError, AttributeError, TypeError, KeyError) as exc:
+        raise ConnectError(f"{url}/models: not a model list ({shown(str(exc))})") from exc
+    if not all(isinstance(m, str) for m in served):
+        raise ConnectError(f"{url}/models: a model id that is not a string")
+    if model is None:
+        if not served:
+            raise ConnectError(f"{url} serves no model")
+        model = served[0]
+    elif model not in served:
+        names = shown(", ".join(served))
+        raise ConnectError(f"{url} does not serve {shown(repr(model))} (it serves {names})")
+    try:
+        plain("the gateway's model id", model)
+    except UnsafeValue as exc:
+        raise ConnectError(str(exc)) from exc
+    return Gateway(url, ca, key, model)
+
+
+def _get_models(url: str, ca: Path | None, key: str, timeout_s: float) -> tuple[int, bytes]:
+    """GET /models: (status, body), the whole exchange within `timeout_s` and the body within
+    MAX_MODELS_BYTES (httpx's timeouts are per read: a gateway sending a byte a second would
+    never hit them, so the deadline is the event loop's, over headers and body alike)."""
     verify: ssl.SSLContext | bool = True
     if ca is not None:
-        verify = ssl.create_default_context(cafile=str(ca))
+        verify = ssl.create_default_context(cadata=ca_certificates(ca))
     try:
-        answer = httpx.get(
-            f"{url}/models", headers={"authorization": f"Bearer {key}"}, verify=verify, timeout=10
-        )
+        return asyncio.run(_fetch(f"{url}/models", verify, key, timeout_s))
+    except TimeoutError as exc:
+        raise ConnectError(f"{url}/models: no whole answer within {timeout_s:g} s") from exc
     except httpx.ConnectError as exc:
         if "CERTIFICATE_VERIFY_FAILED" in str(exc):
             where = f"the CA file {ca}" if ca else "the system's CAs (give --ca)"
             raise ConnectError(f"{url}: its certificate is not verified by {where}") from exc
         raise ConnectError(f"{url}: cannot connect ({exc}); is the gateway running?") from exc
     except httpx.HTTPError as exc:
-        raise ConnectError(f"{url}: {exc}") from exc
-    if answer.status_code == 401:
-        raise ConnectError(f"{url}: the gateway refused this client key (401)")
-    if answer.status_code != 200:
-        raise ConnectError(f"{url}/models answered {answer.status_code}: {answer.text[:200]}")
-    served = [str(m["id"]) for m in answer.json().get("data", [])]
-    if model is None:
-        if not served:
-            raise ConnectError(f"{url} serves no model")
-        model = served[0]
-    elif model not in served:
-        raise ConnectError(f"{url} does not serve {model!r} (it serves {', '.join(served)})")
-    return Gateway(url, ca, key, model)
+        raise ConnectError(f"{url}: {shown(str(exc))}") from exc
+
+
+async def _fetch(
+    url: str, verify: ssl.SSLContext | bool, key: str, timeout_s: float
+) -> tuple[int, bytes]:
+    headers = {"authorization": f"Bearer {key}"}
+    async with (
+        asyncio.timeout(timeout_s),
+        httpx.AsyncClient(verify=verify, timeout=timeout_s) as client,
+        client.stream("GET", url, headers=headers) as answer,
+    ):
+        body = bytearray()
+        async for chunk in answer.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_MODELS_BYTES:
+                raise ConnectError(f"{url}: over {MAX_MODELS_BYTES} bytes, refused")
+        return answer.status_code, bytes(body)
 
 
 def _env_path(name: str) -> Path | None:
