@@ -128,7 +128,11 @@ def _codex(gw: Gateway, places: Places, name: str) -> Plan:
         f"{config}: only [model_providers.{name}] is added or replaced, and a legacy"
         f" [profiles.{name}] (Codex refuses it beside -p {name}) removed; the rest stays"
     ]
-    return Plan("codex", files, [f"source {files[2].path} && {run}"], notes)
+    # Codex refuses to run outside a git repository unless told this (the newcomer's first try).
+    once = f"codex exec --skip-git-repo-check -p {name} 'List the files here'"
+    runs = [f"source {files[2].path} && {run}", f"source {files[2].path} && {once}"]
+    notes.append("`codex exec` (one task) outside a git repository needs --skip-git-repo-check")
+    return Plan("codex", files, runs, notes)
 
 
 def _claude_code(gw: Gateway, places: Places, name: str) -> Plan:
