@@ -1,18 +1,25 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: install test lint vllm agent-recordings demo calibrate sessions sweep policy-sweep overhead soak clean system-deps deploy-render deploy-check dashboards-check
 
 $(PY):
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The demo's own: the package and the OpenAI SDK its banner's example uses, no dev toolchain.
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	@echo "make demo: installing the demo's packages into $(VENV) (once)"
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[demo]'
+	@touch $(DEMO_STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -35,8 +42,8 @@ agent-recordings: $(STAMP) vllm
 test: lint system-deps vllm
 	$(VENV)/bin/pytest -q --cov --cov-report=term
 
-demo: $(STAMP)
-	$(VENV)/bin/specrouter demo
+demo: $(DEMO_STAMP)
+	@$(VENV)/bin/specrouter demo
 
 # Benchmarks (loopback only, bounded; figures in docs/, docs/benchmarks.md). None runs in `make test`.
 calibrate: $(STAMP)

@@ -54,16 +54,18 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     check = commands.add_parser("check", help="validate policy files, warn on known-bad setups")
-    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("files", nargs="+", metavar="FILE", help="policy files")
     check.add_argument("--strict", action="store_true", help="fail on warnings too")
     check.set_defaults(run=_check)
 
     explain = commands.add_parser("explain", help="the decision for a request, rule by rule")
-    explain.add_argument("file", metavar="FILE")
+    explain.add_argument("file", metavar="FILE", help="the policy file")
     explain.add_argument("--request", required=True, help="request body (JSON, @file or -)")
     explain.add_argument("--state", help="live state: {backends: {...}, guards: {...}}")
     explain.add_argument("--client", help="client name (default: the document's first client)")
-    explain.add_argument("--endpoint", choices=ENDPOINTS, default="chat")
+    explain.add_argument(
+        "--endpoint", choices=ENDPOINTS, default="chat", help="the API asked (default: chat)"
+    )
     explain.add_argument("--pin", metavar="VARIANT", help="as the X-Specrouter-Variant header")
     explain.add_argument("--now", type=float, default=0.0, help="monotonic seconds")
     explain.add_argument(
@@ -88,8 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     explain.set_defaults(run=_explain)
 
     diff = commands.add_parser("diff", help="what changed between two policy files")
-    diff.add_argument("old", metavar="A")
-    diff.add_argument("new", metavar="B")
+    diff.add_argument("old", metavar="A", help="the policy file before")
+    diff.add_argument("new", metavar="B", help="the policy file after")
     diff.set_defaults(run=_diff)
     return parser
 

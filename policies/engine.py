@@ -46,6 +46,14 @@ from policies.types import Decision, LiveState, Rejection, RequestView, RuleVerd
 UNSUPPORTED_WITH_SPECULATION: Final = (
     "The min_p and logit_bias sampling parameters are not yet supported with speculative decoding."
 )
+# Each endpoint's path, for a wrong-task refusal that names what was asked.
+_PATHS: Final = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+}
 # An engine that is down or starting: the cold start is minutes, a client should not spin.
 RETRY_AFTER_UNAVAILABLE_S: Final = 5.0
 
@@ -75,8 +83,9 @@ def decide(
             400,
             "BadRequestError",
             "model",
-            f"The model `{view.model}` is a {route.task} model; it does not serve "
-            f"/v1/{'embeddings' if view.endpoint == 'embeddings' else view.endpoint}.",
+            f"The model `{view.model}` is "
+            f"{'an embedding' if route.task == 'embed' else 'a text-generation'} model; "
+            f"it does not serve {_PATHS[view.endpoint]}.",
         )
     client = policy.client(view.client)
     allowed = route.allowed_for(view.client) if client is not None else route.variants

@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from proxy import plainhttp
+
 log = logging.getLogger("specrouter.servers")
 
 _ACCEPTS_PER_WAKE = 128  # as asyncio's server: others wait for the next readiness
@@ -132,14 +134,19 @@ class CappedServer:
                 released = True
                 cap.release(source)
 
-        def protocol() -> asyncio.Protocol:
-            made = self._factory()
-            made.on_closed = release  # type: ignore[attr-defined]
-            return made
-
+        made = self._factory()  # the listener's count starts at the accept (proxy/servers.py)
+        made.on_closed = release  # type: ignore[attr-defined]
         try:
+            handshake = self._handshake
+            if self._ssl is not None:  # plain HTTP gets a 400 that says https, not TLS's silence
+                start = self._loop.time()
+                if await plainhttp.refused(self._loop, conn, handshake or 60.0):
+                    release()
+                    return
+                if handshake is not None:  # one deadline for the first byte and the handshake
+                    handshake = max(0.1, handshake - (self._loop.time() - start))
             await self._loop.connect_accepted_socket(
-                protocol, conn, ssl=self._ssl, ssl_handshake_timeout=self._handshake
+                lambda: made, conn, ssl=self._ssl, ssl_handshake_timeout=handshake
             )
         except Exception:  # noqa: BLE001 - a failed or late handshake: the client's to retry
             release()

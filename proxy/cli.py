@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from importlib import metadata
 
 # subcommand -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -24,15 +25,27 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: specrouter COMMAND [ARGS]", "", "commands:"]
+    lines = ["usage: specrouter [--version] COMMAND [ARGS]", "", "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "`specrouter COMMAND --help` explains each."]
     return "\n".join(lines)
+
+
+def version() -> str:
+    """The installed package's version (pyproject.toml's, through the package metadata)."""
+    try:
+        return metadata.version("specrouter")
+    except metadata.PackageNotFoundError:  # run from a tree that was never installed
+        return "unknown (not installed: make install)"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in {"-h", "--help"}:
         print(_usage())
+        return 0
+    if args[0] in {"-V", "--version"}:
+        print(f"specrouter {version()}")
         return 0
     entry = SUBCOMMANDS.get(args[0])
     if entry is None:

@@ -38,13 +38,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("specrouter")
 
 
+def _default(name: str) -> str:
+    """A setting's default, as help says it (settings.py is its one source)."""
+    value = Settings.model_fields[name].default
+    return f"default {value:g}" if isinstance(value, float) else f"default {value}"
+
+
 def parse_args(argv: list[str]) -> Settings:
     p = argparse.ArgumentParser(prog="specrouter serve", description=__doc__)
-    p.add_argument("--config", type=Path, help="policy/config YAML file")
+    p.add_argument("--config", type=Path, help=f"the policy file ({_default('config')})")
     p.add_argument("--listen", help="public host:port (default 0.0.0.0:8443)")
     p.add_argument("--admin-listen", help="admin host:port (default 127.0.0.1:9443)")
-    p.add_argument("--tls-cert", type=Path)
-    p.add_argument("--tls-key", type=Path)
+    p.add_argument("--tls-cert", type=Path, help="server certificate chain (PEM)")
+    p.add_argument("--tls-key", type=Path, help="its private key (PEM)")
     p.add_argument(
         "--insecure-http",
         action="store_true",
@@ -90,7 +96,11 @@ def parse_args(argv: list[str]) -> Settings:
         "--metrics-listen",
         help="host:port of a plain-HTTP /metrics listener for Prometheus (loopback)",
     )
-    p.add_argument("--state-dir", type=Path)
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help=f"request log, policy versions, audit log ({_default('state_dir')})",
+    )
     p.add_argument(
         "--access-log",
         action="store_true",
@@ -130,12 +140,44 @@ def parse_args(argv: list[str]) -> Settings:
         type=float,
         help=f"seconds between reads of other replicas' session changes (default {pull_s:g})",
     )
-    p.add_argument("--max-body-bytes", type=int)
-    p.add_argument("--first-byte-timeout", dest="first_byte_timeout_s", type=float)
-    p.add_argument("--idle-timeout", dest="idle_timeout_s", type=float)
-    p.add_argument("--header-timeout", dest="header_timeout_s", type=float)
-    p.add_argument("--body-timeout", dest="body_timeout_s", type=float)
-    p.add_argument("--scrape-interval", dest="scrape_interval_s", type=float)
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help=f"larger request bodies get 413 ({_default('max_body_bytes')})",
+    )
+    p.add_argument(
+        "--first-byte-timeout",
+        dest="first_byte_timeout_s",
+        type=float,
+        help=f"seconds an engine may take to its first byte ({_default('first_byte_timeout_s')})",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        dest="idle_timeout_s",
+        type=float,
+        help=f"seconds between two chunks of a stream ({_default('idle_timeout_s')})",
+    )
+    p.add_argument(
+        "--header-timeout",
+        dest="header_timeout_s",
+        type=float,
+        help=f"seconds a client has to send its request head: 408 after "
+        f"({_default('header_timeout_s')})",
+    )
+    p.add_argument(
+        "--body-timeout",
+        dest="body_timeout_s",
+        type=float,
+        help=f"seconds a client has to send its request body: 408 after "
+        f"({_default('body_timeout_s')})",
+    )
+    p.add_argument(
+        "--scrape-interval",
+        dest="scrape_interval_s",
+        type=float,
+        help=f"seconds between reads of each engine's /metrics and /health "
+        f"({_default('scrape_interval_s')})",
+    )
     p.add_argument("--relay", choices=("push", "pull"), help="stream relay (default push)")
     p.add_argument(
         "--drain-timeout",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from proxy.helptext import DefaultsHelp
+
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
 DEFAULT_TEMPERATURES = "0.7,unset"
 
@@ -42,6 +44,7 @@ def run_parser() -> argparse.ArgumentParser:
         prog="specrouter probe",
         description="Measure decode throughput and acceptance per concurrency and temperature "
         "(subcommands: run (default), compare, facts).",
+        formatter_class=DefaultsHelp,
     )
     t = p.add_argument_group("target")
     t.add_argument(
@@ -84,7 +87,12 @@ def run_parser() -> argparse.ArgumentParser:
     t.add_argument("--ca-cert", type=Path, default=None, help="CA bundle to verify TLS with")
     t.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     m = p.add_argument_group("measurement")
-    m.add_argument("--concurrency", type=_ints, default=_ints(DEFAULT_CONCURRENCY))
+    m.add_argument(
+        "--concurrency",
+        type=_ints,
+        default=_ints(DEFAULT_CONCURRENCY),
+        help=f"comma-separated stream counts (default {DEFAULT_CONCURRENCY})",
+    )
     m.add_argument(
         "--temperatures",
         type=_temps,
@@ -113,7 +121,7 @@ def run_parser() -> argparse.ArgumentParser:
         help="short requests per stream before the measured one, so a gateway's "
         "load rule routes the measured requests at the steady concurrency (0)",
     )
-    m.add_argument("--warmup-max-tokens", type=int, default=16)
+    m.add_argument("--warmup-max-tokens", type=int, default=16, help="per warm-up request")
     m.add_argument(
         "--max-tokens",
         type=int,
@@ -163,6 +171,6 @@ def run_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=None, help="results JSON (default probe-LABEL-TIME.json)"
     )
     b.add_argument("--plot", type=Path, default=None, help="PNG (default: next to --out)")
-    b.add_argument("--no-plot", action="store_true")
+    b.add_argument("--no-plot", action="store_true", help="no PNG beside the results file")
     b.add_argument("--quiet", action="store_true", help="no progress lines")
     return p

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from loadtests.probe.report import METRICS, Results, compare_results, format_compare, group, plot
 from loadtests.probe.stats import summarize, temp_label
+from proxy.helptext import DefaultsHelp
 
 
 def cmd_compare(argv: list[str]) -> int:
@@ -15,9 +16,10 @@ def cmd_compare(argv: list[str]) -> int:
         prog="specrouter probe compare",
         description="Side by side: % change per cell against the first "
         "file, with separability and re-measure flags.",
+        formatter_class=DefaultsHelp,
     )
-    p.add_argument("files", nargs="+", type=Path)
-    p.add_argument("--metric", choices=sorted(METRICS), default="tok_s")
+    p.add_argument("files", nargs="+", type=Path, help="results files; the first is the reference")
+    p.add_argument("--metric", choices=sorted(METRICS), default="tok_s", help="the figure compared")
     p.add_argument("--plot", type=Path, default=None, help="PNG with every configuration")
     args = p.parse_args(argv)
     if len(args.files) < 2:
@@ -76,10 +78,11 @@ def cmd_facts(argv: list[str]) -> int:
         prog="specrouter probe facts",
         description="A results file against shared/GB10-facts.md "
         "(the simulated profiles' source), per cell.",
+        formatter_class=DefaultsHelp,
     )
-    p.add_argument("file", type=Path)
+    p.add_argument("file", type=Path, help="a results file (`specrouter probe --out`)")
     p.add_argument("--profile", default=None, help="default: the simulated engine's profile")
-    p.add_argument("--tolerance", type=float, default=0.10)
+    p.add_argument("--tolerance", type=float, default=0.10, help="relative difference allowed")
     args = p.parse_args(argv)
     r = Results.load(args.file)
     profile = args.profile

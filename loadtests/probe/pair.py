@@ -26,6 +26,7 @@ import httpx
 
 from loadtests.probe.config import MetricsSource, ProbeConfig, RunResult
 from loadtests.probe.run import Probe
+from proxy.helptext import DefaultsHelp
 
 
 def overlap_from(alone: float, together: float) -> float | None:
@@ -42,17 +43,21 @@ def step_rate(run: RunResult) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specrouter probe pair", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="specrouter probe pair",
+        description=__doc__.split("\n")[0],
+        formatter_class=DefaultsHelp,
+    )
     p.add_argument("--a", required=True, help="first engine's base URL")
     p.add_argument("--b", required=True, help="second engine's base URL (same device)")
-    p.add_argument("--key", default=None)
+    p.add_argument("--key", default=None, help="the engines' API key (default: none)")
     p.add_argument("--model", default=None, help="served model name (default: from /v1/models)")
     p.add_argument("--concurrency", type=int, default=4, help="streams per engine")
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--temperature", type=float, default=0.7, help="of every request")
     p.add_argument("--window", type=float, default=40.0, help="unscaled seconds")
     p.add_argument("--time-scale", type=float, default=None, help="default: from /version")
-    p.add_argument("--insecure", action="store_true")
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--insecure", action="store_true", help="do not verify TLS")
+    p.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
     return p
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from loadtests.harness.procfs import cpu_seconds, self_cpu
+from proxy.helptext import DefaultsHelp
 from proxy.ops.deploy.memory import parse_budget
 
 from . import report
@@ -54,12 +55,14 @@ def _mix(text: str) -> dict[str, float]:
 
 def build_parser() -> argparse.ArgumentParser:
     d = WorkloadParams()
-    p = argparse.ArgumentParser(prog="specrouter replay", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="specrouter replay", description=__doc__.split("\n")[0], formatter_class=DefaultsHelp
+    )
     where = p.add_argument_group("where")
     where.add_argument("--target", help="gateway or engine base URL")
     where.add_argument("--ca", help="CA certificate to verify the target's TLS certificate")
     where.add_argument("--insecure", action="store_true", help="do not verify TLS")
-    where.add_argument("--api-key", default=None)
+    where.add_argument("--api-key", default=None, help="the target's client key")
     where.add_argument(
         "--engine-metrics",
         action="append",
@@ -128,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.gen_tokens,
         help="mean generated tokens per turn (log-normal)",
     )
-    w.add_argument("--gen-sigma", type=float, default=d.gen_sigma)
+    w.add_argument(
+        "--gen-sigma", type=float, default=d.gen_sigma, help="log-normal sigma of --gen-tokens"
+    )
     w.add_argument(
         "--think-s", type=float, default=d.think_s, help="tool/think time between turns, unscaled s"
     )
@@ -149,15 +154,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="none: tools in the prompt, free text out; auto: the engine may call them",
     )
     w.add_argument("--subagent-rate", type=float, default=d.subagent_rate, help="per turn")
-    w.add_argument("--subagent-turns", type=int, default=d.subagent_turns)
+    w.add_argument(
+        "--subagent-turns", type=int, default=d.subagent_turns, help="turns of a subagent session"
+    )
     w.add_argument(
         "--api-mix",
         type=_mix,
         default=d.api_mix,
         help="e.g. chat=3,responses=1 (messages needs a target serving /v1/messages)",
     )
-    w.add_argument("--model", default=d.model)
-    w.add_argument("--seed", type=int, default=d.seed)
+    w.add_argument("--model", default=d.model, help="model name sent")
+    w.add_argument("--seed", type=int, default=d.seed, help="the workload's random seed")
     return p
 
 

@@ -28,29 +28,57 @@ LISTENING = "specrouter-sim listening on http://{host}:{port}"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specrouter sim", description="Run a simulated vLLM backend.")
     p.add_argument(
-        "--profile", default="dflash7-prob-block", help="profile name (see --list-profiles)"
+        "--profile",
+        default="dflash7-prob-block",
+        help="profile name (see --list-profiles; (default: %(default)s))",
     )
     p.add_argument(
-        "--port", type=int, required=False, default=8000, help="0 binds an ephemeral port"
+        "--port", type=int, default=8000, help="0 binds an ephemeral port (default: %(default)s)"
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--served-model-name", default=None)
-    p.add_argument("--time-scale", type=float, default=1.0, help="multiplies every duration")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary"), default="none")
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: %(default)s)"
+    )
+    p.add_argument(
+        "--served-model-name", default=None, help="the model name served (default: the profile's)"
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiplies every duration (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="the generated text's seed (default: %(default)s)"
+    )
+    p.add_argument(
+        "--per-request-spec-decode-metrics",
+        choices=("none", "summary"),
+        default="none",
+        help="vLLM 0.29+'s per-request acceptance in the final chunk (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=16,
+        help="requests decoded at once (vLLM's) (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=8192,
+        help="tokens one engine step takes (vLLM's) (default: %(default)s)",
+    )
     p.add_argument(
         "--scheduling-policy",
         choices=("fcfs", "priority"),
         default="fcfs",
-        help="vLLM's: priority serves and preempts by the requests' `priority` field",
+        help="vLLM's: priority serves and preempts by the requests' `priority` field (default: %(default)s)",
     )
     p.add_argument("--faults", action="store_true", help="enable /_sim/faults and /_sim/stats")
     p.add_argument(
         "--profile-file", default=None, help="YAML file with extra or overriding profiles"
     )
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--api-key", default=None, help="require this bearer key (default: none)")
     p.add_argument(
         "--embed-dim", type=int, default=None, help="embedding dimension (embed profile)"
     )
@@ -59,8 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help='serve tool_choice "auto" (needs --tool-call-parser)',
     )
-    p.add_argument("--tool-call-parser", choices=("qwen3_coder", "hermes"), default=None)
-    p.add_argument("--reasoning-parser", choices=("qwen3",), default=None)
+    p.add_argument(
+        "--tool-call-parser",
+        choices=("qwen3_coder", "hermes"),
+        default=None,
+        help="vLLM's tool-call parser (default: none)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=("qwen3",),
+        default=None,
+        help="vLLM's reasoning parser (default: none)",
+    )
     p.add_argument(
         "--sse-keep-alive-interval",
         type=float,
@@ -72,22 +110,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--vllm-version",
         choices=dialect.SUPPORTED,
         default=dialect.DEFAULT,
-        help="the vLLM release to imitate (bytes and flags; default the deployment's)",
+        help="the vLLM release to imitate (bytes and flags; default the deployment's, %(default)s)",
     )
-    p.add_argument("--enable-prompt-tokens-details", action="store_true")
+    p.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="vLLM's: cached prompt tokens in the usage",
+    )
     p.add_argument(
         "--stream-interval",
         type=int,
         default=1,
-        help="tokens per streamed chunk (vLLM's; the finish chunk may have fewer)",
+        help="tokens per streamed chunk (vLLM's; the finish chunk may have fewer) (default: %(default)s)",
     )
     p.add_argument(
         "--frontend-chunk-ms",
         type=float,
         default=0.0,
-        help="output-merging model: API-server ms per chunk and open stream (0: off)",
+        help="output-merging model: API-server ms per chunk and open stream (default 0: off)",
     )
-    p.add_argument("--list-profiles", action="store_true")
+    p.add_argument("--list-profiles", action="store_true", help="list the profiles and exit")
     colocate.add_arguments(p)
     return p
 

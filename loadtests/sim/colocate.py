@@ -43,12 +43,16 @@ class EngineSpec:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="gpu0", help="name of the GPU this process simulates")
+    p.add_argument(
+        "--device",
+        default="gpu0",
+        help="name of the GPU this process simulates (default: %(default)s)",
+    )
     p.add_argument(
         "--overlap",
         type=_fraction,
         default=0.0,
-        help="0..1: how far co-located engines' steps overlap (0: they serialise)",
+        help="0..1: how far co-located engines' steps overlap (default 0: they serialise)",
     )
     p.add_argument(
         "--kv-share",

@@ -6,7 +6,9 @@ gets arguments that satisfy its JSON schema with inert values. A conversation ge
 `MAX_CALLS` calls (one per turn), then one call of a subagent tool (Claude Code's `Task` /
 `Agent`) when the request offers one, unless the conversation is itself that subagent's (its user
 turn carries `SUBAGENT_PROMPT`); the turn after the last call's result is a short final answer,
-so an agent loop ends by itself. Same request, same turn: nothing here is random.
+so an agent loop ends by itself. That answer says it is scripted and reports what each tool
+result said (its first line), whatever the calls asked for: a write the agent's sandbox refused
+is reported as refused. Same request, same turn: nothing here is random.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ MAX_CALLS = 2
 SCRATCH_FILE = "specrouter-sim-scratch.txt"
 SCRATCH_TEXT = "written by the specrouter simulator\n"
 PATCH = f"*** Begin Patch\n*** Add File: {SCRATCH_FILE}\n+{SCRATCH_TEXT}*** End Patch\n"
-FINAL_ANSWER = (
-    f"Done: I listed the working directory and wrote {SCRATCH_FILE}. Nothing else was changed."
-)
+# The final answer's opening; `final_answer` adds what the tool results said.
+FINAL_ANSWER = "(A scripted answer from specrouter's simulated GB10.)"
+_GIST_CHARS = 100
 
 _SHELL_NAMES = {"shell", "exec_command", "bash", "local_shell", "run_shell_command", "terminal"}
 _EDIT_NAMES = {
@@ -201,8 +203,27 @@ def _reasoning(call: Call | None, answering: bool) -> str:
     return "\nThe user wants code. I will write it directly.\n"
 
 
+def final_answer(results: list[str]) -> str:
+    """The answer after the last call: the first line of each tool result, in order."""
+    if not results:
+        return f"{FINAL_ANSWER} No tool result came back."
+    said = "; ".join(f"{i}) {_gist(text)}" for i, text in enumerate(results, 1))
+    return f"{FINAL_ANSWER} The tool results said: {said}"
+
+
+def _gist(text: str) -> str:
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "(empty)")
+    return line if len(line) <= _GIST_CHARS else line[: _GIST_CHARS - 3] + "..."
+
+
 def decide(
-    tools: list[Tool], tool_choice: Any, calls_made: int, *, thinking: bool, subagent: bool = True
+    tools: list[Tool],
+    tool_choice: Any,
+    calls_made: int,
+    *,
+    thinking: bool,
+    subagent: bool = True,
+    results: list[str] | None = None,
 ) -> Turn:
     """This turn: the next scripted call, or the final answer once the script is used up.
 
@@ -228,4 +249,4 @@ def decide(
     reasoning = _reasoning(call, answering) if thinking else None
     if call is not None:
         return Turn(reasoning, None, (call,))
-    return Turn(reasoning, FINAL_ANSWER if answering else None)
+    return Turn(reasoning, final_answer(results or []) if answering else None)

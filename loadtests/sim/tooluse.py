@@ -78,6 +78,16 @@ def _calls_made(messages: list[ChatMessage]) -> int:
     return sum(len(m.tool_calls or []) for m in messages if m.role == "assistant")
 
 
+def _results(messages: list[ChatMessage]) -> list[str]:
+    """The tool results' texts, in order (what the final answer reports)."""
+    out: list[str] = []
+    for m in messages:
+        if m.role == "tool":
+            parts = m.content if isinstance(m.content, list) else [{"text": m.content or ""}]
+            out.append("".join(str(p.get("text") or "") for p in parts if isinstance(p, dict)))
+    return out
+
+
 def _may_spawn(messages: list[ChatMessage]) -> bool:
     """Not a scripted subagent's own conversation (scripted.in_subagent): it may call one."""
     texts: list[str] = []
@@ -97,6 +107,7 @@ def _plan(
     thinking: bool,
     template_thinks: bool = True,
     spawn: bool = True,
+    results: list[str] | None = None,
 ) -> Plan:
     """`thinking`: the scripted turn thinks; `template_thinks`: the chat template's
     `enable_thinking` (what 0.32's parser starts from)."""
@@ -109,7 +120,9 @@ def _plan(
     implicit = d.implicit_think and reasoning and template_thinks
     if not offered and not thinking:
         return Plan(None, None, reasoning, None, {}, False, keep, implicit)
-    turn = scripted.decide(tools, tool_choice, calls_made, thinking=thinking, subagent=spawn)
+    turn = scripted.decide(
+        tools, tool_choice, calls_made, thinking=thinking, subagent=spawn, results=results
+    )
     # "required" and a named function are decoded without the auto parser; the simulator writes
     # their calls in the configured parser's markup (hermes without one) and parses them back.
     tool_parser = (config.tool_call_parser or "hermes") if offered else None
@@ -126,7 +139,8 @@ def chat_plan(config: SimConfig, req: ChatRequest) -> Plan:
     kwargs = req.chat_template_kwargs or {}
     thinking = kwargs.get("enable_thinking", True) is not False
     made, spawn = _calls_made(req.messages), _may_spawn(req.messages)
-    return _plan(config, tools, req.tool_choice, made, thinking, thinking, spawn)
+    results = _results(req.messages)
+    return _plan(config, tools, req.tool_choice, made, thinking, thinking, spawn, results)
 
 
 def responses_plan(config: SimConfig, req: ResponsesRequest, messages: list[ChatMessage]) -> Plan:
@@ -134,4 +148,6 @@ def responses_plan(config: SimConfig, req: ResponsesRequest, messages: list[Chat
     effort = (req.reasoning or {}).get("effort")
     thinking = req.reasoning is not None and effort != "none"
     made, spawn = _calls_made(messages), _may_spawn(messages)
-    return _plan(config, tools, req.tool_choice, made, thinking, spawn=spawn)
+    return _plan(
+        config, tools, req.tool_choice, made, thinking, spawn=spawn, results=_results(messages)
+    )

@@ -39,8 +39,8 @@ def check_references(doc: PolicyDocument) -> list[str]:
                 )
             elif backend.task != route.task:
                 errors.append(
-                    f"{where}.variants[{i}]: backend {variant!r} is a {backend.task} backend "
-                    f"on a {route.task} route"
+                    f"{where}.variants[{i}]: backend {variant!r} has task {backend.task!r}, "
+                    f"the route task {route.task!r}"
                 )
         variants = set(route.variants)
         if route.fallback is not None and route.fallback not in variants:

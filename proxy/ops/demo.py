@@ -26,6 +26,7 @@ from policies.schema import BackendSpec, load_policy
 from proxy import auth
 from proxy.certs import make_local_ca
 from proxy.ops.connect.gateway import record_demo_endpoint
+from proxy.ops.places import demo_state
 
 DEMO_POLICY = Path(__file__).resolve().parents[2] / "policies" / "demo.yaml"
 
@@ -101,17 +102,28 @@ def engine_flags(backend: BackendSpec) -> list[str]:
     return flags
 
 
+def on_path() -> str:
+    """The line that puts `specrouter` on PATH: this environment's activation."""
+    bin_dir = Path(sys.executable).parent
+    if (bin_dir / "activate").is_file():
+        return f"source {bin_dir / 'activate'}"
+    return f'export PATH="{bin_dir}:$PATH"'
+
+
 def banner(base: str, ca: Path, key: str, model: str, state: Path) -> list[str]:
     """What to run next; each command as printed works (tests/agents/test_demo.py runs them)."""
-    py = sys.executable  # the venv's python: the system one may have no `openai`
+    where = "" if state.resolve() == demo_state().resolve() else f" --state-dir {state.resolve()}"
     return [
+        "In another terminal, put `specrouter` (and this environment's python) on PATH:",
+        f"  {on_path()}",
+        "",
         "Stream a completion:",
         f"  curl -N --cacert {ca} {base}/chat/completions \\",
         f"    -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\",
         f'    -d \'{{"model":"{model}","stream":true,"max_tokens":64,'
         '"messages":[{"role":"user","content":"Write a Python function."}]}\'',
         "",
-        f'  SSL_CERT_FILE={ca} {py} -c "',
+        f'  SSL_CERT_FILE={ca} python -c "',
         "from openai import OpenAI",
         f"c = OpenAI(base_url='{base}', api_key='{key}')",
         f"for ch in c.chat.completions.create(model='{model}', stream=True, max_tokens=64,",
@@ -119,11 +131,11 @@ def banner(base: str, ca: Path, key: str, model: str, state: Path) -> list[str]:
         "    print(ch.choices[0].delta.content or '', end='', flush=True)\"",
         "",
         "What the requests did (TTFT, ITL, tokens per step by variant):",
-        f"  {py} -m proxy.cli report --state-dir {state.resolve()}",
+        f"  specrouter report{where}",
         "",
         "Codex, aider, Claude Code, the OpenAI and Anthropic SDKs, set up for this demo",
         "(docs/connect.md; AGENT: codex, claude-code, aider, openai, anthropic):",
-        f"  {py} -m proxy.cli connect AGENT --state-dir {state.resolve()} --write",
+        f"  specrouter connect AGENT --write{where}",
         "Each by hand: docs/clients.md.",
         "",
     ]
@@ -186,12 +198,31 @@ def simulated_backends(policy_file: Path, time_scale: float) -> Iterator[list[st
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="specrouter demo", description=__doc__)
-    p.add_argument("--state-dir", type=Path, default=Path(".state/demo"))
-    p.add_argument("--policy", type=Path, default=DEMO_POLICY)
-    p.add_argument("--listen", default="127.0.0.1:8443")
-    p.add_argument("--admin-listen", default="127.0.0.1:9443")
     p.add_argument(
-        "--time-scale", type=float, default=1.0, help="simulated engine speed (1.0 = the GB10's)"
+        "--state-dir",
+        type=Path,
+        default=demo_state(),
+        help="certificates, keys, the request log (default: %(default)s)",
+    )
+    p.add_argument(
+        "--policy",
+        type=Path,
+        default=DEMO_POLICY,
+        help="the policy whose backends are simulated (default: policies/demo.yaml)",
+    )
+    p.add_argument(
+        "--listen", default="127.0.0.1:8443", help="public host:port (default: %(default)s)"
+    )
+    p.add_argument(
+        "--admin-listen",
+        default="127.0.0.1:9443",
+        help="admin and dashboard host:port (default: %(default)s)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="simulated engine speed (default 1.0: the GB10's)",
     )
     p.add_argument(
         "--access-log",
@@ -217,7 +248,10 @@ def main(argv: list[str]) -> int:
         print(
             "\n".join(
                 [
-                    "specrouter demo: simulated GB10 backends",
+                    "specrouter demo: the gateway in front of simulated GB10 backends",
+                    "(no model runs: a simulator writes the answers, and scripts the tool calls",
+                    " agents get: it lists the directory, writes one scratch file, then answers",
+                    " with what the tool results said)",
                     *lines,
                     "",
                     f"  base URL     {base}",

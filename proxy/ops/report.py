@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.observe.stats import quantile
+from proxy.ops.places import demo_state
 
 DB_NAME = "requests.sqlite3"
 MIN_RUNS = 3  # fewer requests than this in a group: its figures are anecdotes
@@ -343,8 +344,8 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--state-dir",
         type=Path,
-        default=Path(os.environ.get("SPECROUTER_STATE_DIR", ".state")),
-        help="the gateway's state directory (default: $SPECROUTER_STATE_DIR or .state)",
+        help="the gateway's state directory (default: $SPECROUTER_STATE_DIR, else .state when "
+        "it holds a request log, else the demo's)",
     )
     p.add_argument("--since", default="24h", help="window: 30m, 22h, 7d, or 'all' (default 24h)")
     p.add_argument(
@@ -373,7 +374,7 @@ def main(argv: list[str]) -> int:
         since = None if args.since == "all" else parse_since(args.since)
     except ValueError as exc:
         parser.error(f"--since: {exc}")
-    db: Path = args.db if args.db is not None else args.state_dir / DB_NAME
+    db: Path = args.db if args.db is not None else _state_dir(args.state_dir) / DB_NAME
     if not db.is_file():
         print(f"specrouter report: no request log at {db}", file=sys.stderr)
         return 1
@@ -411,6 +412,17 @@ def main(argv: list[str]) -> int:
             )
         )
     return _plot(rows, args.plot) if args.plot is not None else 0
+
+
+def _state_dir(given: Path | None) -> Path:
+    """The flag's, the variable's, the gateway's default (`.state`) when it has a log, else the
+    demo's (`specrouter demo` keeps its own in .state/demo)."""
+    if given is not None:
+        return given
+    if os.environ.get("SPECROUTER_STATE_DIR"):
+        return Path(os.environ["SPECROUTER_STATE_DIR"])
+    served = Path(".state")
+    return served if (served / DB_NAME).is_file() else demo_state()
 
 
 def _continued(rows: Sequence[Row]) -> str:

@@ -23,8 +23,9 @@
 - adapt.py: named adaptations of the body for an engine that refuses part of it (counted).
 
 Beside the path: asgi.py (ASGI types and one-shot answers), channel.py (`PushChannel`, the
-client's connection for the push relay), errors.py (error bodies),
-limits.py (client rate limits), turnstate.py (Codex's `x-codex-turn-state` tokens),
-tracecontext.py (the trace headers engines get, bounded), openapi.py and openapi_schemas.py (the served API
+client's connection for the push relay), errors.py (error bodies), required.py (the
+Messages field the field list cannot require), limits.py (client rate limits), turnstate.py
+(Codex's `x-codex-turn-state` tokens), tracecontext.py (the trace headers engines get, bounded),
+openapi.py and openapi_schemas.py (the served API
 description, its schemas).
 """

@@ -23,6 +23,7 @@ from policies.types import Endpoint
 from proxy import auth
 from proxy.bounds import finite_number
 from proxy.gateway import Gateway
+from proxy.relay import required
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.channel import PushChannel
 from proxy.relay.errors import error_body
@@ -293,7 +294,9 @@ class PublicApp:
         except orjson.JSONDecodeError as exc:
             return x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
         encoded: Encoded = {}
-        problem = check_fields(x.endpoint, body, self.limits, encoded)
+        problem = check_fields(x.endpoint, body, self.limits, encoded) or required.missing(
+            x.path, body
+        )
         if problem is not None:
             return x.error(400, problem[0], param=problem[1], headers=rid)
         previous = body.get("previous_response_id") if x.endpoint == "responses" else None

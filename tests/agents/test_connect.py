@@ -258,25 +258,40 @@ def test_a_wrong_ca_is_said_before_anything_is_written(
     assert not any(tmp_path.iterdir())
 
 
-def test_newcomer_path(demo: Demo, agents: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("recipe", "binary", "written"),
+    [
+        ("connect-codex", "codex", ".codex/specrouter.config.toml"),
+        ("connect-claude-code", "claude", ".config/specrouter/claude-code.settings.json"),
+    ],
+)
+def test_newcomer_path(
+    demo: Demo, agents: Path, tmp_path: Path, recipe: str, binary: str, written: str
+) -> None:
     """`make demo` (this module's demo), then docs/connect.md's commands as printed, from a
-    clone (here: a folder with the clone's .venv and the demo's state as .state/demo)."""
-    bin_dir = npm_bin(agents, "codex")
+    clone (here: a folder with the clone's .venv and the demo's state as .state/demo), in a
+    HOME with nothing but what `connect` writes and a PATH without `specrouter`."""
+    bin_dir = npm_bin(agents, binary)
     clone, home = tmp_path / "clone", tmp_path / "home"
     (clone / ".state").mkdir(parents=True)
     home.mkdir()
     (clone / ".venv").symlink_to(Path(sys.executable).parents[1])
     (clone / ".state" / "demo").symlink_to(demo.state)
+    env = bare_env(home, bin_dir)
+    env["PATH"] = os.pathsep.join(
+        p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "specrouter").exists()
+    )
+    env.pop("VIRTUAL_ENV", None)
     since = time.time()
     done = subprocess.run(
-        ["bash", "-c", recipes("docs/connect.md")["connect-codex"]],
+        ["bash", "-c", recipes("docs/connect.md")[recipe]],
         cwd=clone,
-        env=bare_env(home, bin_dir),
+        env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=90,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
-    assert (home / ".codex" / "specrouter.config.toml").exists()
+    assert (home / written).exists()
     served(demo, since, out)

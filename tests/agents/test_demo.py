@@ -3,6 +3,7 @@ the demo's log, and the terminal shows backend transitions, refused policy files
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -34,14 +35,29 @@ def wait_for(check: Callable[[], bool], what: str, demo: Demo, timeout: float = 
 
 
 def test_banner_commands_run_as_printed(demo: Demo) -> None:
+    """In a shell whose PATH has no `specrouter` until the banner's first line puts it there."""
     curl, python, report = banner_commands(demo.banner)
-    assert curl.startswith("curl ") and " -m proxy.cli report " in report
+    activate = demo.banner.split("on PATH:\n", 1)[1].splitlines()[0].strip()
+    assert curl.startswith("curl ") and report.startswith("specrouter report ")
+    assert "simulated GB10" in demo.banner and "scripts the tool calls" in demo.banner
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    env.pop("VIRTUAL_ENV", None)
+
+    def run(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-c", f"{activate} && {command}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
     for command in (curl, python):
-        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+        done = run(command)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip()
     time.sleep(1.2)  # the request log writes in batches
-    done = subprocess.run(["bash", "-c", report], capture_output=True, text=True, timeout=60)
+    done = run(report)
     assert done.returncode == 0, done.stderr
     assert "2 requests, 2 ok" in done.stdout and "variant=coder-" in done.stdout
 

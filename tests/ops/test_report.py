@@ -308,6 +308,19 @@ def test_report_by_concurrency(db: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert buckets == {"1": 9, "2": 7, "3–4": 6}  # the ngram request counts with 'all'
 
 
+def test_report_finds_the_demo_log_by_itself(
+    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No flag, no variable, no gateway log in .state: the demo's (.state/demo) is read."""
+    monkeypatch.delenv("SPECROUTER_STATE_DIR", raising=False)
+    clone = tmp_path / "clone"
+    (clone / ".state" / "demo").mkdir(parents=True)
+    db.rename(clone / ".state" / "demo" / report.DB_NAME)
+    monkeypatch.chdir(clone)
+    assert report.main(["--since", "22h"]) == 0
+    assert "request log .state/demo/requests.sqlite3" in capsys.readouterr().out
+
+
 def test_report_errors(tmp_path: Path, db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report.main(["--db", str(tmp_path / "missing.sqlite3")]) == 1
     assert "no request log" in capsys.readouterr().err

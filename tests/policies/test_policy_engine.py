@@ -522,7 +522,11 @@ ROWS = [
         live(),
         None,
         "wrong-task",
-        extra={"rejection.status": 400},
+        extra={
+            "rejection.status": 400,
+            "rejection.message": "The model `emb` is an embedding model; "
+            "it does not serve /v1/chat/completions.",
+        },
     ),
     Row(
         "embeddings",

@@ -194,7 +194,7 @@ ERRORS = [
         "embed-on-generate",
         "routes.coder.variants",
         ["deep", "mtp", "emb"],
-        "routes.coder.variants[2]: backend 'emb' is a embed backend on a generate route",
+        "routes.coder.variants[2]: backend 'emb' has task 'embed', the route task 'generate'",
     ),
     (
         "duplicate-variant",

@@ -184,8 +184,15 @@ def test_gateway_errors_are_anthropic_shaped(stack) -> None:
     r = _raw(gw, slow, {"model": "coder", "max_tokens": 1, "messages": ASK})
     _anthropic_error(r, 429, "rate_limit_error")
     assert r.headers["retry-after"]
-    # The engine's own validation errors are relayed as vLLM wrote them (OpenAI-shaped there).
-    r = _raw(gw, key, {"model": "coder", "messages": ASK})
+    # A missing `max_tokens` is the gateway's to refuse, in Anthropic's shape (count_tokens
+    # takes none); the engine's own validation errors are relayed as vLLM wrote them.
+    message = _anthropic_error(
+        _raw(gw, key, {"model": "coder", "messages": ASK}), 400, "invalid_request_error"
+    )
+    assert "`max_tokens` is required" in message
+    counted = _raw(gw, key, {"model": "coder", "messages": ASK}, "/v1/messages/count_tokens")
+    assert counted.status_code == 200, counted.text
+    r = _raw(gw, key, {"model": "coder", "max_tokens": 0, "messages": ASK})
     assert r.status_code == 400 and r.json()["error"]["param"] == "body.max_tokens"
 
 

@@ -356,6 +356,27 @@ def test_connections_that_never_start_tls_are_cut_and_capped(stack: Stack) -> No
     _nothing_else_changed(stack, version)
 
 
+def test_plain_http_on_the_tls_port_is_told_to_use_https(stack: Stack) -> None:
+    """A 400 that says https, in the path's API shape, where TLS alone gives an empty reply."""
+    version = _version(stack.gw)
+    for path, anthropic in ((CHAT, False), ("/v1/messages", True)):
+        body = orjson.dumps({"model": "coder", "messages": HELLO})
+        with socket.create_connection((stack.target.host, stack.target.port), timeout=5) as sock:
+            sock.sendall(
+                b"POST %b HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%b" % (path.encode(), len(body), body)
+            )
+            reply = b""
+            while chunk := sock.recv(4096):
+                reply += chunk
+        head, _, answer = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), reply
+        error = orjson.loads(answer)
+        assert "use https://" in error["error"]["message"]
+        assert (error.get("type") == "error") is anthropic, error
+    _nothing_else_changed(stack, version)
+
+
 def test_idle_keep_alive_is_short_until_authenticated(stack: Stack) -> None:
     async def idle_after(key: str | None) -> bool:
         conn = await Conn.open(stack.target)

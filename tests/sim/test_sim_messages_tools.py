@@ -11,7 +11,7 @@ import httpx
 
 from loadtests.sim import messages_wire as mw
 from loadtests.sim.profiles import BUILTIN_PROFILES
-from loadtests.sim.scripted import FINAL_ANSWER, SUBAGENT_PROMPT
+from loadtests.sim.scripted import FINAL_ANSWER, SUBAGENT_PROMPT, final_answer
 from loadtests.sim.server import create_app
 from loadtests.sim.state import SimConfig
 
@@ -111,7 +111,7 @@ def test_the_scripted_loop_ends_with_an_answer() -> None:
     assert [b["type"] for b in body["content"]] == ["thinking", "text"]
     assert len(body["content"][0]["signature"]) == 32
     # vLLM's non-streaming chat keeps the "\n\n" after </think> in the content
-    assert body["content"][1]["text"] == "\n\n" + FINAL_ANSWER
+    assert body["content"][1]["text"] == "\n\n" + final_answer(["README.md", "README.md"])
     assert body["stop_reason"] == "end_turn"
 
 

@@ -199,8 +199,12 @@ def test_script_per_tool_name_is_fixed_and_inert() -> None:
     second = scripted.decide(tools, None, 1, thinking=False)
     assert second.calls == (Call("apply_patch", {"input": scripted.PATCH}),)
     assert scripted.SCRATCH_FILE in scripted.PATCH
-    done = scripted.decide(tools, None, 2, thinking=True)
-    assert done.calls == () and done.content == scripted.FINAL_ANSWER and done.reasoning
+    refused = "writing is blocked by read-only sandbox"
+    done = scripted.decide(tools, None, 2, thinking=True, results=["a.txt\nb.txt", refused])
+    assert done.calls == () and done.reasoning
+    # The answer says it is scripted and what the results said, not what the calls asked.
+    assert done.content == scripted.final_answer(["a.txt", refused])
+    assert done.content.startswith(scripted.FINAL_ANSWER) and refused in done.content
     exec_cmd = [
         Tool(
             "exec_command",
@@ -309,7 +313,7 @@ def test_agent_loop_ends_with_openai_sdk(agent_sim: SimServer) -> None:
             ]
         assert reasoning, "the qwen3 reasoning parser streams the thinking"
         if not calls:
-            assert finish == "stop" and content == scripted.FINAL_ANSWER
+            assert finish == "stop" and content.startswith(scripted.FINAL_ANSWER)
             break
         assert finish == "tool_calls"
         (call,) = calls
@@ -425,4 +429,4 @@ def test_responses_custom_tool_then_final_answer(agent_sim: SimServer) -> None:
         model=MODEL, input=history, tools=RESP_TOOLS, max_output_tokens=400
     ) as stream:
         final = stream.get_final_response()
-    assert final.output_text == scripted.FINAL_ANSWER
+    assert final.output_text == scripted.final_answer(["a.txt", "Done"])

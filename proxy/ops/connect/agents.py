@@ -132,7 +132,12 @@ def _codex(gw: Gateway, places: Places, name: str) -> Plan:
         f"{config}: only [model_providers.{name}] is added or replaced, and a legacy"
         f" [profiles.{name}] (Codex refuses it beside -p {name}) removed; the rest stays"
     ]
-    return Plan("codex", files, [_source(files[2], run)], notes)
+    # Codex refuses to run outside a git repository unless told this (the newcomer's first try).
+    once = shell_words(
+        ["codex", "exec", "--skip-git-repo-check", "-p", name, "List the files here"]
+    )
+    notes.append("`codex exec` (one task) outside a git repository needs --skip-git-repo-check")
+    return Plan("codex", files, [_source(files[2], run), _source(files[2], once)], notes)
 
 
 def _claude_code(gw: Gateway, places: Places, name: str) -> Plan:

@@ -17,18 +17,29 @@ from pathlib import Path
 from proxy.ops.connect import agents, files
 from proxy.ops.connect.gateway import CHECK_TIMEOUT_S, ConnectError, Gateway, check, resolve
 from proxy.ops.connect.quoting import UnsafeValue
+from proxy.ops.places import demo_state
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="specrouter connect", description=__doc__)
-    p.add_argument("agent", choices=agents.AGENTS)
+    p.add_argument("agent", choices=agents.AGENTS, help=f"one of {', '.join(agents.AGENTS)}")
     p.add_argument("--write", action="store_true", help="write the files (backups of changed ones)")
     p.add_argument("--url", help="the gateway's base URL (…/v1); default: the demo's")
     p.add_argument("--ca", type=Path, help="CA file that verifies the gateway's certificate")
     p.add_argument("--key", help="client key (default: SPECROUTER_KEY, else the demo's)")
     p.add_argument("--model", help="model name (default: the first the gateway serves)")
-    p.add_argument("--name", default="specrouter", type=_name, help="Codex provider and profile")
-    p.add_argument("--state-dir", type=Path, default=Path(".state/demo"), help="the demo's")
+    p.add_argument(
+        "--name",
+        default="specrouter",
+        type=_name,
+        help="Codex provider and profile name (default: %(default)s)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=demo_state(),
+        help="the demo's state directory (default: %(default)s)",
+    )
     p.add_argument("--no-check", action="store_true", help="do not ask the gateway (needs --model)")
     p.add_argument(
         "--timeout",

@@ -1,16 +1,5 @@
 """`specrouter deploy`: the GB10 stack rendered from the policy, and checked against it.
 
-    specrouter deploy render POLICY [--out DIR]   # DIR/compose.yaml, DIR/prometheus/prometheus.yml
-    specrouter deploy check POLICY COMPOSE        # every difference; exit 1 when there is any
-    specrouter deploy check POLICY --live         # ... with what the running engines report
-
-One source of truth: the policy's backend descriptions (served model name, max_concurrency, the
-port of the URL, the speculative configuration) are what the metrics are labelled with, so they
-are also what the engines are launched with, with the backend's `engine:` settings (vLLM
-release, --max-model-len, parsers). The memory split comes from the memory model (memory.py;
-`render` prints it); what the policy does not say (where the weights are, the drafter's
-checkpoint, images) is a compose variable with a default, listed in the rendered `env.example`.
-
 The pure functions (`engine_plans`, `engine_command`, `render_compose`, `render_prometheus`,
 `render_env_example`, `compose_engines`, `check_compose`, `check_live`) take documents and return text or
 lists; `main` only reads and writes files.
@@ -72,15 +61,32 @@ def _print_lines(lines: Iterable[str], file: Any = None) -> None:
         print(line, file=file or sys.stdout)
 
 
+HELP = """\
+Write the GB10 stack's files (compose file, Prometheus configuration, operator file, env
+example) from a policy file, or check a compose file or the running engines against it.
+
+    specrouter deploy render POLICY [--out DIR]   # DIR/compose.yaml, DIR/prometheus/prometheus.yml
+    specrouter deploy check POLICY COMPOSE        # every difference; exit 1 when there is any
+    specrouter deploy check POLICY --live         # ... with what the running engines report
+
+One source of truth: each engine is launched with what the policy says of its backend (served
+model name, max_concurrency, the port of its URL, the speculative configuration, its `engine:`
+settings: vLLM release, --max-model-len, parsers), which is also what its metrics are labelled
+with. `render` prints the machine's memory split (the memory model's). What the policy does not
+say (where the weights are, the drafter's checkpoint, images) is a compose variable with a
+default, listed in the rendered env.example.
+"""
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="specrouter deploy",
-        description=__doc__,
+        description=HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="render the stack's files from the policy")
-    r.add_argument("policy", type=Path)
+    r.add_argument("policy", type=Path, help="the policy file (policies/gb10.yaml, say)")
     r.add_argument(
         "--out",
         type=Path,
@@ -92,8 +98,8 @@ def main(argv: list[str]) -> int:
         help="list every difference between a compose file (and/or "
         "the running engines) and the policy; exit 1 when any",
     )
-    c.add_argument("policy", type=Path)
-    c.add_argument("compose", type=Path, nargs="?")
+    c.add_argument("policy", type=Path, help="the policy file")
+    c.add_argument("compose", type=Path, nargs="?", help="the compose file to check")
     c.add_argument(
         "--live",
         action="store_true",
