@@ -109,6 +109,10 @@ class Settings(BaseSettings):
     max_connections_per_source: int = Field(
         512, ge=1, description="open connections one client address may hold, per listener"
     )
+    # ... nor can one network (IPv4 /24, IPv6 /64: one host may have all of a /64).
+    max_connections_per_network: int = Field(
+        1024, ge=1, description="open connections one /24 or /64 may hold, per listener"
+    )
     keep_alive_s: float = 75.0  # idle keep-alive after an authenticated request
     keep_alive_unauthenticated_s: float = 5.0  # ... after requests without valid credentials
     # Client input (proxy/relay/fields.py): counts that multiply the work asked for are refused
