@@ -15,12 +15,19 @@ sessions per engine that fits, and lets the others wait:
   `max_wait_s`: then this turn boundary ends its residency (`yield`) and it waits in turn.
 - A turn of another session goes when it fits and no session waits before it (`fits`); when
   nothing is resident it goes whatever its size (`alone`: it cannot do better by waiting);
-  otherwise it waits, first come first served (`full`, `queue`), its place kept across the
-  client's retries (the state, proxy/backends/residency.py); a place kept for a retry blocks
-  nobody until the retry comes.
+  otherwise it waits (`full`, `queue`), its place kept across the client's retries (the state,
+  proxy/backends/residency.py); a place kept for a retry blocks nobody until the retry comes,
+  and its wait counts only while a request of it waits (`waited_s`): an absent place banks
+  nothing toward a yield.
+- The queue is shared out per client: round by round, each client's longest-waiting session,
+  then each one's next (a client's six sessions once kept another's one turn waiting 80 s).
 - Residency ends after `idle_s` without a turn, at a compaction, or at a yield (`ends`).
-- Never held: admission off (`off`), a compaction or auxiliary request (`class`), an engine
-  whose KV tokens are unknown (`kv-unknown`).
+- A compaction or auxiliary request (a class the client declares) goes at once only when its
+  session is resident (`class`: it reads the prefix the engine holds); otherwise it is a turn
+  like any other (six "compactions" of new sessions once went through a full engine while
+  another client's turn waited 21 s). Requests of no session and such requests are counted
+  while they run (the caller's, proxy/relay/hold.py).
+- Never held: admission off (`off`), an engine whose KV tokens are unknown (`kv-unknown`).
 """
 
 from __future__ import annotations
@@ -56,6 +63,8 @@ class Waiter:
     # A request of it waits now. A place whose request left (timed out, client gone) is kept
     # for the client's retry but blocks nobody meanwhile.
     present: bool = True
+    client: str = ""  # whose session ("": unknown, a client of its own)
+    waited_s: float | None = None  # seconds a request of it waited; None: all since `since`
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +87,7 @@ class Turn:
     key: str  # the session's key
     prefix_tokens: int  # its prefix once this turn's prompt is in (the table's, or estimated)
     keeps_place: bool = False  # a compaction or auxiliary request
+    client: str = ""  # whose session (the queue's share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +118,6 @@ def admission(
     """Admit `turn` on the engine now, or let it wait, and why."""
     if not spec.enabled:
         return Verdict(True, "off", "session-aware admission is off")
-    if turn.keeps_place:
-        return Verdict(True, "class", "a compaction or auxiliary request is never held")
     kv = capacity.kv_tokens
     if kv is None:
         return Verdict(True, "kv-unknown", "the engine's KV tokens are unknown: nothing is held")
@@ -117,13 +125,17 @@ def admission(
     idle = tuple(r.key for r in engine.residents if r not in live)
     others = [w for w in engine.waiting if w.key != turn.key and w.present]
     mine = next((r for r in live if r.key == turn.key), None)
+    if mine is not None and turn.keeps_place:
+        return Verdict(
+            True, "class", "a compaction or auxiliary request of a resident session", idle
+        )
     if mine is not None:
-        head = others[0] if others else None
-        if head is not None and spec.max_wait_s is not None and now - head.since >= spec.max_wait_s:
+        waited = max((_waited(w, now) for w in others), default=0.0)
+        if spec.max_wait_s is not None and others and waited >= spec.max_wait_s:
             return Verdict(
                 False,
                 "yield",
-                f"a session has waited {now - head.since:.0f} s >= max_wait_s "
+                f"a session has waited {waited:.0f} s >= max_wait_s "
                 f"{spec.max_wait_s:g} s: this turn boundary ends this session's residency",
                 (*idle, turn.key),
                 len(others),
@@ -135,7 +147,7 @@ def admission(
     need = held_tokens([*(r.prefix_tokens for r in live), turn.prefix_tokens], shared)
     reserve = capacity.max_num_seqs * spec.turn_tokens
     budget = spec.fit_fraction * kv
-    ahead = _ahead(engine.waiting, turn.key)
+    ahead = _ahead(engine.waiting, turn, now)
     arithmetic = (
         f"{len(live)} resident sessions hold {held:,} tokens; with this one's {turn.prefix_tokens:,}"
         f" (shared {shared:,} counted once) {need:,} + {capacity.max_num_seqs} x "
@@ -155,14 +167,26 @@ def admission(
     return Verdict(False, "full", arithmetic, idle, ahead)
 
 
-def _ahead(waiting: tuple[Waiter, ...], key: str) -> int:
-    """Sessions waiting now before `key`'s place (all of them when it has none)."""
-    n = 0
-    for w in waiting:
-        if w.key == key:
-            break
-        n += w.present
-    return n
+def _waited(w: Waiter, now: float) -> float:
+    return now - w.since if w.waited_s is None else w.waited_s
+
+
+def _ahead(waiting: tuple[Waiter, ...], turn: Turn, now: float) -> int:
+    """Sessions waiting now that go before `turn`'s place (at its client's end when it has
+    none): each client's first, oldest first, then each one's second, and so on."""
+    mine = next((w for w in waiting if w.key == turn.key), None)
+    rows = [w for w in waiting if w.present and w.key != turn.key]
+    rows.append(Waiter(turn.key, now if mine is None else mine.since, True, turn.client))
+    rows.sort(key=lambda w: w.since)
+    rounds: dict[str, int] = {}
+    order = []
+    for i, w in enumerate(rows):
+        client = w.client or "\0" + w.key
+        rank = rounds.get(client, 0)
+        rounds[client] = rank + 1
+        order.append((rank, i, w.key))
+    order.sort()
+    return next(n for n, (_, _, key) in enumerate(order) if key == turn.key)
 
 
 def expected_wait_s(verdict: Verdict, spec: SessionAdmissionSpec) -> float:

@@ -21,8 +21,10 @@ The map (each folder one concern; a request's way through is ``relay/``, top to 
     gateway.py  the state one gateway process shares between its listeners
     serve.py    ``specrouter serve``: listeners, signals (HUP reloads, TERM drains)
     servers.py  uvicorn on pre-bound sockets, with our guarded HTTP protocol
-    accept.py   the listeners' accept loop: connections per source address capped before TLS
+    accept.py   the listeners' accept loop: connections per source address and network
+                capped before TLS
     plainhttp.py plain HTTP sent to the TLS listener: a 400 that says https, before any TLS
+    body_budget.py request bodies' memory, bounded across the process and per client
     bounds.py   bounds on the numbers the gateway stores or counts (token counts, temperature)
     certs.py    the local CA and certificates for the demo and the tests
     auth.py     bearer keys: hashing and constant-time comparison

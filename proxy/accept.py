@@ -1,10 +1,12 @@
-"""Connections per source address, capped at the accept, before any TLS.
+"""Connections per source address and per source network, capped at the accept, before any TLS.
 
 `max_connections` bounds a listener's open connections; without a bound per source, one address
 could hold them all (4,200 idle TCP connections from one address once left every other client a
-503 for as long as it kept reconnecting). A `CappedListener` closes a new connection at once
-when its address already holds `max_connections_per_source`; `CappedServer` is its accept loop,
-which hands each admitted connection to the event loop (`connect_accepted_socket`, TLS
+503 for as long as it kept reconnecting), and without one per network, nine addresses of one
+/24 did the same (an IPv6 host has a whole /64). A `CappedListener` closes a new connection at
+once when its address already holds `max_connections_per_source`, or its network (IPv4 /24,
+IPv6 /64: proxy/throttle.py's `network_of`) `max_connections_per_network`. Closed before TLS,
+such a connection gets no HTTP answer. `CappedServer` is the listener's accept loop, which hands each admitted connection to the event loop (`connect_accepted_socket`, TLS
 handshake and its deadline included) and gives its place back when it ends: the handshake
 failed, or the connection's protocol lost it (`on_closed`). The accept loop is ours rather than
 the event loop's server because uvloop accepts in C, where no per-source check can be added.
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy import plainhttp
+from proxy.throttle import network_of
 
 log = logging.getLogger("specrouter.servers")
 
@@ -31,37 +34,49 @@ _EMFILE_PAUSE_S = 1.0  # out of descriptors: accepting again after this
 
 
 class SourceCap:
-    """Open connections per source address; one entry per address with connections open."""
+    """Open connections per source address and per source network; one entry per address or
+    network with connections open."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, network_limit: int | None = None) -> None:
         self.limit = limit
+        self.network_limit = limit if network_limit is None else network_limit
         self.open: dict[str, int] = {}
         self.refused = 0
-        self._logged_at = -math.inf
+        self._logged_at: dict[str, float] = {}
 
     def admit(self, source: str) -> bool:
         n = self.open.get(source, 0)
-        if n >= self.limit:
+        net = network_of(source)
+        held = 0 if net is None else self.open.get(net, 0)
+        if n >= self.limit or held >= self.network_limit:
             self.refused += 1
+            by_source = n >= self.limit
+            kind, who, count = ("source", source, n) if by_source else ("network", net, held)
             now = time.monotonic()
-            if now - self._logged_at >= 10.0:  # at most once every 10 s, whoever it is
-                self._logged_at = now
+            if now - self._logged_at.get(kind, -math.inf) >= 10.0:  # once every 10 s a kind
+                self._logged_at[kind] = now
                 log.warning(
-                    "connection limit per source reached: %s holds %d "
-                    "(max_connections_per_source); its new connections are closed",
-                    source,
-                    n,
+                    "connection limit per %s reached: %s holds %d (max_connections_per_%s); "
+                    "its new connections are closed",
+                    kind,
+                    who,
+                    count,
+                    kind,
                 )
             return False
         self.open[source] = n + 1
+        if net is not None:
+            self.open[net] = held + 1
         return True
 
     def release(self, source: str) -> None:
-        n = self.open.get(source, 0) - 1
-        if n > 0:
-            self.open[source] = n
-        else:
-            self.open.pop(source, None)
+        net = network_of(source)
+        for key in (source,) if net is None else (source, net):
+            n = self.open.get(key, 0) - 1
+            if n > 0:
+                self.open[key] = n
+            else:
+                self.open.pop(key, None)
 
 
 class CappedListener(socket.socket):

@@ -275,9 +275,9 @@ class GatewayProcess:
         s = self.settings
         pub_host, pub_port = split_hostport(s.listen)
         adm_host, adm_port = split_hostport(s.admin_listen)
-        per_source = s.max_connections_per_source
-        pub_sock = bind(pub_host, pub_port, per_source=per_source)
-        adm_sock = bind(adm_host, adm_port, per_source=per_source)
+        per_source, per_network = s.max_connections_per_source, s.max_connections_per_network
+        pub_sock = bind(pub_host, pub_port, per_source=per_source, per_network=per_network)
+        adm_sock = bind(adm_host, adm_port, per_source=per_source, per_network=per_network)
         drain_s = self.settings.drain_timeout_s
         # uvicorn's own deadline comes after ours, so streams end with an error event, not a cut.
         public = make_server(

@@ -50,6 +50,10 @@ _SINGLE_HEADERS = frozenset(
 )
 
 
+# The listener's 503 when full: a place comes back as soon as any connection closes.
+_RETRY_FULL = b"retry-after: 1\r\nx-should-retry: true\r\n"
+
+
 class ConnectionCap:
     """Open connections of one listener, counted from the accept (before any TLS handshake)."""
 
@@ -134,7 +138,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._uncount.cancel()
         super().connection_made(transport)
         if self.cap.full():
-            self._refuse(503, "Service Unavailable", "too many connections; retry")
+            self._refuse(503, "Service Unavailable", "too many connections; retry", _RETRY_FULL)
             return
         self._arm()
 
@@ -156,7 +160,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             f"request headers not received within {self.header_timeout_s:g}s",
         )
 
-    def _refuse(self, status: int, phrase: str, message: str) -> None:
+    def _refuse(self, status: int, phrase: str, message: str, headers: bytes = b"") -> None:
         """Answer below ASGI (no request was formed) in the API's error shape (Anthropic's on
         /v1/messages, OpenAI's elsewhere), then close."""
         if self.transport.is_closing():
@@ -164,9 +168,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         path = getattr(self, "url", b"") or self._sniffed
         body = error_body(status, message, anthropic=path.startswith(b"/v1/messages"))
         self.transport.write(
-            b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\n"
+            b"HTTP/1.1 %d %b\r\ncontent-type: application/json\r\n%b"
             b"content-length: %d\r\nconnection: close\r\n\r\n%b"
-            % (status, phrase.encode(), len(body), body)
+            % (status, phrase.encode(), headers, len(body), body)
         )
         self.transport.close()
 
@@ -329,14 +333,16 @@ class QuietSignalsServer(uvicorn.Server):
         self.started = True
 
 
-def bind(host: str, port: int, *, per_source: int | None = None) -> socket.socket:
+def bind(
+    host: str, port: int, *, per_source: int | None = None, per_network: int | None = None
+) -> socket.socket:
     """A listening socket; with `per_source`, one that closes a new connection at the accept
-    when its source address already holds that many (`SourceCap`)."""
+    when its source address already holds that many, or its network `per_network` (`SourceCap`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock: socket.socket = (
         socket.socket(family, socket.SOCK_STREAM)
         if per_source is None
-        else CappedListener(SourceCap(per_source), family, socket.SOCK_STREAM)
+        else CappedListener(SourceCap(per_source, per_network), family, socket.SOCK_STREAM)
     )
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from policies.loading import DEFAULT_LIMITS, DocumentLimits
 from proxy.auth import named_token
+from proxy.body_budget import BODY_BUDGET_BYTES, BODY_BUDGET_PER_CLIENT_BYTES
 
 
 class Settings(BaseSettings):
@@ -109,6 +110,21 @@ class Settings(BaseSettings):
     # a new one is closed at the accept, before TLS (proxy/servers.py, SourceCap).
     max_connections_per_source: int = Field(
         512, ge=1, description="open connections one client address may hold, per listener"
+    )
+    # ... nor can one network (IPv4 /24, IPv6 /64: one host may have all of a /64).
+    max_connections_per_network: int = Field(
+        1024, ge=1, description="open connections one /24 or /64 may hold, per listener"
+    )
+    # Request bodies' memory across the process and per client (proxy/body_budget.py: the
+    # defaults come from the gateway's memory, the Kubernetes limit and the deploy plan's).
+    body_budget_bytes: int = Field(
+        BODY_BUDGET_BYTES, ge=1, description="request bodies in flight, in all"
+    )
+    body_budget_per_client_bytes: int = Field(
+        BODY_BUDGET_PER_CLIENT_BYTES, ge=1, description="request bodies in flight, per client"
+    )
+    body_budget_wait_s: float = Field(
+        1.0, ge=0, description="a request over the budget waits this long, then gets 503"
     )
     keep_alive_s: float = 75.0  # idle keep-alive after an authenticated request
     keep_alive_unauthenticated_s: float = 5.0  # ... after requests without valid credentials

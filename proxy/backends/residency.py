@@ -37,8 +37,11 @@ class _Resident:
 @dataclass(slots=True)
 class _Place:
     since: float  # monotonic: when the session began waiting
+    client: str = ""
     holders: int = 0  # requests of the session waiting in this place now
     left_at: float | None = None  # when the last one left (the place is kept for a retry)
+    waited_s: float = 0.0  # while a request of it waited, until `present_since`
+    present_since: float | None = None  # None: no request of it waits now
 
 
 @dataclass(slots=True)
@@ -50,6 +53,12 @@ class EngineState:
     held: int = 0  # turns held so far (the dashboard; the metrics count them by outcome)
     timeouts: int = 0  # of them, ended without admission
     longest_s: float = 0.0  # the longest wait so far
+
+
+def _waited(place: _Place, now: float) -> float:
+    """The place's wait, counted only while a request of it waited."""
+    since = place.present_since
+    return place.waited_s + (0.0 if since is None else now - since)
 
 
 Gauges = Callable[[str, int, int], None]  # (backend, resident sessions, their tokens)
@@ -83,7 +92,10 @@ class Residency:
         for key in gone:
             del st.waiting[key]
         residents = [Resident(k, r.prefix_tokens, r.idle_since) for k, r in st.residents.items()]
-        waiting = [Waiter(k, p.since, p.holders > 0) for k, p in st.waiting.items()]
+        waiting = [
+            Waiter(k, p.since, p.holders > 0, p.client, _waited(p, now))
+            for k, p in st.waiting.items()
+        ]
         shared = st.shared_tokens
         remote = self.remote.get(name)
         if remote is not None:  # other replicas': this one's rows win
@@ -120,24 +132,38 @@ class Residency:
 
     # A waiting turn ----------------------------------------------------------------------
 
-    def join(self, name: str, key: str, now: float) -> float:
-        """A turn of `key` waits: its session's place, kept from an earlier request, or a new
-        one at the end. When its session began waiting."""
+    def join(self, name: str, key: str, now: float, client: str = "") -> float:
+        """A turn of `key` (a session of `client`) waits: its session's place, kept from an
+        earlier request, or a new one at the end. When its session began waiting."""
         st = self.engine(name)
         place = st.waiting.get(key)
         if place is None:
-            place = st.waiting[key] = _Place(now)
+            place = st.waiting[key] = _Place(now, client)
+        if place.present_since is None:
+            place.present_since = now
         place.holders += 1
         place.left_at = None
         return place.since
 
-    def leave(self, name: str, key: str, now: float) -> None:
-        """A waiting turn left without admission (timed out, client gone): its place is kept."""
-        place = self.engine(name).waiting.get(key)
+    def leave(self, name: str, key: str, now: float, *, keep: bool = True) -> None:
+        """A waiting turn left without admission (timed out, client gone): its place is kept
+        (unless `keep` is False: a request of no session has no retry to keep it for); its
+        wait stops counting until a request of it waits again."""
+        st = self.engine(name)
+        place = st.waiting.get(key)
         if place is not None:
             place.holders -= 1
             if place.holders <= 0:
                 place.left_at = now
+                place.waited_s = _waited(place, now)
+                place.present_since = None
+                if not keep:
+                    del st.waiting[key]
+            self._changed(name)
+
+    def dequeue(self, name: str, key: str) -> None:
+        """`key`'s place, if any, is given up: a request of it went, counted already."""
+        if self.engine(name).waiting.pop(key, None) is not None:
             self._changed(name)
 
     def waited(self, name: str, seconds: float, admitted: bool) -> None:
@@ -149,16 +175,18 @@ class Residency:
 
     # Residency ---------------------------------------------------------------------------
 
-    def admitted(self, name: str, key: str, prefix_tokens: int) -> None:
-        """A turn of `key` goes to the engine: the session is resident there, a turn in flight."""
+    def admitted(self, name: str, key: str, prefix_tokens: int, *, row: str | None = None) -> None:
+        """A turn of `key` goes to the engine: the session is resident there, a turn in flight.
+        With `row`, the request is counted under that key for as long as it runs only (a
+        request of no session, a compaction or auxiliary one: not its session's residency)."""
         st = self.engine(name)
         st.waiting.pop(key, None)
-        row = st.residents.get(key)
-        if row is None:
-            row = st.residents[key] = _Resident(prefix_tokens)
-        row.prefix_tokens = max(row.prefix_tokens, prefix_tokens)
-        row.in_flight += 1
-        row.idle_since, row.ending = None, False
+        resident = st.residents.get(row or key)
+        if resident is None:
+            resident = st.residents[row or key] = _Resident(prefix_tokens)
+        resident.prefix_tokens = max(resident.prefix_tokens, prefix_tokens)
+        resident.in_flight += 1
+        resident.idle_since, resident.ending = None, row is not None
         self._changed(name)
 
     def end(self, name: str, keys: tuple[str, ...] | list[str]) -> None:

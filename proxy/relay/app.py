@@ -21,6 +21,7 @@ from policies.inputs import for_body, request_view
 from policies.sessions import session_of
 from policies.types import Endpoint
 from proxy import auth
+from proxy.body_budget import BodyBudget, BodyLease
 from proxy.bounds import finite_number
 from proxy.gateway import Gateway
 from proxy.relay import required
@@ -42,8 +43,18 @@ from proxy.throttle import AuthThrottle, source_of
 _GET_PATHS = frozenset({"/v1/models", "/openapi.json", "/healthz", "/readyz"})
 
 
+_RETRY = ((b"retry-after", b"1"), (b"x-should-retry", b"true"))
+
+
 class BodyTooLarge(Exception):
     pass
+
+
+def _declared(headers: dict[bytes, bytes], limit: int) -> int:
+    """The body's declared length, or `limit` when none is declared (or a larger one: it gets
+    413 once that much arrived)."""
+    value = headers.get(b"content-length", b"")
+    return int(value) if value.isdigit() and int(value) <= limit else limit
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:
@@ -67,6 +78,8 @@ class PublicApp:
         self.gw = gw
         self.throttle = AuthThrottle(gw.settings.auth_failures_per_minute, listener="public")
         self.limits = Limits.of(gw.settings)
+        s = gw.settings
+        self.bodies = BodyBudget(s.body_budget_bytes, s.body_budget_per_client_bytes)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -203,7 +216,7 @@ class PublicApp:
             return
         x.client = client
         if client.max_concurrent is None and client.requests_per_minute is None:
-            await self._generate(x, scope, receive)
+            await self._budgeted(x, scope, receive)
             return
         wait = await gw.limits.enter(client.name, client.max_concurrent, client.requests_per_minute)
         if wait is not None:
@@ -216,14 +229,35 @@ class PublicApp:
             )
             return
         try:
-            await self._generate(x, scope, receive)
+            await self._budgeted(x, scope, receive)
         finally:
             await gw.limits.leave(client.name)
 
-    async def _generate(self, x: Exchange[Any], scope: dict[str, Any], receive: Receive) -> None:
+    async def _budgeted(self, x: Exchange[Any], scope: dict[str, Any], receive: Receive) -> None:
+        """The request, its body's bytes taken from the process's and its client's budget
+        (proxy/body_budget.py) from before it is read until the request ends."""
+        settings = self.gw.settings
+        declared = _declared(x.headers, settings.max_body_bytes)
+        lease = await self.bodies.take(x.client.name, declared, settings.body_budget_wait_s)
+        if lease is None:
+            await x.error(
+                503,
+                "request bodies in flight fill this gateway's memory budget; retry",
+                headers=[*x.rid, *_RETRY, (b"connection", b"close")],
+            )
+            return
+        try:
+            await self._generate(x, scope, receive, lease)
+        finally:
+            lease.release()
+
+    async def _generate(
+        self, x: Exchange[Any], scope: dict[str, Any], receive: Receive, lease: BodyLease
+    ) -> None:
         raw = await self._read(x, receive)
         if raw is None:
             return
+        lease.fit(len(raw))
         # From the parse to the decision, no await: the body's containers are made and, once
         # decided, freed (`release_tree`), without the collector walking them meanwhile (~0.3
         # ms of an agent's 400 KiB body). An answer to send is sent after, collector on.

@@ -57,14 +57,29 @@ def capacity(gw: Gateway, policy: CompiledPolicy, name: str) -> Capacity:
 
 
 def turn_of(x: Exchange[Any], name: str) -> Turn:
-    """The turn's session and its prefix: what the engine held of it after its last turn there,
-    or the request's size, whichever is larger."""
+    """The turn's session (a key of its own for a request of none) and its prefix: what the
+    engine held of it after its last turn there, or the request's size, whichever is larger."""
     record = x.record
-    row = x.gw.sessions.get(record.session)
+    row = x.gw.sessions.get(record.session) if record.session else None
     held = row.prefix_tokens if row is not None and row.engine == name else 0
     return Turn(
-        record.session, max(held, x.body_bytes // BYTES_PER_TOKEN), record.signals.keeps_place
+        record.session or _own_key(x),
+        max(held, x.body_bytes // BYTES_PER_TOKEN),
+        record.signals.keeps_place,
+        record.client,
     )
+
+
+def _own_key(x: Exchange[Any]) -> str:
+    """The key a request is counted under while it runs when it is not its session's turn."""
+    return f"~{x.request_id[:32]}.{id(x):x}"
+
+
+def _row_key(x: Exchange[Any]) -> str:
+    """Where the request's tokens are counted: its session's residency for a turn, else a row
+    of its own that ends with it (no session; a compaction or auxiliary request)."""
+    record = x.record
+    return record.session if record.session and not record.signals.keeps_place else _own_key(x)
 
 
 def decide_now(x: Exchange[Any], name: str, now: float) -> Verdict:
@@ -83,7 +98,7 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
     assert name is not None
     doc = gw.policy.current.document
     spec = doc.admission.sessions
-    if not record.session or not spec.enabled or name not in doc.backends:
+    if not spec.enabled or name not in doc.backends:
         return Held(name)
     metrics, residency = gw.metrics.sessions, gw.residency
     now = time.perf_counter()
@@ -91,7 +106,7 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
     _count(x, name, verdict)
     if verdict.admit:
         return Held(_admit(x, name))
-    moved = _move(x, name, verdict, now)
+    moved = _move(x, name, verdict, now) if record.session else None
     if moved is not None:
         metrics.waits.labels(name, "moved").inc()
         return Held(_admit(x, moved))
@@ -104,7 +119,8 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
             x.pinger = pinger(PING_S)
     policy = gw.policy.current
     limit = spec.stream_wait_s if stream else policy.document.admission.queue_timeout_s
-    since = residency.join(name, record.session, now)
+    key = turn_of(x, name).key
+    since = residency.join(name, key, now, record.client)
     metrics.waiting.labels(name).inc()
     outcome, go = "timeout", None
     try:
@@ -142,16 +158,23 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
         metrics.waits.labels(name, outcome).inc()
         residency.waited(name, end - since, go is not None)
         if go is None:
-            residency.leave(name, record.session, end)
+            residency.leave(name, key, end, keep=bool(record.session))
     if go is not None:
         return Held(go)
     return Held(None, "" if outcome == "client_gone" else _why(name, limit, verdict))
 
 
 def _admit(x: Exchange[Any], name: str) -> str:
-    if not x.record.signals.keeps_place:
-        x.gw.residency.admitted(name, x.record.session, turn_of(x, name).prefix_tokens)
-        x.resident = name
+    """The request goes to `name`, counted against its KV: a session's turn as the session's
+    residency, any other request (no session, a compaction or auxiliary one) for as long as it
+    runs, unless its session is resident there (it reads the prefix already counted)."""
+    residency, turn = x.gw.residency, turn_of(x, name)
+    row = _row_key(x)
+    if row != turn.key and turn.key in residency.engine(name).residents:
+        residency.dequeue(name, turn.key)
+        return name
+    residency.admitted(name, turn.key, turn.prefix_tokens, row=None if row == turn.key else row)
+    x.resident = name
     return name
 
 
@@ -209,23 +232,23 @@ def _why(name: str, limit: float, verdict: Verdict) -> str:
 
 
 def turn_ended(x: Exchange[Any]) -> None:
-    """The request ended, however: its residency's turn is done; a compaction ends it."""
+    """The request ended, however: its residency's turn is done (a row of its own ends with
+    it); a compaction ends its session's residency."""
     gw, record = x.gw, x.record
-    if not record.session:
-        return
     m = record.m
     if x.resident is not None:
         # A new session's cached tokens are the prefix it shares with others (a system
         # prompt); a returning one's may be its own prefix, still cached.
-        row = gw.sessions.get(record.session)
-        new = row is None or row.turns == 0
+        key = _row_key(x)
+        row = gw.sessions.get(record.session) if key == record.session else None
+        new = key == record.session and (row is None or row.turns == 0)
         gw.residency.turn_done(
             x.resident,
-            record.session,
+            key,
             time.perf_counter(),
             prompt_tokens=m.prompt_tokens,
             completion_tokens=m.completion_tokens,
             cached_tokens=m.cached_tokens if new else None,
         )
-    elif record.signals.request_class == "compaction" and record.backend:
+    if record.session and record.signals.request_class == "compaction" and record.backend:
         gw.residency.compacted(record.backend, record.session)

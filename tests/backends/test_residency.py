@@ -48,16 +48,42 @@ def test_a_place_is_kept_across_retries_then_dropped() -> None:
     assert r.join("e", "b", 10.0) == 10.0
     assert r.join("e", "c", 11.0) == 11.0
     r.leave("e", "b", 12.0)  # b's client gave up: its place stays, blocking nobody
-    assert r.snapshot("e", 13.0, 60).waiting == (Waiter("b", 10.0, False), Waiter("c", 11.0))
+    assert r.snapshot("e", 13.0, 60).waiting == (
+        Waiter("b", 10.0, False, "", 2.0),
+        Waiter("c", 11.0, True, "", 2.0),
+    )
     assert r.waiting("e") == 1
     assert r.join("e", "b", 14.0) == 10.0  # the retry: the same place
-    assert r.snapshot("e", 15.0, 60).waiting[0] == Waiter("b", 10.0, True)
+    # Its wait counts the time a request of it waited, not the time it was away.
+    assert r.snapshot("e", 15.0, 60).waiting[0] == Waiter("b", 10.0, True, "", 3.0)
     r.leave("e", "b", 20.0)
     assert [w.key for w in r.snapshot("e", 79.0, 60).waiting] == ["b", "c"]
     assert [w.key for w in r.snapshot("e", 81.0, 60).waiting] == ["c"]  # kept 60 s, no more
     assert r.join("e", "b", 82.0) == 82.0  # too late: the end of the queue
     r.admitted("e", "c", 1)
     assert [w.key for w in r.snapshot("e", 83.0, 60).waiting] == ["b"]
+
+
+def test_a_kept_place_banks_no_wait_while_absent() -> None:
+    r = Residency()
+    r.join("e", "b", 0.0, "alice")
+    r.leave("e", "b", 5.0)  # its client left after 5 s ...
+    r.join("e", "b", 600.0, "alice")  # ... and came back ten minutes later: 6 s waited
+    assert r.snapshot("e", 601.0, 3600).waiting == (Waiter("b", 0.0, True, "alice", 6.0),)
+    r.join("e", "~1", 602.0)
+    r.leave("e", "~1", 603.0, keep=False)  # a request of no session: no retry to keep it for
+    assert [w.key for w in r.snapshot("e", 604.0, 3600).waiting] == ["b"]
+
+
+def test_a_request_counted_on_a_row_of_its_own_ends_with_it() -> None:
+    """A compaction of a session not resident here, or a request of no session: its tokens
+    count while it runs, not as its session's residency."""
+    r = Residency()
+    r.join("e", "s", 0.0)
+    r.admitted("e", "s", 5000, row="~1")
+    assert r.snapshot("e", 1.0, 60).waiting == () and r.resident_tokens("e") == 5000
+    _done(r, "~1", 2.0, 6000)
+    assert r.snapshot("e", 3.0, 60).residents == ()
 
 
 def test_a_residency_ended_during_a_turn_ends_with_it() -> None:

@@ -41,8 +41,12 @@ def r(key: str, tokens: int, idle_for: float | None = 5.0) -> Resident:
     return Resident(key, tokens, None if idle_for is None else NOW - idle_for)
 
 
-def w(key: str, waited: float) -> Waiter:
-    return Waiter(key, NOW - waited)
+def w(key: str, waited: float, client: str = "", present_for: float | None = None) -> Waiter:
+    return Waiter(key, NOW - waited, True, client, present_for)
+
+
+# One client's six sessions waiting, the oldest 100 s: another client's turn (AD3).
+SIX = tuple(w(f"x{i}", 100 - i, "x") for i in range(6))
 
 
 @dataclass
@@ -60,8 +64,12 @@ class Row:
 
 ROWS = [
     Row("off", Turn("s", 10**6), EngineResidency((r("a", 90_000),)), True, "off", spec(enabled=False)),
-    Row("compaction never held", Turn("s", 50_000, keeps_place=True),
+    Row("compaction of a resident session goes", Turn("a", 50_000, keeps_place=True),
         EngineResidency((r("a", 80_000),), (w("b", 900),)), True, "class"),
+    Row("compaction of another session: a turn like any", Turn("s", 50_000, keeps_place=True),
+        EngineResidency((r("a", 80_000),)), False, "full"),
+    Row("a declared class waits in turn", Turn("s", 1_000, keeps_place=True),
+        EngineResidency((r("a", 46_000),), (w("b", 10),)), False, "queue", ahead=1),
     Row("KV unknown", Turn("s", 50_000), EngineResidency((r("a", 80_000),)), True, "kv-unknown",
         capacity=Capacity(None, 4)),
     Row("empty engine", Turn("s", 50_000), EngineResidency(), True, "fits"),
@@ -87,6 +95,17 @@ ROWS = [
         EngineResidency((r("a", 80_000), r("b", 80_000)), (w("c", 100),)), True, "resident"),
     Row("resident yields at max_wait_s", Turn("a", 80_000),
         EngineResidency((r("a", 80_000),), (w("c", 600),)), False, "yield", ends=("a",), ahead=1),
+    Row("a kept place banks no wait while absent", Turn("a", 80_000),
+        EngineResidency((r("a", 80_000),), (w("c", 700, present_for=10),)), True, "resident"),
+    Row("... its wait while present counts", Turn("a", 80_000),
+        EngineResidency((r("a", 80_000),), (w("c", 700, present_for=600),)), False, "yield",
+        ends=("a",), ahead=1),
+    Row("a client's six sessions: another client's turn is second", Turn("y", 1_000, client="y"),
+        EngineResidency((r("a", 46_000),), SIX), False, "queue", ahead=1),
+    Row("... its place too", Turn("y", 1_000, client="y"),
+        EngineResidency((r("a", 46_000),), (*SIX, w("y", 1, "y"))), False, "queue", ahead=1),
+    Row("... and that client's own next session waits for the round", Turn("x9", 1_000, client="x"),
+        EngineResidency((r("a", 46_000),), (*SIX, w("y", 1, "y"))), False, "queue", ahead=7),
     Row("resident stays before max_wait_s", Turn("a", 80_000),
         EngineResidency((r("a", 80_000),), (w("c", 599),)), True, "resident"),
     Row("unlimited max_wait_s: never yields", Turn("a", 80_000),

@@ -3,7 +3,8 @@ KV (as the policy states it) holds one session's prefix at a time, with the real
 anthropic SDKs. Held streams get pings (SSE comments; Anthropic's ping events), then their
 answer, or past `stream_wait_s` the API's error event; a held non-streaming request times out
 with 503 and Retry-After; waiting sessions go first come first served, a client's retry keeping
-its place, across a policy reload; a compaction is never held and ends its session's residency;
+its place, across a policy reload; a compaction of the resident session is never held and ends
+its residency, one of another session, or a request of none, is held as a turn;
 a waiting session moves where that pays; the admin explain says why a turn would wait.
 
 The engine: 3,000 KV tokens x 0.9 less 4 x 100 kept for turns = 2,300 tokens of prefixes; each
@@ -148,9 +149,39 @@ def _resident_turn(
     assert got.choices[0].message.content
 
 
+def _messages(session: str, model: str) -> dict[str, Any]:
+    content = f"[{session}] {PROMPT}"
+    return {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": content}]}
+
+
+class _Post(threading.Thread):
+    """One raw request, answered in the background: its status and text."""
+
+    def __init__(
+        self,
+        gw: GatewayServer,
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(daemon=True)
+        self.gw, self.path, self.body, self.headers = gw, path, body, headers or {}
+        self.status, self.text = 0, ""
+        self.start()
+
+    def run(self) -> None:
+        with self.gw.client() as c:
+            r = c.post(self.path, json=self.body, headers=self.headers, timeout=30)
+            self.status, self.text = r.status_code, r.text
+
+    def done(self) -> int:
+        self.join(30)
+        return self.status
+
+
 def _compact(gw: GatewayServer, session: str, model: str = "coder") -> None:
-    """A compaction of `session` (Messages, the anthropic SDK): never held, and it ends the
-    session's residency."""
+    """A compaction of resident `session` (Messages, the anthropic SDK): never held, and it
+    ends the session's residency."""
     with _anthropic(gw) as sdk:
         msg = sdk.messages.create(
             model=model, max_tokens=8,
@@ -287,13 +318,18 @@ def test_held_streams_pinged_then_answered_in_order_across_retry_and_reload(
     assert _metric(gw, full) >= 4
 
 
-def test_held_turns_time_out_and_compaction_is_never_held(
+def test_held_turns_time_out_and_only_a_resident_compaction_is_never_held(
     gw: GatewayServer, request: pytest.FixtureRequest
 ) -> None:
     _apply(gw, stream_wait_s=1.0)
     _resident_turn(gw, "r", model="coder2")
     client = gw.openai(max_retries=0)
     request.addfinalizer(client.close)
+    # A compaction of another session (its class declared by the client) and a bare prompt
+    # (no session) would take the KV as a turn does: they are held as one, alongside.
+    compaction = {"x-claude-code-session-id": "k", "x-claude-code-request-class": "compaction"}
+    k = _Post(gw, "/v1/messages", _messages("k", "coder2"), compaction)
+    bare = _Post(gw, "/v1/completions", {"model": "coder2", "prompt": PROMPT, "max_tokens": 8})
     t1 = time.monotonic()
     with pytest.raises(openai.APIStatusError) as caught:
         client.chat.completions.create(
@@ -302,10 +338,8 @@ def test_held_turns_time_out_and_compaction_is_never_held(
     assert caught.value.status_code == 503 and 0.9 < time.monotonic() - t1
     assert int(caught.value.response.headers["retry-after"]) >= 1
     assert "session-aware admission" in caught.value.message
-    # A compaction of another session goes at once, the engine full or not.
-    _compact(gw, "k", "coder2")
-    cls = r'specrouter_session_admission_total\{backend="sim2",reason="class",verdict="admit"\}'
-    assert _metric(gw, cls) == 1
+    assert k.done() == 503 and bare.done() == 503, (k.text, bare.text)
+    assert "session-aware admission" in k.text and "session-aware admission" in bare.text
     # A session that would wait on sim2 moves to spare, free: the wait (600 s expected) is more
     # than re-prefilling its ~1,500 tokens there (0.75 s at 2,000 tokens/s).
     moved = client.chat.completions.with_raw_response.create(
@@ -328,3 +362,8 @@ def test_held_turns_time_out_and_compaction_is_never_held(
     assert b"session-aware admission" in m.raw and b"message_start" not in m.raw
     assert isinstance(m2.error, openai.APIError) and not m2.text
     assert "session-aware admission" in str(m2.error)
+    # A compaction of the resident session goes at once, the engine full: it reads the prefix
+    # the engine holds.
+    _compact(gw, "r", "coder2")
+    cls = r'specrouter_session_admission_total\{backend="sim2",reason="class",verdict="admit"\}'
+    assert _metric(gw, cls) == 1

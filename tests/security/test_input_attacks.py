@@ -334,8 +334,11 @@ def test_connections_that_never_start_tls_are_cut_and_capped(stack: Stack) -> No
     try:
         time.sleep(0.3)
         assert stack.gw.proc is not None
-        # Past the cap, a connection that completes TLS is refused at once, and it is logged.
-        assert _chat(stack.gw).status_code == 503
+        # Past the cap, a connection that completes TLS is refused at once, and it is logged;
+        # the 503 says when to retry, as the gateway's other refusals do.
+        full = _chat(stack.gw)
+        assert full.status_code == 503
+        assert full.headers["retry-after"] == "1" and full.headers["x-should-retry"] == "true"
         # The gateway's stderr is read by a thread: the line may land just after the 503.
         deadline = time.monotonic() + 5
         while not any("connection limit reached" in line for line in stack.gw.output):

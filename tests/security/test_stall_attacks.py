@@ -11,7 +11,7 @@ replayed against the real gateway over TLS, with a raw engine on loopback
 - 4: an engine claiming 30 M tokens made each dashboard snapshot expand a 30 M-element list on
   the event loop: the snapshot's cost no longer follows the tokens claimed.
 - 7: idle connections from one address filled `max_connections`: each source now has its own
-  cap, and another address is served.
+  cap, and another address is served; so does each network (IPv4 /24, IPv6 /64).
 """
 
 from __future__ import annotations
@@ -316,38 +316,56 @@ def test_streams_nobody_reads_give_their_slots_back_on_the_pull_relay(
         _slots_come_back(gw)
 
 
-# -- 7: one source address cannot fill max_connections ----------------------------------------------
+# -- 7: one source address, or one network, cannot fill max_connections ---------------------------
 
-CAP_ENV = {"SPECROUTER_MAX_CONNECTIONS": "40", "SPECROUTER_MAX_CONNECTIONS_PER_SOURCE": "10"}
-ATTACKER = "127.0.0.2"  # loopback: another source address on the same host
+CAP_ENV = {
+    "SPECROUTER_MAX_CONNECTIONS": "40",
+    "SPECROUTER_MAX_CONNECTIONS_PER_SOURCE": "10",
+    "SPECROUTER_MAX_CONNECTIONS_PER_NETWORK": "25",
+}
+ATTACKER = "127.0.5.2"  # loopback: another source address on the same host, another /24
+NEIGHBOURS = ("127.0.5.3", "127.0.5.4")  # more addresses of the attacker's /24
+
+
+def _held(sources: tuple[str, ...], target: Address, each: int) -> tuple[list[socket.socket], int]:
+    """`each` idle connections (never a TLS handshake) from each source, and how many of them
+    the gateway closed at once."""
+    idle = []
+    for source in sources:
+        for _ in range(each):
+            s = socket.socket()
+            s.bind((source, 0))
+            s.connect((target.host, target.port))
+            idle.append(s)
+    time.sleep(0.3)
+    closed = 0
+    for s in idle:
+        s.settimeout(0.05)
+        try:
+            closed += s.recv(1) == b""
+        except TimeoutError:
+            pass
+        except ConnectionError:
+            closed += 1
+    return idle, closed
 
 
 @pytest.mark.timeout(60)
-def test_one_source_cannot_fill_the_connection_budget(
+def test_one_source_or_network_cannot_fill_the_connection_budget(
     stack: tuple[GatewayServer, RawEngine], certs: CertFiles
 ) -> None:
     _, engine = stack
     with _env(CAP_ENV), GatewayServer(coder_policy({"raw": engine.url}), certs=certs) as gw:
         target = Address.of(gw.base, certs.ca_cert)
-        idle = []
+        idle, closed = _held((ATTACKER,), target, 60)  # more than max_connections (40)
         try:
-            for _ in range(60):  # more than max_connections (40), never a TLS handshake
-                s = socket.socket()
-                s.bind((ATTACKER, 0))
-                s.connect((target.host, target.port))
-                idle.append(s)
-            time.sleep(0.3)
-            closed = 0
-            for s in idle:  # past its 10, the gateway closes the source's connections at once
-                s.settimeout(0.05)
-                try:
-                    closed += s.recv(1) == b""
-                except TimeoutError:
-                    pass
-                except ConnectionError:
-                    closed += 1
-            assert closed == 50, closed
+            assert closed == 50, closed  # past its 10, the source's connections are closed
             assert any("connection limit per source" in line for line in gw.output)
+            # Two more addresses of its /24, 15 each: the network stops at 25 (10 + 10 + 5).
+            more, closed = _held(NEIGHBOURS, target, 15)
+            idle += more
+            assert closed == 15, closed
+            assert any("connection limit per network" in line for line in gw.output)
             with gw.client() as c:  # another address: served at once, not 503
                 assert _post(c, "ok").status_code == 200
         finally:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from proxy.body_budget import GATEWAY_MEMORY_MIB
+
 GIB = 1024**3
 # The GB10's unified memory: 128 GB (decimal), what CUDA reports as the device's total and
 # what --gpu-memory-utilization is a fraction of.
@@ -78,7 +80,9 @@ class MemoryParams:
     # 128 GB): a GB10 reported 8.0-8.7 GiB in use at idle of the 121.7 GiB its OS sees, 2.5 more
     # than the 119.2 counted here, its desktop included.
     os_gib: float = 5.0
-    gateway_gib: float = 0.5  # the specrouter gateway (one uvicorn process, its session table)
+    # The specrouter gateway (one uvicorn process, its session table): its container's limit,
+    # which its request bodies' budget is computed from (proxy/body_budget.py).
+    gateway_gib: float = GATEWAY_MEMORY_MIB / 1024
     monitoring_gib: float = 1.0  # Prometheus (30 d of a few thousand series) and Grafana
     # The margin: with --kv-cache-memory-bytes vLLM allocates the KV exactly and checks nothing
     # after its start, and on unified memory an over-commitment swaps or wakes the OOM killer
