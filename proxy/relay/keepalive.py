@@ -5,6 +5,13 @@ Agents' stream watchdogs and load balancers cut a stream that sends nothing for 
 long prefill sends nothing for seconds. The pings are the only bytes a client can get that the
 engine did not send for its request; they stop before the engine's first byte is relayed, so
 they never fall inside an engine event, and the measurement never sees them.
+
+`SilenceLimit` is the other half of a long prefill: the relays' deadline for a quiet stream.
+An engine may send events before its first output (vLLM's Responses stream sends
+`response.created` and `response.in_progress` at once, then nothing until the prefill ends), so
+until the first output (text, reasoning, a tool call) the first-byte timeout runs from the moment
+the engine was asked; after it, the idle timeout from the last byte. docs/failures.md says why the
+engine's early events are relayed rather than held.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ import time
 from collections.abc import Callable
 
 from proxy.relay.asgi import Send
+from proxy.relay.measure import Measurement
+from proxy.settings import Settings
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -27,6 +36,38 @@ SSE_HEADERS: Headers = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
+
+
+class SilenceLimit:
+    """When a quiet stream is cut, in loop time; sans-io: the relay passes its clock readings.
+
+    `asked_ago`: seconds since the engine was asked (the first-byte timeout counts from then).
+    """
+
+    __slots__ = ("idle", "first_byte", "first_due")
+
+    def __init__(self, idle: float, first_byte: float, now: float, asked_ago: float) -> None:
+        self.idle, self.first_byte = idle, first_byte
+        self.first_due = now - max(0.0, asked_ago) + first_byte
+
+    def due(self, last_activity: float, has_output: bool) -> float:
+        """The deadline after a byte at `last_activity`; never sooner than the first-byte
+        timeout while the engine has not output (never later than the idle timeout after)."""
+        idle_due = last_activity + self.idle
+        return idle_due if has_output else max(idle_due, self.first_due)
+
+    def message(self, has_output: bool) -> str:
+        if has_output:
+            return f"upstream sent nothing for {self.idle:g}s"
+        return f"upstream sent no output in {max(self.first_byte, self.idle):g}s"
+
+
+def silence_limit(m: Measurement, settings: Settings, now: float) -> SilenceLimit:
+    """A relayed stream's limit, the first-byte timeout counted from when its engine was asked."""
+    asked = m.t_engine if m.t_engine is not None else m.t_start
+    return SilenceLimit(
+        settings.idle_timeout_s, settings.first_byte_timeout_s, now, time.perf_counter() - asked
+    )
 
 
 class Pinger:

@@ -31,6 +31,7 @@ from proxy.relay.ends import (
 )
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
+from proxy.relay.keepalive import silence_limit
 from proxy.relay.resume import resume_stream
 from proxy.relay.upstream import Payload, PulledResponse, UpstreamError
 
@@ -72,8 +73,8 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
     """
     resp, data, send, watch, filt, ends = x.resp, x.first, x.send, x.watch, x.filt, x.ends
     assert resp is not None
-    idle_timeout, resume = x.gw.settings.idle_timeout_s, x.continuable
-    max_frame = x.gw.settings.max_sse_frame_bytes
+    settings, resume = x.gw.settings, x.continuable
+    max_frame = settings.max_sse_frame_bytes
     m = filt.m
     loop = asyncio.get_running_loop()
     responses, messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
@@ -84,9 +85,11 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
         saw_done = False
         outcome = "ok"
         error = b""
+        rearmed = loop.time()
+        limit = silence_limit(m, settings, rearmed)
+        had_output = m.t_first_token is not None
         try:
-            rearmed = loop.time()
-            async with asyncio.timeout_at(rearmed + idle_timeout + 1.0) as deadline:
+            async with asyncio.timeout_at(limit.due(rearmed, had_output) + 1.0) as deadline:
                 while data:
                     now = time.perf_counter()
                     out = filter_read(splitter, filt, data, now)
@@ -99,9 +102,10 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
                         resp.close()
                         break
                     t = loop.time()
-                    if t - rearmed >= 1.0:  # re-armed at most once a second: idle..idle+1 s
-                        rearmed = t
-                        deadline.reschedule(t + idle_timeout + 1.0)
+                    # Re-armed at most once a second (idle..idle+1 s), and at the first output.
+                    if t - rearmed >= 1.0 or had_output != (m.t_first_token is not None):
+                        rearmed, had_output = t, m.t_first_token is not None
+                        deadline.reschedule(limit.due(t, had_output) + 1.0)
                     data = await content.readany()
                 tail = finish_read(splitter, filt, time.perf_counter())
                 if tail:
@@ -114,7 +118,7 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
             outcome = "timeout"
             error = sse_error_event(
                 504,
-                f"upstream sent nothing for {idle_timeout:g}s",
+                limit.message(m.t_first_token is not None),
                 responses=responses,
                 messages=messages,
             )

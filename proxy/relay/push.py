@@ -39,6 +39,7 @@ from proxy.relay.ends import (
 from proxy.relay.engine_conn import EngineStream, open_engine_stream
 from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
+from proxy.relay.keepalive import silence_limit
 from proxy.relay.resume import resume_stream
 from proxy.relay.upstream import Payload, UpstreamError
 
@@ -104,12 +105,13 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
     stream, first, channel, send = x.resp, x.first, x.channel, x.send
     assert stream is not None and channel is not None  # PUSH is chosen with a channel only
     watch, filt, ends, resume = x.watch, x.filt, x.ends, x.continuable
-    idle_timeout, max_frame = x.gw.settings.idle_timeout_s, x.gw.settings.max_sse_frame_bytes
-    write_timeout = x.gw.settings.client_write_timeout_s
+    settings = x.gw.settings
+    max_frame, write_timeout = settings.max_sse_frame_bytes, settings.client_write_timeout_s
     m = filt.m
     loop = asyncio.get_running_loop()
     responses, messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
     while True:
+        limit = silence_limit(m, settings, loop.time())
         # A dead engine's partial frame is never sent; nor one past the frame limit.
         splitter = sse.FrameSplitter(max_frame)
         ended = [False]
@@ -161,10 +163,12 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                     if remaining <= 0:
                         raise _ClientStalled
                 else:
-                    remaining = stream.last_activity + idle_timeout - now
+                    has_output = m.t_first_token is not None
+                    remaining = limit.due(stream.last_activity, has_output) - now
                     if remaining <= 0:
                         raise TimeoutError
-                await asyncio.wait({stream.done}, timeout=max(remaining, 0.05))
+                # Woken at least once an idle timeout: a first output moves the deadline nearer.
+                await asyncio.wait({stream.done}, timeout=max(min(remaining, limit.idle), 0.05))
             failure = _failure(stream)
             if stopped(filt):  # the gateway closed it: the stream ended at the client's stop
                 failure = None
@@ -189,7 +193,7 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
             outcome = "timeout"
             error = sse_error_event(
                 504,
-                f"upstream sent nothing for {idle_timeout:g}s",
+                limit.message(m.t_first_token is not None),
                 responses=responses,
                 messages=messages,
             )

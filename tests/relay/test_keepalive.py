@@ -1,7 +1,8 @@
 """Keepalive during a silent prefill (a route's `keepalive_s`), and retries that cannot multiply
 load: pings while no engine byte came, then the engine's bytes untouched; TTFT without the
 pings; a failure before the first byte retried, an engine that timed out after its headers not;
-vLLM's own `: keep-alive` comments relayed and not counted. Both relays."""
+vLLM's own `: keep-alive` comments relayed and not counted; a Responses prefill longer than the
+idle timeout, after the engine's first events, waits for its first token. Both relays."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,13 +19,18 @@ import pytest
 
 from loadtests.harness.gateway import GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
+from proxy.relay.keepalive import SilenceLimit
 
 SERVED = "qwen3.8-27b"
 MESSAGES = [{"role": "user", "content": "Implement quicksort in `sort.py`."}]
 SCALE = 0.05  # the sims' time scale: a fault's `seconds` are simulated seconds
 EVERY = 0.25  # keepalive_s
 SILENCE = 0.8  # a silent prefill, real seconds
-FIRST_BYTE_TIMEOUT = 2.0
+FIRST_BYTE_TIMEOUT = 3.0
+# Shorter than LONG_PREFILL's prefill, by more than the pull relay's 1 s of slack.
+IDLE_TIMEOUT = 0.5
+# 80K tokens (two a word): 2 s of prefill at the sims' 2,000 tokens/s and SCALE.
+LONG_PREFILL = " ".join(f"w{i % 997}" for i in range(40_000))
 PING = b": ping\n\n"
 _CREATED = re.compile(rb'"created":\d+')
 
@@ -68,7 +75,14 @@ def gw(
     with GatewayServer(
         _policy(sims),
         certs=certs,
-        args=("--relay", request.param, "--first-byte-timeout", str(FIRST_BYTE_TIMEOUT)),
+        args=(
+            "--relay",
+            request.param,
+            "--first-byte-timeout",
+            str(FIRST_BYTE_TIMEOUT),
+            "--idle-timeout",
+            str(IDLE_TIMEOUT),
+        ),
     ) as server:
         yield server
 
@@ -267,3 +281,41 @@ def test_vllm_keep_alive_comments_are_relayed_and_not_counted(gw, sims) -> None:
     assert raw.endswith(b"data: [DONE]\n\n")
     row = _log_row(gw, "ka-vllm")
     assert row["outcome"] == "ok" and row["ttft_s"] >= SILENCE * 0.9
+
+
+@pytest.mark.parametrize(
+    ("last", "has_output", "due"),
+    [
+        (0.0, False, 300.0),  # asked at 0: the first-byte timeout, not the idle one
+        (250.0, False, 310.0),  # an event late in the prefill: the idle timeout past it
+        (1.0, True, 61.0),  # once the engine has output: the idle timeout alone
+        (290.0, True, 350.0),
+    ],
+)
+def test_the_silence_limit_is_the_first_byte_timeout_until_the_first_output(
+    last: float, has_output: bool, due: float
+) -> None:
+    limit = SilenceLimit(idle=60.0, first_byte=300.0, now=10.0, asked_ago=10.0)
+    assert limit.due(last, has_output) == due
+    said = limit.message(has_output)
+    assert ("nothing for 60s" if has_output else "no output in 300s") in said
+
+
+def test_a_responses_prefill_longer_than_the_idle_timeout_reaches_its_first_token(gw) -> None:
+    # A prompt of its own: another's prefix in the sim's cache would shorten the prefill.
+    prompt = f"{uuid.uuid4()} {LONG_PREFILL}"
+    body = {"model": SERVED, "input": prompt, "stream": True, "max_output_tokens": 8}
+    events: list[tuple[float, bytes]] = []
+    with gw.client() as c:
+        t0 = time.monotonic()
+        with c.stream("POST", "/v1/responses", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    events.append((time.monotonic() - t0, line[7:].encode()))
+    kinds = [k for _, k in events]
+    assert kinds[:2] == [b"response.created", b"response.in_progress"], kinds
+    assert b"error" not in kinds and kinds[-1] == b"response.completed", kinds
+    first_delta = next(t for t, k in events if k == b"response.output_text.delta")
+    # The prefill outlasted the idle timeout after the engine's first events.
+    assert first_delta - events[1][0] > IDLE_TIMEOUT, events[:4]
