@@ -85,6 +85,7 @@ class OtlpReceiver:
         self.metrics: list[Metric] = []  # one per metric per export (cumulative)
         self.requests = 0
         self.span_count = 0
+        self.bytes = 0  # export bodies as sent (compressed or not)
         self.behaviour: dict[str, str] = {}  # path -> "hang", "drip" or "503"; else answered
         self.arrived: dict[str, int] = {}  # behaviour -> exports it got
         self.closing = threading.Event()
@@ -99,6 +100,8 @@ class OtlpReceiver:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                with receiver._lock:
+                    receiver.bytes += len(body)
                 if self.headers.get("content-encoding") == "gzip":
                     body = gzip.decompress(body)
                 if receiver._misbehaved(self.path, self.wfile):

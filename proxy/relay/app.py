@@ -22,7 +22,7 @@ from policies.sessions import session_of
 from policies.types import Endpoint
 from proxy import auth
 from proxy.body_budget import BodyBudget, BodyLease
-from proxy.bounds import finite_number
+from proxy.bounds import finite_number, kept_name
 from proxy.gateway import Gateway
 from proxy.relay import required
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
@@ -358,7 +358,7 @@ class PublicApp:
             endpoint=x.endpoint,
             stream=body.get("stream") is True,
         )
-        record.m.t_start, record.model = x.t0, x.model
+        record.m.t_start, record.model = x.t0, kept_name(x.model)  # kept: bounded
         if gw.begin is not None:
             gw.begin(record, x.headers)
         sid = session_of(x.client.name, body, x.headers) if x.endpoint != "embeddings" else None

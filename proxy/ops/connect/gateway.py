@@ -93,6 +93,7 @@ def resolve(
         )
     if ca is not None:
         ca_certificates(ca)  # a clear refusal now, not a traceback or a key copied later
+    plain("the URL", url)  # before any message prints it
     url = url.rstrip("/")
     if not url.endswith("/v1"):
         url += "/v1"
