@@ -5,7 +5,8 @@ could hold them all (4,200 idle TCP connections from one address once left every
 503 for as long as it kept reconnecting). A `CappedListener` closes a new connection at once
 when its address already holds `max_connections_per_source`; `CappedServer` is its accept loop,
 which hands each admitted connection to the event loop (`connect_accepted_socket`, TLS
-handshake and its deadline included) and gives its place back when it ends: the handshake
+handshake and its deadline included; on a TLS listener after proxy/plainhttp.py's look at its
+first bytes) and gives its place back when it ends: the handshake
 failed, or the connection's protocol lost it (`on_closed`). The accept loop is ours rather than
 the event loop's server because uvloop accepts in C, where no per-source check can be added.
 """
