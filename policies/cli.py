@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
         "--endpoint", choices=ENDPOINTS, default="chat", help="the API asked (default: chat)"
     )
     explain.add_argument("--pin", metavar="VARIANT", help="as the X-Specrouter-Variant header")
-    explain.add_argument("--now", type=float, default=0.0, help="monotonic seconds")
+    explain.add_argument("--now", type=float, default=0.0, help="monotonic seconds (default 0)")
     explain.add_argument(
         "--header",
         action="append",

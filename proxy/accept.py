@@ -6,8 +6,10 @@ could hold them all (4,200 idle TCP connections from one address once left every
 /24 did the same (an IPv6 host has a whole /64). A `CappedListener` closes a new connection at
 once when its address already holds `max_connections_per_source`, or its network (IPv4 /24,
 IPv6 /64: proxy/throttle.py's `network_of`) `max_connections_per_network`. Closed before TLS,
-such a connection gets no HTTP answer. `CappedServer` is the listener's accept loop, which hands each admitted connection to the event loop (`connect_accepted_socket`, TLS
-handshake and its deadline included) and gives its place back when it ends: the handshake
+such a connection gets no HTTP answer. `CappedServer` is the listener's accept loop, which hands
+each admitted connection to the event loop (`connect_accepted_socket`, TLS handshake and its
+deadline included; on a TLS listener after proxy/plainhttp.py's look at its first bytes) and
+gives its place back when it ends: the handshake
 failed, or the connection's protocol lost it (`on_closed`). The accept loop is ours rather than
 the event loop's server because uvloop accepts in C, where no per-source check can be added.
 """

@@ -9,16 +9,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-_NONE: tuple[Any, ...] = (None, False, [], argparse.SUPPRESS)
+
+def has_default(action: argparse.Action) -> bool:
+    """A default worth saying: not None, False (a flag), [] (a repeatable option) or SUPPRESS;
+    by identity, so 0 is a default."""
+    value: Any = action.default
+    return not (value is None or value is False or value == [] or value is argparse.SUPPRESS)
 
 
 class DefaultsHelp(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
-        if action.option_strings and action.default not in _NONE and "default" not in text:
+        if action.option_strings and has_default(action) and "default" not in text:
             text += " (default: %(default)s)"
         return text
-
-
-class RawDefaultsHelp(DefaultsHelp, argparse.RawDescriptionHelpFormatter):
-    """The same, with the description printed as written."""

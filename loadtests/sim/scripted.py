@@ -212,7 +212,16 @@ def final_answer(results: list[str]) -> str:
 
 
 def _gist(text: str) -> str:
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "(empty)")
+    """A result's first line; of a shell result with a header (Codex's `exec_command`: chunk
+    id, wall time, exit code, then `Output:`), its exit line and its output's first line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if "Output:" in lines:
+        head, body = lines[: lines.index("Output:")], lines[lines.index("Output:") + 1 :]
+        exited = next((ln for ln in head if "exit" in ln.lower()), None)
+        said = body[0] if body else "no output"
+        line = f"{exited}: {said}" if exited else said
+    else:
+        line = lines[0] if lines else "(empty)"
     return line if len(line) <= _GIST_CHARS else line[: _GIST_CHARS - 3] + "..."
 
 

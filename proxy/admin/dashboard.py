@@ -49,6 +49,7 @@ def _record_row(r: RequestRecord) -> dict[str, Any]:
         "time": r.started_wall,
         "id": r.request_id[:12],
         "client": r.client,
+        "agent": r.agent,
         "route": r.route,
         "variant": r.backend,
         "reason": r.reason,

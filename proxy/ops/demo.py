@@ -133,9 +133,10 @@ def banner(base: str, ca: Path, key: str, model: str, state: Path) -> list[str]:
         "What the requests did (TTFT, ITL, tokens per step by variant):",
         f"  specrouter report{where}",
         "",
-        "Codex, aider, Claude Code, the OpenAI and Anthropic SDKs, set up for this demo",
-        "(docs/connect.md; AGENT: codex, claude-code, aider, openai, anthropic):",
-        f"  specrouter connect AGENT --write{where}",
+        "Codex and Claude Code set up for this demo (each prints how to run it next; aider,",
+        "openai, anthropic the same way: docs/connect.md):",
+        f"  specrouter connect codex --write{where}",
+        f"  specrouter connect claude-code --write{where}",
         "Each by hand: docs/clients.md.",
         "",
     ]

@@ -101,6 +101,11 @@ def test_dashboard_shows_requests_live_in_chromium(certs, artifacts: Path) -> No
         )
         first = page.locator("#recent tbody tr").first.inner_text()
         assert " ms" in first and "ok" in first
+        # Every mark explained, an agent column, and "off" where a panel would be empty.
+        assert page.locator("#recent thead th").nth(2).inner_text() == "agent"
+        legend = page.inner_text("#recent-legend")
+        assert all(f"{mark} :" in legend for mark in ("–", "~", "*")), legend
+        assert page.inner_text("#admission + p.empty").startswith("off: ")
         page.wait_for_function(
             "document.querySelector('#backends tbody .bars') !== null", timeout=15_000
         )

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def banner_commands(banner: str) -> list[str]:
     """The indented command blocks between 'Stream a completion:' and the docs pointer."""
-    body = banner.split("Stream a completion:\n", 1)[1].split("\nCodex, aider", 1)[0]
+    body = banner.split("Stream a completion:\n", 1)[1].split("\nCodex and Claude Code", 1)[0]
     blocks = [b.split(":\n", 1)[1] if not b.startswith("  ") else b for b in body.split("\n\n")]
     # Copied as printed: the shell ignores the first line's indent, the rest is kept verbatim.
     return [b.lstrip() for b in blocks if b.strip()]

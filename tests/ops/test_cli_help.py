@@ -12,11 +12,11 @@ from importlib import metadata
 import pytest
 
 from proxy import cli
+from proxy.helptext import has_default
 from proxy.settings import Settings
 
 # Subcommands that choose a parser by their first word themselves, not through argparse.
 _WORDS = {"probe": [["run"], ["compare"], ["facts"], ["pair"]]}
-_NO_DEFAULT = (None, False, [], argparse.SUPPRESS)
 
 
 class _Parsed(Exception):
@@ -69,7 +69,7 @@ def test_every_option_has_help_and_its_default(parsers: list[argparse.ArgumentPa
                 missing.append(name)
                 continue
             said = parser._get_formatter()._get_help_string(action) or ""  # as --help shows it
-            if action.option_strings and action.default not in _NO_DEFAULT:
+            if action.option_strings and has_default(action):
                 if "default" not in said.lower():
                     no_default.append(f"{name} (default {action.default!r})")
     assert not missing, "options without help text:\n" + "\n".join(missing)

@@ -105,6 +105,8 @@ def test_codex_write_merges_backs_up_and_reruns_unchanged(tmp_path: Path, demo_s
         "wire_api": "responses",
     }
     assert doc["model"] == "gpt-5" and "other" in doc["model_providers"]
+    # Codex refuses `exec` outside a git repository without this flag: the command says it.
+    assert f"source {home}/.config/specrouter/codex.env && codex exec --skip-git-repo-check" in out
     profile = tomllib.loads((home / ".codex" / "specrouter.config.toml").read_text())
     assert profile == {"model": "qwen3.8-27b", "model_provider": "specrouter"}
     env = home / ".config" / "specrouter" / "codex.env"

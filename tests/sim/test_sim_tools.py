@@ -205,6 +205,10 @@ def test_script_per_tool_name_is_fixed_and_inert() -> None:
     # The answer says it is scripted and what the results said, not what the calls asked.
     assert done.content == scripted.final_answer(["a.txt", refused])
     assert done.content.startswith(scripted.FINAL_ANSWER) and refused in done.content
+    codex = "Chunk ID: 1a\nWall time: 0.01 s\nProcess exited with code 0\nOutput:\na.txt\n"
+    assert scripted.final_answer([codex, "Chunk ID: 2b\nOutput:\n"]).endswith(
+        "1) Process exited with code 0: a.txt; 2) no output"
+    )
     exec_cmd = [
         Tool(
             "exec_command",

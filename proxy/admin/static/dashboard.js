@@ -8,8 +8,19 @@ const fmt = (v, unit = "", digits = 1) =>
 const esc = (s) => String(s ?? "").replace(/[&<>"]/g, (c) =>
   ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 
-function rows(tbody, items, render) {
+// `empty`: what an empty table says, under it (a blank panel explains nothing); its rows stay
+// the items' only.
+function rows(tbody, items, render, empty = "none") {
   tbody.innerHTML = items.map((it) => `<tr>${render(it)}</tr>`).join("");
+  const table = tbody.parentElement;
+  let said = table.nextElementSibling;
+  if (!said || !said.classList.contains("empty")) {
+    said = document.createElement("p");
+    said.className = "empty";
+    table.after(said);
+  }
+  said.textContent = empty;
+  said.hidden = items.length > 0;
 }
 
 function bars(values) {
@@ -33,7 +44,8 @@ function render(s) {
     <td>${esc(a.backend)}</td><td>${a.enabled ? "on" : "off"}</td><td class="num">${a.resident}</td>
     <td class="num">${a.resident_tokens} / ${a.kv_tokens ?? "–"}</td>
     <td class="num">${a.waiting}</td><td class="num">${fmt(a.longest_wait_s, " s", 0)}</td>
-    <td class="num">${a.held}</td><td class="num">${a.timeouts}</td><td class="num">${fmt(a.longest_ever_s, " s", 0)}</td>`);
+    <td class="num">${a.held}</td><td class="num">${a.timeouts}</td><td class="num">${fmt(a.longest_ever_s, " s", 0)}</td>`,
+    "off: this policy does not enable session-aware admission (admission.sessions.enabled)");
   rows($("#variants tbody"), s.variants, (v) => `
     <td>${esc(v.variant)}</td><td class="num">${v.requests}</td>
     <td class="num">${fmt(v.ttft_p50_ms, " ms", 0)}</td><td class="num">${fmt(v.ttft_p95_ms, " ms", 0)}</td>
@@ -46,7 +58,7 @@ function render(s) {
     <td class="num">${a.requests}</td><td class="num">${a.tokens_in}</td><td class="num">${a.tokens_out}</td>
     <td class="num">${a.cached_tokens === null ? "–" : a.cached_tokens + (a.tokens_in ? ` (${(100 * a.cached_tokens / a.tokens_in).toFixed(0)}%)` : "")}</td>
     <td class="num">${fmt(a.decode_s, " s")}</td><td class="num">${a.engine_share === null ? "–" : (a.engine_share * 100).toFixed(0) + "%"}</td>
-    <td class="num">${fmt(a.idle_s, " s", 0)}</td>`);
+    <td class="num">${fmt(a.idle_s, " s", 0)}</td>`, "no agent session yet");
   if (s.timeline) {
     drawCharts($("#charts-variants"), Object.entries(s.timeline.variants).map(([k, v]) => [esc(k), v]),
       s.timeline.bucket_s);
@@ -58,14 +70,15 @@ function render(s) {
     <td><code>${esc(r.id)}</code></td><td>${esc(r.client)}</td><td>${esc(r.route)}</td>
     <td>${esc(r.variant)}</td><td>${esc(r.reason)}</td><td class="num">${fmt(r.elapsed_s, " s")}</td>
     <td class="num">${r.tokens}</td><td class="num">${fmt(r.tokens_per_s)}</td>
-    <td class="num">${fmt(r.ttft_ms, " ms", 0)}</td>`);
+    <td class="num">${fmt(r.ttft_ms, " ms", 0)}</td>`, "none");
   rows($("#recent tbody"), s.recent, (r) => `
-    <td><code>${esc(r.id)}</code></td><td>${esc(r.client)}</td><td>${esc(r.variant)}</td>
+    <td><code>${esc(r.id)}</code></td><td>${esc(r.client)}</td><td>${esc(r.agent || "–")}</td><td>${esc(r.variant)}</td>
     <td>${esc(r.reason)}</td>
     <td class="num">${r.temperature === null ? "–" : r.temperature + (r.temperature_default ? "*" : "")}</td>
     <td class="num">${fmt(r.ttft_ms, " ms", 0)}</td><td class="num">${fmt(r.itl_p50_ms, " ms")}</td>
     <td class="num">${fmt(r.itl_p95_ms, " ms")}</td><td class="num" title="${esc(r.tps_source || "")}">${fmt(r.tokens_per_step, "", 2)}${r.tps_source && r.tps_source !== "engine" ? "~" : ""}</td>
-    <td class="num">${r.tokens}</td><td class="outcome-${esc(r.outcome)}">${esc(r.outcome)}</td>`);
+    <td class="num">${r.tokens}</td><td class="outcome-${esc(r.outcome)}">${esc(r.outcome)}</td>`,
+    "no request yet");
   $("#history").innerHTML = s.policy.history.slice().reverse().map((h) =>
     `<li><code>#${h.number} ${esc(h.version)}</code> by ${esc(h.who)} at ${new Date(h.time * 1000).toLocaleString()}` +
     (h.note ? ` (${esc(h.note)})` : "") + (h.changes.length ? `: ${h.changes.length} change(s)` : "") + "</li>").join("");
