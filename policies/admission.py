@@ -27,7 +27,8 @@ sessions per engine that fits, and lets the others wait:
   like any other (six "compactions" of new sessions once went through a full engine while
   another client's turn waited 21 s). Requests of no session and such requests are counted
   while they run (the caller's, proxy/relay/hold.py).
-- Never held: admission off (`off`), an engine whose KV tokens are unknown (`kv-unknown`).
+- Never held: admission off (`off`), an engine whose KV tokens are unknown (`kv-unknown`), an
+  embedding (the caller's).
 """
 
 from __future__ import annotations

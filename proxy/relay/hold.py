@@ -98,8 +98,8 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
     assert name is not None
     doc = gw.policy.current.document
     spec = doc.admission.sessions
-    if not spec.enabled or name not in doc.backends:
-        return Held(name)
+    if not spec.enabled or name not in doc.backends or x.endpoint == "embeddings":
+        return Held(name)  # an embedding keeps nothing in a KV cache
     metrics, residency = gw.metrics.sessions, gw.residency
     now = time.perf_counter()
     verdict = decide_now(x, name, now)
@@ -111,7 +111,7 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
         metrics.waits.labels(name, "moved").inc()
         return Held(_admit(x, moved))
     stream = x.body.get("stream") is True
-    if stream and x.endpoint != "embeddings":
+    if stream:
         current = x.pinger
         if current is None or (current.every > PING_S and not current.started):
             if current is not None:
