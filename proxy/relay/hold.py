@@ -173,7 +173,13 @@ def _admit(x: Exchange[Any], name: str) -> str:
     if row != turn.key and turn.key in residency.engine(name).residents:
         residency.dequeue(name, turn.key)
         return name
-    residency.admitted(name, turn.key, turn.prefix_tokens, row=None if row == turn.key else row)
+    residency.admitted(
+        name,
+        turn.key,
+        turn.prefix_tokens,
+        row=None if row == turn.key else row,
+        client=turn.client,
+    )
     x.resident = name
     return name
 
