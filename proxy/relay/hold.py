@@ -177,7 +177,7 @@ def _admit(x: Exchange[Any], name: str) -> str:
         name,
         turn.key,
         turn.prefix_tokens,
-        row=None if row == turn.key else row,
+        row=None if row == x.record.session else row,  # a row of its own ends with it
         client=turn.client,
     )
     x.resident = name

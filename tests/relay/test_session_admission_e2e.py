@@ -383,3 +383,6 @@ def test_held_turns_time_out_and_only_a_resident_compaction_is_never_held(
     _compact(gw, "r", "coder2")
     cls = r'specrouter_session_admission_total\{backend="sim2",reason="class",verdict="admit"\}'
     assert _metric(gw, cls) == 1
+    # The engine empty, a bare prompt goes; it was counted while it ran, not kept after.
+    assert _Post(gw, "/v1/completions", {**bare.body, "max_tokens": 1}).done() == 200
+    assert _metric(gw, r'specrouter_session_resident\{backend="sim2",what="sessions"\}') == 0
