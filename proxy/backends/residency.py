@@ -1,6 +1,7 @@
 """Session-aware admission's state, per engine (backend): which sessions are resident (their
-prefixes kept in the engine's KV cache), the tokens they hold, and the sessions waiting, first
-come first served, each keeping its place across its client's retries for `place_kept_s`.
+prefixes kept in the engine's KV cache), the tokens they hold, the sessions waiting (in the
+order they came, with their clients and how long each waited while present), each keeping its
+place across its client's retries for `place_kept_s`, and which client each engine served last.
 
 The rule that reads it is pure (policies/admission.py); the waiting is proxy/relay/hold.py's.
 Owned by the event loop; `snapshot` freezes one engine's state for the rule. A change wakes the

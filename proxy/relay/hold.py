@@ -1,6 +1,7 @@
 """Session-aware admission on the request path: a session's turn goes to its engine, moves to
-another where that pays, or waits, first come first served (policies/admission.py is the rule,
-proxy/backends/residency.py the state).
+another where that pays, or waits its turn (policies/admission.py is the rule,
+proxy/backends/residency.py the state). A request of no session, or a compaction or auxiliary
+one, is judged as a turn too and counted while it runs (`_admit`).
 
 A held stream gets pings at least every `PING_S` (Claude Code and Codex cut silent streams): the
 API's own harmless form, an SSE comment for chat, completions and Responses, Anthropic's `ping`
