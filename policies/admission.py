@@ -19,15 +19,17 @@ sessions per engine that fits, and lets the others wait:
   proxy/backends/residency.py); a place kept for a retry blocks nobody until the retry comes,
   and its wait counts only while a request of it waits (`waited_s`): an absent place banks
   nothing toward a yield.
-- The queue is shared out per client: round by round, each client's longest-waiting session,
-  then each one's next (a client's six sessions once kept another's one turn waiting 80 s).
+- The queue is shared out per client: round by round, each client's longest-waiting session
+  (the client served least recently on the engine first), then each one's next (a client's six
+  sessions once kept another's one turn waiting 80 s).
 - Residency ends after `idle_s` without a turn, at a compaction, or at a yield (`ends`).
 - A compaction or auxiliary request (a class the client declares) goes at once only when its
   session is resident (`class`: it reads the prefix the engine holds); otherwise it is a turn
   like any other (six "compactions" of new sessions once went through a full engine while
   another client's turn waited 21 s). Requests of no session and such requests are counted
   while they run (the caller's, proxy/relay/hold.py).
-- Never held: admission off (`off`), an engine whose KV tokens are unknown (`kv-unknown`).
+- Never held: admission off (`off`), an engine whose KV tokens are unknown (`kv-unknown`), an
+  embedding (the caller's).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class EngineResidency:
     residents: tuple[Resident, ...] = ()
     waiting: tuple[Waiter, ...] = ()  # first come first
     shared_prefix_tokens: int = 0  # learned; the policy's value wins when set
+    # (client, n): the engine's n-th admission was this client's latest (the queue's share)
+    served: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +151,7 @@ def admission(
     need = held_tokens([*(r.prefix_tokens for r in live), turn.prefix_tokens], shared)
     reserve = capacity.max_num_seqs * spec.turn_tokens
     budget = spec.fit_fraction * kv
-    ahead = _ahead(engine.waiting, turn, now)
+    ahead = _ahead(engine, turn, now)
     arithmetic = (
         f"{len(live)} resident sessions hold {held:,} tokens; with this one's {turn.prefix_tokens:,}"
         f" (shared {shared:,} counted once) {need:,} + {capacity.max_num_seqs} x "
@@ -171,22 +175,24 @@ def _waited(w: Waiter, now: float) -> float:
     return now - w.since if w.waited_s is None else w.waited_s
 
 
-def _ahead(waiting: tuple[Waiter, ...], turn: Turn, now: float) -> int:
+def _ahead(engine: EngineResidency, turn: Turn, now: float) -> int:
     """Sessions waiting now that go before `turn`'s place (at its client's end when it has
-    none): each client's first, oldest first, then each one's second, and so on."""
-    mine = next((w for w in waiting if w.key == turn.key), None)
-    rows = [w for w in waiting if w.present and w.key != turn.key]
+    none), round by round: each client's oldest waiting session, the client served least
+    recently on this engine first, then each one's next, and so on."""
+    served = dict(engine.served)
+    mine = next((w for w in engine.waiting if w.key == turn.key), None)
+    rows = [w for w in engine.waiting if w.present and w.key != turn.key]
     rows.append(Waiter(turn.key, now if mine is None else mine.since, True, turn.client))
     rows.sort(key=lambda w: w.since)
     rounds: dict[str, int] = {}
     order = []
     for i, w in enumerate(rows):
-        client = w.client or "\0" + w.key
+        client = w.client or "\0" + w.key  # unknown (another replica's): a client of its own
         rank = rounds.get(client, 0)
         rounds[client] = rank + 1
-        order.append((rank, i, w.key))
+        order.append((rank, served.get(client, -1), i, w.key))
     order.sort()
-    return next(n for n, (_, _, key) in enumerate(order) if key == turn.key)
+    return next(n for n, row in enumerate(order) if row[3] == turn.key)
 
 
 def expected_wait_s(verdict: Verdict, spec: SessionAdmissionSpec) -> float:

@@ -1,6 +1,7 @@
 """Session-aware admission's state, per engine (backend): which sessions are resident (their
-prefixes kept in the engine's KV cache), the tokens they hold, and the sessions waiting, first
-come first served, each keeping its place across its client's retries for `place_kept_s`.
+prefixes kept in the engine's KV cache), the tokens they hold, the sessions waiting (in the
+order they came, with their clients and how long each waited while present), each keeping its
+place across its client's retries for `place_kept_s`, and which client each engine served last.
 
 The rule that reads it is pure (policies/admission.py); the waiting is proxy/relay/hold.py's.
 Owned by the event loop; `snapshot` freezes one engine's state for the rule. A change wakes the
@@ -50,6 +51,8 @@ class EngineState:
     waiting: OrderedDict[str, _Place] = field(default_factory=OrderedDict)
     shared_tokens: int = 0  # the cached tokens of a session's first turn here
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    served: dict[str, int] = field(default_factory=dict)  # client -> its latest admission's n
+    admissions: int = 0
     held: int = 0  # turns held so far (the dashboard; the metrics count them by outcome)
     timeouts: int = 0  # of them, ended without admission
     longest_s: float = 0.0  # the longest wait so far
@@ -104,7 +107,7 @@ class Residency:
             waiting += [w for w in remote[1] if w.key not in ours]
             waiting.sort(key=lambda w: w.since)
             shared = max(shared, remote[2])
-        return EngineResidency(tuple(residents), tuple(waiting), shared)
+        return EngineResidency(tuple(residents), tuple(waiting), shared, tuple(st.served.items()))
 
     def local(self, offset: float, limit: int) -> dict[str, dict[str, object]]:
         """This replica's own residency, times on the wall clock (monotonic + `offset`), at
@@ -175,12 +178,18 @@ class Residency:
 
     # Residency ---------------------------------------------------------------------------
 
-    def admitted(self, name: str, key: str, prefix_tokens: int, *, row: str | None = None) -> None:
-        """A turn of `key` goes to the engine: the session is resident there, a turn in flight.
-        With `row`, the request is counted under that key for as long as it runs only (a
-        request of no session, a compaction or auxiliary one: not its session's residency)."""
+    def admitted(
+        self, name: str, key: str, prefix_tokens: int, *, row: str | None = None, client: str = ""
+    ) -> None:
+        """A turn of `key` (of `client`) goes to the engine: the session is resident there, a
+        turn in flight. With `row`, the request is counted under that key for as long as it
+        runs only (a request of no session, a compaction or auxiliary one: not its session's
+        residency)."""
         st = self.engine(name)
         st.waiting.pop(key, None)
+        if client:
+            st.admissions += 1
+            st.served[client] = st.admissions
         resident = st.residents.get(row or key)
         if resident is None:
             resident = st.residents[row or key] = _Resident(prefix_tokens)

@@ -1,6 +1,7 @@
 """Session-aware admission on the request path: a session's turn goes to its engine, moves to
-another where that pays, or waits, first come first served (policies/admission.py is the rule,
-proxy/backends/residency.py the state).
+another where that pays, or waits its turn (policies/admission.py is the rule,
+proxy/backends/residency.py the state). A request of no session, or a compaction or auxiliary
+one, is judged as a turn too and counted while it runs (`_admit`).
 
 A held stream gets pings at least every `PING_S` (Claude Code and Codex cut silent streams): the
 API's own harmless form, an SSE comment for chat, completions and Responses, Anthropic's `ping`
@@ -98,8 +99,8 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
     assert name is not None
     doc = gw.policy.current.document
     spec = doc.admission.sessions
-    if not spec.enabled or name not in doc.backends:
-        return Held(name)
+    if not spec.enabled or name not in doc.backends or x.endpoint == "embeddings":
+        return Held(name)  # an embedding keeps nothing in a KV cache
     metrics, residency = gw.metrics.sessions, gw.residency
     now = time.perf_counter()
     verdict = decide_now(x, name, now)
@@ -111,7 +112,7 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
         metrics.waits.labels(name, "moved").inc()
         return Held(_admit(x, moved))
     stream = x.body.get("stream") is True
-    if stream and x.endpoint != "embeddings":
+    if stream:
         current = x.pinger
         if current is None or (current.every > PING_S and not current.started):
             if current is not None:
@@ -173,7 +174,13 @@ def _admit(x: Exchange[Any], name: str) -> str:
     if row != turn.key and turn.key in residency.engine(name).residents:
         residency.dequeue(name, turn.key)
         return name
-    residency.admitted(name, turn.key, turn.prefix_tokens, row=None if row == turn.key else row)
+    residency.admitted(
+        name,
+        turn.key,
+        turn.prefix_tokens,
+        row=None if row == x.record.session else row,  # a row of its own ends with it
+        client=turn.client,
+    )
     x.resident = name
     return name
 

@@ -86,6 +86,13 @@ def test_a_request_counted_on_a_row_of_its_own_ends_with_it() -> None:
     assert r.snapshot("e", 3.0, 60).residents == ()
 
 
+def test_which_client_was_served_last() -> None:
+    r = Residency()
+    for key, client in (("a", "x"), ("b", "y"), ("c", "x"), ("~1", "")):
+        r.admitted("e", key, 1, client=client)
+    assert dict(r.snapshot("e", 1.0, 60).served) == {"x": 3, "y": 2}
+
+
 def test_a_residency_ended_during_a_turn_ends_with_it() -> None:
     r = Residency()
     r.admitted("e", "a", 100)

@@ -2,8 +2,8 @@
 KV (as the policy states it) holds one session's prefix at a time, with the real openai and
 anthropic SDKs. Held streams get pings (SSE comments; Anthropic's ping events), then their
 answer, or past `stream_wait_s` the API's error event; a held non-streaming request times out
-with 503 and Retry-After; waiting sessions go first come first served, a client's retry keeping
-its place, across a policy reload; a compaction of the resident session is never held and ends
+with 503 and Retry-After; waiting sessions go first come first served, shared per client, a
+client's retry keeping its place, across a policy reload; a compaction of the resident session is never held and ends
 its residency, one of another session, or a request of none, is held as a turn;
 a waiting session moves where that pays; the admin explain says why a turn would wait.
 
@@ -26,7 +26,13 @@ import httpx
 import openai
 import pytest
 
-from loadtests.harness.gateway import ADMIN_TOKEN, CLIENT_KEY, GatewayServer, coder_policy
+from loadtests.harness.gateway import (
+    ADMIN_TOKEN,
+    CLIENT_KEY,
+    OTHER_KEY,
+    GatewayServer,
+    coder_policy,
+)
 from loadtests.harness.sim import SimServer
 
 SERVED = "qwen3.8-27b"
@@ -179,10 +185,10 @@ class _Post(threading.Thread):
         return self.status
 
 
-def _compact(gw: GatewayServer, session: str, model: str = "coder") -> None:
+def _compact(gw: GatewayServer, session: str, model: str = "coder", key: str = CLIENT_KEY) -> None:
     """A compaction of resident `session` (Messages, the anthropic SDK): never held, and it
     ends the session's residency."""
-    with _anthropic(gw) as sdk:
+    with _anthropic(gw, key) as sdk:
         msg = sdk.messages.create(
             model=model, max_tokens=8,
             messages=[{"role": "user", "content": f"[{session}] {PROMPT}"}],
@@ -197,16 +203,18 @@ def _compact(gw: GatewayServer, session: str, model: str = "coder") -> None:
 class SdkStream(threading.Thread):
     """A streamed chat turn through the openai SDK: its text, when its first content came."""
 
-    def __init__(self, gw: GatewayServer, session: str, model: str = "coder") -> None:
+    def __init__(
+        self, gw: GatewayServer, session: str, model: str = "coder", key: str = CLIENT_KEY
+    ) -> None:
         super().__init__(daemon=True)
-        self.gw, self.session, self.model = gw, session, model
+        self.gw, self.session, self.model, self.key = gw, session, model, key
         self.text, self.first, self.error = "", 0.0, None
 
     def run(self) -> None:
         headers = {"x-claude-code-session-id": self.session}
         try:
             with (
-                self.gw.openai(max_retries=0) as sdk,
+                self.gw.openai(self.key, max_retries=0) as sdk,
                 sdk.chat.completions.create(
                     **_chat(self.session, True, model=self.model), extra_headers=headers
                 ) as events,
@@ -224,10 +232,10 @@ class SdkStream(threading.Thread):
         return self
 
 
-def _anthropic(gw: GatewayServer) -> anthropic.Anthropic:
+def _anthropic(gw: GatewayServer, key: str = CLIENT_KEY) -> anthropic.Anthropic:
     ctx = ssl.create_default_context(cafile=str(gw.certs.ca_cert))
     return anthropic.Anthropic(
-        base_url=gw.base, api_key=CLIENT_KEY, max_retries=0,
+        base_url=gw.base, api_key=key, max_retries=0,
         http_client=anthropic.DefaultHttpxClient(verify=ctx),
     )  # fmt: skip
 
@@ -305,15 +313,23 @@ def test_held_streams_pinged_then_answered_in_order_across_retry_and_reload(
     c2 = AnthropicStream(gw, "c")
     c2.start()
     _until(lambda: _waiting(gw) >= 2)
+    # Another client's session, after c's and d's places: the queue is shared per client, so
+    # it goes first (this client's b went last); first come first served, it went last.
+    o = SdkStream(gw, "o", key=OTHER_KEY)
+    o.start()
+    _until(lambda: _waiting(gw) >= 3)
     assert d.is_alive() and c2.is_alive()
     _compact(gw, "b")
+    o.done()
+    assert o.error is None and o.text and c2.is_alive() and d.is_alive()
+    _compact(gw, "o", key=OTHER_KEY)
     c2.done()
     assert c2.text and d.is_alive()  # d still waits: c is resident now
     _compact(gw, "c")
     d.done()
-    assert d.error is None and d.text and c2.end < d.first
+    assert d.error is None and d.text and o.first < c2.end < d.first
     admitted = r'specrouter_session_waits_total\{backend="sim",outcome="admitted"\}'
-    assert _metric(gw, admitted) == 3
+    assert _metric(gw, admitted) == 4
     full = r'specrouter_session_admission_total\{backend="sim",reason="full",verdict="wait"\}'
     assert _metric(gw, full) >= 4
 
@@ -367,3 +383,6 @@ def test_held_turns_time_out_and_only_a_resident_compaction_is_never_held(
     _compact(gw, "r", "coder2")
     cls = r'specrouter_session_admission_total\{backend="sim2",reason="class",verdict="admit"\}'
     assert _metric(gw, cls) == 1
+    # The engine empty, a bare prompt goes; it was counted while it ran, not kept after.
+    assert _Post(gw, "/v1/completions", {**bare.body, "max_tokens": 1}).done() == 200
+    assert _metric(gw, r'specrouter_session_resident\{backend="sim2",what="sessions"\}') == 0
