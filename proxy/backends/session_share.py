@@ -28,9 +28,10 @@ hour on, and they shared nothing more until restarted; now only that replica is 
 The turn-state secret (proxy/relay/turnstate.py), when none is configured, lives in Redis too:
 each replica sets it if none is (`SET NX` of the one it holds, or a new one) and reads it, at
 start and every `session_pull_s` after. A Redis restarted without persistence has lost it: the
-first replica to look puts its own back, and a replica that finds another one (set meanwhile by
-a replica starting) takes it, logged and counted (`errors_total{op="secret-changed"}`); tokens
-signed with the old one are refused from then on, so the replicas agree again within a pull.
+first replica to look puts its own back (logged, counted in `errors_total{op="secret-lost"}`),
+and a replica that finds another one (set meanwhile by a replica starting) takes it (logged,
+`op="secret-changed"`); tokens signed with the old one are refused from then on, so the
+replicas agree again within a pull.
 
 Redis away: the gateway serves from its local table; the first failure is logged once, both
 loops retry with a doubling backoff (at most `MAX_BACKOFF_S`), failures are counted in
@@ -175,11 +176,17 @@ class SessionShare(RedisLoops):
         pipe = self._redis.pipeline(transaction=False)
         pipe.set(self._secret_key, held or secrets.token_hex(32), nx=True)
         pipe.get(self._secret_key)
-        _, value = await pipe.execute()
+        created, value = await pipe.execute()
         if not value:
             return None
         value = value if isinstance(value, bytes) else str(value).encode()
-        if held is not None and value != held:
+        if held is not None and created:
+            self._errors.labels("secret-lost").inc()
+            log.warning(
+                "Redis had lost the turn-state secret (restarted without persistence?): "
+                "this replica's put back"
+            )
+        elif held is not None and value != held:
             self._errors.labels("secret-changed").inc()
             log.warning(
                 "the turn-state secret in Redis is not this replica's (Redis restarted without "

@@ -334,8 +334,8 @@ class GatewayMetrics:
         self.session_share_errors = Counter(
             "specrouter_session_share_errors_total",
             "Failed exchanges with Redis for the session table (the local table keeps serving).",
-            # flush, pull, secret (the turn-state secret, proxy/relay/turnstate.py), and
-            # secret-changed (Redis held another: it lost the replicas' one)
+            # flush, pull, secret (the turn-state secret, proxy/relay/turnstate.py), and Redis
+            # having lost it: secret-lost (this replica's put back), secret-changed (another taken)
             ("op",),
             registry=r,
         )

@@ -92,13 +92,9 @@ class PublicApp:
         endpoint = ENDPOINTS.get(path)
         if endpoint is not None:
             if method != "POST":
-                await respond_error(
-                    send,
-                    405,
-                    f"{method} is not allowed on {path}",
-                    headers=[(b"allow", b"POST")],
-                    anthropic=endpoint == "messages",  # its refusals in its API's shape
-                )
+                message = f"{method} is not allowed on {path}"  # Messages' in its own shape
+                body = error_body(405, message, anthropic=endpoint == "messages")
+                await respond(send, 405, body, [(b"allow", b"POST")])
                 return
             await self.generate(scope, receive, send, endpoint)
         elif path in _GET_PATHS:
@@ -121,12 +117,9 @@ class PublicApp:
             # The SDKs' models.retrieve(id); model ids may hold a slash.
             await self.models(scope, send, path[len("/v1/models/") :])
         else:
-            await respond_error(
-                send,
-                404,
-                f"no route for {method} {path}",
-                anthropic=path.startswith("/v1/messages"),
-            )
+            message = f"no route for {method} {path}"
+            anthropic = path.startswith("/v1/messages")
+            await respond(send, 404, error_body(404, message, anthropic=anthropic))
 
     def _client(self, scope: dict[str, Any], headers: dict[bytes, bytes], policy: Any) -> Any:
         """The policy's client of the request's key (`Authorization: Bearer` or `x-api-key`),
@@ -378,10 +371,10 @@ class PublicApp:
             record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
             token = x.headers.get(TURN_STATE)
             if token is not None:  # Codex echoes it within a turn (proxy/relay/turnstate.py)
+                turn_engine = gw.turn_state.verify(token, x.client.name, sid.key, time.time())
                 route = policy.route_for_model(x.model)
-                turn_engine = gw.turn_state.verify(
-                    token, x.client.name, sid.key, time.time(), route.variants if route else ()
-                )
+                if route is None or turn_engine not in route.variants:
+                    turn_engine = None  # one the route no longer has: refused, not `valid`
                 record.turn_state = "refused" if turn_engine is None else "valid"
         keeps = record.signals.keeps_place
         view = request_view(

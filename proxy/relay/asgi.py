@@ -31,10 +31,8 @@ async def respond_error(
     param: str | None = None,
     type_: str | None = None,
     headers: list[tuple[bytes, bytes]] | None = None,
-    anthropic: bool = False,
 ) -> None:
-    body = error_body(status, message, param=param, type_=type_, anthropic=anthropic)
-    await respond(send, status, body, headers)
+    await respond(send, status, error_body(status, message, param=param, type_=type_), headers)
 
 
 async def lifespan(receive: Receive, send: Send) -> None:

@@ -2,8 +2,8 @@
 
 `traceparent` is the gateway's own span's when OpenTelemetry is on (proxy/observe/otel.py),
 else the client's when it has the standard's 55-character form; any other value goes nowhere.
-The client's `tracestate` goes with a forwarded `traceparent` only, and only within the
-standard's bounds: at most 32 list members and `TRACESTATE_MAX_BYTES` (the size every vendor
+The client's `tracestate` goes only with a valid client `traceparent` (it belongs to that
+trace, which the gateway's span continues), and only within the standard's bounds: at most 32 list members and `TRACESTATE_MAX_BYTES` (the size every vendor
 should propagate); a larger one is dropped whole, which the standard allows. A client's 60 KB
 `tracestate` once reached every engine it was routed to.
 """
@@ -23,16 +23,18 @@ _TRACEPARENT: Final = re.compile(
 
 def trace_headers(headers: dict[bytes, bytes], traceparent: str) -> dict[str, str]:
     """The trace headers for the engine: `traceparent` (the gateway's span's, else the client's
-    when valid) and the client's `tracestate` with it when within bounds; else none."""
+    when valid) and the client's `tracestate` with a valid client one, within bounds."""
+    client = headers.get(b"traceparent")
+    valid = client is not None and _TRACEPARENT.fullmatch(client) is not None
     if not traceparent:
-        client = headers.get(b"traceparent")
-        if client is None or not _TRACEPARENT.fullmatch(client):
+        if client is None or not valid:
             return {}
         traceparent = client.decode("ascii")
     out = {"traceparent": traceparent}
     state = headers.get(b"tracestate")
     if (
-        state is not None
+        valid
+        and state is not None
         and len(state) <= TRACESTATE_MAX_BYTES
         and state.count(b",") < TRACESTATE_MAX_MEMBERS
     ):

@@ -113,8 +113,12 @@ async def test_a_lost_turn_state_secret_is_put_back_or_taken_by_every_replica(
         await _until(lambda: b.turn_state.secret == a.turn_state.secret, 5.0, "b: another")
         held = a.turn_state.secret
         await r.flushall()  # Redis restarted without persistence
-        await _until_value(r, held, "the replicas' secret was never put back")
+        with caplog.at_level(logging.WARNING, "specrouter.sessions"):
+            await _until_value(r, held, "the replicas' secret was never put back")
         assert a.turn_state.secret == b.turn_state.secret == held
+        lost = [gw.metrics.session_share_errors.labels("secret-lost")._value.get() for gw in (a, b)]
+        assert sorted(lost) == [0, 1]  # the first to look put it back, the other found it
+        assert sum("had lost the turn-state secret" in m for m in caplog.messages) == 1
         await r.flushall()
         await r.set(SECRET, "a-replica-started-after-the-restart-set-this")  # before a, b look
         new = b"a-replica-started-after-the-restart-set-this"
@@ -126,7 +130,7 @@ async def test_a_lost_turn_state_secret_is_put_back_or_taken_by_every_replica(
             )
         for gw in (a, b):
             assert gw.metrics.session_share_errors.labels("secret-changed")._value.get() == 1
-        assert sum("turn-state secret" in m for m in caplog.messages) == 2
+        assert sum("is not this replica's" in m for m in caplog.messages) == 2
         token = a.turn_state.issue("agent", "s-1", "a", time.time())
         assert b.turn_state.verify(token, "agent", "s-1", time.time()) == "a"
     finally:
