@@ -9,6 +9,7 @@ given for another URL is never mixed with the demo's.
 from __future__ import annotations
 
 import json
+import math
 import os
 import ssl
 from dataclasses import dataclass
@@ -24,17 +25,38 @@ class ConnectError(Exception):
     """Something the user must fix before an agent can use the gateway (the message says what)."""
 
 
+# Kept below the window by Codex's compaction limit: the next turn's tool results and answer.
+COMPACT_MARGIN = 0.1
+# An agent's own timeout fires this long after the gateway's first-token limit: the agent then
+# reads the gateway's error, not a timeout of its own.
+TIMEOUT_MARGIN_S = 30.0
+
+
 @dataclass(frozen=True)
 class Gateway:
     url: str  # the OpenAI base URL, ending in /v1
     ca: Path | None  # None: the gateway's certificate is publicly trusted
     key: str
     model: str
+    # From the gateway's /v1/models (proxy/relay/models_list.py); None with --no-check or an
+    # older gateway: the agents' own defaults then stand.
+    window: int | None = None
+    first_token_limit_s: float | None = None
 
     @property
     def root(self) -> str:
         """The Anthropic base URL: the same host, without /v1."""
         return self.url.removesuffix("/v1")
+
+    @property
+    def compact_limit(self) -> int | None:
+        return None if self.window is None else int(self.window * (1 - COMPACT_MARGIN))
+
+    def timeout_ms(self, default_ms: int) -> int | None:
+        """An agent's timeout above the first-token limit, never below its own default."""
+        if self.first_token_limit_s is None:
+            return None
+        return max(default_ms, math.ceil((self.first_token_limit_s + TIMEOUT_MARGIN_S) * 1000))
 
 
 def record_demo_endpoint(state: Path, url: str, model: str) -> None:
@@ -101,14 +123,24 @@ def check(url: str, ca: Path | None, key: str, model: str | None) -> Gateway:
         raise ConnectError(f"{url}: the gateway refused this client key (401)")
     if answer.status_code != 200:
         raise ConnectError(f"{url}/models answered {answer.status_code}: {answer.text[:200]}")
-    served = [str(m["id"]) for m in answer.json().get("data", [])]
+    listed = answer.json()
+    windows = {str(m["id"]): m.get("max_model_len") for m in listed.get("data", [])}
+    served = list(windows)
     if model is None:
         if not served:
             raise ConnectError(f"{url} serves no model")
         model = served[0]
     elif model not in served:
         raise ConnectError(f"{url} does not serve {model!r} (it serves {', '.join(served)})")
-    return Gateway(url, ca, key, model)
+    window, limit = windows[model], listed.get("first_token_limit_s")
+    return Gateway(
+        url,
+        ca,
+        key,
+        model,
+        window if isinstance(window, int) and window > 0 else None,
+        float(limit) if isinstance(limit, int | float) and limit > 0 else None,
+    )
 
 
 def _env_path(name: str) -> Path | None:
