@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from policies.agent_signals import signals_of
-from policies.engine import decide
+from policies.engine import RETRY_AFTER_UNAVAILABLE_S, decide
 from policies.inputs import for_body, request_view
 from policies.sessions import session_of
 from policies.types import Endpoint
@@ -374,7 +374,8 @@ class PublicApp:
                 rej.status, rej.message, param=rej.param, type_=rej.type, headers=[*rid, *retry]
             )
         else:
-            await x.error(503, "no backend available", headers=rid)
+            wait = str(int(RETRY_AFTER_UNAVAILABLE_S)).encode()
+            await x.error(503, "no backend available", headers=[*rid, (b"retry-after", wait)])
         record.m.t_end = time.perf_counter()
         gw.metrics.observe_request(
             record.route or "none", "none", record.client, record.outcome, record.m

@@ -109,7 +109,7 @@ def _tls(
 
 
 def _codex(gw: Gateway, places: Places, name: str) -> Plan:
-    provider = {
+    provider: dict[str, str | int | bool] = {
         "name": name,
         "base_url": gw.url,
         "env_key": "SPECROUTER_KEY",
