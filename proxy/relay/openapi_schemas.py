@@ -131,10 +131,12 @@ MODEL_LIST: Schema = {
                     "object": {"type": "string", "enum": ["model"]},
                     "created": {"type": "integer"},
                     "owned_by": {"type": "string"},
-                    "max_model_len": {
-                        "type": ["integer", "null"],
-                        "description": "The context window in tokens (null: not known yet).",
-                    },
+                    "max_model_len": _nullable(
+                        {
+                            "type": "integer",
+                            "description": "The context window in tokens (null: not known yet).",
+                        }
+                    ),
                 },
                 "additionalProperties": True,
             },
