@@ -36,6 +36,12 @@ MAX_HEADER_BYTES = 64 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 4096
 KEEP_ALIVE_S = 75.0
+# A WebSocket upgrade (Codex's built-in provider tries one first) gets 426, on which Codex falls
+# back to HTTP at once; any other status costs it a reconnect delay (docs/clients.md).
+WEBSOCKET_REFUSAL = (
+    "WebSocket is not served: responses stream over HTTP (server-sent events); "
+    "`specrouter connect codex` writes a Codex provider that uses them"
+)
 # Headers that name who is asking or which answer: two copies would be read differently by
 # different readers (first-wins here, last-wins there), so two are refused.
 _SINGLE_HEADERS = frozenset(
@@ -88,7 +94,7 @@ class _Refused(Exception):
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a deadline for the request head, a size limit, a
     connection cap, and no ambiguous requests: trailers never become headers, and a duplicate
-    identity header, an `Upgrade`, a transfer coding other than `chunked` or an encoded slash
+    identity header, an `Upgrade` (426 for a WebSocket), a transfer coding other than `chunked` or an encoded slash
     in the path is refused before the app sees the request."""
 
     header_timeout_s = HEADER_TIMEOUT_S
@@ -251,6 +257,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 seen.add(name)
             if name == b"transfer-encoding" and value.strip().lower() != b"chunked":
                 return 400, "Bad Request", "the only transfer coding accepted is `chunked`"
+            if name == b"upgrade" and value.strip().lower() == b"websocket":
+                return 426, "Upgrade Required", WEBSOCKET_REFUSAL
             if name == b"upgrade":
                 return 400, "Bad Request", "protocol upgrades are not supported"
         path = self.url.split(b"?", 1)[0].lower()

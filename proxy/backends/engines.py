@@ -25,6 +25,7 @@ class EngineState:
     in_flight: int = 0
     running: int | None = None
     waiting: int | None = None
+    max_model_len: int | None = None  # its /v1/models' window, read once while up (health.py)
 
     @property
     def load(self) -> int:

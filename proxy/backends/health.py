@@ -19,6 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies.capabilities import EngineKind, LlamaCppFamily
@@ -337,11 +338,15 @@ class HealthMonitor:
             state.up = False
             return False, None
         state.up = status == 200
+        if not state.up:
+            state.max_model_len = None  # a restarted engine may serve another window
         if not state.up or kind is None:
             return state.up, None
         # The backend's own key: a keyed engine (llama.cpp's --api-key, vLLM behind a proxy)
         # answers /metrics 401 without it.
         headers = {"authorization": f"Bearer {key}"} if key else None
+        if state.max_model_len is None:
+            state.max_model_len = await _window(gw, url, name, timeout, headers)
         try:
             status, body = await gw.upstream.get(
                 url + "/metrics", timeout, headers, gw.settings.max_metrics_bytes
@@ -359,6 +364,23 @@ class HealthMonitor:
         state.running = None if running is None else int(running)
         state.waiting = None if waiting is None else int(waiting)
         return True, reading
+
+
+async def _window(
+    gw: Gateway, url: str, name: str, timeout: float, headers: dict[str, str] | None
+) -> int | None:
+    """The engine's context window for the backend's served name (vLLM's `max_model_len` on
+    its /v1/models), or None; for the gateway's own /v1/models (proxy/relay/models_list.py)."""
+    served = gw.policy.current.backend(name).served_model_name
+    try:
+        status, body = await gw.upstream.get(url + "/v1/models", timeout, headers)
+        models = orjson.loads(body).get("data") if status == 200 else None
+    except Exception:  # an engine without the list, or a broken one: unknown
+        return None
+    for model in models if isinstance(models, list) else ():
+        if isinstance(model, dict) and model.get("id") == served:
+            return token_count(model.get("max_model_len"))
+    return None
 
 
 def _summed(scrapes: list[Scrape]) -> Scrape:

@@ -1,6 +1,7 @@
 """The public request path, module by module in the order a streaming request goes through it:
 
 - app.py: routing, authentication, client limits, the body read, the policy decision.
+- models_list.py: GET /v1/models, each name's context window and the first-token limit.
 - exchange.py: `Exchange`, the one object that carries the request along the path.
 - forward.py: attempts, admission, the engine lease, retries before the first byte, the
   response start.

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from policies.agent_signals import signals_of
-from policies.engine import decide
+from policies.engine import RETRY_AFTER_UNAVAILABLE_S, decide
 from policies.inputs import for_body, request_view
 from policies.sessions import session_of
 from policies.types import Endpoint
@@ -31,6 +31,7 @@ from proxy.relay.errors import error_body
 from proxy.relay.exchange import Exchange
 from proxy.relay.fields import Encoded, Limits, check_fields, too_many_containers
 from proxy.relay.forward import ENDPOINTS, forward
+from proxy.relay.models_list import model_list
 from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import PULL
 from proxy.relay.push import PUSH
@@ -162,24 +163,12 @@ class PublicApp:
         if self._client(scope, dict(scope["headers"]), self.gw.policy.current) is None:
             await _unauthorized(send)
             return
-        created = int(time.time())
-        data: list[dict[str, Any]] = [
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "specrouter",
-                "root": name,
-                "parent": None,
-                "max_model_len": None,
-                "permission": [],
-            }
-            for name in self.gw.policy.current.model_names()
-        ]
+        gw = self.gw
+        listed = model_list(gw.policy.current, gw.engine_table, gw.settings, int(time.time()))
         if model_id is None:
-            await respond(send, 200, orjson.dumps({"object": "list", "data": data}))
+            await respond(send, 200, orjson.dumps(listed))
             return
-        match = next((m for m in data if m["id"] == model_id), None)
+        match = next((m for m in listed["data"] if m["id"] == model_id), None)
         if match is None:
             await respond_error(
                 send,
@@ -427,7 +416,8 @@ class PublicApp:
                 rej.status, rej.message, param=rej.param, type_=rej.type, headers=[*rid, *retry]
             )
         else:
-            await x.error(503, "no backend available", headers=rid)
+            wait = str(int(RETRY_AFTER_UNAVAILABLE_S)).encode()
+            await x.error(503, "no backend available", headers=[*rid, (b"retry-after", wait)])
         record.m.t_end = time.perf_counter()
         gw.metrics.observe_request(
             record.route or "none", "none", record.client, record.outcome, record.m

@@ -12,14 +12,25 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _JSON = [(b"content-type", b"application/json")]
+# The OpenAI and Anthropic SDKs' own header for "retry this" (they obey it before their status
+# rules): sent with every answer that says when to retry (docs/clients.md).
+SHOULD_RETRY = (b"x-should-retry", b"true")
+
+
+def with_should_retry(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers`, with `x-should-retry: true` when they carry a `retry-after`."""
+    if any(k == b"retry-after" for k, _ in headers) and all(
+        k != SHOULD_RETRY[0] for k, _ in headers
+    ):
+        return [*headers, SHOULD_RETRY]
+    return headers
 
 
 async def respond(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    await send(
-        {"type": "http.response.start", "status": status, "headers": [*_JSON, *(headers or [])]}
-    )
+    out = with_should_retry([*_JSON, *(headers or [])])
+    await send({"type": "http.response.start", "status": status, "headers": out})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -14,6 +14,7 @@ from policies.capabilities import capabilities
 from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
 from proxy.relay.adapt import adapt
+from proxy.relay.asgi import with_should_retry
 from proxy.relay.continuation import ContinuableFilter
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_with_error
 from proxy.relay.events import reader_for
@@ -244,6 +245,8 @@ async def _relay(x: Exchange[R]) -> None:
     ]
     if resp.status in (429, 503) and "retry-after" not in resp.headers:
         out_headers.append((b"retry-after", b"5"))
+    if resp.status >= 400:
+        out_headers = with_should_retry(out_headers)
     # A compressed stream (the backend ignored `accept-encoding: identity`) cannot be read
     # frame by frame: it goes through as a plain body, with its content-encoding.
     is_sse = not encoded and resp.headers.get("content-type", "").startswith("text/event-stream")

@@ -131,9 +131,20 @@ MODEL_LIST: Schema = {
                     "object": {"type": "string", "enum": ["model"]},
                     "created": {"type": "integer"},
                     "owned_by": {"type": "string"},
+                    "max_model_len": _nullable(
+                        {
+                            "type": "integer",
+                            "description": "The context window in tokens (null: not known yet).",
+                        }
+                    ),
                 },
                 "additionalProperties": True,
             },
+        },
+        "first_token_limit_s": {
+            "type": "number",
+            "description": "The longest a stream waits for its first output before the "
+            "gateway answers with an error: admission, then the first-byte timeout.",
         },
     },
 }

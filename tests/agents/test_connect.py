@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from proxy.certs import CertFiles
@@ -127,7 +130,13 @@ def test_codex(demo: Demo, agents: Path, tmp_path: Path) -> None:
     doc = tomllib.loads(config.read_text())
     assert config.read_text().startswith("# mine\n")
     assert doc["model"] == "gpt-5" and doc["tui"] == {"animations": False}
-    assert doc["model_providers"]["specrouter"]["base_url"] == demo.base
+    provider = doc["model_providers"]["specrouter"]
+    assert provider["base_url"] == demo.base and provider["supports_websockets"] is False
+    listed = _models(demo)
+    window = next(m["max_model_len"] for m in listed["data"] if m["id"] == "qwen3.8-27b")
+    profile = tomllib.loads((home / ".codex" / "specrouter.config.toml").read_text())
+    assert profile["model_context_window"] == window > profile["model_auto_compact_token_limit"]
+    assert provider["stream_idle_timeout_ms"] > listed["first_token_limit_s"] * 1000
     since = time.time()
     done = sourced(
         home,
@@ -138,6 +147,39 @@ def test_codex(demo: Demo, agents: Path, tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     served(demo, since, done.stdout + done.stderr)
+
+
+def test_codex_builtin_provider_falls_back_to_http_on_the_426(
+    demo: Demo, agents: Path, tmp_path: Path
+) -> None:
+    """Codex's `openai` provider tries a WebSocket first; the gateway's 426 sends it to HTTP at
+    once (any other answer costs it reconnect attempts)."""
+    bin_dir = npm_bin(agents, "codex")
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / ".codex").mkdir(parents=True)
+    work.mkdir()
+    write(demo, home, "codex")  # for its CA bundle and key only: no -p below
+    since = time.time()
+    done = sourced(
+        home,
+        "codex",
+        'CODEX_API_KEY="$SPECROUTER_KEY" codex exec --skip-git-repo-check -m qwen3.8-27b'
+        " -c openai_base_url=\\\"$SPECROUTER_URL\\\" 'Say hi'",
+        work,
+        bin_dir,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "provider: openai" in out and "Responses WebSocket" in out, out  # it tried one
+    assert "Reconnecting" not in out, out
+    served(demo, since, out)
+
+
+def _models(demo: Demo) -> dict[str, Any]:
+    key = (demo.state / "client.key").read_text().strip()
+    ca = ssl.create_default_context(cafile=str(demo.state / "tls" / "ca.pem"))
+    got = httpx.get(f"{demo.base}/models", headers={"authorization": f"Bearer {key}"}, verify=ca)
+    return dict(got.json())
 
 
 def test_claude_code(demo: Demo, agents: Path, tmp_path: Path) -> None:
@@ -157,6 +199,12 @@ def test_claude_code(demo: Demo, agents: Path, tmp_path: Path) -> None:
     settings = json.loads(ours.read_text())
     assert settings["env"]["ANTHROPIC_BASE_URL"] == demo.base.removesuffix("/v1")
     assert settings["env"]["CLAUDE_CODE_GATEWAY_HINT_HEADERS"] == "1"
+    listed = _models(demo)
+    window = next(m["max_model_len"] for m in listed["data"] if m["id"] == "qwen3.8-27b")
+    assert settings["env"]["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == str(window)
+    limit_ms = listed["first_token_limit_s"] * 1000
+    assert int(settings["env"]["CLAUDE_STREAM_IDLE_TIMEOUT_MS"]) > limit_ms
+    assert int(settings["env"]["API_TIMEOUT_MS"]) > limit_ms
     since = time.time()
     done = sourced(
         home, "claude-code", f"claude -p --settings {ours} 'List the files here'", work, bin_dir

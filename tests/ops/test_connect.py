@@ -103,6 +103,7 @@ def test_codex_write_merges_backs_up_and_reruns_unchanged(tmp_path: Path, demo_s
         "base_url": "https://127.0.0.1:18443/v1",  # the demo's, from its state directory
         "env_key": "SPECROUTER_KEY",
         "wire_api": "responses",
+        "supports_websockets": False,
     }
     assert doc["model"] == "gpt-5" and "other" in doc["model_providers"]
     # Codex refuses `exec` outside a git repository without this flag: the command says it.
@@ -167,3 +168,27 @@ def test_no_key_is_an_error_that_says_where_keys_come_from(tmp_path: Path) -> No
     )
     assert done.returncode == 1
     assert "--key" in done.stderr and "SPECROUTER_KEY" in done.stderr
+
+
+def test_the_window_and_the_timeouts_written_come_from_the_gateways_figures(tmp_path: Path) -> None:
+    from proxy.ops.connect.agents import Places, plan
+    from proxy.ops.connect.gateway import Gateway
+
+    gw = Gateway("https://gw:8443/v1", None, "sk", "coder", 131072, 330.0)
+    places = Places(tmp_path / "config", tmp_path / "codex")
+    codex = plan("codex", gw, places)
+    provider = tomllib.loads(codex.files[0].text)["model_providers"]["specrouter"]
+    assert provider["supports_websockets"] is False
+    assert provider["stream_idle_timeout_ms"] == 360_000  # 330 s + 30 s
+    profile = tomllib.loads(codex.files[1].text)
+    assert profile["model_context_window"] == 131072
+    assert profile["model_auto_compact_token_limit"] == 117964  # 10 % below
+    env = json.loads(plan("claude-code", gw, places).files[0].text)["env"]
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "131072"
+    assert env["API_TIMEOUT_MS"] == "600000"  # its default is above 360 s: kept
+    assert env["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == "360000"
+    assert env["API_FORCE_IDLE_TIMEOUT"] == "false"
+    # Unknown figures (--no-check): the agents' own defaults stand, nothing is written for them.
+    bare = plan("codex", Gateway("https://gw:8443/v1", None, "sk", "coder"), places)
+    assert "stream_idle_timeout_ms" not in bare.files[0].text
+    assert "model_context_window" not in bare.files[1].text

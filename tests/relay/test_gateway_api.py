@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -74,6 +75,23 @@ def test_embeddings_and_models(stack) -> None:
     assert len(out.data) == 2 and len(out.data[0].embedding) > 8
     names = {m.id for m in client.models.list()}
     assert names == {"coder", SERVED, "embed-small"}
+
+
+def test_models_carry_each_names_window_as_its_engine_reports_it(stack) -> None:
+    gw, coder, emb = stack
+    engine = httpx.get(f"{coder.url}/v1/models").json()["data"][0]["max_model_len"]
+    embed = httpx.get(f"{emb.url}/v1/models").json()["data"][0]["max_model_len"]
+    with gw.client() as c:
+        for _ in range(100):  # the health checker reads the engines' lists (every 2 s)
+            listed = c.get("/v1/models").json()
+            windows = {m["id"]: m["max_model_len"] for m in listed["data"]}
+            if None not in windows.values():
+                break
+            time.sleep(0.1)
+        one = c.get(f"/v1/models/{SERVED}").json()
+    assert windows == {"coder": engine, SERVED: engine, "embed-small": embed}
+    assert listed["first_token_limit_s"] == 30 + 300  # the queue's wait, the first byte's
+    assert one["max_model_len"] == engine
 
 
 def test_embeddings_only_reach_embedding_backends(stack) -> None:

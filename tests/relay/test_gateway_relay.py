@@ -137,7 +137,7 @@ def test_no_backend_left_gives_503_with_retry_after(certs) -> None:
         with gw.client() as c:
             r = c.post("/v1/chat/completions", json={"model": "coder", "messages": MESSAGES})
         assert r.status_code == 503
-        assert r.headers["retry-after"]
+        assert r.headers["retry-after"] and r.headers["x-should-retry"] == "true"
         assert r.json()["error"]["code"] == 503
 
 

@@ -81,6 +81,7 @@ def test_two_replicas_share_limits_and_policy(certs, redis_url, tmp_path) -> Non
                 codes[r.status_code] += 1
                 if r.status_code == 429:
                     assert int(r.headers["retry-after"]) >= 1
+                    assert r.headers["x-should-retry"] == "true"
             assert codes == {200: 20, 429: 10}
 
             # A policy change through one replica reaches the other (the shared file).

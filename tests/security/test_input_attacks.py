@@ -241,6 +241,22 @@ ATTACKS: dict[str, tuple[Callable[[Address], bytes], int, str | None]] = {
         400,
         "upgrades are not supported",
     ),
+    # Codex's built-in provider falls back to HTTP at once on a 426 (docs/clients.md).
+    "websocket-upgrade": (
+        _head(
+            [
+                "GET /v1/responses HTTP/1.1",
+                "host: {host}",
+                f"authorization: Bearer {CLIENT_KEY}",
+                "connection: Upgrade",
+                "upgrade: websocket",
+                "sec-websocket-version: 13",
+                "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==",
+            ]
+        ),
+        426,
+        "`specrouter connect codex` writes a Codex provider",
+    ),
     "encoded-slash": (_post(CHAT_BODY, path="/v1/chat%2Fcompletions"), 404, "encoded slash"),
     "encoded-slash-lower": (_post(CHAT_BODY, path="/v1%2fchat/completions"), 404, "encoded slash"),
     # issue 31 (Low: input and HTTP)
@@ -291,6 +307,14 @@ def test_attack(stack: Stack, name: str) -> None:
     if piece is not None:
         assert piece in reply.body.decode("utf-8", "replace")
     _nothing_else_changed(stack, version)
+
+
+def test_a_websocket_upgrade_is_answered_426_and_closed(stack: Stack) -> None:
+    build, _, _ = ATTACKS["websocket-upgrade"]
+    reply = _raw(stack, build(stack.target))
+    assert reply.status == 426 and reply.headers["connection"] == "close"
+    error = orjson.loads(bytes(reply.body))["error"]
+    assert "HTTP (server-sent events)" in error["message"] and error["code"] == 426
 
 
 def test_clamp_holds_under_every_name(stack: Stack) -> None:

@@ -39,6 +39,15 @@ from proxy.ops.connect.quoting import (
 )
 
 AGENTS = ("codex", "claude-code", "aider", "openai", "anthropic")
+# The agents' own defaults (docs/connect.md): a timeout written is never below its default.
+CODEX_IDLE_MS = 300_000  # stream_idle_timeout_ms
+CLAUDE_REQUEST_MS = 600_000  # API_TIMEOUT_MS
+CLAUDE_IDLE_MS = 300_000  # CLAUDE_STREAM_IDLE_TIMEOUT_MS (2.1.197 floors it there too)
+
+
+def _some(**values: int | None) -> dict[str, int]:
+    """The settings whose value is known."""
+    return {k: v for k, v in values.items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -104,11 +113,13 @@ def _tls(
 
 
 def _codex(gw: Gateway, places: Places, name: str) -> Plan:
-    provider = {
+    provider: dict[str, str | int | bool] = {
         "name": name,
         "base_url": gw.url,
         "env_key": "SPECROUTER_KEY",
         "wire_api": "responses",
+        "supports_websockets": False,  # the gateway answers a WebSocket 426
+        **_some(stream_idle_timeout_ms=gw.timeout_ms(CODEX_IDLE_MS)),
     }
     config = places.codex_home / "config.toml"
     merge = functools.partial(
@@ -119,7 +130,15 @@ def _codex(gw: Gateway, places: Places, name: str) -> Plan:
         unset_equal=(("profile", name),),
     )
     fragment = toml_text({"model_providers": {name: provider}})
-    profile = toml_text({"model": gw.model, "model_provider": name})
+    profile = toml_text(
+        {
+            "model": gw.model,
+            "model_provider": name,
+            **_some(
+                model_context_window=gw.window, model_auto_compact_token_limit=gw.compact_limit
+            ),
+        }
+    )
     run = shell_words(["codex", "-p", name])
     env, bundle = _tls(gw, places, python=True, node=False)
     files = [
@@ -151,6 +170,17 @@ def _claude_code(gw: Gateway, places: Places, name: str) -> Plan:
         "ANTHROPIC_DEFAULT_OPUS_MODEL": gw.model,
         # request class, agent type, compaction... as x-claude-code-* headers (2.1.273+)
         "CLAUDE_CODE_GATEWAY_HINT_HEADERS": "1",
+        # the window of a model not named claude-*; the timeouts above the gateway's limit
+        **{
+            k: str(v)
+            for k, v in _some(
+                CLAUDE_CODE_MAX_CONTEXT_TOKENS=gw.window,
+                API_TIMEOUT_MS=gw.timeout_ms(CLAUDE_REQUEST_MS),
+                CLAUDE_STREAM_IDLE_TIMEOUT_MS=gw.timeout_ms(CLAUDE_IDLE_MS),
+            ).items()
+        },
+        # its HTTP client's own ~300 s limit on a host that is not Anthropic's, lifted
+        "API_FORCE_IDLE_TIMEOUT": "false",
     }
     settings = {"env": env, "apiKeyHelper": 'printf %s "$SPECROUTER_KEY"'}
     run = shell_words(["claude", "--settings", str(settings_path)])

@@ -131,7 +131,7 @@ def backup(path: Path) -> Path:
 def merge_toml(
     current: str,
     path: tuple[str, str],
-    table: dict[str, str],
+    table: dict[str, str | int | bool],
     *,
     unset: tuple[tuple[str, str], ...] = (),
     unset_equal: tuple[tuple[str, str], ...] = (),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import ssl
@@ -39,12 +40,23 @@ class ConnectError(Exception):
     """Something the user must fix before an agent can use the gateway (the message says what)."""
 
 
+# Kept below the window by Codex's compaction limit: the next turn's tool results and answer.
+COMPACT_MARGIN = 0.1
+# An agent's own timeout fires this long after the gateway's first-token limit: the agent then
+# reads the gateway's error, not a timeout of its own.
+TIMEOUT_MARGIN_S = 30.0
+
+
 @dataclass(frozen=True)
 class Gateway:
     url: str  # the OpenAI base URL, ending in /v1
     ca: Path | None  # None: the gateway's certificate is publicly trusted
     key: str
     model: str
+    # From the gateway's /v1/models (proxy/relay/models_list.py); None with --no-check or an
+    # older gateway: the agents' own defaults then stand.
+    window: int | None = None
+    first_token_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         plain("the URL", self.url)
@@ -57,6 +69,16 @@ class Gateway:
     def root(self) -> str:
         """The Anthropic base URL: the same host, without /v1."""
         return self.url.removesuffix("/v1")
+
+    @property
+    def compact_limit(self) -> int | None:
+        return None if self.window is None else int(self.window * (1 - COMPACT_MARGIN))
+
+    def timeout_ms(self, default_ms: int) -> int | None:
+        """An agent's timeout above the first-token limit, never below its own default."""
+        if self.first_token_limit_s is None:
+            return None
+        return max(default_ms, math.ceil((self.first_token_limit_s + TIMEOUT_MARGIN_S) * 1000))
 
 
 def record_demo_endpoint(state: Path, url: str, model: str) -> None:
@@ -142,8 +164,11 @@ def check(
         text = body.decode("utf-8", "replace")
         raise ConnectError(f"{url}/models answered {status}: {shown(text)}")
     try:
-        data = json.loads(body).get("data", [])
+        listed = json.loads(body)
+        data = listed.get("data", [])
         served = [m["id"] for m in data]
+        windows = {m["id"]: m.get("max_model_len") for m in data}
+        limit = listed.get("first_token_limit_s")
     except (ValueError, AttributeError, TypeError, KeyError) as exc:
         raise ConnectError(f"{url}/models: not a model list ({shown(str(exc))})") from exc
     if not all(isinstance(m, str) for m in served):
@@ -159,7 +184,15 @@ def check(
         plain("the gateway's model id", model)
     except UnsafeValue as exc:
         raise ConnectError(str(exc)) from exc
-    return Gateway(url, ca, key, model)
+    window = windows[model]
+    return Gateway(
+        url,
+        ca,
+        key,
+        model,
+        window if type(window) is int and 0 < window < 2**31 else None,
+        float(limit) if type(limit) in (int, float) and 0 < limit < 86_400 else None,
+    )
 
 
 def _get_models(url: str, ca: Path | None, key: str, timeout_s: float) -> tuple[int, bytes]:

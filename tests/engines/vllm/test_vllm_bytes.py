@@ -104,6 +104,21 @@ def test_apis(vgw: GatewayServer, vllm: Engines, path: str, body: dict[str, Any]
     same(direct, relayed)
 
 
+def test_a_responses_stream_opens_with_two_events_before_any_output(
+    vgw: GatewayServer, vllm: Engines
+) -> None:
+    """vLLM sends `response.created` and `response.in_progress` before its first output (then
+    nothing until the prefill ends): the gateway's idle timeout waits for that first output
+    (proxy/relay/keepalive.py's SilenceLimit), so this order is the premise it relies on."""
+    body = {"model": SERVED, "input": "def f(x):", "max_output_tokens": 8, "stream": True}
+    with vgw.client() as c:
+        relayed = c.post("/v1/responses", json={**body, **GREEDY})
+    kinds = re.findall(rb"^event: (\S+)", relayed.content, re.M)
+    assert kinds[:2] == [b"response.created", b"response.in_progress"], kinds
+    first_output = next(i for i, k in enumerate(kinds) if k.endswith(b".delta"))
+    assert first_output > 2 and b"error" not in kinds, kinds
+
+
 @pytest.mark.parametrize("encoding", ["float", "base64"])
 def test_embeddings(vgw: GatewayServer, vllm: Engines, encoding: str) -> None:
     body = {
