@@ -149,13 +149,14 @@ def parse_args(argv: list[str]) -> Settings:
         "--first-byte-timeout",
         dest="first_byte_timeout_s",
         type=float,
-        help=f"seconds an engine may take to its first byte ({_default('first_byte_timeout_s')})",
+        help="seconds an engine may take to its first output (its head, then a token: the prefill)"
+        f" ({_default('first_byte_timeout_s')})",
     )
     p.add_argument(
         "--idle-timeout",
         dest="idle_timeout_s",
         type=float,
-        help=f"seconds between two chunks of a stream ({_default('idle_timeout_s')})",
+        help=f"seconds between two chunks after the first output ({_default('idle_timeout_s')})",
     )
     p.add_argument(
         "--header-timeout",

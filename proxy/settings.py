@@ -90,8 +90,8 @@ class Settings(BaseSettings):
     body_timeout_s: float = 30.0  # a slow-body client is cut after this (408)
     connect_timeout_s: float = 5.0
     # Prefill of a 100K-token prompt at ~2,000 tokens/s is legitimate: be generous.
-    first_byte_timeout_s: float = 300.0
-    idle_timeout_s: float = 60.0  # between two chunks of a stream
+    first_byte_timeout_s: float = 300.0  # to the engine's first output (the prefill)
+    idle_timeout_s: float = 60.0  # between two chunks, after the first output
     # A stream whose client reads nothing (its socket full, the relay paused) for this long is
     # ended: the client's connection is closed and the engine's work aborted, so a client that
     # never reads cannot hold an engine's admission slot (proxy/relay/push.py).
