@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from proxy.ops.connect import agents, files
+from proxy.ops.connect import agents, codex_catalog, files
 from proxy.ops.connect.gateway import ConnectError, Gateway, check, resolve
 
 
@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
     except ConnectError as exc:
         print(f"specrouter connect: {exc}", file=sys.stderr)
         return 1
-    plan = agents.plan(args.agent, gw, agents.default_places(), args.name)
+    instructions, why = _codex_instructions(gw) if args.agent == "codex" else (None, None)
+    plan = agents.plan(args.agent, gw, agents.default_places(), args.name, instructions)
     if args.write:
         print(f"specrouter connect {plan.agent}: {gw.url} (model {gw.model})")
         for planned in plan.files:
@@ -47,8 +48,20 @@ def main(argv: list[str]) -> int:
         print("# --write writes these (a backup of each file it changes)")
     for note in plan.notes:
         print(f"# {note}")
+    if why is not None:
+        print(
+            f"# no model catalog ({why}): Codex will warn that {gw.model}'s metadata is not found"
+        )
     print("Then:\n" + "\n".join(f"  {line}" for line in plan.run))
     return 0
+
+
+def _codex_instructions(gw: Gateway) -> tuple[str | None, str | None]:
+    """The installed Codex's instructions for the model, or why there are none."""
+    try:
+        return codex_catalog.fallback_instructions(gw.model), None
+    except codex_catalog.CatalogError as exc:
+        return None, str(exc)
 
 
 def _name(value: str) -> str:
