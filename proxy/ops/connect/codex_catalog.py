@@ -131,7 +131,7 @@ def first_request(
             self.wfile.write(refusal)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     try:
         with tempfile.TemporaryDirectory(prefix="specrouter-codex-") as home:
@@ -141,7 +141,8 @@ def first_request(
                 subprocess.run(
                     command,
                     cwd=home,
-                    env={**run_env, "CAPTURE_KEY": "capture"},
+                    # a proxy the user's environment names is not asked for the loopback
+                    env={**run_env, "CAPTURE_KEY": "capture", "NO_PROXY": "127.0.0.1"},
                     stdin=subprocess.DEVNULL,
                     capture_output=True,
                     timeout=RUN_TIMEOUT_S,
