@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from proxy.certs import CertFiles
+from proxy.ops.connect.codex_catalog import first_request
 from tests.agents.demo import ROOT, Demo
 from tests.agents.recipes import recipes
 
@@ -42,20 +43,23 @@ def bare_env(home: Path, *bins: Path) -> dict[str, str]:
     return env
 
 
-def connect(demo: Demo, home: Path, agent: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def connect(
+    demo: Demo, home: Path, agent: str, *extra: str, bins: tuple[Path, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "proxy.cli", "connect", agent, "--state-dir", str(demo.state)]
         + list(extra),
         cwd=ROOT,
-        env=bare_env(home),
+        env=bare_env(home, *bins),
         capture_output=True,
         text=True,
         timeout=60,
     )
 
 
-def write(demo: Demo, home: Path, agent: str) -> str:
-    done = connect(demo, home, agent, "--write")
+def write(demo: Demo, home: Path, agent: str, *bins: Path) -> str:
+    """`connect AGENT --write`; with the agents' `bins` on its PATH (connect runs Codex)."""
+    done = connect(demo, home, agent, "--write", bins=bins)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -124,7 +128,7 @@ def test_codex(demo: Demo, agents: Path, tmp_path: Path) -> None:
     config = home / ".codex" / "config.toml"
     mine = '# mine\nmodel = "gpt-5"\n\n[profiles.specrouter]\nmodel = "stale"\n\n[tui]\nanimations = false\n'
     config.write_text(mine)
-    out = write(demo, home, "codex")
+    out = write(demo, home, "codex", bin_dir)
     (backup,) = config.parent.glob("config.toml.bak-*")
     assert backup.read_text() == mine, out
     doc = tomllib.loads(config.read_text())
@@ -137,6 +141,8 @@ def test_codex(demo: Demo, agents: Path, tmp_path: Path) -> None:
     profile = tomllib.loads((home / ".codex" / "specrouter.config.toml").read_text())
     assert profile["model_context_window"] == window > profile["model_auto_compact_token_limit"]
     assert provider["stream_idle_timeout_ms"] > listed["first_token_limit_s"] * 1000
+    (model,) = json.loads(Path(profile["model_catalog_json"]).read_text())["models"]
+    assert model["slug"] == "qwen3.8-27b" and model["context_window"] == window
     since = time.time()
     done = sourced(
         home,
@@ -146,7 +152,45 @@ def test_codex(demo: Demo, agents: Path, tmp_path: Path) -> None:
         bin_dir,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "Model metadata" not in done.stdout + done.stderr  # what the catalog is for
     served(demo, since, done.stdout + done.stderr)
+    _same_request_without_the_catalog(home, bin_dir)
+
+
+def _same_request_without_the_catalog(home: Path, bin_dir: Path) -> None:
+    """The profile (with its catalog) and the same provider and model without it: Codex sends
+    the same instructions and tools, but for `spawn_agent`'s list of the catalog's models
+    (without it: the bundled ones, which the gateway does not serve)."""
+    env = {**bare_env(home, bin_dir), "SPECROUTER_KEY": "unused"}
+    codex = str(bin_dir / "codex")
+
+    def to(base: str, *args: str) -> list[str]:
+        return [*args, "-c", f'model_providers.specrouter.base_url="{base}"']
+
+    profiled = first_request(codex, lambda base: to(base, "-p", "specrouter"), env)
+    bare = first_request(
+        codex,
+        lambda base: to(base, "-c", "model_provider=specrouter", "-c", 'model="qwen3.8-27b"'),
+        env,
+    )
+    with_catalog, without = json.loads(profiled), json.loads(bare)
+    assert _text(with_catalog["input"]) == _text(without["input"])
+    assert _tools(with_catalog) == _tools(without)
+
+
+def _text(items: list[dict[str, Any]]) -> list[str]:
+    """The input's texts, but the environment context (cwd, date)."""
+    texts = [str(c.get("text")) for item in items for c in item.get("content", [])]
+    return [t for t in texts if not t.startswith("<environment_context>")]
+
+
+def _tools(request: dict[str, Any]) -> list[Any]:
+    """The tools, but the description of `spawn_agent` (it lists the catalog's models)."""
+    tools = json.loads(json.dumps(request["tools"]))
+    for tool in (t for group in tools for t in group.get("tools", [])):
+        if tool.get("name") == "spawn_agent":
+            tool.pop("description")
+    return list(tools)
 
 
 def test_codex_builtin_provider_falls_back_to_http_on_the_426(

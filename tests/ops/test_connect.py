@@ -192,3 +192,37 @@ def test_the_window_and_the_timeouts_written_come_from_the_gateways_figures(tmp_
     bare = plan("codex", Gateway("https://gw:8443/v1", None, "sk", "coder"), places)
     assert "stream_idle_timeout_ms" not in bare.files[0].text
     assert "model_context_window" not in bare.files[1].text
+
+
+def test_the_codex_catalog_holds_the_instructions_read_and_the_window(tmp_path: Path) -> None:
+    from proxy.ops.connect.agents import Places, plan
+    from proxy.ops.connect.gateway import Gateway
+
+    gw = Gateway("https://gw:8443/v1", None, "sk", "coder", 131072, 330.0)
+    places = Places(tmp_path / "config", tmp_path / "codex")
+    codex = plan("codex", gw, places, codex_instructions="Codex's own words")
+    profile = tomllib.loads(codex.files[1].text)
+    (catalog,) = [f for f in codex.files if str(f.path) == profile["model_catalog_json"]]
+    assert catalog.path == tmp_path / "codex" / "specrouter.models.json"  # beside the profile
+    (entry,) = json.loads(catalog.text)["models"]
+    assert entry["slug"] == entry["display_name"] == "coder"
+    assert entry["context_window"] == entry["max_context_window"] == 131072
+    assert entry["base_instructions"] == "Codex's own words"
+    assert "Codex's own words" not in (catalog.shown or "")  # printing does not show them
+    assert "model_catalog_json" not in plan("codex", gw, places).files[1].text  # none read
+
+
+def test_codex_instructions_are_refused_unless_codex_sent_them(tmp_path: Path) -> None:
+    from proxy.ops.connect.codex_catalog import CatalogError, fallback_instructions, instructions_of
+
+    first = {"role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]}
+    assert instructions_of(json.dumps({"input": [first]}).encode()) == "Be brief."
+    assert instructions_of(json.dumps({"instructions": "Be kind.", "input": []}).encode())
+    user = {**first, "role": "user"}
+    for nonsense in (b"<html>", b"[]", json.dumps({"input": [user]}).encode(), b'{"input": []}'):
+        with pytest.raises(CatalogError):
+            instructions_of(nonsense)
+    with pytest.raises(CatalogError, match="sent no request"):
+        fallback_instructions("coder", codex="true")  # a "codex" that asks nothing
+    with pytest.raises(CatalogError, match="cannot run"):
+        fallback_instructions("coder", codex=str(tmp_path / "missing"))

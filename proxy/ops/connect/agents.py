@@ -6,8 +6,9 @@ reads; 0600); what else it reads:
     codex        `[model_providers.NAME]` merged into `$CODEX_HOME/config.toml` and the profile
                  `$CODEX_HOME/NAME.config.toml` (`codex -p NAME` layers it on the user's config;
                  Codex 0.171 refuses `-p NAME` while a legacy `[profiles.NAME]` table exists, so
-                 that table goes). CA: SSL_CERT_FILE, without which Codex loops on
-                 "Reconnecting..." with no hint.
+                 that table goes); the profile names the catalog `$CODEX_HOME/NAME.models.json`
+                 when the installed Codex's instructions were read (codex_catalog.py). CA:
+                 SSL_CERT_FILE, without which Codex loops on "Reconnecting..." with no hint.
     claude-code  a settings file of its own (`claude --settings FILE`): base URL without /v1, the
                  model for every tier, the gateway hint headers, the key through apiKeyHelper.
                  CA: NODE_EXTRA_CA_CERTS.
@@ -27,6 +28,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from proxy.ops.connect.codex_catalog import catalog_text
 from proxy.ops.connect.files import Planned, ca_bundle, merge_toml, system_roots
 from proxy.ops.connect.gateway import Gateway
 from proxy.ops.connect.quoting import (
@@ -70,9 +72,18 @@ def default_places() -> Places:
     return Places(config, Path(os.environ.get("CODEX_HOME") or home / ".codex"))
 
 
-def plan(agent: str, gw: Gateway, places: Places, name: str = "specrouter") -> Plan:
+def plan(
+    agent: str,
+    gw: Gateway,
+    places: Places,
+    name: str = "specrouter",
+    codex_instructions: str | None = None,
+) -> Plan:
+    """`codex_instructions`: what the installed Codex sends for the model without a catalog
+    entry (codex_catalog.fallback_instructions); None: no catalog is written."""
+    if agent == "codex":
+        return _codex(gw, places, name, codex_instructions)
     builders = {
-        "codex": _codex,
         "claude-code": _claude_code,
         "aider": _aider,
         "openai": _openai,
@@ -112,7 +123,7 @@ def _tls(
     return env, files
 
 
-def _codex(gw: Gateway, places: Places, name: str) -> Plan:
+def _codex(gw: Gateway, places: Places, name: str, instructions: str | None) -> Plan:
     provider: dict[str, str | int | bool] = {
         "name": name,
         "base_url": gw.url,
@@ -130,6 +141,11 @@ def _codex(gw: Gateway, places: Places, name: str) -> Plan:
         unset_equal=(("profile", name),),
     )
     fragment = toml_text({"model_providers": {name: provider}})
+    catalog: list[Planned] = []
+    if instructions is not None:  # in the profile: the user's other providers keep theirs
+        path = places.codex_home / f"{name}.models.json"
+        shown = f"(an entry for {gw.model}: Codex's fallback metadata and instructions)\n"
+        catalog.append(Planned(path, catalog_text(gw.model, gw.window, instructions), shown=shown))
     profile = toml_text(
         {
             "model": gw.model,
@@ -137,6 +153,7 @@ def _codex(gw: Gateway, places: Places, name: str) -> Plan:
             **_some(
                 model_context_window=gw.window, model_auto_compact_token_limit=gw.compact_limit
             ),
+            **({"model_catalog_json": str(catalog[0].path)} if catalog else {}),
         }
     )
     run = shell_words(["codex", "-p", name])
@@ -146,6 +163,7 @@ def _codex(gw: Gateway, places: Places, name: str) -> Plan:
         Planned(places.codex_home / f"{name}.config.toml", profile),
         _env_file("codex", gw, places, run, env),
         *bundle,
+        *catalog,
     ]
     notes = [
         f"{config}: only [model_providers.{name}] is added or replaced, and a legacy"

@@ -14,9 +14,9 @@ import re
 import sys
 from pathlib import Path
 
-from proxy.ops.connect import agents, files
+from proxy.ops.connect import agents, codex_catalog, files
 from proxy.ops.connect.gateway import CHECK_TIMEOUT_S, ConnectError, Gateway, check, resolve
-from proxy.ops.connect.quoting import UnsafeValue
+from proxy.ops.connect.quoting import UnsafeValue, shown
 from proxy.ops.places import demo_state
 
 
@@ -50,7 +50,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     try:
         gw = _gateway(args)
-        plan = agents.plan(args.agent, gw, agents.default_places(), args.name)
+        instructions, why = _codex_instructions(gw) if args.agent == "codex" else (None, None)
+        plan = agents.plan(args.agent, gw, agents.default_places(), args.name, instructions)
         if args.write:
             print(f"specrouter connect {plan.agent}: {gw.url} (model {gw.model})")
             for planned in plan.files:
@@ -65,8 +66,21 @@ def main(argv: list[str]) -> int:
         print("# --write writes these (a backup of each file it changes)")
     for note in plan.notes:
         print(f"# {note}")
+    if why is not None:
+        print(
+            f"# no model catalog ({shown(why)}): Codex will warn that {gw.model}'s metadata"
+            " is not found"
+        )
     print("Then:\n" + "\n".join(f"  {line}" for line in plan.run))
     return 0
+
+
+def _codex_instructions(gw: Gateway) -> tuple[str | None, str | None]:
+    """The installed Codex's instructions for the model, or why there are none."""
+    try:
+        return codex_catalog.fallback_instructions(gw.model), None
+    except codex_catalog.CatalogError as exc:
+        return None, str(exc)
 
 
 def _name(value: str) -> str:
