@@ -6,14 +6,25 @@ from __future__ import annotations
 import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.agents.demo import Demo
+from tests.agents.demo import Demo, start_demo, stop_demo
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """A demo of its own: these tests edit its policy, fail an engine and count every request."""
+    running = start_demo(Path(tmp_path_factory.mktemp("demo")))
+    try:
+        yield running
+    finally:
+        stop_demo(running)
 
 
 def banner_commands(banner: str) -> list[str]:
