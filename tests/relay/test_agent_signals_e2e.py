@@ -32,8 +32,9 @@ CHAT: dict[str, Any] = {
 RESPONSES: dict[str, Any] = {"model": "coder", "input": "List the files.", "max_output_tokens": 8}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gw(certs) -> Iterator[GatewayServer]:
+    """One stack for the module: each test has its own session ids and reads its own rows."""
     with (
         SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as fast,
         SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as slow,
@@ -50,16 +51,24 @@ def _served(r: Any) -> tuple[str, str]:
     return r.headers["x-specrouter-variant"], r.headers["x-specrouter-reason"]
 
 
-def _rows(gw: GatewayServer, since: float) -> list[sqlite3.Row]:
-    time.sleep(1.2)  # the log writes in batches every 0.5 s
-    conn = sqlite3.connect(gw.dir / "state" / "requests.sqlite3")
-    conn.row_factory = sqlite3.Row
-    try:
-        return conn.execute(
-            "SELECT * FROM requests WHERE time >= ? ORDER BY time", (since,)
-        ).fetchall()
-    finally:
-        conn.close()
+def _rows(gw: GatewayServer, since: float, n: int) -> list[sqlite3.Row]:
+    """The rows of the requests since `since`, once `n` are written (the log writes in batches
+    every 0.5 s, in the order the requests ended: all that ended before are then written)."""
+    deadline = time.monotonic() + 10
+    while True:
+        conn = sqlite3.connect(gw.dir / "state" / "requests.sqlite3")
+        conn.row_factory = sqlite3.Row
+        try:
+            rows = conn.execute(
+                "SELECT * FROM requests WHERE time >= ? ORDER BY time", (since,)
+            ).fetchall()
+        except sqlite3.OperationalError:  # the table is made with the first batch
+            rows = []
+        finally:
+            conn.close()
+        if len(rows) >= n or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
 
 
 def test_compaction_stays_where_a_main_turn_moves(
@@ -80,7 +89,7 @@ def test_compaction_stays_where_a_main_turn_moves(
     # an unknown class is recorded as `other` and keeps nothing: a main turn, it moves
     assert served[2] == ("fast", "session-move")
     assert served[3] == ("fast", "default")  # moved: the rules and the session agree
-    rows = _rows(gw, since)
+    rows = _rows(gw, since, 5)
     assert [(r["request_class"], r["variant"]) for r in rows] == [
         (None, "slow"),
         ("compaction", "slow"),
@@ -124,7 +133,7 @@ def test_turn_state_round_trip(gw: GatewayServer) -> None:
         # a chat request (not Codex's Responses) gets no token
         chat = c.post("/v1/chat/completions", json=CHAT, headers=codex)
         assert "x-codex-turn-state" not in chat.headers
-    rows = _rows(gw, since)
+    rows = _rows(gw, since, 6)
     assert [r["turn_state"] for r in rows] == [
         "issued",
         "valid",
