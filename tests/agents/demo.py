@@ -100,12 +100,13 @@ class Demo:
             assert r.status_code == 200, r.text
         deadline = time.monotonic() + 10
         while True:
-            rows = self._rows_since(since)
+            rows = self.rows_since(since)
             if any(r["request_id"] == mark for r in rows) or time.monotonic() > deadline:
                 return [r for r in rows if not r["request_id"].startswith("rows-mark-")]
             time.sleep(0.05)
 
-    def _rows_since(self, since: float) -> list[sqlite3.Row]:
+    def rows_since(self, since: float) -> list[sqlite3.Row]:
+        """The rows written so far of requests that arrived after `since` (no waiting)."""
         conn = sqlite3.connect(self.state / "requests.sqlite3")
         conn.row_factory = sqlite3.Row
         try:

@@ -51,7 +51,8 @@ def test_banner_commands_run_as_printed(demo: Demo) -> None:
         done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip()
-    time.sleep(1.2)  # the request log writes in batches
+    # The two requests' rows, which the request log writes in batches: what the report reads.
+    wait_for(lambda: len(demo.rows_since(0)) >= 2, "two request-log rows", demo)
     done = subprocess.run(["bash", "-c", report], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "2 requests, 2 ok" in done.stdout and "variant=coder-" in done.stdout
