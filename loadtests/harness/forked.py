@@ -28,7 +28,8 @@ from typing import IO
 
 # The subcommands worth a zygote (each start imports seconds of modules) -> what it preloads.
 PRELOAD = {"serve": "proxy.serve", "sim": "loadtests.sim.cli"}
-CLI = str(Path(__file__).resolve().parents[2] / "proxy" / "cli.py")
+ROOT = Path(__file__).resolve().parents[2]
+CLI = str(ROOT / "proxy" / "cli.py")
 START_TIMEOUT_S = 60.0
 # Environment variables read at process start (by the interpreter, glibc's malloc, the loader).
 STARTUP_ENV = ("PYTHON", "MALLOC_", "GLIBC_", "LD_")
@@ -99,6 +100,9 @@ class _Zygote:
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             env={**env, **dict(startup)},
+            # The tree's root first on sys.path (as `-m` from it): the code under test is what
+            # it imports, whatever directory a test has moved to; each child gets its own cwd.
+            cwd=ROOT,
         )
         theirs.close()
         self.control = ours
