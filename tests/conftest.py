@@ -8,6 +8,7 @@ import pytest
 from loadtests.harness.ports import free_port
 from proxy.certs import CertFiles, make_local_ca
 from tests.redis_server import redis_server
+from tests.stacks import Stacks
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +28,13 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
     """A real redis-server on a free loopback port, in a temp dir, stopped afterwards."""
     with redis_server(free_port(), tmp_path) as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def stacks() -> Iterator[Stacks]:
+    """Servers shared by this module's tests, one per configuration key (tests/stacks.py)."""
+    pool = Stacks()
+    try:
+        yield pool
+    finally:
+        pool.close()

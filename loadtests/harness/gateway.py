@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import ssl
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import httpx
 import yaml
 
+from loadtests.harness.forked import Process
 from loadtests.harness.launch import SERVE_READY, Child, cli, serve_args
 from proxy import auth
 from proxy.certs import CertFiles, make_local_ca
@@ -95,7 +95,7 @@ class GatewayServer:
             self.operator_path.chmod(0o600)
         self.args = args
         self.insecure = insecure
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: Process | None = None
         self.base = self.admin = ""
         self.output: list[str] = []
         self._child: Child | None = None

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from loadtests.harness.forked import Process, forked
 from proxy.certs import CertFiles
 
 SIM_READY = re.compile(r"specrouter-sim listening on (\S+)")
@@ -131,7 +132,7 @@ class Child:
         self.name, self.cmd, self.ready = name, list(cmd), ready
         self.env = env if env is not None else {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.stderr, self.detach, self.keep = stderr, detach, keep
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: Process | None = None
         self.output: list[str] = []
         self.match: re.Match[str] | None = None
         self._ready = threading.Event()
@@ -148,7 +149,15 @@ class Child:
         return self.wait_ready(timeout)
 
     def spawn(self) -> Child:
-        self.proc = subprocess.Popen(
+        # `specrouter serve` / `sim`: forked from a zygote that imported them once (forked.py).
+        self.proc = forked(self.cmd, stderr=self.stderr, env=self.env, detach=self.detach)
+        if self.proc is None:
+            self.proc = self._popen()
+        threading.Thread(target=self._pump, name=f"{self.name}-output", daemon=True).start()
+        return self
+
+    def _popen(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(
             self.cmd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if self.stderr else None,
@@ -158,8 +167,6 @@ class Child:
             start_new_session=self.detach,
             preexec_fn=_die_with_parent if self.detach else None,
         )
-        threading.Thread(target=self._pump, name=f"{self.name}-output", daemon=True).start()
-        return self
 
     def wait_ready(self, timeout: float = 30.0) -> Child:
         """Until the `ready` pattern matched a line; RuntimeError (the child killed) if the

@@ -11,12 +11,12 @@ The server binds an ephemeral port (`--port 0`) and prints one line once it acce
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
+from loadtests.harness.forked import Process
 from loadtests.harness.launch import SIM_READY, Child, cli, sim_args
 
 START_TIMEOUT_S = 20.0
@@ -50,7 +50,7 @@ class SimServer:
         self.tool_call_parser = tool_call_parser
         self.reasoning_parser = reasoning_parser
         self.extra_args = tuple(extra_args)
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: Process | None = None
         self._child: Child | None = None
         self.url = ""
         self.port = 0

@@ -47,6 +47,7 @@ class Demo:
     port: int
     admin_port: int
     output: list[str] = field(default_factory=list)
+    _marks: int = 0
 
     def value(self, label: str) -> str:
         match = re.search(rf"^  {label}\s+(\S+)", self.banner, re.M)
@@ -81,14 +82,39 @@ class Demo:
         }
 
     def rows(self, since: float) -> list[sqlite3.Row]:
-        """Request-log rows of requests that arrived after `since` (waits for the writer)."""
-        time.sleep(1.2)  # the log writes in batches every 0.5 s
+        """Request-log rows of requests that arrived after `since`, once the writer has written
+        every request that ended before this call: a marker request is sent, and its row read
+        back (the log writes in batches every 0.5 s, in the order requests end)."""
+        self._marks += 1
+        mark = f"rows-mark-{self._marks}"
+        with self.client() as c:
+            r = c.post(
+                "/chat/completions",
+                json={
+                    "model": MODEL,
+                    "max_tokens": 1,
+                    "messages": [{"role": "user", "content": "."}],
+                },
+                headers={"x-request-id": mark},
+            )
+            assert r.status_code == 200, r.text
+        deadline = time.monotonic() + 10
+        while True:
+            rows = self.rows_since(since)
+            if any(r["request_id"] == mark for r in rows) or time.monotonic() > deadline:
+                return [r for r in rows if not r["request_id"].startswith("rows-mark-")]
+            time.sleep(0.05)
+
+    def rows_since(self, since: float) -> list[sqlite3.Row]:
+        """The rows written so far of requests that arrived after `since` (no waiting)."""
         conn = sqlite3.connect(self.state / "requests.sqlite3")
         conn.row_factory = sqlite3.Row
         try:
             return conn.execute(
                 "SELECT * FROM requests WHERE time >= ? ORDER BY time", (since,)
             ).fetchall()
+        except sqlite3.OperationalError:  # the table is made with the first batch
+            return []
         finally:
             conn.close()
 

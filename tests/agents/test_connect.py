@@ -360,7 +360,7 @@ def test_a_wrong_ca_is_said_before_anything_is_written(
 def test_newcomer_path(
     demo: Demo, agents: Path, tmp_path: Path, recipe: str, binary: str, written: str
 ) -> None:
-    """`make demo` (this module's demo), then docs/connect.md's commands as printed, from a
+    """`make demo` (the demo of this folder), then docs/connect.md's commands as printed, from a
     clone (here: a folder with the clone's .venv and the demo's state as .state/demo), in a
     HOME with nothing but what `connect` writes and a PATH without `specrouter`."""
     bin_dir = npm_bin(agents, binary)

@@ -7,14 +7,25 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.agents.demo import Demo
+from tests.agents.demo import Demo, start_demo, stop_demo
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    """A demo of its own: these tests edit its policy, fail an engine and count every request."""
+    running = start_demo(Path(tmp_path_factory.mktemp("demo")))
+    try:
+        yield running
+    finally:
+        stop_demo(running)
 
 
 def banner_commands(banner: str) -> list[str]:
@@ -56,7 +67,8 @@ def test_banner_commands_run_as_printed(demo: Demo) -> None:
         done = run(command)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip()
-    time.sleep(1.2)  # the request log writes in batches
+    # The two requests' rows, which the request log writes in batches: what the report reads.
+    wait_for(lambda: len(demo.rows_since(0)) >= 2, "two request-log rows", demo)
     done = run(report)
     assert done.returncode == 0, done.stderr
     assert "2 requests, 2 ok" in done.stdout and "variant=coder-" in done.stdout

@@ -32,6 +32,14 @@ def _health(gw: GatewayServer, name: str) -> str:
     return next(b["health"] for b in snap["backends"] if b["name"] == name)
 
 
+STARTUP_S = 5  # the startup window: longer than a simulated engine's restart on a loaded box
+
+
+def _until(deadline: float) -> None:
+    """Sleep to `deadline` (monotonic): a window whose end nothing else shows."""
+    time.sleep(max(0.0, deadline - time.monotonic()))
+
+
 def test_repair_restarts_a_dead_backend_within_limits(certs, tmp_path) -> None:
     pidfile = tmp_path / "pids"
     with (
@@ -42,7 +50,7 @@ def test_repair_restarts_a_dead_backend_within_limits(certs, tmp_path) -> None:
         policy = coder_policy({"deep": deep.url, "shallow": shallow.url})
         policy["backends"]["deep"].update(
             {
-                "startup_s": 5,
+                "startup_s": STARTUP_S,
                 "repair": {"action": "restart-deep", "after_down_s": 0.5, "max_per_hour": 2},
             }
         )
@@ -64,7 +72,7 @@ def test_repair_restarts_a_dead_backend_within_limits(certs, tmp_path) -> None:
         try:
             with GatewayServer(policy, certs=certs, operator=operator) as gw:
                 _wait(lambda: _health(gw, "deep") == "up")
-                time.sleep(5)  # past the boot window: a failure now means "down"
+                time.sleep(STARTUP_S)  # past the boot window: a failure now means "down"
                 statuses: Counter[int] = Counter()
                 stop = threading.Event()
 
@@ -84,13 +92,16 @@ def test_repair_restarts_a_dead_backend_within_limits(certs, tmp_path) -> None:
                 t = threading.Thread(target=traffic)
                 t.start()
                 deep.kill()  # outage 1: repaired
+                # The repair's window opened before its command wrote the pid seen here.
                 _wait(lambda: _count(pidfile) == 1)
+                repaired = time.monotonic()
                 _wait(lambda: _health(gw, "deep") == "up")
-                time.sleep(5.5)  # out of the post-repair startup window
+                _until(repaired + STARTUP_S + 0.5)  # out of the post-repair startup window
                 _kill_pids(pidfile)  # outage 2: repaired again
                 _wait(lambda: _count(pidfile) == 2)
+                repaired = time.monotonic()
                 _wait(lambda: _health(gw, "deep") == "up")
-                time.sleep(5.5)
+                _until(repaired + STARTUP_S + 0.5)
                 _kill_pids(pidfile)  # outage 3
                 # Two repairs per hour at most: the third outage stays down.
                 _wait(lambda: _health(gw, "deep") == "down")

@@ -22,13 +22,24 @@ def _msg(i: int) -> list[dict]:
     return [{"role": "user", "content": f"Fix the bug in `src/mod{i}.py`."}]
 
 
-@pytest.fixture
-def pair(certs) -> Iterator[tuple[SimServer, SimServer]]:
+@pytest.fixture(scope="module")
+def engines() -> Iterator[tuple[SimServer, SimServer]]:
     with (
         SimServer("dflash7-prob-block", served_model_name=SERVED, time_scale=0.05) as deep,
         SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as shallow,
     ):
         yield deep, shallow
+
+
+@pytest.fixture
+def pair(engines: tuple[SimServer, SimServer]) -> tuple[SimServer, SimServer]:
+    """The module's two engines, alive, without faults, idle (each test its own gateway)."""
+    for sim in engines:
+        if sim.proc is None or sim.proc.poll() is not None:
+            sim.restart()  # a test killed it
+        sim.clear_faults()
+    _wait(lambda: all(s.stats()["running"] == 0 and s.stats()["waiting"] == 0 for s in engines))
+    return engines
 
 
 def _variant(c: httpx.Client, i: int = 0, **extra) -> httpx.Response:

@@ -16,11 +16,7 @@ class ScriptedEngine:
     """`pieces` streamed `gap_s` apart; `die` closes the connection mid-stream after them."""
 
     def __init__(self, pieces: list[str], *, die: bool = False, gap_s: float = 0.0) -> None:
-        self.pieces, self.die, self.gap_s = pieces, die, gap_s
-        self.bodies: list[dict[str, Any]] = []
-        self.sent = 0  # pieces written before the gateway went away (or all)
-        self.aborted = threading.Event()  # the gateway closed the stream before its end
-        self.finished = threading.Event()
+        self.script(pieces, die=die, gap_s=gap_s)
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,6 +41,15 @@ class ScriptedEngine:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def script(self, pieces: list[str], *, die: bool = False, gap_s: float = 0.0) -> None:
+        """What the next requests get, with what was recorded forgotten (call it between
+        streams: one still running would write into the new record)."""
+        self.pieces, self.die, self.gap_s = pieces, die, gap_s
+        self.bodies: list[dict[str, Any]] = []
+        self.sent = 0  # pieces written before the gateway went away (or all)
+        self.aborted = threading.Event()  # the gateway closed the stream before its end
+        self.finished = threading.Event()
 
     def __enter__(self) -> ScriptedEngine:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

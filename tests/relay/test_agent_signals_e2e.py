@@ -33,8 +33,9 @@ CHAT: dict[str, Any] = {
 RESPONSES: dict[str, Any] = {"model": "coder", "input": "List the files.", "max_output_tokens": 8}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gw(certs) -> Iterator[GatewayServer]:
+    """One stack for the module: each test has its own session ids and reads its own rows."""
     with (
         SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as fast,
         SimServer("mtp3", served_model_name=SERVED, time_scale=0.05) as slow,
@@ -51,16 +52,24 @@ def _served(r: Any) -> tuple[str, str]:
     return r.headers["x-specrouter-variant"], r.headers["x-specrouter-reason"]
 
 
-def _rows(gw: GatewayServer, since: float) -> list[sqlite3.Row]:
-    time.sleep(1.2)  # the log writes in batches every 0.5 s
-    conn = sqlite3.connect(gw.dir / "state" / "requests.sqlite3")
-    conn.row_factory = sqlite3.Row
-    try:
-        return conn.execute(
-            "SELECT * FROM requests WHERE time >= ? ORDER BY time", (since,)
-        ).fetchall()
-    finally:
-        conn.close()
+def _rows(gw: GatewayServer, since: float, n: int) -> list[sqlite3.Row]:
+    """The rows of the requests since `since`, once `n` are written (the log writes in batches
+    every 0.5 s, in the order the requests ended: all that ended before are then written)."""
+    deadline = time.monotonic() + 10
+    while True:
+        conn = sqlite3.connect(gw.dir / "state" / "requests.sqlite3")
+        conn.row_factory = sqlite3.Row
+        try:
+            rows = conn.execute(
+                "SELECT * FROM requests WHERE time >= ? ORDER BY time", (since,)
+            ).fetchall()
+        except sqlite3.OperationalError:  # the table is made with the first batch
+            rows = []
+        finally:
+            conn.close()
+        if len(rows) >= n or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
 
 
 def test_compaction_stays_where_a_main_turn_moves(
@@ -81,7 +90,7 @@ def test_compaction_stays_where_a_main_turn_moves(
     # an unknown class is recorded as `other` and keeps nothing: a main turn, it moves
     assert served[2] == ("fast", "session-move")
     assert served[3] == ("fast", "default")  # moved: the rules and the session agree
-    rows = _rows(gw, since)
+    rows = _rows(gw, since, 5)
     assert [(r["request_class"], r["variant"]) for r in rows] == [
         (None, "slow"),
         ("compaction", "slow"),
@@ -126,9 +135,12 @@ def test_turn_state_round_trip(gw: GatewayServer) -> None:
         chat = c.post("/v1/chat/completions", json=CHAT, headers=codex)
         assert "x-codex-turn-state" not in chat.headers
         # slow leaves the route: a token naming it, valid when issued, is refused (not `valid`)
-        _put_variants(gw, ["fast"])
-        assert _served(c.post("/v1/responses", json=RESPONSES, headers=again))[0] == "fast"
-    rows = _rows(gw, since)
+        before = _put_variants(gw, ["fast"])
+        try:
+            assert _served(c.post("/v1/responses", json=RESPONSES, headers=again))[0] == "fast"
+        finally:  # the module's other tests share this gateway
+            _put_route(gw, before)
+    rows = _rows(gw, since, 7)
     assert [r["turn_state"] for r in rows] == [
         "issued",
         "valid",
@@ -140,14 +152,25 @@ def test_turn_state_round_trip(gw: GatewayServer) -> None:
     ]
 
 
-def _put_variants(gw: GatewayServer, variants: list[str]) -> None:
+def _put_variants(gw: GatewayServer, variants: list[str]) -> dict[str, Any]:
+    """The coder route served by `variants` alone; returns the route as it was."""
+    route = _policy(gw)["document"]["routes"]["coder"]
+    _put_route(gw, {**route, "variants": variants, "fallback": variants[-1]})
+    return dict(route)
+
+
+def _policy(gw: GatewayServer) -> Any:
     auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
-    current = httpx.get(gw.admin + "/admin/policy", headers=auth, timeout=10).json()
+    return httpx.get(gw.admin + "/admin/policy", headers=auth, timeout=10).json()
+
+
+def _put_route(gw: GatewayServer, route: dict[str, Any]) -> None:
+    current = _policy(gw)
     doc = current["document"]
-    doc["routes"]["coder"].update(variants=variants, fallback=variants[-1])
+    doc["routes"]["coder"] = route
     put = httpx.put(
         gw.admin + "/admin/policy",
-        headers={**auth, "if-match": f'"{current["version"]}"'},
+        headers={"authorization": f"Bearer {ADMIN_TOKEN}", "if-match": f'"{current["version"]}"'},
         json=doc,
         timeout=10,
     )

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import orjson
 import pytest
 
 from loadtests.harness.gateway import GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
+from proxy.certs import CertFiles
 from tests.relay.scripted_engine import ScriptedEngine
+from tests.stacks import Stacks
 
 SERVED = "qwen3.8-27b"
 
@@ -120,6 +125,34 @@ def test_no_continuation_for_several_choices(certs) -> None:
 HEIR_REST = [" and", " more"] * 60
 
 
+@contextmanager
+def _splice_stack(
+    certs: CertFiles, relay: str
+) -> Iterator[tuple[ScriptedEngine, ScriptedEngine, GatewayServer]]:
+    with (
+        ScriptedEngine([]) as victim,
+        ScriptedEngine([]) as heir,
+    ):
+        doc = coder_policy({"victim": victim.url, "heir": heir.url}, served="tiny", defaults={})
+        for backend in doc["backends"].values():
+            backend["kind"] = "llamacpp"
+        doc["routes"]["coder"]["continuation"] = True
+        with GatewayServer(doc, certs=certs, args=("--relay", relay)) as gw:
+            yield victim, heir, gw
+
+
+def _health(gw: GatewayServer, name: str) -> str:
+    snap = gw.admin_get("/dashboard/snapshot").json()
+    return str(next(b["health"] for b in snap["backends"] if b["name"] == name))
+
+
+def _wait(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "condition not reached in time"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("relay", ["push", "pull"])
 @pytest.mark.parametrize(
     ("heir_first", "text"),
@@ -130,44 +163,42 @@ HEIR_REST = [" and", " more"] * 60
     ],
 )
 def test_a_stop_string_straddling_the_splice_ends_the_answer(
-    certs, relay: str, heir_first: list[str], text: str | None
+    certs, stacks: Stacks, relay: str, heir_first: list[str], text: str | None
 ) -> None:
     stop = "world"
-    with (
-        ScriptedEngine(["Hel", "lo", " wor"], die=True) as victim,
-        ScriptedEngine([*heir_first, *HEIR_REST], gap_s=0.01) as heir,
-    ):
-        doc = coder_policy({"victim": victim.url, "heir": heir.url}, served="tiny", defaults={})
-        for backend in doc["backends"].values():
-            backend["kind"] = "llamacpp"
-        doc["routes"]["coder"]["continuation"] = True
-        with GatewayServer(doc, certs=certs, args=("--relay", relay)) as gw, gw.client() as c:
-            r = c.post(
-                "/v1/chat/completions",
-                json={
-                    "model": "coder",
-                    "stream": True,
-                    "max_tokens": 500,
-                    "stop": ["zzz", stop],
-                    "stream_options": {"include_usage": True},
-                    "messages": [{"role": "user", "content": "hi"}],
-                },
-            )
-        assert heir.bodies[0]["messages"][-1] == {"role": "assistant", "content": "Hello wor"}
-        frames = _frames(r.content)
-        assert frames[-1] == b"data: [DONE]" and b'"error"' not in r.content
-        chunks = [orjson.loads(f[6:]) for f in frames[:-1]]
-        assert len({ch["id"] for ch in chunks}) == 1
-        got = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks[:-1])
-        finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]]
-        finishes = [f for f in finishes if f]
-        if text is None:  # no stop: the heir's own end, every piece relayed
-            assert got == "Hello wor" + "".join(heir_first + HEIR_REST)
-            assert finishes == ["length"] and heir.finished.wait(5)
-            return
-        assert got == text and finishes == ["stop"]
-        # Every token generated is counted, the one the stop completed in included.
-        assert chunks[-1]["choices"] == []
-        assert chunks[-1]["usage"]["completion_tokens"] == 3 + len(heir_first)
-        assert heir.aborted.wait(5)  # the gateway closed the heir: its generation stops
-        assert heir.sent < len(heir_first) + len(HEIR_REST)
+    # One gateway per relay over two scripted engines, re-scripted by each case.
+    victim, heir, gw = stacks.get(relay, lambda: _splice_stack(certs, relay))
+    victim.script(["Hel", "lo", " wor"], die=True)
+    heir.script([*heir_first, *HEIR_REST], gap_s=0.01)
+    # The victim's death counts against it: wait until the gateway routes to it again.
+    _wait(lambda: _health(gw, "victim") == "up")
+    with gw.client() as c:
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "model": "coder",
+                "stream": True,
+                "max_tokens": 500,
+                "stop": ["zzz", stop],
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+    assert heir.bodies[0]["messages"][-1] == {"role": "assistant", "content": "Hello wor"}
+    frames = _frames(r.content)
+    assert frames[-1] == b"data: [DONE]" and b'"error"' not in r.content
+    chunks = [orjson.loads(f[6:]) for f in frames[:-1]]
+    assert len({ch["id"] for ch in chunks}) == 1
+    got = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks[:-1])
+    finishes = [ch["choices"][0]["finish_reason"] for ch in chunks if ch["choices"]]
+    finishes = [f for f in finishes if f]
+    if text is None:  # no stop: the heir's own end, every piece relayed
+        assert got == "Hello wor" + "".join(heir_first + HEIR_REST)
+        assert finishes == ["length"] and heir.finished.wait(5)
+        return
+    assert got == text and finishes == ["stop"]
+    # Every token generated is counted, the one the stop completed in included.
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == 3 + len(heir_first)
+    assert heir.aborted.wait(5)  # the gateway closed the heir: its generation stops
+    assert heir.sent < len(heir_first) + len(HEIR_REST)

@@ -17,6 +17,7 @@ import pytest
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
 from proxy.certs import make_local_ca
+from tests.stacks import Stacks, sim_gateway
 
 SERVED = "qwen3.8-27b"
 MESSAGES = [{"role": "user", "content": "Implement quicksort in `sort.py`."}]
@@ -50,35 +51,40 @@ VERSION_MODES = [("0.28.0", "none"), ("0.33.0", "none"), ("0.33.0", "summary")]
 @pytest.mark.parametrize(("vllm_version", "spec_metrics"), VERSION_MODES)
 @pytest.mark.parametrize("relay", ["push", "pull"])
 def test_relayed_stream_is_byte_identical_to_direct(
-    certs, stream_options, vllm_version, spec_metrics, relay
+    certs, stacks: Stacks, stream_options, vllm_version, spec_metrics, relay
 ) -> None:
-    with (
-        SimServer(
-            "dflash7-prob-block",
-            served_model_name=SERVED,
-            time_scale=0.02,
-            spec_metrics=spec_metrics,
-            vllm_version=vllm_version,
-        ) as sim,
-        GatewayServer(
-            coder_policy({"a": sim.url}, defaults={}), certs=certs, args=("--relay", relay)
-        ) as gw,
-    ):
-        body: dict = {
-            "model": SERVED,
-            "messages": MESSAGES,
-            "stream": True,
-            "max_tokens": 48,
-            "seed": 7,
-            "temperature": 0.7,
-        }
-        if stream_options is not None:
-            body["stream_options"] = stream_options
-        with httpx.Client(timeout=30) as direct, gw.client() as via:
-            want = _stream(direct, sim.url + "/v1/chat/completions", body, "req-1")
-            got = _stream(via, "/v1/chat/completions", body, "req-1")
-        assert _normalise(got) == _normalise(want)
-        assert got.endswith(b"data: [DONE]\n\n")
+    # One stack per (version mode, relay), shared by the four stream_options cases.
+    stack = stacks.get(
+        (vllm_version, spec_metrics, relay),
+        lambda: sim_gateway(
+            certs,
+            sim={
+                "profile": "dflash7-prob-block",
+                "served_model_name": SERVED,
+                "time_scale": 0.02,
+                "spec_metrics": spec_metrics,
+                "vllm_version": vllm_version,
+            },
+            policy={"defaults": {}},
+            args=("--relay", relay),
+        ),
+    )
+    sim, gw = stack.sim, stack.gw
+    body: dict = {
+        "model": SERVED,
+        "messages": MESSAGES,
+        "stream": True,
+        "max_tokens": 48,
+        "seed": 7,
+        "temperature": 0.7,
+    }
+    if stream_options is not None:
+        body["stream_options"] = stream_options
+    with httpx.Client(timeout=30) as direct, gw.client() as via:
+        want = _stream(direct, sim.url + "/v1/chat/completions", body, "req-1")
+        got = _stream(via, "/v1/chat/completions", body, "req-1")
+    assert _normalise(got) == _normalise(want)
+    assert got.endswith(b"data: [DONE]\n\n")
 
 
 @pytest.mark.parametrize("vllm_version", ["0.28.0", "0.33.0"])
