@@ -127,7 +127,7 @@ def compare(
     i, j = _diverge(x, y, _end(x) - 1)  # the previous list without its `]`
     if i == _end(x) - 1:
         return True, "", 1.0
-    where = f"{_LIST[endpoint]}[{_item_at(items, j - y[1])}]"
+    where = f"{_LIST[endpoint]}[{_item_at(items, j - y[1], _end(y) - y[1])}]"
     return False, where, (before + i - x[1]) / max(1, prev.size)
 
 
@@ -279,15 +279,25 @@ def _skip(b: bytes, i: int, end: int) -> int:
     return i
 
 
-def _item_at(items: Any, offset: int) -> int:
-    """The index of the list item holding byte `offset` of the list's JSON (past the end: the
-    first new item)."""
+def _item_at(items: Any, offset: int, size: int) -> int:
+    """The index of the list item holding byte `offset` of the list's JSON (`size` bytes; a
+    change at the comma after an item is the next one's, past the last item the first new one).
+    Each item is encoded from the nearer end of the list only: a change near the end (a
+    context edit) costs the items after it, not the conversation."""
     if not isinstance(items, list):
+        return 0
+    if offset >= size // 2:
+        end = size - 1  # at `]`
+        for i in range(len(items) - 1, -1, -1):
+            start = end - len(orjson.dumps(items[i]))
+            if offset >= start:
+                return i if offset < end else i + 1
+            end = start - 1  # the comma before it
         return 0
     pos = 1  # past `[`
     for i, item in enumerate(items):
         pos += len(orjson.dumps(item))
-        if offset < pos:  # within the item (a change at the comma after it: the next one's)
+        if offset < pos:
             return i
         pos += 1
     return len(items)

@@ -73,6 +73,12 @@ def _next_turn(**change: Any) -> dict[str, Any]:
             "messages[0]",
         ),
         ({"messages": THREAD["messages"][:1]}, False, "messages[1]"),  # shorter: compacted away
+        # a late item edited (named from the list's end)
+        (
+            {"messages": [*THREAD["messages"][:2], {"role": "user", "content": "b.py"}]},
+            False,
+            "messages[2]",
+        ),
     ],
 )
 def test_compare_names_the_first_change(change: dict[str, Any], extends: bool, where: str) -> None:
