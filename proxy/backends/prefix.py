@@ -5,9 +5,11 @@ At decision, the request's conversation is compared with its session's previous 
 byte, on the JSON `check_fields` already wrote for the upstream body (proxy/relay/fields.py):
 no walk of the parsed conversation. The fields an engine renders first (`tools`, `system`,
 `instructions`) are compared whole, then the list (`messages`, `input`): the body *extends* the
-previous one when the previous list, without its closing `]`, starts the new one (one memcmp,
-~60 us for a 406 KiB body on the loaded 2-core machine). Only when it does not is the first
-changed byte located (a chunked compare) and named by encoding the list's items up to it.
+previous one when the previous list, without its closing `]`, starts the new one (one memcmp;
+30-40 us a 406 KiB body at the median on the loaded 2-core machine, loadtests/bench/
+prefix_check.py). Only when it does not is the first changed byte located (chunks, then a
+bisection), keys the engine does not render skipped, and named by encoding the list's items
+from its nearer end up to it.
 
 When the turn ends (`Baselines.finished`), with the engine's usage:
 
@@ -68,9 +70,12 @@ class Conversation:
         return sum(len(v) for v in self.lead if v is not None) + len(self.items)
 
     def held_bytes(self) -> int:
-        """What keeping it holds alive (the whole encoded buffer of its list)."""
-        base = self.items.obj
-        return len(base) if isinstance(base, bytes) else len(self.items)
+        """What keeping it holds alive (the whole encoded buffers its views are of)."""
+        return sum(
+            len(v.obj) if isinstance(v, memoryview) and isinstance(v.obj, bytes) else len(v)
+            for v in (*self.lead, self.items)
+            if v is not None
+        )
 
 
 @dataclass(frozen=True, slots=True)
