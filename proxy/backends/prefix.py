@@ -104,8 +104,8 @@ NOTHING: Final = PrefixLoss(0, 0, "")
 def conversation_of(endpoint: str, body: dict[str, Any], encoded: Encoded) -> Conversation | None:
     """The request's conversation, when it has one the check can compare."""
     name = _LIST.get(endpoint)
-    if name is None or name not in encoded:
-        return None
+    if name is None or name not in encoded or body.get("previous_response_id"):
+        return None  # a chained Responses turn carries only its new items: nothing to compare
     lead: list[bytes | memoryview | str | None] = []
     for field in _LEAD[endpoint]:
         value = body.get(field)

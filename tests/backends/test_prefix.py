@@ -100,6 +100,8 @@ def test_chat_and_responses_are_compared_on_their_own_fields() -> None:
     assert _check(b, "responses", {**resp, "instructions": "be long"}, "r").where == "instructions"
     # a string input, or a completion, is no conversation to compare
     assert b.check("r", "responses", {"input": "hi"}, {}) is None
+    chained = {**resp, "previous_response_id": "resp_1"}  # carries only the new items
+    assert b.check("r", "responses", chained, _encoded("responses", chained)) is None
     assert conversation_of("completions", {"prompt": "x"}, {}) is None
 
 
