@@ -38,9 +38,10 @@ from typing import Any, Final
 
 import orjson
 
-# What the kept conversations may hold: 640 agent bodies of 400 KiB, far past the sixteen
-# sessions one GB10 holds in its KV cache.
-BASELINE_BYTES: Final = 256 * 2**20
+# What the kept conversations may hold: 40 agent bodies of 400 KiB, 2.5 times the sixteen
+# sessions one GB10 holds in its KV cache; within an idle gateway's memory (body_budget.py's
+# IDLE_MIB: 130 MB measured of 160 MiB), so the body budget keeps its share of the 512 MiB.
+BASELINE_BYTES: Final = 16 * 2**20
 DEFAULT_BLOCK: Final = 16  # vLLM's default KV block size; a backend's reported one wins
 _CHUNK: Final = 4096
 # Keys an engine does not render (vLLM ignores Anthropic's cache breakpoints): a key after
