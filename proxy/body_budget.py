@@ -25,7 +25,9 @@ from typing import Final
 
 MIB: Final = 1 << 20
 GATEWAY_MEMORY_MIB: Final = 512  # the container's limit and the deploy plan's reservation
-IDLE_MIB: Final = 160  # an idle gateway's RSS (130 MB measured) and its session table
+# an idle gateway's RSS (130 MB measured) and its session table, with the previous turns kept
+# for the prefix accounting (proxy/backends/prefix.py's BASELINE_BYTES, 16 MiB)
+IDLE_MIB: Final = 160
 OTHER_MIB: Final = 96  # streams' buffers, engine connections, the allocator's free heap
 BODY_COST: Final = 5  # memory per body byte while its request runs (worst shapes ~4.5x)
 # (512 - 160 - 96) MiB / 5 = 51.2 MiB of bodies across the process; a client half of it.

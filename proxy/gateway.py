@@ -15,6 +15,7 @@ from proxy.backends.admission import Admission
 from proxy.backends.attained import served_tokens
 from proxy.backends.engines import EngineTable
 from proxy.backends.live import LiveTracker
+from proxy.backends.prefix import DEFAULT_BLOCK, Baselines
 from proxy.backends.residency import Residency
 from proxy.backends.residency_share import ResidencyShare
 from proxy.backends.response_owners import ResponseOwners
@@ -68,6 +69,9 @@ class Gateway:
         # reports (vLLM's cache_config_info, proxy/backends/health.py).
         self.residency = Residency(self._resident_gauges)
         self.kv_reported: dict[str, int] = {}
+        self.kv_block: dict[str, int] = {}  # ... and their KV block size
+        # Each session's previous turn: what its next one should find cached (per-turn loss)
+        self.prefixes = Baselines()
         # ... and the deployed budget's (`deploy render`'s memory model), per policy version:
         # serve.py sets `kv_of`, the request path does not import the operator tools.
         self.kv_of: Callable[[PolicyDocument], dict[str, int]] = lambda doc: {}
@@ -142,6 +146,8 @@ class Gateway:
             self.response_owners.note(record.m.response_id, record.client)
 
     def _session_turn(self, record: RequestRecord) -> None:
+        # The conversation's bytes stay with the record no longer than this (`recent` keeps it)
+        check, record.prefix_check = record.prefix_check, None
         if not record.session or record.outcome != "ok":
             return
         m = record.m
@@ -151,7 +157,22 @@ class Gateway:
         self.sessions.served(record.session, served, now)
         # A compaction or auxiliary request is not the session's turn (policies/agent_signals.py)
         if record.signals.keeps_place:
+            if record.signals.request_class == "compaction":
+                self.prefixes.compacted(record.session)
             return
+        if check is not None:
+            record.prefix = loss = self.prefixes.finished(
+                record.session,
+                check,
+                record.backend,
+                m.prompt_tokens,
+                m.cached_tokens,
+                block=self.kv_block.get(record.backend, DEFAULT_BLOCK),
+                compacted=record.signals.context_compacted is True,
+            )
+            if loss.lost:
+                self.metrics.sessions.prefix_lost.labels(record.backend, loss.cause).inc(loss.lost)
+                self.sessions.lost(record.session, loss.lost, loss.cause, loss.where)
         decode = (
             m.t_last_token - m.t_first_token
             if m.t_last_token is not None and m.t_first_token is not None

@@ -91,6 +91,9 @@ def _agent_rows(gw: Gateway) -> list[dict[str, Any]]:
                 "tokens_in": e.tokens_in,
                 "tokens_out": e.tokens_out,
                 "cached_tokens": e.cached_tokens if label and label.cache_reported else None,
+                "lost_tokens": e.lost_tokens,  # proxy/backends/prefix.py
+                "loss_cause": e.loss_cause,
+                "loss_where": e.loss_where,
                 "decode_s": round(e.decode_s, 2),
                 "engine_share": (
                     round(min(1.0, timeline.tokens("agents", key) / total), 3) if total else None

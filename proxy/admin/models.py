@@ -101,6 +101,13 @@ class SessionOut(BaseModel):
         description="e.g. the decode gain over the remaining turns vs the "
         "re-prefill cost of the prefix",
     )
+    lost_tokens: int = Field(
+        0,
+        description="The live row's prefix tokens its turns found uncached of what the engine "
+        "held (docs/sessions.md, Lost prefixes); 0 for a row given or new.",
+    )
+    loss_cause: str = Field("", description="The last loss's cause: client-rewrite, ...")
+    loss_where: str = Field("", description="The last client rewrite's field or item.")
 
 
 class AdmissionOut(BaseModel):

@@ -274,7 +274,7 @@ def policy_routes(gw: Gateway, store: PolicyStore) -> list[BaseRoute]:
         return ExplainOut(
             policy_version=policy.version,
             decision=out,
-            session=_session_out(view.session, source, decision.verdicts),
+            session=_session_out(view.session, source, decision.verdicts, gw),
             admission=admission,
         )
 
@@ -338,11 +338,12 @@ def _session_input(
 
 
 def _session_out(
-    session: SessionView | None, source: str, verdicts: tuple[RuleVerdict, ...]
+    session: SessionView | None, source: str, verdicts: tuple[RuleVerdict, ...], gw: Gateway
 ) -> SessionOut | None:
     if session is None:
         return None
     verdict = next((v for v in verdicts if v.rule == "session"), None)
+    row = gw.sessions.get(session.key) if source == "table" else None
     return SessionOut(
         key=session.key,
         source=source,
@@ -355,6 +356,9 @@ def _session_out(
         attained_tokens=session.attained_tokens,
         verdict=None if verdict is None else verdict.verdict,
         detail="" if verdict is None else verdict.detail,
+        lost_tokens=0 if row is None else row.lost_tokens,
+        loss_cause="" if row is None else row.loss_cause,
+        loss_where="" if row is None else row.loss_where,
     )
 
 

@@ -121,6 +121,7 @@ def _kv_tokens(samples: list[Any], out: Scrape) -> None:
         size = token_count(_int(sample.labels.get("block_size", "")))
         if blocks and size:
             out.values["kv_tokens"] = float(blocks * size)
+            out.values["kv_block_size"] = float(size)
 
 
 def _int(text: str) -> int | None:
@@ -318,6 +319,8 @@ class HealthMonitor:
         kv_tokens = scrape.values.get("kv_tokens")
         if kv_tokens is not None:  # several engines: their caches together
             gw.kv_reported[name] = int(kv_tokens)
+            if "kv_block_size" in scrape.values:
+                gw.kv_block[name] = int(scrape.values["kv_block_size"])
         gw.live.set_scraped(
             name,
             running=None if running is None else int(running),

@@ -40,6 +40,11 @@ class SessionEntry:
     cached_tokens: int = 0
     decode_s: float = 0.0
     moves: int = 0
+    # Prefix tokens its turns found uncached of what the engine held (proxy/backends/prefix.py),
+    # and the last loss's cause and where ("" when none yet).
+    lost_tokens: int = 0
+    loss_cause: str = ""
+    loss_where: str = ""
     # Tokens served for it, by minute (proxy/backends/attained.py): its fairness level.
     attained: AttainedWindow = field(default_factory=AttainedWindow)
 
@@ -146,6 +151,13 @@ class SessionTable:
         row.last_seen = now
         if self.on_change is not None:
             self.on_change(key)
+
+    def lost(self, key: str, tokens: int, cause: str, where: str) -> None:
+        """A turn of the session found `tokens` of its prefix uncached, for `cause`."""
+        row = self._rows.get(key)
+        if row is not None and tokens > 0:
+            row.lost_tokens += tokens
+            row.loss_cause, row.loss_where = cause, where
 
     def served(self, key: str, tokens: int, now: float) -> None:
         """A request of the session ended: `tokens` served for it (its turns, and the

@@ -1,5 +1,6 @@
-"""Session-aware admission's metrics (policies/admission.py), part of the gateway's registry
-(proxy/observe/metrics.py's `GatewayMetrics.sessions`): every name defined here, once."""
+"""Session-aware admission's metrics (policies/admission.py) and the sessions' lost prefixes
+(proxy/backends/prefix.py), part of the gateway's registry (proxy/observe/metrics.py's
+`GatewayMetrics.sessions`): every name defined here, once."""
 
 from __future__ import annotations
 
@@ -46,5 +47,13 @@ class AdmissionMetrics:
             "specrouter_session_resident",
             "Sessions resident on a backend (their prefixes kept) and the KV tokens they hold.",
             ("backend", "what"),  # sessions, tokens
+            registry=r,
+        )
+        self.prefix_lost = Counter(
+            "specrouter_prefix_lost_tokens",
+            "Prompt tokens a session's turn found uncached of those its engine held after the "
+            "session's previous turn (whole blocks), by cause: client-rewrite, compacted, "
+            "unknown (proxy/backends/prefix.py).",
+            ("backend", "cause"),
             registry=r,
         )

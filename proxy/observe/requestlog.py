@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from policies.agent_signals import AgentSignals
+from proxy.backends.prefix import NOTHING, PrefixLoss
 from proxy.bounds import storable
 from proxy.observe.requestlog_schema import INSERT, open_db
 from proxy.observe.stats import weighted_at
@@ -59,6 +60,7 @@ Pending = tuple[
     AgentSignals,
     str,
     tuple[str, ...],
+    PrefixLoss,
 ]
 Row = tuple[Any, ...]
 
@@ -127,6 +129,7 @@ def row_of(p: Pending) -> Row:
         sig,
         turn_state,
         adapted,
+        prefix,
     ) = p
     gaps, tokens = m.itl_steps()
     p50, p95 = itl_quantiles(gaps, tokens)
@@ -170,7 +173,14 @@ def row_of(p: Pending) -> Row:
         sig.turn_id or None,
         turn_state or None,
         ",".join(adapted) or None,
+        *_prefix(prefix),
     )
+
+
+def _prefix(p: PrefixLoss | None) -> tuple[int | None, int | None, str | None, str | None]:
+    if p is None or p is NOTHING:  # not a session turn compared with its previous one
+        return None, None, None, None
+    return p.expected, p.lost, p.cause or None, p.where or None
 
 
 # --- the database, used only from the writer thread (one call at a time) -----------------------
@@ -348,6 +358,7 @@ class RequestLog:
                     r.signals,
                     r.turn_state,
                     r.adapted,
+                    r.prefix,
                 )
             )
         except Exception:  # a log must never fail the request that feeds it

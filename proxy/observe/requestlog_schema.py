@@ -6,8 +6,8 @@ import sqlite3
 from pathlib import Path
 
 # 2: tps_source, gateway_s, engine_headers_s; 3: session, agent; 4: continued_from;
-# 5: the agents' own signals (request_class ... turn_state); 6: adapted
-SCHEMA_VERSION = 6
+# 5: the agents' own signals (request_class ... turn_state); 6: adapted; 7: the lost prefix
+SCHEMA_VERSION = 7
 
 # Column order is the order of `requestlog.row_of`'s tuple; `report` reads them by these names.
 COLUMNS: tuple[str, ...] = (
@@ -49,6 +49,10 @@ COLUMNS: tuple[str, ...] = (
     "turn_id",
     "turn_state",
     "adapted",
+    "expected_tokens",
+    "lost_tokens",
+    "loss_cause",
+    "loss_where",
 )
 # Columns after version 1's, with their types: an older file gets them on open.
 ADDED = (
@@ -67,6 +71,10 @@ ADDED = (
     ("turn_id", "TEXT"),
     ("turn_state", "TEXT"),
     ("adapted", "TEXT"),
+    ("expected_tokens", "INTEGER"),
+    ("lost_tokens", "INTEGER"),
+    ("loss_cause", "TEXT"),
+    ("loss_where", "TEXT"),
 )
 
 SCHEMA = """
@@ -109,7 +117,12 @@ CREATE TABLE IF NOT EXISTS requests (
     prompt_id TEXT,                 -- the prompt id hashed with the client (p-...)
     turn_id TEXT,                   -- Codex's turn id hashed with the client (t-...)
     turn_state TEXT,                -- x-codex-turn-state: issued, valid or refused
-    adapted TEXT                    -- proxy/relay/adapt.py rules that changed it, comma-separated
+    adapted TEXT,                   -- proxy/relay/adapt.py rules that changed it, comma-separated
+    -- a session turn's prefix (proxy/backends/prefix.py); NULL when not accounted
+    expected_tokens INTEGER,        -- what it should have found cached (whole blocks)
+    lost_tokens INTEGER,            -- of its engine's prefix after the previous turn, not found
+    loss_cause TEXT,                -- client-rewrite, compacted, unknown (NULL: nothing lost)
+    loss_where TEXT                 -- the first changed field or item, for a client's rewrite
 );
 CREATE INDEX IF NOT EXISTS requests_time ON requests (time);
 """

@@ -19,7 +19,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +163,9 @@ GROUP_KEYS: dict[str, Callable[[Row], str]] = {
     "turn_id": lambda r: _column(r, "turn_id"),
     "turn_state": lambda r: _column(r, "turn_state"),
     "adapted": lambda r: _column(r, "adapted"),  # proxy/relay/adapt.py's rules
+    # a session turn's lost prefix (proxy/backends/prefix.py; rows before version 7: none)
+    "loss_cause": lambda r: _column(r, "loss_cause"),
+    "loss_where": lambda r: _column(r, "loss_where"),
 }
 
 
@@ -195,6 +198,24 @@ class GroupReport:
     requests: int  # outcome ok: the ones the figures describe
     failed: int  # any other outcome (rejected, upstream_error, client_gone, timeout)
     metrics: dict[str, MetricReport]
+    prefix: dict[str, int] = field(default_factory=dict)  # `prefix_of`
+
+
+def prefix_of(rows: Iterable[Row]) -> dict[str, int]:
+    """The session turns compared with their previous turn (proxy/backends/prefix.py): how
+    many, the prefix tokens they should have found cached, those lost, and lost by cause."""
+    out = {"turns": 0, "expected": 0, "lost": 0}
+    for r in rows:
+        if r.get("expected_tokens") is None:
+            continue
+        lost = r.get("lost_tokens") or 0
+        out["turns"] += 1
+        out["expected"] += r["expected_tokens"]
+        out["lost"] += lost
+        if lost:
+            cause = "lost_" + (r.get("loss_cause") or "unknown")
+            out[cause] = out.get(cause, 0) + lost
+    return out
 
 
 def build_report(rows: Sequence[Row], keys: Sequence[str]) -> list[GroupReport]:
@@ -215,7 +236,11 @@ def build_report(rows: Sequence[Row], keys: Sequence[str]) -> list[GroupReport]:
         }
         out.append(
             GroupReport(
-                dict(zip(keys, label, strict=True)), len(group), failed.pop(label, 0), metrics
+                dict(zip(keys, label, strict=True)),
+                len(group),
+                failed.pop(label, 0),
+                metrics,
+                prefix_of(group),
             )
         )
     for label, n in failed.items():  # groups where nothing succeeded still show up
@@ -278,6 +303,15 @@ def format_text(groups: Sequence[GroupReport], *, header: Sequence[str]) -> str:
     width = max(len("group"), *(len(_label(g)) for g in groups))
     lines += ["", "groups (largest first: the first is the reference)"]
     lines += [f"  {_label(g):<{width}}  {g.requests:>6} ok  {g.failed:>6} failed" for g in groups]
+    if any(g.prefix.get("turns") for g in groups):
+        lines += ["", "prefix cache: session turns, tokens they should have found, lost (by cause)"]
+        for g in groups:
+            p = g.prefix
+            causes = ", ".join(f"{k[5:]} {v:,}" for k, v in sorted(p.items()) if k[:5] == "lost_")
+            lines.append(
+                f"  {_label(g):<{width}}  {p.get('turns', 0):>6} turns  {p.get('expected', 0):>11,} "
+                f"expected  {p.get('lost', 0):>11,} lost  {causes}".rstrip()
+            )
     for m in METRICS:
         unit = f" ({m.unit})" if m.unit else ""
         lines += [

@@ -358,6 +358,7 @@ class PublicApp:
             session = table.view(sid, x.t0)
             record.session, record.subagent = sid.key, sid.subagent
             record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
+            record.prefix_check = gw.prefixes.check(sid.key, x.endpoint, body, x.encoded)
             token = x.headers.get(TURN_STATE)
             if token is not None:  # Codex echoes it within a turn (proxy/relay/turnstate.py)
                 turn_engine = gw.turn_state.verify(token, x.client.name, sid.key, time.time())

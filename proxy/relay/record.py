@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from policies.agent_signals import NONE, AgentSignals
+from proxy.backends.prefix import NOTHING, Check, PrefixLoss
 from proxy.relay.measure import Measurement
 
 
@@ -41,6 +42,10 @@ class RequestRecord:
     signals: AgentSignals = NONE
     turn_state: str = ""  # "" | issued | valid | refused: the x-codex-turn-state token's fate
     adapted: tuple[str, ...] = ()  # proxy/relay/adapt.py: the rules that changed the request
+    # A session turn's conversation against its previous turn's (proxy/backends/prefix.py),
+    # and once it ended, the prefix tokens it lost and why.
+    prefix_check: Check | None = None
+    prefix: PrefixLoss = NOTHING
     model: str = ""  # as the client named it
     # OpenTelemetry, when on (proxy/observe/otel.py): the request's open span, and the
     # `traceparent` that carries its context to the engines ("" when off: the client's goes).

@@ -113,7 +113,8 @@ def test_agent_rows_and_charts_in_chromium(certs, artifacts: Path) -> None:
             assert cells[3] == variant and cells[4] == "3"  # stuck to its engine, 3 requests
             assert int(cells[5]) > 3 * 200 and int(cells[6]) > 0  # tokens in and out
             assert int(cells[7].split()[0]) > 0  # later turns hit the prefix cache
-            assert cells[9] == "100%"  # the only session on its engine
+            assert cells[8] == "0"  # each turn extends the last: every whole block found
+            assert cells[10] == "100%"  # the only session on its engine
         photograph(page, artifacts / "dashboard-sessions.png")
         for box in ("#charts-variants", "#charts-agents"):
             points = page.eval_on_selector_all(

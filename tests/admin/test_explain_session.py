@@ -61,6 +61,7 @@ def _live_session(gw: Gateway, prefix: int) -> str:
         cached_tokens=0,
         decode_s=1.0,
     )
+    gw.sessions.lost(sid.key, 4096, "client-rewrite", "system")  # proxy/backends/prefix.py
     return sid.key
 
 
@@ -81,6 +82,11 @@ async def test_a_live_session_stays_and_the_arithmetic_says_why(setup, by: str) 
     assert (s["key"], s["source"], s["engine"], s["prefix_tokens"]) == (key, "table", "a", 300_000)
     # 9 remaining turns x 500 tokens x (1/20 - 1/40) s = 112.5 s <= 300,000 / 2,000 = 150 s
     assert (s["turns"], s["verdict"]) == (1, "stay")
+    assert (s["lost_tokens"], s["loss_cause"], s["loss_where"]) == (
+        4096,
+        "client-rewrite",
+        "system",
+    )
     assert s["detail"] == (
         "a -> b: gain 9 turns x 500 tokens = 112.50 s <= re-prefill 300000 tokens / "
         "2000 tokens/s = 150.00 s"

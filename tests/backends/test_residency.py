@@ -115,7 +115,8 @@ def test_the_kv_tokens_an_engine_reports() -> None:
         "# TYPE vllm:cache_config_info gauge\n"
         'vllm:cache_config_info{block_size="16",num_gpu_blocks="%s",engine="0"} 1.0\n'
     )
-    assert parse_vllm_metrics(page % "2048", 0.0).values == {"kv_tokens": 32768.0}
+    reported = {"kv_tokens": 32768.0, "kv_block_size": 16.0}  # the block: prefix accounting
+    assert parse_vllm_metrics(page % "2048", 0.0).values == reported
     assert parse_vllm_metrics(page % "None", 0.0).values == {}  # not profiled yet
     assert parse_vllm_metrics(page % "1e99", 0.0).values == {}
 

@@ -1,5 +1,6 @@
-"""The agents' signals in the request log: one column each, NULL when not sent, an older file
-migrated on open (its rows kept, their signals NULL), and `specrouter report --by` on them."""
+"""The agents' signals and a turn's lost prefix in the request log: one column each, NULL when
+not sent, an older file migrated on open (its rows kept, their signals NULL), and `specrouter
+report --by` on them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from policies.agent_signals import signals_of
+from proxy.backends.prefix import PrefixLoss
 from proxy.observe.requestlog import RequestLog, row_of
 from proxy.observe.requestlog_schema import COLUMNS, SCHEMA_VERSION
 from proxy.ops import report
@@ -105,3 +107,53 @@ def test_an_older_file_is_migrated_and_reported(
     for key in ("context_compacted", "prompt_id", "turn_id", "turn_state", "compaction"):
         assert report.main(["--db", str(path), "--since", "all", "--by", key, "--json"]) == 0
     assert '"context_compacted": "compacted"' in capsys.readouterr().out
+
+
+def test_lost_prefix_logged_and_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A session turn's lost prefix (proxy/backends/prefix.py): four columns, NULL for a request
+    not accounted; `specrouter report` sums them per group, by cause."""
+    path = tmp_path / "requests.sqlite3"
+
+    async def write() -> None:
+        log = RequestLog(path)
+        for i, loss in enumerate(
+            (
+                PrefixLoss(992, 0, ""),
+                PrefixLoss(992, 480, "unknown"),
+                PrefixLoss(192, 800, "client-rewrite", "system"),
+                None,
+            )
+        ):
+            record = make_record(i + 1)
+            record.session, record.agent = "s-1", "claude-code"
+            if loss is not None:
+                record.prefix = loss
+            log.sink(record)
+        await log.stop()
+
+    asyncio.run(write())
+    conn = sqlite3.connect(path)
+    rows = conn.execute(
+        "SELECT expected_tokens, lost_tokens, loss_cause, loss_where FROM requests ORDER BY time"
+    ).fetchall()
+    conn.close()
+    assert rows == [
+        (992, 0, None, None),
+        (992, 480, "unknown", None),
+        (192, 800, "client-rewrite", "system"),
+        (None, None, None, None),
+    ]
+    assert report.main(["--db", str(path), "--since", "all", "--by", "session"]) == 0
+    out = capsys.readouterr().out
+    line = out.splitlines()[out.splitlines().index(PREFIX_TITLE) + 1]
+    assert line.split() == [
+        "session=s-1", "3", "turns", "2,176", "expected", "1,280", "lost",
+        "client-rewrite", "800,", "unknown", "480",
+    ]  # fmt: skip
+    assert report.main(["--db", str(path), "--since", "all", "--by", "loss_cause", "--json"]) == 0
+    assert '"lost_client-rewrite": 800' in capsys.readouterr().out
+
+
+PREFIX_TITLE = "prefix cache: session turns, tokens they should have found, lost (by cause)"

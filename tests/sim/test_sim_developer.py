@@ -6,8 +6,12 @@ as on real vLLM (tests/engines/vllm/test_vllm_agent_replay.py); through the gate
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
+import sqlite3
+import time
+from contextlib import closing
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -64,12 +68,38 @@ def _usage(resp: httpx.Response) -> dict[str, Any]:
     raise AssertionError(f"no response.completed event: {resp.text[-300:]}")
 
 
+LOSS = ("expected_tokens", "lost_tokens", "loss_cause", "loss_where")
+
+
+def _rows(gw: GatewayServer, since: float, n: int) -> list[sqlite3.Row]:
+    """The request log's rows since `since` once `n` are written (it writes every 0.5 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        with closing(sqlite3.connect(gw.dir / "state" / "requests.sqlite3")) as conn:
+            conn.row_factory = sqlite3.Row
+            try:
+                rows = conn.execute(
+                    "SELECT * FROM requests WHERE time >= ? ORDER BY time", (since,)
+                ).fetchall()
+            except sqlite3.OperationalError:  # the table is made with the first batch
+                rows = []
+        if len(rows) >= n or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.05)
+
+
+def _metric(gw: GatewayServer, name: str) -> float:
+    line = next((x for x in gw.metrics().splitlines() if x.startswith(name + " ")), None)
+    return 0.0 if line is None else float(line.split()[-1])
+
+
 def test_resumed_codex_turn_loses_then_keeps_its_prefix(certs: Any) -> None:
     """Codex's turns 2 and 3 (`exec resume`, a new developer message after the thread): sent
     straight to the simulator, turn 3 misses part of turn 2's prompt (its merged system message
     differs; the simulator writes the tools before it, so the miss is the short thread after
     it); through a gateway whose backend sets `developer_in_place`, it hits every whole block of
-    turn 2's prompt."""
+    turn 2's prompt, and the request log says so; a rewrite of its first message then loses it,
+    logged and counted as the client's."""
     turns = _codex_turns()
     with SimServer(
         "mtp3", served_model_name=SERVED, time_scale=0.01, tool_call_parser="qwen3_coder"
@@ -81,9 +111,28 @@ def test_resumed_codex_turn_loses_then_keeps_its_prefix(certs: Any) -> None:
         doc["backends"]["coder-a"]["developer_in_place"] = True
         with GatewayServer(doc, certs=certs) as gw, gw.client() as c:
             c.timeout = httpx.Timeout(60)
+            since = time.time()
+            _usage(c.post("/v1/responses", json=turns[2]))
             kept = _usage(c.post("/v1/responses", json=turns[3]))
+            # the client rewrites its first message: the turn loses the prefix after it
+            rewritten = copy.deepcopy(turns[3])  # a date line added to its first message
+            part = rewritten["input"][0]["content"][0]
+            part["text"] = "Today is 2026-12-03. " + part["text"]
+            _usage(c.post("/v1/responses", json=rewritten))
+            rows = _rows(gw, since, 3)
+            lost = _metric(
+                gw, 'specrouter_prefix_lost_tokens_total{backend="coder-a",cause="client-rewrite"}'
+            )
     block = next(f.default for f in fields(Profile) if f.name == "block_size")
     assert isinstance(block, int)
     whole = before["input_tokens"] // block * block
     cached = [u["input_tokens_details"]["cached_tokens"] for u in (resumed, kept)]
     assert cached[0] < whole <= cached[1], (cached, before["input_tokens"])
+    # The request log's accounting of the same turns: the resumed turn extends its predecessor
+    # and found every whole block it should have; the rewritten one lost what followed the
+    # first changed byte (the simulator writes the tools before the messages: those it kept).
+    first, resumed_row, rewrite_row = ([r[k] for k in LOSS] for r in rows)
+    assert first == [None, None, None, None]  # nothing to compare with
+    assert resumed_row == [whole, 0, None, None]
+    assert rewrite_row[2:] == ["client-rewrite", "input[0]"]
+    assert 0 < rewrite_row[0] < rewrite_row[1] == lost

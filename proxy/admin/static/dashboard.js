@@ -57,6 +57,7 @@ function render(s) {
     <td>${esc(a.client)}</td><td>${esc(a.engine)}${a.moves ? ` <span class="count">(${a.moves})</span>` : ""}</td>
     <td class="num">${a.requests}</td><td class="num">${a.tokens_in}</td><td class="num">${a.tokens_out}</td>
     <td class="num">${a.cached_tokens === null ? "–" : a.cached_tokens + (a.tokens_in ? ` (${(100 * a.cached_tokens / a.tokens_in).toFixed(0)}%)` : "")}</td>
+    <td class="num" title="${esc(a.loss_where || "")}">${a.lost_tokens}${a.loss_cause ? ` <span class="count">${esc(a.loss_cause)}</span>` : ""}</td>
     <td class="num">${fmt(a.decode_s, " s")}</td><td class="num">${a.engine_share === null ? "–" : (a.engine_share * 100).toFixed(0) + "%"}</td>
     <td class="num">${fmt(a.idle_s, " s", 0)}</td>`, "no agent session yet");
   if (s.timeline) {

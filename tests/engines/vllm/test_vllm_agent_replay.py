@@ -151,6 +151,18 @@ def test_codex_cache_hits_are_what_vllms_rendering_shares(
     assert all(cached == expected for cached, expected in seen.values()), seen
     resumed, before = rendered["codex#3"], rendered["codex#2"]
     assert resumed["shared_tokens"] < before["prompt_tokens"] // 2, (resumed, before)
+    # The gateway's per-turn accounting (proxy/backends/prefix.py) of the same turns: each
+    # extends its predecessor, so it expects every whole block of its prompt; only the resumed
+    # turn loses, by vLLM's rendering, which the body cannot show: `unknown`.
+    rows = [one.row for one in replayed["codex"]]
+    assert rows[0]["expected_tokens"] is None  # the session's first turn
+    accounted = []
+    for prev, row in zip(rows, rows[1:], strict=False):
+        held = min(prev["prompt_tokens"], row["prompt_tokens"] - 1) // block * block
+        lost = held - row["cached_tokens"]
+        accounted.append((row["expected_tokens"], row["lost_tokens"], row["loss_cause"]))
+        assert accounted[-1] == (held, lost, "unknown" if lost else None), (accounted, held)
+    assert [a[1] > 0 for a in accounted] == [False, False, True, False]  # codex#3 alone
 
 
 def test_developer_in_place_keeps_the_resumed_turns_prefix(
@@ -183,6 +195,8 @@ def test_developer_in_place_keeps_the_resumed_turns_prefix(
     ]
     whole = before.row["prompt_tokens"] // block * block
     assert resumed.row["cached_tokens"] == whole, (resumed.row, before.row["prompt_tokens"])
+    # ... and the gateway's accounting says nothing was lost
+    assert (resumed.row["expected_tokens"], resumed.row["lost_tokens"]) == (whole, 0)
     assert resumed.delta["vllm:prefix_cache_hits_total"] == whole
 
 
