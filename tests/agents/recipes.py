@@ -1,4 +1,4 @@
-"""A docs page's client recipes (docs/clients.md by default), extracted exactly as printed (`<!-- recipe: NAME -->` + a block)."""
+"""A page's recipes (docs/clients.md by default; the README's newcomer path: "README.md"), extracted exactly as printed (`<!-- recipe: NAME -->` + a block)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 only what was written (its environment file sourced into an environment with no gateway setting
 of its own): Codex `exec`, Claude Code `-p`, aider one message, the OpenAI (Python and Node) and
 Anthropic SDKs one call each. The user's own settings survive; a file that changes is backed up.
-And the newcomer's path as one test: the demo (`make demo`), then docs/connect.md's commands as
+And the newcomer's path as one test: the demo (`make demo`), then the README's commands as
 printed."""
 
 from __future__ import annotations
@@ -360,7 +360,7 @@ def test_a_wrong_ca_is_said_before_anything_is_written(
 def test_newcomer_path(
     demo: Demo, agents: Path, tmp_path: Path, recipe: str, binary: str, written: str
 ) -> None:
-    """`make demo` (the demo of this folder), then docs/connect.md's commands as printed, from a
+    """`make demo` (the demo of this folder), then the README's commands as printed, from a
     clone (here: a folder with the clone's .venv and the demo's state as .state/demo), in a
     HOME with nothing but what `connect` writes and a PATH without `specrouter`."""
     bin_dir = npm_bin(agents, binary)
@@ -376,7 +376,7 @@ def test_newcomer_path(
     env.pop("VIRTUAL_ENV", None)
     since = time.time()
     done = subprocess.run(
-        ["bash", "-c", recipes("docs/connect.md")[recipe]],
+        ["bash", "-c", recipes("README.md")[recipe]],
         cwd=clone,
         env=env,
         capture_output=True,

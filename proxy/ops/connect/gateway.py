@@ -1,6 +1,6 @@
 """Which gateway an agent is connected to: base URL, CA file, client key and model.
 
-Each comes from a flag, else the variable README's Clients section exports (`SPECROUTER_URL`,
+Each comes from a flag, else the variable docs/clients.md's first recipe exports (`SPECROUTER_URL`,
 `SPECROUTER_CA`, `SPECROUTER_KEY`), else the demo's state directory (`specrouter demo` records its
 base URL and model in `connect.json` there, beside `tls/ca.pem` and `client.key`). A CA file
 given for another URL is never mixed with the demo's.
