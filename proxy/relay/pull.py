@@ -21,12 +21,13 @@ from proxy.relay.ends import body_outcome, end_stream
 from proxy.relay.exchange import Relay
 from proxy.relay.resume import resume_stream
 from proxy.relay.stream_core import StreamCore, open_core, ping_every
-from proxy.relay.upstream import Payload, PulledResponse, UpstreamError
+from proxy.relay.upstream import Payload, PulledResponse, UpstreamError, json_answer
 
 if TYPE_CHECKING:
     from proxy.relay.exchange import Exchange
 
 _BODY_COPY_LIMIT = 4 * 1024 * 1024  # non-streaming bodies kept for measurement up to this
+BODY_CHECK_LIMIT = _BODY_COPY_LIMIT  # non-streaming JSON answers read whole up to this
 
 
 async def open_pulled(
@@ -45,7 +46,11 @@ async def open_pulled(
     try:
         if resp.status >= 500 and check_status:
             raise UpstreamError("status", f"backend answered {resp.status}", resp.status)
-        return resp, await resp.first_bytes()
+        first = await resp.first_bytes()
+        if x.body.get("stream") is not True and json_answer(resp.status, resp.headers):
+            # Read whole (bounded) so that forward.py checks it is JSON before the status goes.
+            first = await resp.read_whole(first, BODY_CHECK_LIMIT, x.gw.settings.idle_timeout_s)
+        return resp, first
     except BaseException:
         resp.close()
         watch.response = None
