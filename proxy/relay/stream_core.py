@@ -182,8 +182,13 @@ class StreamCore:
         return gone_outcome(self.ended, self.outcome)
 
     def wants_continuation(self, continuable: bool, closing: bool) -> bool:
-        """A failed stream may be finished by another engine, once, unless the gateway closes."""
-        return continuable and not closing and self.result()[0] != "ok"
+        """A broken stream may be finished by another engine, once, unless the gateway closes;
+        not one that ended with the engine's own error event (the client has read its end)."""
+        if not continuable or closing:
+            return False
+        m = self.filt.m
+        outcome, _ = check_end(self.outcome, self.error, self.ended, m, self.responses)
+        return outcome != "ok"
 
     def _fail(self, outcome: str, status: int, message: str) -> None:
         if self.outcome == "ok":  # the first failure is the one the client is told

@@ -145,6 +145,34 @@ def test_the_core_ends_each_stream_as_the_table_says(api: str, end: str) -> None
         assert body == b"".join(case.frames)
 
 
+@pytest.mark.parametrize(
+    ("end", "wanted"),
+    [
+        ("end", False),
+        ("engine_error", False),  # the client has read the engine's error event and [DONE]
+        ("eof_before_end", True),
+        ("connection_lost", True),
+        ("oversized_frame", True),
+        ("silence", True),
+    ],
+)
+def test_the_core_wants_a_continuation_only_for_a_broken_stream(end: str, wanted: bool) -> None:
+    case = _case("chat", end)
+    m = Measurement(0.0)
+    core = StreamCore(StreamFilter(m), CHAT_ENDS, MAX_FRAME, SilenceLimit(1.0, 1.0, 0.0, 0.0))
+    for f in case.frames:
+        core.feed(f, 1.0)
+    if case.stop == "end":
+        core.eof(1.0)
+    elif case.stop == "lost":
+        core.lost(502, "upstream connection lost")
+    elif not core.failed:
+        core.silence()
+    assert core.wants_continuation(True, closing=False) is wanted
+    assert not core.wants_continuation(True, closing=True)
+    assert not core.wants_continuation(False, closing=False)
+
+
 def test_the_core_pings_only_until_the_first_output() -> None:
     m = Measurement(0.0)
     filt = StreamFilter(m, events=reader_for("responses", m))
