@@ -65,7 +65,12 @@ def test_flow_control_and_cycle_keep_what_the_push_relay_reads() -> None:
     assert "write_paused" in FlowControl.__init__.__code__.co_names or hasattr(
         FlowControl, "write_paused"
     )
-    assert "disconnected" in inspect.getsource(RequestResponseCycle.__init__)
+    init = inspect.getsource(RequestResponseCycle.__init__)
+    for name in ("disconnected", "response_started", "response_complete"):
+        assert f"self.{name} = False" in init, f"uvicorn's cycle no longer has {name}"
+    # PushChannel.end_unfinished marks the cycle disconnected so that this check stays quiet.
+    run_asgi = inspect.getsource(RequestResponseCycle.run_asgi)
+    assert "elif not self.response_complete and not self.disconnected:" in run_asgi
 
 
 async def test_a_live_connection_exposes_transport_flow_and_cycle() -> None:

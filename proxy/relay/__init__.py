@@ -10,6 +10,8 @@
 - lease.py: `Lease`, a request's hold on one engine.
 - keepalive.py: the response headers and pings while no engine byte came (a route's
   `keepalive_s`).
+- stream_core.py: one relayed event stream's logic without I/O (frames, its end, failures and
+  their error events, the silence limit, pings); push.py and pull.py drive it.
 - push.py | pull.py: the body relayed from the engine's read callback | by an async pull loop.
 - ends.py: how a relayed event stream ends (its end event, the last bytes, the outcome).
 - watch.py: `DisconnectWatch`, the client's leaving turned into an upstream abort.

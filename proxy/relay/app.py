@@ -275,6 +275,8 @@ class PublicApp:
         finally:
             watch.stop()
             gw.watches.pop(id(x.record), None)
+            if channel is not None:  # our server: a response left unfinished ends here
+                channel.end_unfinished()
 
     async def _read(self, x: Exchange[Any], receive: Receive) -> bytes | None:
         """The body's bytes; None once answered."""

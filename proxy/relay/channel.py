@@ -1,6 +1,13 @@
 """`PushChannel`: write access to one client connection, an ASGI extension that our server
 protocol (proxy/servers.py) puts in the scope (`scope["extensions"]["specrouter.push"]`) for the
-push relay (proxy/relay/push.py) to write chunked body bytes straight to the client's transport."""
+push relay (proxy/relay/push.py) to write chunked body bytes straight to the client's transport.
+
+The framing has one owner, the gateway, through uvicorn's cycle state (pinned by
+tests/test_uvicorn_contract.py): the head goes through ASGI, body chunks through the channel or
+ASGI, the last chunk through ASGI; a response the gateway leaves unfinished on purpose (a
+truncated engine body, a client gone or stalled) is ended by `end_unfinished`, never by uvicorn
+guessing at an application error. docs/stream-core.md says why.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +45,20 @@ class PushChannel:
         """Close the client's connection at once, unsent bytes dropped (a client that stopped
         reading): the connection's loss then ends the request as the client's leaving does."""
         self._transport.abort()
+
+    def end_unfinished(self) -> None:
+        """The request is over with its response started and not complete: the connection is
+        closed (what was written still goes out, so the client sees a body cut short) and the
+        cycle marked over as a client's leaving marks it, so uvicorn takes the app's return as
+        the response's end rather than logging "returned without completing response"."""
+        try:
+            cycle = self._protocol.cycle
+        except ReferenceError:  # the connection is over and its protocol freed
+            return
+        if cycle is None or cycle.response_complete or not cycle.response_started:
+            return
+        cycle.disconnected = True
+        self._transport.close()
 
     def on_lost(self, callback: Callable[[], None] | None) -> None:
         """Called once when the client's connection closes (None: no longer)."""

@@ -25,7 +25,13 @@ from proxy.relay.measure import StreamFilter, withhold_estimate
 from proxy.relay.rewrite import plan_usage, upstream_pieces
 from proxy.relay.tracecontext import trace_headers
 from proxy.relay.turnstate import HEADER as TURN_STATE
-from proxy.relay.upstream import RESPONSE_ALLOW, UpstreamError, not_an_answer, not_json
+from proxy.relay.upstream import (
+    RESPONSE_ALLOW,
+    PulledResponse,
+    UpstreamError,
+    not_an_answer,
+    not_json,
+)
 
 if TYPE_CHECKING:
     from policies.schema import BackendSpec
@@ -223,7 +229,10 @@ async def open_engine(
         m = record.m
         m.t_engine, m.t_headers = time.perf_counter(), None
     resp, first = await x.relay.open(x, base + x.path, payload, up_headers, check_status)
-    refused = not_an_answer(resp.status, resp.headers) or not_json(resp.status, resp.headers, first)
+    whole = resp.content.at_eof() if isinstance(resp, PulledResponse) else False
+    refused = not_an_answer(resp.status, resp.headers) or not_json(
+        resp.status, resp.headers, first, whole
+    )
     if refused is not None:  # before the first byte went out: another engine may answer
         resp.close()
         raise refused

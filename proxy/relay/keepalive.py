@@ -4,14 +4,9 @@ ping every `keepalive_s`, while no engine byte has come.
 Agents' stream watchdogs and load balancers cut a stream that sends nothing for a while, and a
 long prefill sends nothing for seconds. The pings are the only bytes a client can get that the
 engine did not send for its request; they stop before the engine's first byte is relayed, so
-they never fall inside an engine event, and the measurement never sees them.
-
-`SilenceLimit` is the other half of a long prefill: the relays' deadline for a quiet stream.
-An engine may send events before its first output (vLLM's Responses stream sends
-`response.created` and `response.in_progress` at once, then nothing until the prefill ends), so
-until the first output (text, reasoning, a tool call) the first-byte timeout runs from the moment
-the engine was asked; after it, the idle timeout from the last byte. docs/failures.md says why the
-engine's early events are relayed rather than held.
+they never fall inside an engine event, and the measurement never sees them. After the
+engine's first byte and until its first output the stream core (proxy/relay/stream_core.py)
+pings on, with `RELAY_PINGS`.
 """
 
 from __future__ import annotations
@@ -21,53 +16,26 @@ import time
 from collections.abc import Callable
 
 from proxy.relay.asgi import Send
-from proxy.relay.measure import Measurement
-from proxy.settings import Settings
 
 Headers = list[tuple[bytes, bytes]]
 
 COMMENT_PING = b": ping\n\n"  # an SSE comment: every SSE client skips it
 MESSAGES_PING = b'event: ping\ndata: {"type": "ping"}\n\n'  # Anthropic's own ping event
-# By API kind; chat, completions and Responses streams get the comment.
+# A data event of a type no client acts on (Codex's parser drops unknown types; the OpenAI SDKs
+# pass it on); no `sequence_number`, so the engine's own numbering is left whole.
+RESPONSES_PING = b'event: keepalive\ndata: {"type":"keepalive"}\n\n'
+# Before the engine's first byte, by API kind; chat, completions and Responses get the comment
+# (the OpenAI SDKs' Responses stream helpers refuse any event before `response.created`).
 PINGS: dict[str, bytes] = {"messages": MESSAGES_PING}
+# After it and until its first output (the stream core's pings): on Responses, the data event,
+# which Codex's idle timer counts (it does not count comments).
+RELAY_PINGS: dict[str, bytes] = {"messages": MESSAGES_PING, "responses": RESPONSES_PING}
 # What the engine's event-stream answer carries; vLLM's content type, as Starlette writes it.
 SSE_HEADERS: Headers = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 ]
-
-
-class SilenceLimit:
-    """When a quiet stream is cut, in loop time; sans-io: the relay passes its clock readings.
-
-    `asked_ago`: seconds since the engine was asked (the first-byte timeout counts from then).
-    """
-
-    __slots__ = ("idle", "first_byte", "first_due")
-
-    def __init__(self, idle: float, first_byte: float, now: float, asked_ago: float) -> None:
-        self.idle, self.first_byte = idle, first_byte
-        self.first_due = now - max(0.0, asked_ago) + first_byte
-
-    def due(self, last_activity: float, has_output: bool) -> float:
-        """The deadline after a byte at `last_activity`; never sooner than the first-byte
-        timeout while the engine has not output (never later than the idle timeout after)."""
-        idle_due = last_activity + self.idle
-        return idle_due if has_output else max(idle_due, self.first_due)
-
-    def message(self, has_output: bool) -> str:
-        if has_output:
-            return f"upstream sent nothing for {self.idle:g}s"
-        return f"upstream sent no output in {max(self.first_byte, self.idle):g}s"
-
-
-def silence_limit(m: Measurement, settings: Settings, now: float) -> SilenceLimit:
-    """A relayed stream's limit, the first-byte timeout counted from when its engine was asked."""
-    asked = m.t_engine if m.t_engine is not None else m.t_start
-    return SilenceLimit(
-        settings.idle_timeout_s, settings.first_byte_timeout_s, now, time.perf_counter() - asked
-    )
 
 
 class Pinger:

@@ -16,29 +16,18 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from proxy.relay import sse
-from proxy.relay.continuation import stopped
-from proxy.relay.ends import (
-    MESSAGES_ENDS,
-    RESPONSES_ENDS,
-    at_end,
-    body_outcome,
-    check_end,
-    end_stream,
-    filter_read,
-    finish_read,
-    gone_outcome,
-)
-from proxy.relay.errors import sse_error_event
+from proxy.relay.asgi import Send
+from proxy.relay.ends import body_outcome, end_stream
 from proxy.relay.exchange import Relay
-from proxy.relay.keepalive import silence_limit
 from proxy.relay.resume import resume_stream
-from proxy.relay.upstream import Payload, PulledResponse, UpstreamError
+from proxy.relay.stream_core import StreamCore, open_core, ping_every
+from proxy.relay.upstream import Payload, PulledResponse, UpstreamError, json_answer
 
 if TYPE_CHECKING:
     from proxy.relay.exchange import Exchange
 
 _BODY_COPY_LIMIT = 4 * 1024 * 1024  # non-streaming bodies kept for measurement up to this
+BODY_CHECK_LIMIT = _BODY_COPY_LIMIT  # non-streaming JSON answers read whole up to this
 
 
 async def open_pulled(
@@ -57,7 +46,11 @@ async def open_pulled(
     try:
         if resp.status >= 500 and check_status:
             raise UpstreamError("status", f"backend answered {resp.status}", resp.status)
-        return resp, await resp.first_bytes()
+        first = await resp.first_bytes()
+        if x.body.get("stream") is not True and json_answer(resp.status, resp.headers):
+            # Read whole (bounded) so that forward.py checks it is JSON before the status goes.
+            first = await resp.read_whole(first, BODY_CHECK_LIMIT, x.gw.settings.idle_timeout_s)
+        return resp, first
     except BaseException:
         resp.close()
         watch.response = None
@@ -67,91 +60,86 @@ async def open_pulled(
 async def relay_sse(x: Exchange[PulledResponse]) -> str:
     """Relay an event stream; returns the outcome: ok, client_gone, upstream_error, timeout.
 
-    The response start has been sent. After the first byte there is no retry: a failing
-    backend ends the stream with vLLM's error event and `[DONE]`, so no client hangs, unless
-    `resume_stream` gives a continuation stream from another engine (proxy/relay/resume.py).
+    The stream core (proxy/relay/stream_core.py) driven by a pull loop. The response start has
+    been sent. After the first byte there is no retry: a failing backend ends the stream with
+    the API's error event, so no client hangs, unless `resume_stream` gives a continuation
+    stream from another engine (proxy/relay/resume.py).
     """
-    resp, data, send, watch, filt, ends = x.resp, x.first, x.send, x.watch, x.filt, x.ends
+    resp, data, send, watch = x.resp, x.first, x.send, x.watch
     assert resp is not None
-    settings, resume = x.gw.settings, x.continuable
-    max_frame = settings.max_sse_frame_bytes
-    m = filt.m
+    resume, every = x.continuable, ping_every(x)
     loop = asyncio.get_running_loop()
-    responses, messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
     while True:
-        # A dead upstream's partial frame is never sent; nor one past the frame limit.
-        splitter = sse.FrameSplitter(max_frame)
         content = resp.content
-        saw_done = False
-        outcome = "ok"
-        error = b""
         rearmed = loop.time()
-        limit = silence_limit(m, settings, rearmed)
-        had_output = m.t_first_token is not None
+        core = open_core(x, rearmed)
+        had_output = core.has_output
         try:
-            async with asyncio.timeout_at(limit.due(rearmed, had_output) + 1.0) as deadline:
+            async with asyncio.timeout_at(core.deadline(rearmed) + 1.0) as deadline:
                 while data:
-                    now = time.perf_counter()
-                    out = filter_read(splitter, filt, data, now)
+                    out = core.feed(data, time.perf_counter())
+                    if core.failed:  # an event past the frame limit
+                        break
                     if out:
-                        saw_done = at_end(out, ends)
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     if watch.gone:
-                        return gone_outcome(saw_done)
-                    if stopped(filt):  # a stop straddled the splice: the engine stops too
+                        return core.gone()
+                    if core.stopped:  # a stop straddled the splice: the engine stops too
                         resp.close()
                         break
                     t = loop.time()
                     # Re-armed at most once a second (idle..idle+1 s), and at the first output.
-                    if t - rearmed >= 1.0 or had_output != (m.t_first_token is not None):
-                        rearmed, had_output = t, m.t_first_token is not None
-                        deadline.reschedule(limit.due(t, had_output) + 1.0)
-                    data = await content.readany()
-                tail = finish_read(splitter, filt, time.perf_counter())
+                    if t - rearmed >= 1.0 or had_output != core.has_output:
+                        rearmed, had_output = t, core.has_output
+                        deadline.reschedule(core.deadline(t) + 1.0)
+                    if every is None or core.has_output:
+                        data = await content.readany()
+                    else:
+                        data = await _read_pinging(content, core, send, every)
+                tail = core.eof(time.perf_counter())  # nothing once failed
                 if tail:
-                    saw_done = at_end(tail, ends)
                     await send({"type": "http.response.body", "body": tail, "more_body": True})
-        except sse.FrameTooLarge as exc:
-            outcome = "upstream_error"
-            error = sse_error_event(502, f"upstream {exc}", responses=responses)
         except TimeoutError:
-            outcome = "timeout"
-            error = sse_error_event(
-                504,
-                limit.message(m.t_first_token is not None),
-                responses=responses,
-                messages=messages,
-            )
+            core.silence()
         except (aiohttp.ClientError, OSError) as exc:
             if watch.gone:
                 return "client_gone"
-            outcome = "upstream_error"
             if watch.closing is not None:
-                error = sse_error_event(503, watch.closing, responses=responses, messages=messages)
+                core.lost(503, watch.closing)
             else:
-                error = sse_error_event(
-                    502,
-                    f"upstream connection lost: {type(exc).__name__}",
-                    responses=responses,
-                    messages=messages,
-                )
+                core.lost(502, f"upstream connection lost: {type(exc).__name__}")
         if watch.gone:
-            return gone_outcome(saw_done, outcome)
-        outcome, error = check_end(outcome, error, saw_done, m, responses, messages)
-        if outcome != "ok" and resume and watch.closing is None:
+            return core.gone()
+        if core.wants_continuation(resume, watch.closing is not None):
             resumed = await resume_stream(x)
             resume = False  # once per request
             if resumed is not None:
                 resp, data = resumed
                 continue
         break
+    outcome, error = core.result()
     # A client that reads nothing ran the idle deadline out above; its last event must not
     # wait for it without end (uvicorn's `send` waits for the socket to drain).
     try:
         async with asyncio.timeout(x.gw.settings.client_write_timeout_s):
-            return await end_stream(send, filt, outcome, error)
+            return await end_stream(send, x.filt, outcome, error)
     except TimeoutError:
         return "client_gone"
+
+
+async def _read_pinging(
+    content: aiohttp.StreamReader, core: StreamCore, send: Send, every: float
+) -> bytes:
+    """The next engine read, with a ping each `every` seconds of silence before it (between
+    two reads, so between whole events)."""
+    while True:
+        try:
+            async with asyncio.timeout(every):
+                return await content.readany()
+        except TimeoutError:
+            ping = core.ping()
+            if ping:
+                await send({"type": "http.response.body", "body": ping, "more_body": True})
 
 
 async def relay_body(x: Exchange[PulledResponse]) -> str:

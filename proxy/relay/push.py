@@ -20,27 +20,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from proxy.relay import sse
 from proxy.relay.channel import PushChannel
-from proxy.relay.continuation import stopped
-from proxy.relay.ends import (
-    MESSAGES_ENDS,
-    RESPONSES_ENDS,
-    at_end,
-    body_outcome,
-    check_end,
-    end_stream,
-    filter_read,
-    finish_read,
-    gone_outcome,
-)
+from proxy.relay.ends import body_outcome, end_stream
 from proxy.relay.engine_conn import EngineStream, open_engine_stream
-from proxy.relay.errors import sse_error_event
 from proxy.relay.exchange import Relay
-from proxy.relay.keepalive import silence_limit
 from proxy.relay.resume import resume_stream
+from proxy.relay.stream_core import StreamCore, open_core, ping_every
 from proxy.relay.upstream import Payload, UpstreamError
 
 if TYPE_CHECKING:
@@ -101,43 +88,34 @@ async def _open_stream(
 
 
 async def relay_sse_push(x: Exchange[EngineStream]) -> str:
-    """pull.relay_sse's contract (outcome, error event, continuation), pushed from callbacks."""
+    """The stream core (proxy/relay/stream_core.py) driven from the engine's read callbacks:
+    pull.relay_sse's contract (outcome, error event, continuation)."""
     stream, first, channel, send = x.resp, x.first, x.channel, x.send
     assert stream is not None and channel is not None  # PUSH is chosen with a channel only
-    watch, filt, ends, resume = x.watch, x.filt, x.ends, x.continuable
-    settings = x.gw.settings
-    max_frame, write_timeout = settings.max_sse_frame_bytes, settings.client_write_timeout_s
-    m = filt.m
+    watch, resume = x.watch, x.continuable
+    write_timeout = x.gw.settings.client_write_timeout_s
+    every = ping_every(x)
     loop = asyncio.get_running_loop()
-    responses, messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
     while True:
-        limit = silence_limit(m, settings, loop.time())
-        # A dead engine's partial frame is never sent; nor one past the frame limit.
-        splitter = sse.FrameSplitter(max_frame)
-        ended = [False]
+        core = open_core(x, loop.time())
         draining: list[asyncio.Task[None]] = []  # non-empty while paused for the client
         paused_at = [0.0]
 
         def sink(
             data: bytes,
             stream: EngineStream = stream,
-            splitter: Any = splitter,
-            ended: list[bool] = ended,
+            core: StreamCore = core,
             draining: list[asyncio.Task[None]] = draining,
             paused_at: list[float] = paused_at,
         ) -> None:
             t = time.perf_counter()
-            try:
-                out = (
-                    filter_read(splitter, filt, data, t) if data else finish_read(splitter, filt, t)
-                )
-            except sse.FrameTooLarge as exc:
-                stream.abort(UpstreamError("frame", str(exc)))
+            out = core.feed(data, t) if data else core.eof(t)
+            if core.failed:  # an event past the frame limit: the engine's rest is not read
+                stream.abort(UpstreamError("frame", "event past the frame limit"))
                 return
             if not out:
                 return
-            ended[0] = at_end(out, ends)
-            if stopped(filt):  # a stop straddled the splice: closing aborts the engine's rest
+            if core.stopped:  # a stop straddled the splice: closing aborts the engine's rest
                 channel.write(out)
                 stream.close()
                 return
@@ -154,7 +132,7 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
         pending = stream.take_pending()
         if pending:
             sink(pending)
-        outcome, error = "ok", b""
+        pinged = loop.time()
         try:
             while not stream.done.done():
                 now = loop.time()
@@ -163,55 +141,48 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
                     if remaining <= 0:
                         raise _ClientStalled
                 else:
-                    has_output = m.t_first_token is not None
-                    remaining = limit.due(stream.last_activity, has_output) - now
+                    remaining = core.deadline(stream.last_activity) - now
                     if remaining <= 0:
                         raise TimeoutError
+                    if every is not None and not core.has_output:
+                        pinged = max(pinged, stream.last_activity)
+                        if now - pinged >= every:  # between two reads: between whole events
+                            channel.write(core.ping())
+                            pinged = now
+                        remaining = min(remaining, pinged + every - now)
                 # Woken at least once an idle timeout: a first output moves the deadline nearer.
-                await asyncio.wait({stream.done}, timeout=max(min(remaining, limit.idle), 0.05))
+                await asyncio.wait(
+                    {stream.done}, timeout=max(min(remaining, core.limit.idle), 0.05)
+                )
             failure = _failure(stream)
-            if stopped(filt):  # the gateway closed it: the stream ended at the client's stop
-                failure = None
-            if failure is None:
+            if failure is None or core.stopped:  # stopped: the gateway closed it at the stop
                 sink(b"")  # the clean end: a last frame held back for a `\n` that never came
+            elif watch.closing is not None:
+                core.lost(503, watch.closing)
             else:
-                outcome = "upstream_error"
-                if not watch.gone:
-                    status = 503 if watch.closing is not None else 502
-                    error = sse_error_event(
-                        status,
-                        watch.closing or f"upstream {failure}",
-                        responses=responses,
-                        messages=messages,
-                    )
+                core.lost(502, f"upstream {failure}")
         except _ClientStalled:
             # Nothing read for write_timeout: the client holds the engine's slot without using
             # it. Its connection is closed; closing the stream (below) aborts the engine's work.
             channel.abort()
             return "client_gone"
         except TimeoutError:
-            outcome = "timeout"
-            error = sse_error_event(
-                504,
-                limit.message(m.t_first_token is not None),
-                responses=responses,
-                messages=messages,
-            )
+            core.silence()
         finally:
             for task in draining:
                 task.cancel()
             stream.close()
         if watch.gone or channel.gone:
-            return gone_outcome(ended[0], outcome)
-        outcome, error = check_end(outcome, error, ended[0], m, responses, messages)
-        if outcome != "ok" and resume and watch.closing is None:
+            return core.gone()
+        if core.wants_continuation(resume, watch.closing is not None):
             resumed = await resume_stream(x)
             resume = False  # once per request
             if resumed is not None:
                 stream, first = resumed
                 continue
         break
-    return await end_stream(send, filt, outcome, error)
+    outcome, error = core.result()
+    return await end_stream(send, x.filt, outcome, error)
 
 
 class _ClientStalled(Exception):

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 import aiohttp
+import orjson
 
 # Request headers never forwarded: hop-by-hop ones, and the client's own credentials.
 HOP_BY_HOP = frozenset(
@@ -97,18 +98,42 @@ def echo_mismatch(got: Mapping[str, str], sent: Mapping[str, str]) -> UpstreamEr
 
 
 def not_an_answer(status: int, headers: Mapping[str, str]) -> UpstreamError | None:
-    """A 200 whose content-type is neither JSON nor an event stream: the error to refuse it."""
+    """A 200 whose content-type is neither JSON nor an event stream, or whose body is encoded
+    although the gateway asked for `identity`: the error to refuse it with. An encoded answer
+    could be neither measured nor checked, and its stream would carry the usage the gateway
+    asked for to the client."""
+    if status != 200:
+        return None
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("identity", ""):
+        return UpstreamError(
+            "protocol", f"engine answered 200 with content-encoding {encoding[:32]!r}"
+        )
     media = headers.get("content-type", "").partition(";")[0].strip().lower()
-    if status != 200 or media in SUCCESS_TYPES:
+    if media in SUCCESS_TYPES:
         return None
     return UpstreamError("protocol", f"engine answered 200 with content-type {media[:64]!r}")
 
 
-def not_json(status: int, headers: Mapping[str, str], first: bytes) -> UpstreamError | None:
-    """A 200 that says JSON but whose body does not begin as a JSON object or array (an HTML
-    page or a bare word): the error to refuse it with, before its first byte goes out."""
+def json_answer(status: int, headers: Mapping[str, str]) -> bool:
+    """A 200 that says JSON (a non-streaming answer, read whole before its status goes out)."""
     media = headers.get("content-type", "").partition(";")[0].strip().lower()
-    if status != 200 or media != "application/json" or "content-encoding" in headers:
+    return status == 200 and media == "application/json"
+
+
+def not_json(
+    status: int, headers: Mapping[str, str], first: bytes, whole: bool = False
+) -> UpstreamError | None:
+    """A 200 that says JSON but is not: its whole body when `whole` (read to its end, bounded),
+    else its beginning (a body past the bound: an HTML page or a bare word is caught, a broken
+    object is not). The error to refuse it with, before its first byte goes out."""
+    if not json_answer(status, headers):
+        return None
+    if whole:
+        try:
+            orjson.loads(first)
+        except orjson.JSONDecodeError:
+            return UpstreamError("protocol", "engine answered 200 with a body that is not JSON")
         return None
     start = first.lstrip(b" \t\r\n")[:1]
     if start in (b"{", b"[") or not start:
@@ -172,6 +197,28 @@ class PulledResponse:
         if not data and self.status == 200 and self._resp.content_length != 0:
             raise UpstreamError("connect", "backend closed the response before the first byte")
         return data
+
+    async def read_whole(self, first: bytes, limit: int, idle_timeout: float) -> bytes:
+        """`first` and the rest of the body while it stays within `limit` bytes (the caller
+        reads `content.at_eof()` to know whether it is whole)."""
+        data = bytearray(first)
+        try:
+            async with asyncio.timeout(idle_timeout) as deadline:
+                while len(data) <= limit and not self.content.at_eof():
+                    more = await self.content.readany()
+                    if not more:
+                        break
+                    data += more
+                    deadline.reschedule(asyncio.get_running_loop().time() + idle_timeout)
+        except TimeoutError as exc:
+            raise UpstreamError(
+                "timeout", f"engine body stalled for {idle_timeout:g}s", accepted=True
+            ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UpstreamError(
+                "protocol", f"engine body cut short: {describe(exc)}", accepted=True
+            ) from exc
+        return bytes(data)
 
     def close(self) -> None:
         self._resp.close()

@@ -637,6 +637,21 @@ async def s_non_json_200(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
     )
 
 
+async def s_broken_json_200(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
+    body = b'{"id": "x", "choices": [ {{{'
+    w.write(
+        HEAD_OK + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    )
+
+
+async def s_gzip_stream(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
+    body = gzip.compress(b"".join(_upstream(req, TEXTS)))
+    w.write(
+        HEAD_OK + b"content-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
+        b"content-length: %d\r\n\r\n" % len(body) + body
+    )
+
+
 async def s_truncated_body(w: asyncio.StreamWriter, req: dict[str, Any]) -> None:
     w.write(
         HEAD_OK
@@ -902,12 +917,16 @@ def test_a_responses_stream_without_its_terminal_event_ends_with_an_error_event(
 
 
 @E2E
-def test_a_200_that_says_json_but_is_not_is_a_bad_gateway(client: httpx.Client) -> None:
-    """Relayed as it came once, a 200 the client's SDK could not parse (issue 31)."""
-    status, headers, body, error = _post(client, "non_json_200", stream=False)
+@pytest.mark.parametrize("script", ["non_json_200", "broken_json_200"])
+def test_a_200_that_says_json_but_is_not_is_a_bad_gateway(
+    client: httpx.Client, script: str
+) -> None:
+    """Relayed as it came once, a 200 the client's SDK could not parse: a non-streaming answer
+    is read whole (bounded) and parsed before its status goes out."""
+    status, headers, body, error = _post(client, script, stream=False)
     assert (status, error) == (502, None)
     assert "not JSON" in _openai_error(502, body)["message"]
-    assert b"upstream proxy says hi" not in body
+    assert b"upstream proxy says hi" not in body and b"{{{" not in body
 
 
 @E2E
@@ -940,8 +959,23 @@ def test_a_malformed_usage_object_does_not_cut_the_stream(client: httpx.Client) 
 @E2E
 def test_a_truncated_non_streaming_body_is_not_passed_off_as_complete(client: httpx.Client) -> None:
     status, _, body, error = _post(client, "truncated_body", stream=False)
+    assert (status, error) == (502, None)  # read whole before the status: refused
+    assert "cut short" in _openai_error(502, body)["message"]
+
+
+@E2E
+def test_a_body_cut_short_after_its_status_ends_the_response_broken_and_quietly(
+    raw_gateway: tuple[GatewayServer, RawBackend], client: httpx.Client
+) -> None:
+    """A streaming request answered with a JSON body (relayed as it comes) that breaks: the
+    client sees a broken body, and the gateway ends the response itself (not uvicorn's
+    "returned without completing response" error)."""
+    status, _, body, error = _post(client, "truncated_body")
     assert status == 200
     assert error is not None, f"a complete-looking 200 with a truncated body: {body!r}"
+    _, _, body, error = _post(client, "vllm")  # a request after it: its log lines came first
+    assert error is None
+    assert not [line for line in raw_gateway[0].output if "without completing" in line]
 
 
 @E2E
@@ -952,12 +986,15 @@ def test_a_backend_header_outside_latin1_does_not_break_the_response(client: htt
 
 
 @E2E
-def test_a_compressed_backend_body_reaches_the_client_readable(client: httpx.Client) -> None:
-    status, headers, body, error = _post(client, "gzip_body", stream=False)
-    assert (status, error) == (200, None)
-    if headers.get("content-encoding") == "gzip":
-        body = gzip.decompress(body)
-    assert orjson.loads(body)["id"] == "cmpl-1"
+@pytest.mark.parametrize(("script", "stream"), [("gzip_body", False), ("gzip_stream", True)])
+def test_a_compressed_backend_answer_is_refused(
+    client: httpx.Client, script: str, stream: bool
+) -> None:
+    """Asked for `identity`, an engine that encodes its answer anyway could be neither checked
+    nor measured, and its stream would carry the usage the gateway asked for: refused."""
+    status, headers, body, error = _post(client, script, stream=stream)
+    assert (status, error) == (502, None)
+    assert "content-encoding 'gzip'" in _openai_error(502, body)["message"]
 
 
 @E2E

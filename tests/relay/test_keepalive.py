@@ -19,7 +19,7 @@ import pytest
 
 from loadtests.harness.gateway import GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
-from proxy.relay.keepalive import SilenceLimit
+from proxy.relay.stream_core import SilenceLimit
 
 SERVED = "qwen3.8-27b"
 MESSAGES = [{"role": "user", "content": "Implement quicksort in `sort.py`."}]
@@ -302,20 +302,25 @@ def test_the_silence_limit_is_the_first_byte_timeout_until_the_first_output(
 
 
 def test_a_responses_prefill_longer_than_the_idle_timeout_reaches_its_first_token(gw) -> None:
+    """After the engine's first events the pings go on as data events, until the first output;
+    the OpenAI SDK's stream helper (which refuses any event before `response.created`) reads
+    them as events of a type it does not know, the engine's sequence numbers untouched."""
     # A prompt of its own: another's prefix in the sim's cache would shorten the prefill.
     prompt = f"{uuid.uuid4()} {LONG_PREFILL}"
-    body = {"model": SERVED, "input": prompt, "stream": True, "max_output_tokens": 8}
-    events: list[tuple[float, bytes]] = []
-    with gw.client() as c:
+    events: list[tuple[float, str, int | None]] = []
+    with gw.openai() as client:
         t0 = time.monotonic()
-        with c.stream("POST", "/v1/responses", json=body) as r:
-            assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    events.append((time.monotonic() - t0, line[7:].encode()))
-    kinds = [k for _, k in events]
-    assert kinds[:2] == [b"response.created", b"response.in_progress"], kinds
-    assert b"error" not in kinds and kinds[-1] == b"response.completed", kinds
-    first_delta = next(t for t, k in events if k == b"response.output_text.delta")
-    # The prefill outlasted the idle timeout after the engine's first events.
-    assert first_delta - events[1][0] > IDLE_TIMEOUT, events[:4]
+        with client.responses.stream(model=SERVED, input=prompt, max_output_tokens=8) as stream:
+            for event in stream:
+                seq = getattr(event, "sequence_number", None)
+                events.append((time.monotonic() - t0, event.type, seq))
+    kinds = [k for _, k, _ in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"], kinds
+    assert "error" not in kinds and kinds[-1] in ("response.completed", "response.incomplete")
+    first = next(i for i, (_, k, _) in enumerate(events) if k == "response.output_text.delta")
+    # The prefill outlasted the idle timeout after the engine's first events, pinged meanwhile.
+    assert events[first][0] - events[1][0] > IDLE_TIMEOUT, events[:4]
+    assert "keepalive" in kinds[2:first] and "keepalive" not in kinds[first:], kinds
+    assert [q for _, k, q in events if k != "keepalive"] == list(
+        range(len(kinds) - kinds.count("keepalive"))
+    )

@@ -109,7 +109,7 @@ def test_a_responses_stream_opens_with_two_events_before_any_output(
 ) -> None:
     """vLLM sends `response.created` and `response.in_progress` before its first output (then
     nothing until the prefill ends): the gateway's idle timeout waits for that first output
-    (proxy/relay/keepalive.py's SilenceLimit), so this order is the premise it relies on."""
+    (proxy/relay/stream_core.py's SilenceLimit), so this order is the premise it relies on."""
     body = {"model": SERVED, "input": "def f(x):", "max_output_tokens": 8, "stream": True}
     with vgw.client() as c:
         relayed = c.post("/v1/responses", json={**body, **GREEDY})
