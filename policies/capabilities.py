@@ -4,7 +4,8 @@ measurement and the scraper read.
 - `refused_with_speculation`: sampling fields a speculative engine of that kind refuses (vLLM
   0.28 answers 400 for `min_p` > 0 or a `logit_bias`; llama.cpp samples them while it drafts).
 - `per_request`: the figures the engine reports for each request ("usage", vLLM's per-request
-  `metrics.speculative_decoding`, llama.cpp's `timings`).
+  `metrics.speculative_decoding`, llama.cpp's `timings`, SGLang's `sglext.spec_tokens_details`
+  when asked with `return_spec_tokens_details`).
 - `metrics_prefix`: its /metrics family prefix (None: nothing the gateway scrapes).
 - `continuous_usage`: it honours `stream_options.continuous_usage_stats` (per-chunk counts).
 """
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal
 
-EngineKind = Literal["vllm", "llamacpp", "openai"]
+EngineKind = Literal["vllm", "llamacpp", "sglang", "openai"]
 SamplingField = Literal["min_p", "logit_bias"]
-PerRequestFigure = Literal["usage", "speculative_decoding", "timings"]
+PerRequestFigure = Literal["usage", "speculative_decoding", "timings", "spec_tokens_details"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,14 @@ CAPABILITIES: Final[Mapping[EngineKind, Capabilities]] = MappingProxyType(
             per_request=frozenset({"usage", "timings"}),
             metrics_prefix="llamacpp:",
             continuous_usage=False,
+        ),
+        # SGLang refuses no sampling field while it speculates and honours continuous usage
+        # (its `StreamOptions`); its per-request spec figures come only when asked for.
+        "sglang": Capabilities(
+            refused_with_speculation=frozenset(),
+            per_request=frozenset({"usage", "spec_tokens_details"}),
+            metrics_prefix="sglang:",
+            continuous_usage=True,
         ),
         # Any other OpenAI-compatible server: relayed as it is, nothing assumed about it.
         "openai": Capabilities(
@@ -82,3 +91,30 @@ TIMINGS_DRAFT_N = "draft_n"
 TIMINGS_DRAFT_ACCEPTED = "draft_n_accepted"
 TIMINGS_PROMPT_N = "prompt_n"
 TIMINGS_CACHE_N = "cache_n"
+
+
+class SglangFamily:
+    """SGLang's /metrics families, as prometheus_client parses them (counters without `_total`).
+    Its token and verify counters move when a request finishes, so a window's first tokens are
+    its finished requests (`num_requests`), not TTFT samples. It exports no accepted-draft
+    counter and no per-position acceptance: a decode step verifies one draft (EAGLE, DFlash,
+    DSpine and its other methods draft at every step), so the verify calls are the steps."""
+
+    RUNNING = "sglang:num_running_reqs"
+    WAITING = "sglang:num_queue_reqs"
+    KV_USAGE = "sglang:token_usage"  # fraction of the KV pool in use, as vLLM's
+    PROMPT_TOKENS = "sglang:prompt_tokens"
+    CACHED_TOKENS = "sglang:cached_tokens"
+    GENERATION_TOKENS = "sglang:generation_tokens"
+    REQUESTS = "sglang:num_requests"  # finished requests: one first token each
+    SPEC_VERIFY_CALLS = "sglang:spec_verify_calls"  # decode steps of speculative requests
+
+
+# SGLang's per-request spec figures: asked with `return_spec_tokens_details`, sent as
+# `sglext.spec_tokens_details` (on a stream, in a frame of its own with no choices).
+SGLANG_ASK = "return_spec_tokens_details"
+SGLEXT_KEY = "sglext"
+SGLANG_SPEC_KEY = "spec_tokens_details"
+SGLANG_VERIFY_CT = "spec_verify_ct"  # verify steps: the request's decode steps
+SGLANG_CORRECT = "spec_num_correct_drafts"  # accepted draft tokens
+SGLANG_PROPOSED = "spec_num_proposed_drafts"  # drafted tokens

@@ -16,7 +16,7 @@ from policies.capabilities import EngineKind
 from policies.spec.base import MODEL_NAME, NAME, StrictModel, Task
 from policies.spec.deployment import EngineSpec
 
-BackendKind = EngineKind  # vllm | llamacpp | openai (policies/capabilities.py)
+BackendKind = EngineKind  # vllm | llamacpp | sglang | openai (policies/capabilities.py)
 
 
 class SpeculativeSpec(StrictModel):

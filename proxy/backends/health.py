@@ -6,7 +6,9 @@ the spec-decode counters; tokens per target step over a window is the gateway's 
 (proxy/relay/steps.py): (Δgenerated - Δfirst tokens) / decode steps, the first tokens counted by
 vLLM's TTFT histogram, the steps the larger of Δdrafts and the tokens less Δaccepted. llama.cpp's
 (`llamacpp:` names, behind the server's API key) map onto the same keys, KV use excepted: it
-exports none. Other kinds are health-checked only.
+exports none. SGLang's (`sglang:` names) too: its verify calls are the drafted steps, its finished
+requests the first tokens; it has no accepted-draft counter, so the steps are its verify calls
+(policies/capabilities.py `SglangFamily`). Other kinds are health-checked only.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from policies.capabilities import EngineKind, LlamaCppFamily
+from policies.capabilities import EngineKind, LlamaCppFamily, SglangFamily
 from policies.guard import advance
 from policies.types import GuardState
 from proxy.backends.repair import Repairer
@@ -63,11 +65,22 @@ LLAMACPP_WANTED = {
     LlamaCppFamily.GENERATION_TOKENS: "generation_tokens",
     LlamaCppFamily.DECODES: "decodes",
 }
-# kind -> (family -> live-state key, the per-position acceptance family); a kind not here is
-# health-checked only.
-SCRAPED: dict[EngineKind, tuple[dict[str, str], str]] = {
+SGLANG_WANTED = {
+    SglangFamily.RUNNING: "running",
+    SglangFamily.WAITING: "waiting",
+    SglangFamily.KV_USAGE: "kv_usage",
+    SglangFamily.SPEC_VERIFY_CALLS: "drafts",
+    SglangFamily.PROMPT_TOKENS: "prefix_queries",
+    SglangFamily.CACHED_TOKENS: "prefix_hits",
+    SglangFamily.GENERATION_TOKENS: "generation_tokens",
+    SglangFamily.REQUESTS: "first_tokens",
+}
+# kind -> (family -> live-state key, the per-position acceptance family or None); a kind not
+# here is health-checked only.
+SCRAPED: dict[EngineKind, tuple[dict[str, str], str | None]] = {
     "vllm": (VLLM_WANTED, Family.SPEC_ACCEPTED_PER_POS),
     "llamacpp": (LLAMACPP_WANTED, LlamaCppFamily.SPEC_ACCEPTED_PER_POS),
+    "sglang": (SGLANG_WANTED, None),
 }
 
 
@@ -100,6 +113,8 @@ def parse_metrics(text: str, t: float, kind: EngineKind) -> Scrape:
             value = metric_value(sample.value)
             if sample.name.endswith("_created") or value is None:
                 continue  # NaN, an infinity, a negative or absurd count: not read
+            if kind == "sglang" and _sglang_breakdown(sample.labels):
+                continue  # a part of a total SGLang exports beside it
             if counted is not None and not sample.name.endswith("_count"):
                 continue
             if key is None:
@@ -110,6 +125,12 @@ def parse_metrics(text: str, t: float, kind: EngineKind) -> Scrape:
             else:
                 out.values[key] = out.values.get(key, 0.0) + value
     return out
+
+
+def _sglang_breakdown(labels: dict[str, str]) -> bool:
+    """SGLang exports its queues' totals under `priority=""` with each priority's count beside
+    them (priority scheduling on), and its cached tokens per `cache_source` beside `total`."""
+    return labels.get("priority", "") != "" or labels.get("cache_source", "total") != "total"
 
 
 def _kv_tokens(samples: list[Any], out: Scrape) -> None:
@@ -168,10 +189,11 @@ class EngineWindow:
         return b - a
 
     def acceptance(self, window_s: float) -> float | None:
-        """Tokens per target step over the window (module docstring); None without drafts."""
+        """Tokens per target step over the window (module docstring); None without drafts.
+        An engine without an accepted-draft counter (SGLang) counts its drafted steps only."""
         drafts, accepted = self.delta("drafts", window_s), self.delta("accepted", window_s)
         generated = self.delta("generation_tokens", window_s)
-        if not drafts or accepted is None or generated is None:
+        if not drafts or generated is None:
             return None
         decoded = generated - (self.delta("first_tokens", window_s) or 0.0)
         steps = steps_of(decoded, accepted=accepted, drafted_steps=drafts)

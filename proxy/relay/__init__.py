@@ -20,6 +20,8 @@
 - engine_conn.py | upstream.py: kept-alive engine connections (push) | the aiohttp client
   (pull), both answering with an `UpstreamResponse`.
 - measure.py: per-request measurement and the stream filter.
+- sglang.py | sglang_stream.py: SGLang's per-request figures and what the gateway asked cut
+  back out | its stream filter.
 - record.py: `RequestRecord`, one request from arrival to its last byte, handed to the
   gateway's sinks (request log, metrics, dashboard).
 - sse.py, rewrite.py: event-stream framing; the upstream request body.

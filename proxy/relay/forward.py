@@ -23,6 +23,8 @@ from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
 from proxy.relay.lease import Lease
 from proxy.relay.measure import StreamFilter, withhold_estimate
 from proxy.relay.rewrite import plan_usage, upstream_pieces
+from proxy.relay.sglang import ask as sglang_ask
+from proxy.relay.sglang_stream import SglangFilter, asks
 from proxy.relay.tracecontext import trace_headers
 from proxy.relay.turnstate import HEADER as TURN_STATE
 from proxy.relay.upstream import (
@@ -216,6 +218,8 @@ async def open_engine(
         x.gw.metrics.adaptations.labels(rule, x.record.backend).inc()
     decision = x.decision
     inject = dict(decision.inject)
+    if backend.kind == "sglang" and body is x.body and asks(x.body, usage, _continuable(x)):
+        inject.update(sglang_ask(x.body))  # its spec figures, cut again (sglang_stream.py)
     if decision.priority is not None and backend.priority_scheduling:
         inject.setdefault("priority", decision.priority)
     payload = upstream_pieces(body, inject, backend.served_model_name, usage, x.encoded)
@@ -287,8 +291,10 @@ async def _relay(x: Exchange[R]) -> None:
     withhold_estimate(record.m, x.body, spec.num_speculative_tokens if spec else None)
     if is_sse:
         usage = plan_usage(x.body, endpoint, backend.kind)
-        x.continuable = endpoint == "chat" and x.policy.routes[record.route].spec.continuation
+        x.continuable = _continuable(x)
         cls = ContinuableFilter if x.continuable else StreamFilter
+        if backend.kind == "sglang" and not x.continuable:
+            cls = SglangFilter
         record.m.stream = True
         x.filt = cls(
             record.m,
@@ -298,6 +304,8 @@ async def _relay(x: Exchange[R]) -> None:
             engine_timings="timings" in capabilities(backend.kind).per_request,
             events=reader_for(endpoint, record.m),
         )
+        if isinstance(x.filt, SglangFilter):
+            x.filt.asked = asks(x.body, usage, continuable=False)
         x.ends = _ENDS.get(endpoint, CHAT_ENDS)
         if not x.continuable:
             x.drop_body()
@@ -308,6 +316,11 @@ async def _relay(x: Exchange[R]) -> None:
     if record.outcome in ("upstream_error", "timeout") and record.m.chunks:
         gw.metrics.upstream_errors.labels(record.backend, "midstream").inc()
         gw.live.failure(record.backend)
+
+
+def _continuable(x: Exchange[Any]) -> bool:
+    """A stream another variant may finish (proxy/relay/continuation.py)."""
+    return x.endpoint == "chat" and x.policy.routes[x.record.route].spec.continuation
 
 
 # How an API's event stream ends, by API kind.

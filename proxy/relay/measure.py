@@ -25,7 +25,7 @@ import orjson
 
 from policies.capabilities import TIMINGS_KEY
 from proxy.bounds import token_count
-from proxy.relay import llamacpp, sse
+from proxy.relay import llamacpp, sglang, sse
 from proxy.relay.steps import StepCount, decode_steps, estimate_steps
 from proxy.vllm_wire import (
     COMMENT,
@@ -290,6 +290,9 @@ class Measurement:
         metrics = obj.get(METRICS)
         if isinstance(metrics, dict) and isinstance(metrics.get(SPEC_DECODING), dict):
             self.spec = metrics[SPEC_DECODING]
+        spec = sglang.spec_of(obj)  # SGLang's `sglext`, on the keys of vLLM's summary
+        if spec is not None:
+            self.spec = spec
 
 
 class EventReader(Protocol):

@@ -44,7 +44,7 @@ def view(**kw: Any) -> RequestView:
 
 
 def test_the_table_covers_every_kind() -> None:
-    assert set(CAPABILITIES) == {"vllm", "llamacpp", "openai"}
+    assert set(CAPABILITIES) == {"vllm", "llamacpp", "sglang", "openai"}
     assert capabilities("vllm").refused_with_speculation == {"min_p", "logit_bias"}
     assert capabilities("llamacpp").refused_with_speculation == frozenset()
     assert "timings" in capabilities("llamacpp").per_request

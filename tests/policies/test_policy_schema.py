@@ -119,7 +119,7 @@ ERRORS = [
         "bad-kind",
         "backends.deep.kind",
         "tgi",
-        "backends.deep.kind: Input should be 'vllm', 'llamacpp' or 'openai'",
+        "backends.deep.kind: Input should be 'vllm', 'llamacpp', 'sglang' or 'openai'",
     ),
     ("bad-secret-name", "backends.deep.api_key", "MY KEY", "backends.deep.api_key"),
     ("env-not-accepted", "backends.deep.api_key_env", "MY_KEY", "api_key_env is not accepted"),

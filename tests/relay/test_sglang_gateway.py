@@ -1,0 +1,82 @@
+"""A `kind: sglang` backend behind the gateway, in front of an engine that answers with SGLang's
+own bytes (tests/relay/sglang_playback.py): the client gets SGLang's answer to its own request,
+byte for byte, while the gateway asked for continuous usage and the spec figures and logged
+tokens per step from SGLang's `spec_verify_ct`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from loadtests.harness.gateway import GatewayServer, coder_policy
+from loadtests.harness.requestlog import logged_rows
+from proxy.certs import CertFiles
+from tests.relay.sglang_playback import GOLDEN, SglangPlayback
+
+MODEL = "qwen-tiny"  # the fixtures' served name
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+INPUTS = {
+    "chat": {"messages": [{"role": "user", "content": "hi"}]},
+    "completions": {"prompt": "hi"},
+}
+
+
+@pytest.fixture(scope="module")
+def stack(certs: CertFiles) -> Iterator[tuple[SglangPlayback, GatewayServer]]:
+    with SglangPlayback() as engine:
+        doc = coder_policy({"sg": engine.url}, served=MODEL, defaults={})
+        doc["backends"]["sg"]["kind"] = "sglang"
+        with GatewayServer(doc, certs=certs) as gw:
+            yield engine, gw
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("shape", ["stream_plain", "stream_usage"])
+def test_streams_byte_for_byte_and_measured(
+    stack: tuple[SglangPlayback, GatewayServer], endpoint: str, shape: str
+) -> None:
+    engine, gw = stack
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 16, "temperature": 0, "stream": True}
+    if shape == "stream_usage":
+        body["stream_options"] = {"include_usage": True}
+    rid = f"sg-{endpoint}-{shape}"
+    with gw.client() as c:
+        r = c.post(
+            PATHS[endpoint], json={**body, **INPUTS[endpoint]}, headers={"x-request-id": rid}
+        )
+    assert r.status_code == 200
+    assert r.content == (GOLDEN / f"{endpoint}_{shape}.sse").read_bytes()
+    sent = engine.bodies[-1]
+    assert sent["return_spec_tokens_details"] is True
+    assert sent["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    row = logged_rows(gw.dir / "state", {rid})[rid]
+    assert row["completion_tokens"] == 8
+    assert row["tps_source"] == "engine"
+    assert row["tokens_per_step"] == pytest.approx(7 / 3)
+
+
+def test_a_body_is_relayed_as_sglang_wrote_it(stack: tuple[SglangPlayback, GatewayServer]) -> None:
+    engine, gw = stack
+    body = {"model": MODEL, "max_tokens": 16, "temperature": 0, **INPUTS["chat"]}
+    with gw.client() as c:
+        r = c.post(PATHS["chat"], json=body)
+    assert r.status_code == 200
+    assert r.content == (GOLDEN / "chat_full_plain.json").read_bytes()
+    assert "return_spec_tokens_details" not in engine.bodies[-1]  # nothing to cut it from
+
+
+def test_scraped_and_re_exported(stack: tuple[SglangPlayback, GatewayServer]) -> None:
+    """SGLang's totals (not its per-priority counts) under the gateway's backend families."""
+    _, gw = stack
+    want = (
+        'specrouter_backend_running{backend="sg"} 2.0',
+        'specrouter_backend_waiting{backend="sg"} 1.0',
+        'specrouter_backend_spec_drafts_total{backend="sg"} 6.0',
+    )
+    deadline = time.monotonic() + 10.0  # the first scrape comes within the scrape interval
+    while not all(w in (text := gw.admin_get("/metrics").text) for w in want):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.1)
