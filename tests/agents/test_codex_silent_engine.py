@@ -1,21 +1,26 @@
-"""The real Codex against an engine silent before its first output: its `stream_idle_timeout_ms`
-is short and it retries nothing, so the turn completes only if the gateway's pings reach the
-clock Codex keeps (the next SSE *event*: comments are dropped by its parser); docs/clients.md,
-"What the agents' watchdogs count".
+"""The real Codex, and the OpenAI SDK on chat, against an engine silent before its first output,
+each with a short clock and no retries: the turn completes only if the gateway's pings reach
+the clock the client keeps. Codex's `stream_idle_timeout_ms` counts SSE *events* (its parser
+drops comments); the SDK's read timeout counts bytes. docs/clients.md, "What the agents'
+watchdogs count".
 
-The engine (the demo's simulator) sends `response.created` and `response.in_progress` at once,
-as vLLM does, then nothing until the `hang` fault is cleared: a cold prefill or a queue.
+The engine (the demo's simulator) sends Responses' `response.created` and
+`response.in_progress` at once, as vLLM does, then nothing until the `hang` fault is cleared:
+a cold prefill or a queue.
 """
 
 from __future__ import annotations
 
 import re
+import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -139,3 +144,57 @@ def test_codex_turn_survives_a_silent_engine_only_with_pings(
         assert proc.returncode != 0, out
         assert "idle timeout" in out, out
         assert engine_requests(sim) == before + 1, out
+
+
+@pytest.mark.parametrize("pings", [True, False], ids=["pings-on", "pings-off"])
+def test_openai_sdk_chat_survives_a_silent_engine_only_with_pings(
+    silent: Demo, pings: bool
+) -> None:
+    """The chat side: the OpenAI SDK's read timeout counts bytes, so the comment pings hold it."""
+    set_keepalive(silent, PING_S if pings else None)
+    sim = sim_url(silent)
+    client = openai.OpenAI(
+        base_url=silent.base,
+        api_key=silent.key,
+        timeout=IDLE_MS / 1000,  # httpx's read timeout: between bytes, the head included
+        max_retries=0,
+        http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=silent.ca)),
+    )
+    before = engine_requests(sim)
+    httpx.post(sim + "/_sim/faults", json={"mode": "hang"}, timeout=10).raise_for_status()
+    try:
+
+        def turn() -> str:
+            stream = client.chat.completions.create(
+                model="qwen3.8-27b",
+                stream=True,
+                max_tokens=16,
+                messages=[{"role": "user", "content": "Hi"}],
+            )
+            return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+        out: list[str | BaseException] = []
+
+        def run() -> None:
+            try:
+                out.append(turn())
+            except BaseException as err:  # noqa: BLE001 - reported below
+                out.append(err)
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        deadline = time.monotonic() + 30
+        while engine_requests(sim) == before:
+            assert time.monotonic() < deadline, "no request reached the engine"
+            time.sleep(0.05)
+        worker.join(timeout=IDLE_MS / 1000 * 2.5)
+        httpx.delete(sim + "/_sim/faults", timeout=10).raise_for_status()
+        worker.join(timeout=60)
+    finally:
+        httpx.delete(sim + "/_sim/faults", timeout=10)
+        client.close()
+    [result] = out
+    if pings:
+        assert isinstance(result, str) and result, result
+    else:
+        assert isinstance(result, openai.APITimeoutError), repr(result)
