@@ -165,6 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.add_argument("--model", default=d.model, help="model name sent")
     w.add_argument("--seed", type=int, default=d.seed, help="the workload's random seed")
+    w.add_argument(
+        "--patient",
+        dest="watchdogs",
+        action="store_false",
+        help="agents wait for every turn (default: each keeps its agent's watchdogs and resends, "
+        "loadtests/replay/watchdogs.py)",
+    )
     return p
 
 
@@ -261,6 +268,7 @@ def replay(
         duration_s=args.duration,
         verify=target.verify,
         api_key=target.api_key,
+        watchdogs=getattr(args, "watchdogs", True),
     )
     turns, warm = asyncio.run(_run(driver, args.progress_s, args.warmup, target.metrics))
     wall = time.monotonic() - t0

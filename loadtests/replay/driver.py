@@ -6,6 +6,10 @@ parent in `x-parent-session-id`; Claude Code and Codex send their own equivalent
 tells the sessions apart: without it they share one fingerprint (the same system prompt).
 Times are measured in wall seconds and reported unscaled (divided by the time scale the
 simulator runs at; 1.0 against real engines).
+
+The agents are impatient by default (`watchdogs`): each API's agent keeps the clocks of the agent
+that speaks it and resends as it does (watchdogs.py); a resend closes the abandoned stream, so
+the gateway or engine aborts it. Off, every turn waits (up to httpx's 600 s between bytes).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import httpx
 import orjson
 
+from .watchdogs import AGENTS, Clock, Watchdogs, retries_status, retry_delay
 from .workload import Session, Turn, WorkloadParams, request_body
 
 
@@ -38,6 +43,8 @@ class TurnResult:
     cached_tokens: int | None  # when the API's usage says
     completion_tokens: int
     error: str | None = None
+    resends: int = 0  # the same request sent again (a watchdog fired, a retried refusal)
+    watchdog_fires: int = 0
 
 
 @dataclass(slots=True)
@@ -105,6 +112,7 @@ class Driver:
         api_key: str | None = None,
         on_turn: Callable[[TurnResult], None] | None = None,
         session_headers: bool = True,
+        watchdogs: bool = True,
     ) -> None:
         self.params = params
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
@@ -121,6 +129,7 @@ class Driver:
         self.in_flight = 0
         self.on_turn = on_turn
         self.session_headers = session_headers
+        self.watchdogs: dict[str, Watchdogs] = AGENTS if watchdogs else {}
         self._t0 = 0.0
         self._deadline = 0.0
 
@@ -184,28 +193,36 @@ class Driver:
         self, turn: Turn, agent: int, number: int, subagent: bool, headers: dict[str, str]
     ) -> tuple[TurnResult, str]:
         path, body = request_body(turn, self.params)
-        s = _Stream([])
+        content = orjson.dumps(body)
+        w = self.watchdogs.get(turn.api)
         t0 = time.monotonic()
-        error: str | None = None
+        resends = fires = 0
+        status_tries = watchdog_tries = 0
         self.in_flight += 1
         try:
-            async with self.client.stream(
-                "POST",
-                self.base_url + path,
-                content=orjson.dumps(body),
-                headers={"content-type": "application/json", **headers},
-            ) as resp:
-                if resp.status_code != 200:
-                    error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
-                else:
-                    async for line in resp.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        data = orjson.loads(line[6:])
-                        if isinstance(data, dict):
-                            _read_event(turn.api, data, s, time.monotonic())
-        except (httpx.HTTPError, orjson.JSONDecodeError) as err:
-            error = f"{type(err).__name__}: {err}"
+            while True:
+                s = _Stream([])
+                kind, status, retry_after, error = await self._attempt(
+                    turn.api, path, content, headers, s, w
+                )
+                if w is None or kind == "ok" or self._left() <= 0:
+                    break
+                if kind == "watchdog":
+                    fires += 1
+                    if watchdog_tries >= w.watchdog_resends:
+                        break
+                    delay, watchdog_tries = 0.0, watchdog_tries + 1
+                elif kind == "status" and not retries_status(w, status):
+                    break
+                else:  # a retried status or a lost connection
+                    if status_tries >= w.status_retries:
+                        break
+                    # The gateway's retry-after is in its own (wall) seconds.
+                    after = None if retry_after is None else retry_after / self.scale
+                    delay = retry_delay(w, status_tries, after)
+                    status_tries += 1
+                resends += 1
+                await asyncio.sleep(delay * self.scale)
         finally:
             self.in_flight -= 1
         end = time.monotonic()
@@ -229,8 +246,71 @@ class Driver:
             s.cached,
             completion,
             error,
+            resends,
+            fires,
         )
         self.results.append(result)
         if self.on_turn is not None:
             self.on_turn(result)
         return result, "".join(s.text)
+
+    async def _attempt(
+        self,
+        api: str,
+        path: str,
+        content: bytes,
+        headers: dict[str, str],
+        s: _Stream,
+        w: Watchdogs | None,
+    ) -> tuple[str, int, float | None, str | None]:
+        """One send of the turn's request: (outcome, status, retry-after, error); outcome is
+        ok, status (a refusal), watchdog (closed by the agent's clock) or lost."""
+        loop = asyncio.get_running_loop()
+        clock = None if w is None else Clock(w, loop.time(), self.scale)
+        try:
+            async with asyncio.timeout(None if clock is None else clock.due()) as limit:
+                async with self.client.stream(
+                    "POST",
+                    self.base_url + path,
+                    content=content,
+                    headers={"content-type": "application/json", **headers},
+                ) as resp:
+                    if clock is not None:
+                        clock.head(loop.time())
+                        limit.reschedule(clock.due())
+                    if resp.status_code != 200:
+                        text = (await resp.aread())[:200]
+                        after = _retry_after(resp.headers.get("retry-after"))
+                        return (
+                            "status",
+                            resp.status_code,
+                            after,
+                            f"HTTP {resp.status_code}: {text!r}",
+                        )
+                    async for line in resp.aiter_lines():
+                        data = None
+                        if line.startswith("data: ") and line != "data: [DONE]":
+                            data = orjson.loads(line[6:])
+                        if clock is not None:
+                            now = loop.time()
+                            clock.byte(now)
+                            if line.startswith("data: "):
+                                ping = isinstance(data, dict) and data.get("type") == "ping"
+                                clock.event(now, ping)
+                            limit.reschedule(clock.due())
+                        if isinstance(data, dict):
+                            _read_event(api, data, s, time.monotonic())
+        except TimeoutError:
+            assert clock is not None
+            which = clock.fired(loop.time())
+            return "watchdog", 0, None, f"{w.agent if w else ''} {which} watchdog fired"
+        except (httpx.HTTPError, orjson.JSONDecodeError) as err:
+            return "lost", 0, None, f"{type(err).__name__}: {err}"
+        return "ok", 200, None, None
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return None if value is None else max(0.0, float(value))
+    except ValueError:
+        return None

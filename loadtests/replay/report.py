@@ -62,6 +62,8 @@ def summarize(turns: Sequence[TurnResult]) -> dict[str, Any]:
         "turns": len(ok),
         "errors": len(turns) - len(ok),
         "subagent_turns": sum(1 for t in ok if t.subagent),
+        "turns_resent": sum(1 for t in turns if t.resends),
+        "resends": sum(t.resends for t in turns),
         "turn_s": dist(t.turn_s for t in ok),
         "ttft_s": dist(t.ttft_s for t in ok),
         "decode_tok_s": dist(t.decode_tok_s for t in ok),

@@ -91,6 +91,8 @@ class EngineCore:
             if seq.state is State.WAITING:
                 self.waiting.remove(seq)
             elif seq.state is not State.DONE:
+                if seq.state is State.PREFILL and not seq.preempted:
+                    self._keep_prefilled(seq)
                 self.running.remove(seq)
                 self.kv_used -= seq.kv_tokens
             seq.state = State.DONE
@@ -187,6 +189,16 @@ class EngineCore:
             if not seq.preempted:
                 seq.scheduled_t = now
                 self.metrics.queue_time.observe(now - req.arrival)
+
+    def _keep_prefilled(self, seq: Sequence) -> None:
+        """An aborted prefill leaves its computed full blocks in the prefix cache, as vLLM's do:
+        `KVCacheManager.allocate_slots` caches every full block of a chunk when it schedules it
+        (up to the computed tokens, vllm/v1/core/kv_cache_manager.py) and `free` only returns
+        the blocks to the pool, still hashed, tail first to be evicted. So a resend of the same
+        prompt finds what the abandoned copy prefilled (the chunks whose step has ended here)."""
+        done = seq.kv_tokens - seq.prefill_left
+        blocks = seq.request.block_hashes[: max(0, done) // self.profile.block_size]
+        self.cache.insert(blocks[::-1])
 
     def _resume(self, seq: Sequence) -> None:
         """A preempted sequence has recomputed its KV: it decodes on, its output untouched."""

@@ -298,3 +298,33 @@ def test_yaml_profiles(tmp_path: Path) -> None:
     bad.write_text("x:\n  num_spec_tokens: 2\n  acceptance: {1: [0.5]}\n")
     with pytest.raises(ProfileError):
         load_profiles(bad)
+
+
+def test_an_aborted_prefill_leaves_its_computed_blocks_for_a_resend() -> None:
+    # As vLLM's block pool: the full blocks of every chunk prefilled stay hashed after the abort
+    # (tail first to go), so the resend of the same prompt prefills only the rest.
+    core = make_core()
+    hashes = list(range(2500))  # 40,000 tokens: several chunks of max_num_batched_tokens
+    first = make_req(1, prompt_len=40_000, hashes=hashes, max_tokens=5)
+    core.add(first)
+    now = 0.0
+    for _ in range(2):
+        plan = core.plan_step(now)
+        now += plan.duration
+        core.complete_step(plan, now)
+    seq = first.sequences[0]
+    done = 40_000 - seq.prefill_left
+    assert 0 < done < 40_000 and done % 16 == 0
+    core.abort(first)
+    resend = make_req(2, prompt_len=40_000, hashes=hashes, max_tokens=5)
+    core.add(resend)
+    core.plan_step(now)
+    assert resend.cached_tokens == done
+    # One that never left the queue computed nothing and leaves nothing.
+    queued = make_req(3, prompt_len=4000, hashes=list(range(10_000, 10_250)), max_tokens=5)
+    core.add(queued)  # waiting: no step has run since
+    core.abort(queued)
+    again = make_req(4, prompt_len=4000, hashes=list(range(10_000, 10_250)), max_tokens=5)
+    core.add(again)
+    core.plan_step(now)
+    assert again.cached_tokens == 0

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from .aggregate import append, done, read
 from .configs import STAGES, Run, schedule
 from .measure import run_one
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                     warmup_s=args.warmup,
                 )
             )
-        except (RuntimeError, OSError) as err:
+        except (RuntimeError, OSError, httpx.HTTPError) as err:  # a read timed out: overloaded
             record["failed"] = str(err)[-500:]
         append(args.results, record)
         print(

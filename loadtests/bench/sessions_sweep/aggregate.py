@@ -25,6 +25,12 @@ METRICS = (
     "unfinished",
     "preemptions",
     "held",
+    "turns_ended",
+    "turns_resent",
+    "resends",
+    "watchdog_fires",
+    "resend_prefill_tokens",
+    "errors",
 )
 Key = tuple[str, int, str, int]  # configuration, agents, temperature, repeat
 
@@ -82,7 +88,8 @@ def straight_of(name: str) -> str | None:
     config = BY_NAME.get(name)
     if config is None or config.policy is None or config.machines != 1:
         return None
-    return f"straight-{config.kv_budget}"
+    impatient = "impatient-" if name.startswith("impatient-") else ""  # the same agents
+    return f"{impatient}straight-{config.kv_budget}"
 
 
 def paired(records: Sequence[Mapping[str, Any]]) -> dict[tuple[int, str], dict[str, Any]]:

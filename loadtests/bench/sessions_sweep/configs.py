@@ -48,7 +48,7 @@ def engine_kv_tokens(budget: str) -> int:
 
 
 def admission(
-    budget: str, max_wait_s: int | None, *, enabled: bool = True
+    budget: str, max_wait_s: int | None, *, enabled: bool = True, keepalive_s: float | None = None
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """gb10.yaml with session-aware admission on (the contract of issue 28's point 2), or off
     (the control). The engine's KV tokens are stated: the simulator's cache_config_info leaves
@@ -65,6 +65,12 @@ def admission(
             "fit_fraction": 0.9,
         }
         out.setdefault("deployment", {})["kv_budget_gib"] = budget
+        # The gateway's pings are in its own (wall) seconds: `keepalive_s` already scaled, or
+        # none, as these configurations ran before the shipped policy had them.
+        route = out["routes"]["coder"]
+        route.pop("keepalive_s", None)
+        if keepalive_s is not None:
+            route["keepalive_s"] = keepalive_s
         return out
 
     return edit
@@ -106,6 +112,25 @@ def all_configs() -> list[Config]:
         )
         for b in ("documents", "machine")
     ]
+    # Impatient agents (the replay's watchdogs, `IMPATIENT`): straight, and through the gateway
+    # with the shipped policy's pings (15 s, scaled to the sweep's time scale 0.05).
+    out += [
+        Config(
+            "impatient-straight-documents",
+            "the deployed engine straight, impatient agents, KV budget documents",
+            ((D7,),),
+            kv_budget="documents",
+        ),
+        Config(
+            "impatient-pings-documents",
+            "policies/gb10.yaml through the gateway, pings every 15 s, session admission off, "
+            "impatient agents, KV budget documents",
+            ((D7,),),
+            policy=GB10,
+            kv_budget="documents",
+            edit=admission("documents", 600, enabled=False, keepalive_s=15 * 0.05),
+        ),
+    ]
     out += [
         Config(
             "pair-2dev",
@@ -128,6 +153,9 @@ def all_configs() -> list[Config]:
 
 
 BY_NAME = {c.name: c for c in all_configs()}
+# Whose agents keep the pinned agents' watchdogs and resend (loadtests/replay/watchdogs.py);
+# the others' wait, as they did when they ran.
+IMPATIENT = frozenset(n for n in BY_NAME if n.startswith("impatient-"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +180,10 @@ STAGES = (
     Stage("c-8", (8,), ("0.7",), ADMIT),
     # The control: what the gateway's path does with admission off, where it fits and where not.
     Stage("ctl", (8, 16), ("0.7",), ("gateway-machine", "gateway-documents")),
+    # Impatient agents where the waits are longest: straight against the gateway's pings.
+    Stage(
+        "impatient", (16,), ("0.7",), ("impatient-straight-documents", "impatient-pings-documents")
+    ),
 )
 
 

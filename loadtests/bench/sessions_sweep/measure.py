@@ -35,6 +35,7 @@ def window_figures(
 ) -> dict[str, Any]:
     """The window's figures from the replay's per-turn records (unscaled seconds)."""
     ok = [t for t in turns if t["error"] is None]
+    resent = [t for t in turns if start_s <= t["start_s"] < end_s and t.get("resends")]
     ended = [t for t in ok if start_s <= t["start_s"] + t["turn_s"] < end_s]
     started = [t for t in turns if start_s <= t["start_s"] < end_s]
     unfinished = [t for t in started if t["start_s"] + t["turn_s"] >= end_s]
@@ -54,6 +55,16 @@ def window_figures(
         "ttft_p50": ttft.get("p50"),
         "ttft_p95": ttft.get("p95"),
         "longest_wait": max(waits, default=None),
+        # Impatient agents: turns sent more than once, the resends, the watchdogs that fired,
+        # and what the resent turns' last sends prefilled (their prompt less what was cached).
+        "turns_resent": len(resent),
+        "resends": sum(t.get("resends", 0) for t in resent),
+        "watchdog_fires": sum(t.get("watchdog_fires", 0) for t in started),
+        "resend_prefill_tokens": sum(
+            t["prompt_tokens"] - (t["cached_tokens"] or 0)
+            for t in resent
+            if t["error"] is None and t["cached_tokens"] is not None
+        ),
     }
 
 
@@ -98,9 +109,11 @@ def admission_figures(metrics_text: str) -> dict[str, Any]:
     }
 
 
-def params(agents: int, temperature: str, seed: int) -> WorkloadParams:
+def params(agents: int, temperature: str, seed: int, *, mix: bool = False) -> WorkloadParams:
+    """`mix`: chat (aider's clocks) and Responses (Codex's) 3 : 1, for the impatient agents."""
     temp = None if temperature == "unset" else float(temperature)
     return WorkloadParams(
+        api_mix={"chat": 3.0, "responses": 1.0} if mix else {"chat": 1.0},
         agents=agents,
         temperatures=(temp,),
         seed=seed,
@@ -124,13 +137,17 @@ def run_one(
     from loadtests.bench.sweep.launch import started
     from loadtests.replay.cli import replay
 
-    from .configs import BY_NAME
+    from .configs import BY_NAME, IMPATIENT
 
     config = BY_NAME[config_name]
     wall = (warmup_s + window_s) * time_scale
-    args = argparse.Namespace(duration=wall, progress_s=60.0, warmup=warmup_s * time_scale)
+    impatient = config_name in IMPATIENT
+    args = argparse.Namespace(
+        duration=wall, progress_s=60.0, warmup=warmup_s * time_scale, watchdogs=impatient
+    )
     with started(config, time_scale=time_scale, seed=seed) as (target, kv, gateway):
-        report = replay(args, params(agents, temperature, seed), target, time_scale)
+        work = params(agents, temperature, seed, mix=impatient)
+        report = replay(args, work, target, time_scale)
         held = None if gateway is None else admission_figures(gateway.metrics())
     return {
         **figures(report, warmup_s, warmup_s + window_s),

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .aggregate import cells, paired
-from .configs import BY_NAME
+from .configs import BY_NAME, IMPATIENT
 
 BEGIN, END = "<!-- sessions-sweep:begin -->", "<!-- sessions-sweep:end -->"
 
@@ -46,6 +46,34 @@ def row(name: str, f: Mapping[str, Any], ratio: Mapping[str, Any] | None = None)
     )
 
 
+IMPATIENT_HEAD = (
+    "| configuration | runs | turns ended | turns resent | resends | watchdogs fired "
+    "| turns failed | prefilled by the resent turns' last sends | longest wait s |\n"
+    "|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def impatient_table(agg: Mapping[tuple[int, str], Mapping[str, Mapping[str, Any]]]) -> str:
+    """What the impatient agents' watchdogs and resends did, per cell (in the window)."""
+    parts = []
+    for (agents, temp), by in sorted(agg.items()):
+        names = [n for n in BY_NAME if n in IMPATIENT and n in by]
+        if not names:
+            continue
+        rows = [
+            f"| {n} | {by[n]['runs']} | {_f(by[n]['turns_ended'], '.0f')} "
+            f"| {_f(by[n]['turns_resent'], '.0f')} | {_f(by[n]['resends'], '.0f')} "
+            f"| {_f(by[n]['watchdog_fires'], '.0f')} | {_f(by[n]['errors'], '.0f')} "
+            f"| {_f(by[n]['resend_prefill_tokens'], ',.0f')} | {_f(by[n]['longest_wait'], '.0f')} |"
+            for n in names
+        ]
+        parts.append(
+            f"**Impatient agents, {agents} agents, temperature {temp}** (median [min-max] per "
+            f"run):\n\n{IMPATIENT_HEAD}\n" + "\n".join(rows)
+        )
+    return "\n\n".join(parts)
+
+
 def tables(records: Sequence[Mapping[str, Any]]) -> str:
     agg = cells(records)
     ratios = paired(records)
@@ -61,7 +89,8 @@ def tables(records: Sequence[Mapping[str, Any]]) -> str:
             f"{', '.join(f'{w:g}' for w in warm)} s warm-up):\n\n{HEAD}\n"
             + "\n".join(row(n, by[n], ratios.get((agents, temp), {}).get(n)) for n in names)
         )
-    return "\n\n".join(parts)
+    impatient = impatient_table(agg)
+    return "\n\n".join(parts + ([impatient] if impatient else []))
 
 
 def update(doc: Path, records: Sequence[Mapping[str, Any]]) -> None:
