@@ -75,15 +75,7 @@ def engine_requests(sim: str) -> int:
 @pytest.mark.parametrize(
     "pings",
     [
-        pytest.param(
-            True,
-            id="pings-on",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the gateway's Responses ping is an SSE comment, which Codex's parser "
-                "drops: a Responses ping *event* is missing (it passes once one is sent)",
-            ),
-        ),
+        pytest.param(True, id="pings-on"),
         pytest.param(False, id="pings-off"),
     ],
 )
