@@ -6,6 +6,7 @@ the real ones through the same Boot."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -100,3 +101,16 @@ def test_after_close_nothing_boots() -> None:
     with pytest.raises(RuntimeError, match=r"vLLM \(b\) did not start"):
         b.take("b")
     assert log == ["spawn a", "stop a"]
+
+
+def test_servers_waited_for_together_boot_side_by_side() -> None:
+    b, log, gates = boot("abc", at_once=3)
+    b.want("a", "b")
+    deadline = time.monotonic() + 10
+    while log != ["spawn a", "spawn b"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert log == ["spawn a", "spawn b"]  # b spawned before a is healthy; c not yet
+    gates["a"].set()
+    gates["b"].set()
+    assert b.take("a").alive() and b.take("b").alive()
+    b.close()

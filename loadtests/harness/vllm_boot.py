@@ -8,8 +8,8 @@ them, so that their boots (20-150 s each on 2 cores) overlap other work instead 
     boot.done("draft")            # stopped: the next may start
 
 One at a time (a boot is about one core busy: the engines run one OpenMP thread), at most
-`at_once` started and not yet done (each holds about 3 GiB). A server taken before its turn
-boots next. PR_SET_PDEATHSIG fires when the thread that spawned a child ends, so the boot
+`at_once` started and not yet done (each holds about 3 GiB). A server taken (or wanted) before
+its turn boots next; several waited for at once boot side by side, as nothing else runs then. PR_SET_PDEATHSIG fires when the thread that spawned a child ends, so the boot
 thread never ends: it parks once everything is started, and the servers end with the process
 (or at close()).
 """
@@ -52,13 +52,16 @@ class Boot:
                 self._thread = threading.Thread(target=self._run, name="vllm-boot", daemon=True)
                 self._thread.start()
 
+    def want(self, *keys: str) -> None:
+        """These servers are waited for now: they boot next, side by side."""
+        with self._cond:
+            self._wanted += [key for key in keys if key not in self._wanted]
+        self.start(keys)
+
     def take(self, key: str) -> VllmServer:
         """The server, once it answers /health (booted next if it was not yet)."""
         entry = self._entries[key]
-        with self._cond:
-            if key not in self._wanted:
-                self._wanted.append(key)
-        self.start([key])
+        self.want(key)
         entry.ready.wait()
         if entry.error is not None or entry.server is None:
             raise RuntimeError(f"vLLM ({key}) did not start") from entry.error
@@ -80,6 +83,16 @@ class Boot:
             self._cond.notify_all()
         for key in self._entries:
             self.done(key)
+
+    @staticmethod
+    def _healthy(entry: _Entry) -> None:
+        assert entry.server is not None
+        try:
+            entry.server.wait_healthy()
+        except Exception as exc:  # re-raised by take(), in the test that needs it
+            entry.error = exc
+        finally:
+            entry.ready.set()
 
     def _next(self) -> str | None:
         """The key to boot now, "" to wait, None when nothing is left (the lock held)."""
@@ -106,13 +119,18 @@ class Boot:
             try:
                 entry.server = entry.make()
                 entry.server.spawn()
-                if self._closed:
-                    entry.server.stop()
-                entry.server.wait_healthy()
             except Exception as exc:  # re-raised by take(), in the test that needs it
                 entry.error = exc
-            finally:
                 entry.ready.set()
+                continue
+            if self._closed:
+                entry.server.stop()
+            with self._cond:
+                rush = any(k in self._wanted and not self._entries[k].started for k in self._order)
+            if rush:  # another is waited for too: spawn it now, this one comes up meanwhile
+                threading.Thread(target=self._healthy, args=(entry,), daemon=True).start()
+            else:
+                self._healthy(entry)
         for entry in self._entries.values():
             entry.ready.set()  # nothing more boots: take() of what never started raises
         threading.Event().wait()  # the servers' parent thread lives as long as the process

@@ -65,6 +65,7 @@ def vllm() -> Iterator[Engines]:
     keys = ("draft", "ngram", "embed")  # booting since the run began (tests/engines/boot.py)
     _STOP.extend(partial(BOOT.done, key) for key in keys)
     try:
+        BOOT.want(*keys)  # any not yet booted boot side by side
         draft, ngram, embed = (BOOT.take(key) for key in keys)
         yield Engines(draft.home, draft, ngram, embed)
     finally:
