@@ -4,8 +4,8 @@ collection (loadtests/harness/vllm_boot.py), so that they start while the tests 
 Which server a test needs is read from the fixtures it uses (NEEDS); only the servers of the
 selected tests boot, in the order of their first test. The folders in LAST run at the end of
 the session: their engines boot once the folder before them has stopped its three (at most
-three engines at once, about 3 GiB each), while the rest of the suite runs. Nothing boots while
-a real-vLLM folder's own tests run, except what a test there asks for: their figures are timed.
+three engines at once, about 3 GiB each), while the rest of the suite runs. None boots while
+tests/engines/vllm/'s tests run (they hold three), whose figures are timed.
 """
 
 from __future__ import annotations
