@@ -6,10 +6,14 @@ selected tests boot, in the order of their first test. The folders in LAST run a
 the session: their engines boot once the folder before them has stopped its three (at most
 three engines at once, about 3 GiB each), while the rest of the suite runs. None boots while
 tests/engines/vllm/'s tests run (they hold three), whose figures are timed.
+
+SPECROUTER_TEST_VLLM_BOOT=0 boots each engine only when its first test asks for it (the
+servers a fixture takes together side by side), to compare the two.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -65,5 +69,5 @@ def boot_for(items: list[pytest.Item]) -> None:
         folder = _folder(item)
         for fixture in getattr(item, "fixturenames", ()):
             order += [k for k in NEEDS.get((folder or "", fixture), ()) if k not in order]
-    if order:
+    if order and os.environ.get("SPECROUTER_TEST_VLLM_BOOT", "1") != "0":
         BOOT.start(order)
