@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.bench.kv_sessions_engines import small_kv_server
 from loadtests.harness.vllm import VllmServer, vllm_home
 from loadtests.harness.vllm_boot import Boot
 
@@ -37,13 +36,21 @@ def _agent(home: Path) -> VllmServer:
     return VllmServer(home, "ngram", model=home / "agent", max_num_seqs=2)
 
 
+def _small_kv() -> VllmServer:
+    # Imported here: the benchmark's modules (uvicorn, the simulator) cost seconds at every
+    # pytest start otherwise, from the root conftest.
+    from loadtests.bench.kv_sessions_engines import small_kv_server
+
+    return small_kv_server()
+
+
 BOOT = Boot(
     {
         "draft": lambda: VllmServer(vllm_home(), "draft"),
         "ngram": lambda: VllmServer(vllm_home(), "ngram"),
         "embed": lambda: VllmServer(vllm_home(), "embed"),
         "agent": lambda: _agent(vllm_home()),
-        "kv": small_kv_server,
+        "kv": _small_kv,
     },
     at_once=3,
 )
