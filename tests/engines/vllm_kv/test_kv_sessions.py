@@ -22,6 +22,7 @@ from loadtests.bench.kv_sessions_engines import (
     SimEngine,
     sim_prompt_tokens,
 )
+from loadtests.harness.vllm_kv import SmallKvVllm
 from proxy.certs import CertFiles
 
 SIM_SCALE = 0.25  # the simulator's run, 4x faster than the real engine's clock
@@ -49,9 +50,11 @@ def _check_direction(results: dict[str, ModeResult], workload: KvWorkload) -> No
     assert admitted.prefilled_per_turn < 0.6 * straight.prefilled_per_turn, results
 
 
-def test_admission_beats_straight_real_vllm_and_simulator(certs: CertFiles) -> None:
+def test_admission_beats_straight_real_vllm_and_simulator(
+    certs: CertFiles, small_kv_vllm: SmallKvVllm
+) -> None:
     workload = KvWorkload()
-    with RealEngine() as real:
+    with RealEngine(server=small_kv_vllm) as real:
         # What vLLM reports of its KV (the gateway's source when a policy states none).
         assert real.server.reported_kv_tokens() == real.server.blocks * real.server.block_size
         real_prompt = real.prompt_tokens(workload)
