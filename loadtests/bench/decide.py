@@ -130,9 +130,9 @@ class SessionCase:
     """What the gateway does per request of a known session: the table's row, the view with
     it, the decision. Called like `decide` so `measure` times it the same way."""
 
-    def __init__(self, base: RequestView) -> None:
-        self.table = SessionTable(size=SESSIONS)
-        for n in range(SESSIONS):
+    def __init__(self, base: RequestView, sessions: int = SESSIONS) -> None:
+        self.table = SessionTable(size=sessions)
+        for n in range(sessions):
             sid = SessionId(f"s-{n:032x}", "header", "", False)
             self.table.placed(sid, "agent", "mtp", float(n))
             self.table.finished(
@@ -144,7 +144,7 @@ class SessionCase:
                 cached_tokens=99_000,
                 decode_s=10.0,
             )
-        self.sid = SessionId(f"s-{SESSIONS // 2:032x}", "header", "", False)
+        self.sid = SessionId(f"s-{sessions // 2:032x}", "header", "", False)
         self.base = base
 
     def __call__(self, view: RequestView, state: LiveState, policy: CompiledPolicy) -> Any:
@@ -171,8 +171,9 @@ def measure(
 ) -> tuple[list[float], list[float]]:
     """Per-call times in microseconds (all rounds), and each round's median."""
     clock = time.perf_counter_ns
-    overhead = _timer_cost_ns()
-    for _ in range(2_000):  # warm caches and the interpreter's specialisations
+    # Both scaled down for a smoke run's few calls only: a full run's are the same.
+    overhead = _timer_cost_ns(min(100_000, calls * 5))
+    for _ in range(min(2_000, calls * 10)):  # warm caches and the interpreter's specialisations
         call(view, state, policy)
     every: list[float] = []
     medians: list[float] = []
@@ -196,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=20_000, help="calls per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sessions", type=int, default=SESSIONS, help="in the session table")
     args = parser.parse_args(argv)
 
     gb10 = CompiledPolicy(
@@ -213,11 +215,11 @@ def main(argv: list[str] | None = None) -> int:
             decide,
         ),
         (
-            f"20 rules + session of {SESSIONS}",
+            f"20 rules + session of {args.sessions}",
             agent,
             _state("deep", "mtp"),
             twenty,
-            SessionCase(agent),
+            SessionCase(agent, args.sessions),
         ),
     ]
     print(f"python {sys.version.split()[0]}, {args.rounds} rounds x {args.calls} calls")

@@ -34,7 +34,7 @@ Then the agents' rounds (agents.py): agent-sized bodies (chat with tools at 100 
 Responses and a Messages request of 406 KiB, from loadtests/bench/agent_body.py) beside one-line
 prompts of the same API, at 1 and 8 streams, 10-chunk responses: added TTFT, CPU per request,
 what the body adds (the body round minus the one-line round), and issue 29's goals as ratios to
-the bare relay and to relay_json. `profile_request.py` profiles one such request inside one process.
+the bare relay and to relay_json.
 And, once, right after the warm-up: `rss256`, 256 streams open at once (100 ms step), the
 proxy's resident memory sampled while all 256 stream. The proxies' RSS idle (after the warm-up)
 and at the end of the run are shown too: the unpaced `sat` streams are long (thousands of chunks
