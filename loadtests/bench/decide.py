@@ -3,10 +3,10 @@
 Times `policies.engine.decide` call by call (perf_counter_ns, the timer's own cost subtracted)
 with a 20-rule policy, in the worst order for it: 18 selectors that do not match before the one
 that does, plus a health rule and an acceptance guard. Also the shipped GB10 policy, and the
-session path (issue 18): the session table's lookup with 10,000 sessions plus the decision, whose
+session path: the session table's lookup with 10,000 sessions plus the decision, whose
 load rule says "move" and whose stickiness works out that the move does not pay. Prints the
 median and p99 per scenario, each round's median, and the run counts. Address: under 20 us at the
-median (issues 4 and 18). A benchmark, not a test: the figures depend on the machine.
+median. A benchmark, not a test: the figures depend on the machine.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     gb10 = CompiledPolicy(
-        load_policy(Path(__file__).resolve().parents[2] / "policies" / "gb10-three.yaml")
+        load_policy(Path(__file__).resolve().parent / "sweep" / "gb10-three.yaml")
     )
     twenty = twenty_rule_policy()
     agent = _view("coder", "agent")
