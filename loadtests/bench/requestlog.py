@@ -3,7 +3,7 @@
 1. `RequestLog.sink` on the request path, call by call (perf_counter_ns, the timer's own cost
    subtracted), on finished streaming records of `--tokens` tokens. The garbage collector stays
    on: a gen-0 collection that the sink's tuple triggers is a cost the request really pays.
-   Address: under 20 us per record (issue 5).
+   Address: under 20 us per record.
 2. The background writer: records per second through `flush` (row building and one SQLite
    transaction per batch, in the worker thread), and how late a 1 ms timer on the event loop
    fires meanwhile: the thread shares the GIL with the loop.

@@ -903,7 +903,7 @@ def test_a_responses_stream_without_its_terminal_event_ends_with_an_error_event(
 
 @E2E
 def test_a_200_that_says_json_but_is_not_is_a_bad_gateway(client: httpx.Client) -> None:
-    """Relayed as it came once, a 200 the client's SDK could not parse (issue 31)."""
+    """Relayed as it came once, a 200 the client's SDK could not parse."""
     status, headers, body, error = _post(client, "non_json_200", stream=False)
     assert (status, error) == (502, None)
     assert "not JSON" in _openai_error(502, body)["message"]
