@@ -1,5 +1,5 @@
 """The layout holds: the import contracts in pyproject.toml, small modules, a documented proxy/,
-package maps that name every module, observe/ below relay/."""
+package maps that name every module, observe/ below relay/, no history numbers in the code."""
 
 from __future__ import annotations
 
@@ -166,3 +166,60 @@ def test_observe_stays_below_relay() -> None:
     assert found, "the walk found no import at all: the known ones are listed above"
     new = sorted(found - OBSERVE_INTO_RELAY.keys())
     assert not new, f"observe/ must not import relay/: {new}"
+
+
+# An issue, round, session or point number, a numbered branch: history, which belongs in commit
+# messages. tests/test_readme.py holds the README's own check, with examples of history.
+_HISTORY = re.compile(
+    r"(?:issues?|rounds?|sessions?|points?)\s+#?\d+\b|branch\s+[\w-]*\d|perf\d+\b"
+    r"|(?:issue|round|session)\d"
+)
+_HISTORY_WORDS = ("issue", "round", "session", "point", "branch", "perf")
+_CODE = (".py", ".yaml", ".sh", ".js", ".html", ".css")
+
+
+def _history_lines(text: str) -> list[int]:
+    """Line numbers where `text` names history. str.find to each word, then the pattern there:
+    a case-blind regex over the whole tree takes seconds, this a tenth of one."""
+    low, lines = text.lower(), []
+    for word in _HISTORY_WORDS:
+        at = low.find(word)
+        while at != -1:
+            starts_word = at == 0 or not (low[at - 1].isalnum() or low[at - 1] == "_")
+            if starts_word and _HISTORY.match(low, at):
+                lines.append(low.count("\n", 0, at) + 1)
+            at = low.find(word, at + 1)
+    return sorted(lines)
+
+
+def test_no_history_numbers_in_code_or_tests() -> None:
+    files = [
+        p
+        for top in ("proxy", "policies", "loadtests", "tests", "scripts")
+        for p in (ROOT / top).rglob("*")
+        if p.suffix in _CODE and p.is_file() and p.name != "test_readme.py"
+    ]
+    assert len(files) > 300  # the walk found the tree
+    found = []
+    for path in [*files, ROOT / "Makefile"]:
+        text = path.read_text(errors="replace")
+        lines = text.splitlines()
+        found += [
+            f"{path.relative_to(ROOT)}:{n}: {lines[n - 1].strip()}" for n in _history_lines(text)
+        ]
+    assert not found, "say the fact or name the doc, not its history:\n" + "\n".join(found)
+
+
+def test_history_check_tells_history_from_counts() -> None:
+    # Built at run time, so that this file passes its own check.
+    for text in (f"(Issue {29})", f"round {3} of it", f"branch perf{8}", f"Session {6}'s"):
+        assert set(_history_lines(text)) == {1}, text
+    assert _history_lines(f"fine\nround {4}") == [2]
+    for text in (
+        "16 agent sessions",
+        "sessions named",
+        "the first round",
+        "12 points",
+        "reissue 4",
+    ):
+        assert _history_lines(text) == [], text

@@ -88,7 +88,7 @@ def bench_sink(
     medians: list[float] = []
     p99s: list[float] = []
     log = RequestLog(Path("unused"), max_buffered=drain)  # never started: no I/O at all
-    for r in range(rounds + 1):  # round 0 warms the interpreter's specialisations
+    for r in range(rounds + 1):  # the first round warms the interpreter's specialisations
         times = []
         for i in range(calls):
             if i % drain == 0:
