@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: install test lint vllm agent-recordings demo calibrate sessions sweep policy-sweep overhead soak clean system-deps deploy-render deploy-check dashboards-check
+.PHONY: install test lint vllm agent-recordings demo calibrate sessions sweep overhead soak clean system-deps deploy-render deploy-check dashboards-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -53,14 +53,11 @@ calibrate: $(STAMP)
 sessions: $(STAMP)
 	$(PY) -m loadtests.replay.table
 
-# The sweep that decides (issue 19): agent sessions over every configuration, interleaved
+# The sweep that decides: agent sessions over every configuration, interleaved
 # repeats. Hours in full (it prints its expected wall time); SWEEP_ARGS=--quick for ~10 min.
 # Results in .state/sweep/ (sweep.json, sweep.md, sweep.png).
 sweep: $(STAMP)
 	$(PY) -m loadtests.bench.sweep $(SWEEP_ARGS)
-
-policy-sweep: $(STAMP)
-	$(PY) -m loadtests.bench.policy_sweep --policy policies/gb10-three.yaml
 
 overhead: $(STAMP)
 	./scripts/system-deps.sh nginx

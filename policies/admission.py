@@ -2,7 +2,7 @@
 
 An engine's KV cache keeps the prefixes of the sessions it serves between their turns while
 they fit; once they do not, vLLM evicts the least recently used blocks and every session
-re-prefills its whole conversation at each turn (issue 28: 16 agents on one GB10 did half the
+re-prefills its whole conversation at each turn (measured: 16 agents on one GB10 did half the
 work of 8). The gateway knows the sessions and their prefixes, so it keeps a set of *resident*
 sessions per engine that fits, and lets the others wait:
 

@@ -25,9 +25,13 @@ The map (each folder one concern; a request's way through is ``relay/``, top to 
                 capped before TLS
     plainhttp.py plain HTTP sent to the TLS listener: a 400 that says https, before any TLS
     body_budget.py request bodies' memory, bounded across the process and per client
+    memory.py   memory given back to the system after large inputs (glibc's allocator)
     bounds.py   bounds on the numbers the gateway stores or counts (token counts, temperature)
     certs.py    the local CA and certificates for the demo and the tests
     auth.py     bearer keys: hashing and constant-time comparison
+    throttle.py failed authentication throttled per source address and network
+    safety.py   startup refusals: settings that would leave the admin API open
+    operator.py the operator file: repair actions, engine secrets, the hosts engines may live on
     vllm_wire.py vLLM's wire facts (framing, error bodies, metric names), shared with the
                 simulator, the probe and the soak
 

@@ -47,13 +47,6 @@ def client_key(authorization: bytes | None, x_api_key: bytes | None) -> str | No
     return token or api_key or None
 
 
-def token_matches(token: str | None, expected_sha256: str | None) -> bool:
-    """Constant-time comparison of a presented token against a stored digest."""
-    if token is None or not expected_sha256:
-        return False
-    return hmac.compare_digest(hash_key(token), expected_sha256)
-
-
 def named_token(value: str, default: str) -> tuple[str, str]:
     """(name, token) of a `NAME=TOKEN` setting; a bare token (base64 padding included) is
     named `default`."""

@@ -5,7 +5,7 @@ after the first large frame every later one came from the heap, which fragments 
 shrinks: RSS climbed from 71 to 825 MB over an attack run and stayed there. Mapping every block
 above 256 KiB fixed that, but made each agent-sized request (a 400 KiB body read, parsed,
 checked and sent on: five such buffers) fault ~500 fresh pages in and out: ~1 ms of CPU per
-request and the gateway's largest cost on agents' requests (issue 29).
+request and the gateway's largest cost on agents' requests (docs/overhead-agents.md).
 
 So: blocks up to `MMAP_THRESHOLD` (above the largest body) come from the heap, where the next
 request reuses them without a fault, and what the heap holds free is given back by

@@ -1,5 +1,5 @@
 """Agent sessions whose prefixes together exceed the engine's KV: straight to the engine, and
-through the gateway with session-aware admission (issue 28 point 5; docs/sessions-real-vllm.md).
+through the gateway with session-aware admission (docs/sessions-real-vllm.md).
 
     results = compare(workload, engine_ctx, gateway_policy_for, certs=certs)
     results["straight"].hit_rate, results["admission"].prefilled_per_turn

@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         assert receiver.match is not None
         telemetry = Telemetry(receiver.match.group(1), holder, metrics_interval_s=1.0)
-        one_round(telemetry, 200, args.tokens, seed=0)  # warm-up: imports, first connection
+        # Warm-up (imports, first connection), fewer for a smoke run's few requests only.
+        one_round(telemetry, min(200, args.requests * 10), args.tokens, seed=0)
         results = [one_round(telemetry, args.requests, args.tokens, r) for r in range(args.rounds)]
         telemetry.shutdown()
     finally:

@@ -1,7 +1,8 @@
 """Does the policy earn its keep? Its simulated variants behind the gateway, swept with the probe.
 
-Run: `python -m loadtests.bench.policy_sweep [--quick] [--policy policies/gb10-three.yaml]` (the
-former GB10 default by default: DFlash block 7 and block 5, both probabilistic + block, and the MTP fallback).
+Run: `python -m loadtests.bench.policy_sweep [--quick] [--policy FILE]` (by default the former
+GB10 default, loadtests/bench/sweep/gb10-three.yaml: DFlash block 7 and block 5, both
+probabilistic + block, and the MTP fallback).
 
 For every cell (1, 2, 4, 8, 16 streams at temperature 0.7 and unset), aggregate decode tokens/s
 measured by the probe through the real gateway (TLS) in three configurations, each a gateway
@@ -46,7 +47,7 @@ from loadtests.probe.stats import CellKey, Summary, Verdict, policy_verdict, tem
 from loadtests.sim.profiles import BUILTIN_PROFILES
 from proxy.auth import hash_key
 
-DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "policies" / "gb10-three.yaml"
+DEFAULT_POLICY = Path(__file__).resolve().parent / "sweep" / "gb10-three.yaml"
 CLIENT_KEY = "sk-policy-sweep"
 ONE_ENGINE_SHARE = 0.99
 

@@ -3,7 +3,7 @@
 1. `RequestLog.sink` on the request path, call by call (perf_counter_ns, the timer's own cost
    subtracted), on finished streaming records of `--tokens` tokens. The garbage collector stays
    on: a gen-0 collection that the sink's tuple triggers is a cost the request really pays.
-   Address: under 20 us per record (issue 5).
+   Address: under 20 us per record.
 2. The background writer: records per second through `flush` (row building and one SQLite
    transaction per batch, in the worker thread), and how late a 1 ms timer on the event loop
    fires meanwhile: the thread shares the GIL with the loop.
@@ -88,7 +88,7 @@ def bench_sink(
     medians: list[float] = []
     p99s: list[float] = []
     log = RequestLog(Path("unused"), max_buffered=drain)  # never started: no I/O at all
-    for r in range(rounds + 1):  # round 0 warms the interpreter's specialisations
+    for r in range(rounds + 1):  # the first round warms the interpreter's specialisations
         times = []
         for i in range(calls):
             if i % drain == 0:

@@ -34,7 +34,7 @@ SERVED = "tiny"
 # Spawn to /health 200: 17 s alone with --enforce-eager on an idle machine; 2-6 minutes for
 # three side by side on 2 cores shared with other work (three processes each import torch).
 START_TIMEOUT_S = 900.0
-# One flag set for every test server (issue 26): what the gateway's vLLM deployments run.
+# One flag set for every test server: what the gateway's vLLM deployments run.
 COMMON = (
     "--enforce-eager",  # compiling takes 20-30 s a start and buys these tests nothing
     "--enable-prompt-tokens-details",

@@ -150,7 +150,7 @@ def compare(files: Sequence[Mapping[CellKey, Summary]]) -> list[CompareRow]:
     return rows
 
 
-# -- the policy's verdict (issue 4: "the policy earns its keep") --------------------------------
+# -- the policy's verdict ("the policy earns its keep") ------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

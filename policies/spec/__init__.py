@@ -7,6 +7,8 @@
     rules       a route's rules (load, content, sampling, canary, client, guard, health)
     routes      routes: models, variants, defaults, clamps, rules
     clients     clients: keys, defaults, limits
+    sessions    sessions: stickiness of a session to the engine holding its prefix
+    fairness    fairness: the vLLM priority of admitted sessions' requests
     deployment  engine launch settings (vLLM release, max-model-len, parsers) and memory knobs
     document    the whole document (backends, routes, clients, admission, guard, health,
                 deployment)

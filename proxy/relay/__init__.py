@@ -1,6 +1,7 @@
 """The public request path, module by module in the order a streaming request goes through it:
 
 - app.py: routing, authentication, client limits, the body read, the policy decision.
+- fields.py: the request fields, described once for the OpenAPI document and the checks.
 - models_list.py: GET /v1/models, each name's context window and the first-token limit.
 - exchange.py: `Exchange`, the one object that carries the request along the path.
 - forward.py: attempts, admission, the engine lease, retries before the first byte, the
@@ -20,6 +21,9 @@
 - engine_conn.py | upstream.py: kept-alive engine connections (push) | the aiohttp client
   (pull), both answering with an `UpstreamResponse`.
 - measure.py: per-request measurement and the stream filter.
+- events.py: readers of typed event streams (/v1/responses, /v1/messages) for the filter.
+- llamacpp.py: llama.cpp's per-request figures, read from the bytes it sends anyway.
+- steps.py: tokens per target step, the one definition for every engine kind.
 - sglang.py | sglang_stream.py: SGLang's per-request figures and what the gateway asked cut
   back out | its stream filter.
 - record.py: `RequestRecord`, one request from arrival to its last byte, handed to the
@@ -27,7 +31,7 @@
 - sse.py, rewrite.py: event-stream framing; the upstream request body.
 - adapt.py: named adaptations of the body for an engine that refuses part of it (counted).
 
-Beside the path: asgi.py (ASGI types and one-shot answers), channel.py (`PushChannel`, the
+Beside the path: asgi.py (ASGI types and one-shot answers), ready.py (readiness), channel.py (`PushChannel`, the
 client's connection for the push relay), errors.py (error bodies), required.py (the
 Messages field the field list cannot require), limits.py (client rate limits), turnstate.py
 (Codex's `x-codex-turn-state` tokens), tracecontext.py (the trace headers engines get, bounded),

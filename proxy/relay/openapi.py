@@ -323,9 +323,3 @@ def spec() -> dict[str, Any]:
 @functools.cache
 def spec_bytes() -> bytes:
     return orjson.dumps(spec())
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SPEC":  # the document as a module attribute, built on first use
-        return spec()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """Real agents keep one engine per session through the demo while other traffic varies the load
-(issue 18's "Done when"; the headerless case by fingerprint is tests/relay/test_sessions_e2e.py).
+(the headerless case by fingerprint is tests/relay/test_sessions_e2e.py).
 
 The shipped demo runs one coding engine (policies/gb10.yaml's single winner), so this module runs
 the demo on its three-variant policy (policies/demo-three.yaml), which routes by load (`deep-block-when-quiet`: coder-dflash7 while the route holds at

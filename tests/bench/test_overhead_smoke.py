@@ -237,7 +237,7 @@ async def test_one_round_through_the_gateway(stack: Stack) -> None:
 
 
 async def test_agent_rounds_through_the_gateway_and_the_bare_relay(stack: Stack) -> None:
-    """Issue 29's rounds: an agent-sized Messages and Responses body and a one-line prompt,
+    """The agents' rounds: an agent-sized Messages and Responses body and a one-line prompt,
     whole answers (the pacer ends each API's stream with its own last event) through both
     proxies, and the table and goals rendered from them."""
     bench = Bench(stack)

@@ -86,7 +86,7 @@ def test_dashboard_json_is_well_formed() -> None:
         for target in panel["targets"]:
             used = set(re.findall(r"\$(\w+)", target["expr"])) - {"__rate_interval", "__range"}
             assert used <= variables, (panel["title"], used)
-    # The panels issue 5 asks for, by the metrics they read.
+    # The panels the dashboard must have, by the metrics they read.
     exprs = " ".join(e for _, _, e in panel_queries(dash))
     for needle in (
         "specrouter_ttft_seconds_bucket",

@@ -22,7 +22,7 @@ from proxy.ops.deploy.cli import memory_report
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 GB10 = ROOT / "policies" / "gb10.yaml"  # shipped: the deployed engine alone, whole machine
-THREE = ROOT / "policies" / "gb10-three.yaml"  # the former default: three co-located engines
+THREE = ROOT / "loadtests/bench/sweep/gb10-three.yaml"  # the former default: three engines
 PAIR = ROOT / "policies" / "gb10-pair.yaml"  # two or more GB10s, one engine each
 DEMO = ROOT / "policies" / "demo.yaml"
 PROMTOOL = shutil.which("promtool")
@@ -389,7 +389,7 @@ def test_render_then_check_round_trips(tmp_path: Path, name: str) -> None:
         policy = tmp_path / "wide.yaml"
         policy.write_text(yaml.safe_dump(_wide_policy()))
     else:
-        policy = ROOT / "policies" / f"{name}.yaml"
+        policy = THREE if name == "gb10-three" else ROOT / "policies" / f"{name}.yaml"
     out = tmp_path / "out"
     compose = _render(policy, out)
     doc = load_policy(policy)

@@ -15,7 +15,7 @@ from proxy.ops.deploy import flagtable, versions
 
 ROOT = Path(__file__).resolve().parents[2]
 GB10 = ROOT / "policies" / "gb10.yaml"  # the deployed engine alone
-THREE = ROOT / "policies" / "gb10-three.yaml"  # three co-located engines
+THREE = ROOT / "loadtests" / "bench" / "sweep" / "gb10-three.yaml"  # three co-located engines
 
 # What the deployment relies on, per release (read from each release's wheel).
 FLAGS = [

@@ -17,7 +17,7 @@ from policies.schema import load_policy, validate_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 # The multi-variant policy: the warnings below change its rules and variants.
-GB10 = ROOT / "policies" / "gb10-three.yaml"
+GB10 = ROOT / "loadtests" / "bench" / "sweep" / "gb10-three.yaml"
 
 
 def gb10() -> dict[str, Any]:
@@ -290,6 +290,6 @@ def test_dispatch_from_specrouter(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bench_decide_runs(capsys: pytest.CaptureFixture[str]) -> None:
     from loadtests.bench.decide import main as bench
 
-    assert bench(["--calls", "200", "--rounds", "1"]) == 0
+    assert bench(["--calls", "20", "--rounds", "1", "--sessions", "100"]) == 0
     out = capsys.readouterr().out
     assert "20 rules, the 20th decides" in out and "-> deep (quiet)" in out

@@ -820,7 +820,7 @@ def test_gb10_three_policy_moves_with_load() -> None:
 
     from policies.schema import compile_policy, load_policy
 
-    root = Path(__file__).resolve().parents[2] / "policies"
+    root = Path(__file__).resolve().parents[2] / "loadtests" / "bench" / "sweep"
     policy = compile_policy(load_policy(root / "gb10-three.yaml"))
     request = RequestView(endpoint="chat", model="qwen3.8-27b", client="coding-agent")
     quiet = decide(request, LiveState(), policy)

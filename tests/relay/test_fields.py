@@ -249,7 +249,7 @@ def test_the_document_covers_the_route_table_with_the_same_fields() -> None:
 
 def test_a_body_of_more_containers_than_the_limit_is_refused_before_its_parse() -> None:
     """Each JSON object or array is 60-200 bytes once parsed: `max_json_containers` bounds the
-    parsed body's memory (issue 31); brackets in strings count too (an upper bound), and a
+    parsed body's memory; brackets in strings count too (an upper bound), and a
     body too short to hold that many is not scanned."""
     limits = Limits(max_json_containers=1024)
 

@@ -42,8 +42,9 @@ from loadtests.harness.hostile import BAD_BODIES as _BAD
 from loadtests.harness.hostile import MAX_BODY
 from loadtests.harness.sim import SimServer
 from proxy.certs import CertFiles
-from proxy.relay.openapi import SPEC
+from proxy.relay.openapi import spec
 
+SPEC = spec()  # the served description, built as the gateway builds it
 SERVED = "qwen3.8-27b"
 EMBED = "embedding-small"
 # Per request: connect, then at most this long between two bytes of the answer.

@@ -1,4 +1,4 @@
-"""The request path's shape (issue 12), checked on proxy/relay/'s source: no function takes
+"""The request path's shape, checked on proxy/relay/'s source: no function takes
 more than six parameters (the request travels as one `Exchange`), and nothing branches on the
 kind of upstream response, because both relays' responses are one interface,
 `UpstreamResponse`. (mypy checks that statically too: `Relay`'s type variable is bound to it.)

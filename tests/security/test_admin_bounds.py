@@ -1,4 +1,4 @@
-"""Admin and policy attacks (issue 31, Low: admin and policy), replayed against the real gateway:
+"""Admin and policy attacks (docs/security-hardening.md), replayed against the real gateway:
 logins of one token, short tokens at start, the explain body, documents nested thousands deep
 (through the API and the watched file), an operator secret sent where the operator did not
 bind it, and a removed backend in /admin/status.

@@ -1,5 +1,5 @@
-"""Engine data that must not reach another client, the load state or the dashboard (issue 31,
-Low: engines), replayed against the real gateway with two raw engines on loopback.
+"""Engine data that must not reach another client, the load state or the dashboard
+(docs/security-hardening.md), replayed against the real gateway with two raw engines on loopback.
 
 Each POST is answered by the script its body names; /health and /metrics answer what the test
 sets. After each attack another client is served its own answer, and the gateway is alive.

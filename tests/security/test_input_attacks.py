@@ -1,4 +1,4 @@
-"""Client-input attacks found on loopback (issue 22), replayed through the real gateway over TLS
+"""Client-input attacks found on loopback, replayed through the real gateway over TLS
 with raw requests: each gets its answer, and nothing else changed: the policy version, another
 client's answer, the engine's queue (running and waiting back to 0), the descriptors held."""
 
@@ -30,7 +30,7 @@ from loadtests.harness.sim import SimServer
 from proxy.auth import hash_key
 
 CHAT = "/v1/chat/completions"
-UNICODE_KEY = "sk-ключ-ü-1"  # a key a client sends as UTF-8 (issue 31)
+UNICODE_KEY = "sk-ключ-ü-1"  # a key a client sends as UTF-8
 HELLO = [{"role": "user", "content": "hello"}]
 ENV = {
     "SPECROUTER_KEEP_ALIVE_UNAUTHENTICATED_S": "1",
@@ -259,7 +259,7 @@ ATTACKS: dict[str, tuple[Callable[[Address], bytes], int, str | None]] = {
     ),
     "encoded-slash": (_post(CHAT_BODY, path="/v1/chat%2Fcompletions"), 404, "encoded slash"),
     "encoded-slash-lower": (_post(CHAT_BODY, path="/v1%2fchat/completions"), 404, "encoded slash"),
-    # issue 31 (Low: input and HTTP)
+    # docs/security-hardening.md (Low: input and HTTP)
     "percent-encoded-path": (
         _post(CHAT_BODY, path="/%76%31/chat/completions"),
         404,

@@ -1,4 +1,4 @@
-"""Memory per request (issue 31): bodies built to cost the gateway the most memory per byte, sent
+"""Memory per request: bodies built to cost the gateway the most memory per byte, sent
 at once through the real gateway over TLS; its resident memory must stay within a stated bound
 while they are in flight, and come back after the burst.
 

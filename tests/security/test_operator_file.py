@@ -47,7 +47,7 @@ def test_a_missing_secret_file_is_refused_at_load(tmp_path: Path) -> None:
     assert not os.path.exists(tmp_path / "absent.key")
 
 
-# -- who may change the file (issue 31, Low: operator file and startup) ----------------------------
+# -- who may change the file (docs/security-hardening.md) ------------------------------------------
 
 OTHER_UID = 65534  # nobody
 

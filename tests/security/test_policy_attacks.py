@@ -321,8 +321,8 @@ def test_shipped_policies_validate_against_their_operator_files(tmp_path: Path) 
         (DEMO_POLICY.read_text(), write_demo_operator(DEMO_POLICY, tmp_path).read_text()),
         ((repo / "policies/demo-three.yaml").read_text(), "{}"),
     ]
-    for name in ("gb10-three", "gb10-pair"):
-        text = (repo / f"policies/{name}.yaml").read_text()
+    for path in ("loadtests/bench/sweep/gb10-three.yaml", "policies/gb10-pair.yaml"):
+        text = (repo / path).read_text()
         pairs.append((text, render_operator(parse_policy(text))))
     for policy, operator in pairs:
         spec = OperatorSpec.model_validate(yaml.safe_load(operator) or {})

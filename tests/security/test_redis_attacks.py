@@ -1,4 +1,4 @@
-"""Redis failures (issue 31, findings 5 and 6), against a real redis-server on loopback.
+"""Redis failures (docs/security-isolation.md), against a real redis-server on loopback.
 
 - A burst of new sessions flushed after an outage: every member of the flush once had one
   score, and a pull whose page ended inside that run read the same 5,000 members forever.

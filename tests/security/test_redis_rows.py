@@ -1,4 +1,4 @@
-"""What another writer of the shared Redis can put there (issue 31, Low: Redis), replayed
+"""What another writer of the shared Redis can put there (docs/security-hardening.md), replayed
 against a real gateway on a real redis-server: session rows that are not counts, index
 members that are not keys, limit counters that are not numbers. Each is refused or repaired
 where it is read; the pull goes on and a good row after them is still shared.

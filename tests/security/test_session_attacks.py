@@ -1,4 +1,4 @@
-"""One client against another's sessions and conversations (issue 31, Low: sessions), replayed
+"""One client against another's sessions and conversations (docs/security-hardening.md), replayed
 against the real gateway with a recording engine on loopback: what a client may claim about
 itself (a subagent's priority), how much of the shared session table it may hold, what of its
 session and trace headers goes upstream, and whose stored response it may continue.

@@ -1,4 +1,4 @@
-"""One value, one client or one engine must not cost everyone (issue 31, findings 1, 3, 4, 7),
+"""One value, one client or one engine must not cost everyone (docs/security-isolation.md),
 replayed against the real gateway over TLS, with a raw engine on loopback
 (tests/security/test_engine_attacks.py's, given the scripts below).
 

@@ -13,7 +13,7 @@ It starts, on loopback only:
   an `nginx` binary is on PATH (or in /usr/sbin); otherwise that column is skipped;
 - a bare relay (bare_relay.py: Starlette + aiohttp on uvicorn and uvloop, TLS, no parsing): the
   floor of a Python gateway on the same stack (`--no-relay` skips it), and `relay_json`, the same
-  relay parsing and writing the body once (the agents' rounds only: issue 29's allowance);
+  relay parsing and writing the body once (the agents' rounds only: the goals' allowance);
 - with `--baseline-gateway CHECKOUT`, a second gateway (`baseline`) from another checkout of
   this repository (a `git worktree` of main, say), by this interpreter with that checkout first
   on the path: today's code and the change measured in the same interleaved rounds;
@@ -33,15 +33,15 @@ think between requests, as coding agents do between turns. Per repeat:
 Then the agents' rounds (agents.py): agent-sized bodies (chat with tools at 100 and 406 KiB, a
 Responses and a Messages request of 406 KiB, from loadtests/bench/agent_body.py) beside one-line
 prompts of the same API, at 1 and 8 streams, 10-chunk responses: added TTFT, CPU per request,
-what the body adds (the body round minus the one-line round), and issue 29's goals as ratios to
-the bare relay and to relay_json. `profile_request.py` profiles one such request inside one process.
+what the body adds (the body round minus the one-line round), and the overhead goals as ratios to
+the bare relay and to relay_json.
 And, once, right after the warm-up: `rss256`, 256 streams open at once (100 ms step), the
 proxy's resident memory sampled while all 256 stream. The proxies' RSS idle (after the warm-up)
 and at the end of the run are shown too: the unpaced `sat` streams are long (thousands of chunks
 each), so whatever a proxy keeps per chunk of a finished request shows up there.
 
 "Added" figures are per repeat (target round minus the direct round of the same repeat); the table
-gives medians over repeats, the spread (min-max) and the run count, with the targets of issue 3
+gives medians over repeats, the spread (min-max) and the run count, with the overhead targets
 beside them. The machine is small and shared: read the spread, and rerun before believing a
 single figure. Timing claims live here, never in the tests.
 """

@@ -182,7 +182,7 @@ def _verdict(strict: bool, medians: bool) -> str:
 
 
 def goals(figs: dict[str, dict[str, Values]]) -> list[str]:
-    """Issue 29's goals, as ratios within this run; met only when the ranges say so."""
+    """The overhead goals, as ratios within this run; met only when the ranges say so."""
     out = []
     for api in ("chat", "responses", "messages"):
         one = figs.get(f"{api}/406K/1s")

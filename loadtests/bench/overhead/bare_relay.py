@@ -10,7 +10,7 @@ overhead benchmark runs it beside the gateway so that what the gateway's own wor
 
 `--json`: the same relay, but the body is parsed with orjson and written back before it is
 forwarded (the tree freed once written): one parse and one write of the body, nothing else.
-Issue 29's goals allow the gateway that much over the bare relay; this target measures it in
+The overhead goals allow the gateway that much over the bare relay; this target measures it in
 the same run, as warm or cold as the machine leaves the caches, instead of a figure timed alone.
 """
 

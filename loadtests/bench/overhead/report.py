@@ -9,7 +9,7 @@ from loadtests.bench.overhead.plan import Plan
 from loadtests.bench.overhead.result import RoundResult
 from loadtests.bench.overhead.rounds import pct
 
-# Targets of issue 3 (2-core machine): metric -> (comparison, bound).
+# The overhead targets (docs/overhead.md; 2-core machine): metric -> (comparison, bound).
 GOALS: dict[str, tuple[str, float]] = {
     "ttft1_added_ms": ("<=", 1.5),
     "ttft16_added_ms": ("<=", 2.0),

@@ -33,7 +33,7 @@ ADMIN_TOKEN = "bench-admin-token-of-thirty-two-chars"  # 32+: the gateway refuse
 MODEL = "pacer"
 TARGETS = ("direct", "gateway", "baseline", "relay", "relay_json", "nginx")
 # Targets only the agents' rounds measure (agents.py): the bare relay that parses the body and
-# writes it back, the allowance of issue 29's goals.
+# writes it back, the allowance of the overhead goals.
 AGENTS_ONLY = frozenset({"relay_json"})
 
 

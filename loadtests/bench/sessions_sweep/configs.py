@@ -50,7 +50,7 @@ def engine_kv_tokens(budget: str) -> int:
 def admission(
     budget: str, max_wait_s: int | None, *, enabled: bool = True, keepalive_s: float | None = None
 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """gb10.yaml with session-aware admission on (the contract of issue 28's point 2), or off
+    """gb10.yaml with session-aware admission on (its contract: docs/sessions.md), or off
     (the control). The engine's KV tokens are stated: the simulator's cache_config_info leaves
     num_gpu_blocks unset, as vLLM does before it has profiled its memory."""
 
@@ -169,8 +169,8 @@ class Stage:
 STRAIGHT = ("straight-documents", "straight-machine")
 ADMIT = ("admit-documents", "admit-machine")
 WAIT = ("admit-documents-w240", "admit-documents-wnone")
-# Issue 28's order: (a) the straight budgets at 16 and 8 agents, (b) admission at 16 and 12,
-# then the rest; the two-GB10 comparison (point 6) after (b).
+# The order: (a) the straight budgets at 16 and 8 agents, (b) admission at 16 and 12,
+# then the rest; the two-GB10 comparison after (b).
 STAGES = (
     Stage("a", (16, 8), ("0.7",), STRAIGHT),
     Stage("b", (16, 12), ("0.7",), (*STRAIGHT, *ADMIT, *WAIT)),

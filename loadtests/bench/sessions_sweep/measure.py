@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtests.replay.report import dist
 from loadtests.replay.workload import WorkloadParams
 
-# The source documents' context sizes (issue 28's table): sessions start from a 70K context (a
+# The source documents' context sizes (docs/sessions-sweep.md): sessions start from a 70K context (a
 # 20K shared system prompt and tools, then 50K of their own), compact at 131,072 or 40 turns.
 INITIAL_CONTEXT, MAX_CONTEXT, TURNS = 50000, 131072, 40
 

@@ -1,4 +1,4 @@
-"""The sweep that decides (issue 19): what a policy buys agent sessions on one GB10 and on two.
+"""The sweep that decides: what a policy buys agent sessions on one GB10 and on two.
 
     python -m loadtests.bench.sweep [--quick] [--out .state/sweep]      # `make sweep`
 

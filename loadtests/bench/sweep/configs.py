@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 POLICIES = Path(__file__).resolve().parents[3] / "policies"
-THREE = POLICIES / "gb10-three.yaml"  # the former default: what `gb10@...` measures
+THREE = Path(__file__).resolve().parent / "gb10-three.yaml"  # the former default: `gb10@...`
 # The block 7 + block 5 pair the sweep measured (policies/gb10-pair.yaml shipped it until the
 # sessions sweep found two identical engines ahead: docs/sessions-sweep.md).
 PAIR = Path(__file__).resolve().parent / "pair-block5.yaml"
@@ -96,7 +96,7 @@ def all_configs() -> list[Config]:
         ),
         *_both(
             "gb10",
-            "policies/gb10-three.yaml (the former default): three engines on one GB10, memory "
+            "gb10-three.yaml (the former default): three engines on one GB10, memory "
             "split as rendered",
             ((d7, d5, mtp),),
             THREE,
@@ -109,7 +109,7 @@ def all_configs() -> list[Config]:
         ),
         Config(
             "gb10-2dev",
-            "policies/gb10-three.yaml on two GB10s: block 7 alone on one; block 5 and the MTP "
+            "gb10-three.yaml on two GB10s: block 7 alone on one; block 5 and the MTP "
             "fallback (idle unless a rule sends it traffic) share the other",
             ((d7,), (d5, mtp)),
             policy=THREE,

@@ -8,7 +8,11 @@
     compose_read  a compose file's `vllm serve` command lines, read back as flags
     check    `deploy check`: a compose file, or the running engines, against the policy
     launch_check  flags against the release's table, launch settings, the memory split
+    draft_schedule  where vLLM honours a speculative schedule per batch size, by release
+    llamacpp  llama.cpp engines: a `llama-server` service per backend, its flags checked
+    llamacpp_flagtable  a llama.cpp build's `llama-server` flags, read from its source
     cli      argument parsing (`specrouter deploy render|check`), file reading and writing
+    policy_check  `specrouter policy check` with each valid file's engine memory added
 
 The names below are the package's public surface, for the tests and the tools.
 """

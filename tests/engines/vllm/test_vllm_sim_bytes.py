@@ -1,5 +1,5 @@
 """The simulator's 0.32.0 mode against the real vLLM 0.32.0: the same requests, the same bytes
-(issue 26 point 4, the bytes half; test_vllm_sim_families.py is the /metrics half).
+(the bytes half; test_vllm_sim_families.py is the /metrics half).
 
 The real draft-model engine answers each case. The simulator (one in-process instance, 0.32.0
 mode, the engines' flags) answers it too, its engine playing back what the real engine made: a

@@ -1,5 +1,5 @@
-"""The simulator's /metrics families (its 0.32.0 mode) against the real vLLM 0.32.0's (issue 26
-point 4, the families half; test_vllm_sim_bytes.py is the bytes half).
+"""The simulator's /metrics families (its 0.32.0 mode) against the real vLLM 0.32.0's (the
+families half; test_vllm_sim_bytes.py is the bytes half).
 
 Every family on the real draft-model engine's page, with its type, must be on the simulator's
 page, and the reverse, except the differences listed here with their reasons: the test fails

