@@ -63,6 +63,7 @@ Encoded = dict[str, tuple[Any, memoryview]]
 class Conversation:
     """One request's conversation as bytes: its lead fields, then its list's JSON."""
 
+    endpoint: str  # the API it came on: each renders its own prompt, with its own lead fields
     lead: tuple[bytes | memoryview | str | None, ...]
     items: memoryview
 
@@ -114,7 +115,7 @@ def conversation_of(endpoint: str, body: dict[str, Any], encoded: Encoded) -> Co
             lead.append(encoded[field][1])
         else:
             lead.append(value if isinstance(value, str) else None)
-    return Conversation(tuple(lead), encoded[name][1])
+    return Conversation(endpoint, tuple(lead), encoded[name][1])
 
 
 def compare(
@@ -188,7 +189,9 @@ class Baselines:
         if now is None:
             return None
         row = self._rows.get(key)
-        if row is None:
+        if row is None or row.conversation.endpoint != endpoint:
+            # a session's turn on another API (an SDK's chat, then its Messages) renders
+            # another prompt: nothing to compare it with
             return Check(now, 0, "", False, "", 0.0)
         extends, where, share = compare(row.conversation, now, endpoint, body.get(_LIST[endpoint]))
         return Check(now, row.prompt, row.engine, extends, where, share)

@@ -105,6 +105,20 @@ def test_chat_and_responses_are_compared_on_their_own_fields() -> None:
     assert conversation_of("completions", {"prompt": "x"}, {}) is None
 
 
+def test_a_session_that_changes_api_starts_again() -> None:
+    """One session's turns on chat, then Messages, then chat again: each API's lead fields
+    differ, so a turn on another API than its previous one is not compared (no previous turn),
+    and the next turn on the same API is compared with it."""
+    b = Baselines()
+    chat = {"model": "m", "messages": [{"role": "user", "content": "u"}]}
+    b.finished("s", _check(b, "chat", chat, "s"), "e", 100, 0)
+    on_messages = _check(b, "messages", THREAD, "s")
+    assert (on_messages.prev_prompt, on_messages.extends) == (0, False)
+    b.finished("s", on_messages, "e", 1000, 0)
+    assert _check(b, "chat", chat, "s").prev_prompt == 0
+    assert _check(b, "messages", _next_turn(), "s").extends
+
+
 def _c(prev: int, extends: bool = True, share: float = 1.0, where: str = "") -> Check:
     return Check(None, prev, "e", extends, where, share)  # type: ignore[arg-type]
 
