@@ -78,7 +78,7 @@ async def relay_sse(x: Exchange[PulledResponse]) -> str:
             async with asyncio.timeout_at(core.deadline(rearmed) + 1.0) as deadline:
                 while data:
                     out = core.feed(data, time.perf_counter())
-                    if core.failed:  # an event past the frame limit
+                    if core.failed:  # past the frame limit or the output bound
                         break
                     if out:
                         await send({"type": "http.response.body", "body": out, "more_body": True})

@@ -110,8 +110,8 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> str:
         ) -> None:
             t = time.perf_counter()
             out = core.feed(data, t) if data else core.eof(t)
-            if core.failed:  # an event past the frame limit: the engine's rest is not read
-                stream.abort(UpstreamError("frame", "event past the frame limit"))
+            if core.failed:  # past the frame limit or the output bound: the rest is not read
+                stream.abort(UpstreamError("frame", "stream cut by its core"))
                 return
             if not out:
                 return
