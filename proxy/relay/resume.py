@@ -1,6 +1,6 @@
 """A broken chat stream continued on another variant of the same weights (the sans-io parts,
-the filter and the continuation's body, are proxy/relay/continuation.py's); the relays
-(push.py, pull.py) ask once per request."""
+the filter and the plan, which engine next and what to resend, are
+proxy/relay/continuation.py's); the relays (push.py, pull.py) ask once per request."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 from proxy.relay.continuation import (
     ContinuableFilter,
     can_continue,
-    continuation_body,
-    continuation_refused,
+    plan_continuation,
 )
 from proxy.relay.forward import open_engine
 from proxy.relay.lease import Lease
@@ -31,17 +30,18 @@ async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
     if not can_continue(body, filt):
         return None
     failed = record.backend
-    state = gw.live.snapshot()
-    before = policy.backend(failed)
-    for name in route.variants:
-        backend = policy.backend(name)
-        health = state.backends.get(name)
-        if name == failed or (health is not None and health.health != "up"):
-            continue
-        refused = continuation_refused(before, backend)
+    assert isinstance(filt, ContinuableFilter)
+    health = gw.live.snapshot().backends
+    down = {name for name, h in health.items() if h.health != "up"}
+    backends = {name: policy.backend(name) for name in (failed, *route.variants)}
+    plan = plan_continuation(
+        body, filt.partial(), filt.m.completion_tokens, failed, route.variants, backends, down
+    )
+    for name, refused in plan.steps:
         if refused is not None:
             gw.metrics.continuations_refused.labels(record.route, failed, name, refused).inc()
             continue
+        backend = backends[name]
         if not gw.admission.try_acquire(name, backend.max_concurrency):
             continue  # a continuation does not queue
         base = (
@@ -50,10 +50,8 @@ async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
             else gw.engine_table.pick(backend.engine_urls, x.affinity)
         )
         new_lease = Lease.begin(gw, record, name, base, backend.max_concurrency)
-        assert isinstance(filt, ContinuableFilter)
-        cont = continuation_body(body, filt.partial(), filt.m.completion_tokens)
         try:
-            new_resp, new_first = await open_engine(x, cont, backend, base, True)
+            new_resp, new_first = await open_engine(x, plan.body, backend, base, True)
         except UpstreamError as exc:
             gw.metrics.upstream_errors.labels(name, exc.kind).inc()
             new_lease.release(gw)
