@@ -5,7 +5,7 @@
 - models_list.py: GET /v1/models, each name's context window and the first-token limit.
 - exchange.py: `Exchange`, the one object that carries the request along the path.
 - forward.py: attempts, admission, the engine lease, retries before the first byte, the
-  response start.
+  response start, the continuation of a stream broken mid-answer.
 - hold.py: session-aware admission: a session's turn goes, moves where that pays, or waits
   (pinged, first come first served) for its engine's KV cache.
 - lease.py: `Lease`, a request's hold on one engine.
@@ -16,8 +16,8 @@
 - push.py | pull.py: the body relayed from the engine's read callback | by an async pull loop.
 - ends.py: how a relayed event stream ends (its end event, the last bytes, the outcome).
 - watch.py: `DisconnectWatch`, the client's leaving turned into an upstream abort.
-- continuation.py | resume.py: a stream broken mid-answer, finished by another variant (the
-  filter and the body | the new engine asked).
+- continuation.py: a stream broken mid-answer, finished by another variant: the filter and
+  the plan (which engine next, what is resent, what the client has seen).
 - engine_conn.py | upstream.py: kept-alive engine connections (push) | the aiohttp client
   (pull), both answering with an `UpstreamResponse`.
 - measure.py: per-request measurement and the stream filter.

@@ -22,6 +22,8 @@ string (llama.cpp, vLLM), so from them the straddle comes only via the partial a
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -296,3 +298,40 @@ def continuation_refused(failed: BackendSpec, other: BackendSpec) -> str | None:
     if other.served_model_name != failed.served_model_name:
         return "other-weights"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class ContinuationPlan:
+    """A broken stream's continuation, decided without I/O: the variants in the route's order,
+    each with why it may not continue the stream (None: it may be asked), the request to send
+    them, and what the client has already read."""
+
+    steps: tuple[tuple[str, str | None], ...]
+    body: dict[str, Any]
+    seen: str
+
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """The variants to ask, in order (each only if it admits the request at once)."""
+        return tuple(name for name, refused in self.steps if refused is None)
+
+
+def plan_continuation(
+    body: dict[str, Any],
+    seen: str,
+    generated: int,
+    failed: str,
+    variants: tuple[str, ...],
+    backends: Mapping[str, BackendSpec],
+    down: Collection[str],
+) -> ContinuationPlan:
+    """Which engine next and what to resend, after `failed` broke a stream whose client read
+    `seen` (`generated` tokens): never the failed engine nor one not up (`down`), never another
+    kind or other weights (refused: counted)."""
+    before = backends[failed]
+    steps = tuple(
+        (name, continuation_refused(before, backends[name]))
+        for name in variants
+        if name != failed and name not in down
+    )
+    return ContinuationPlan(steps, continuation_body(body, seen, generated), seen)

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import orjson
 
@@ -41,13 +41,23 @@ R = TypeVar("R", bound=UpstreamResponse)
 Headers = list[tuple[bytes, bytes]]
 
 
+class StreamOver(Protocol):
+    """What forward.py reads of an engine stream's core (proxy/relay/stream_core.py) once the
+    relay is done with it."""
+
+    def wants_continuation(self, continuable: bool, closing: bool) -> bool: ...
+
+    def result(self) -> tuple[str, bytes]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Relay(Generic[R]):
     """One way to relay an engine's answer (proxy/relay/push.py's PUSH, pull.py's PULL)."""
 
     # (exchange, url, payload, upstream headers, check_status): the response, its first bytes
     open: Callable[[Exchange[R], str, Payload, dict[str, str], bool], Awaitable[tuple[R, bytes]]]
-    sse: Callable[[Exchange[R]], Awaitable[str]]  # an event stream; the outcome
+    # one engine's event stream; its core once over, or the outcome when the client left
+    sse: Callable[[Exchange[R]], Awaitable[StreamOver | str]]
     body: Callable[[Exchange[R]], Awaitable[str]]  # a plain body; the outcome
 
 
@@ -124,7 +134,7 @@ class Exchange(Generic[R]):
         self.resp: R | None = None  # the engine's answer being relayed now
         self.first = b""  # its first body bytes, read before the response start
         self.rename: tuple[bytes, bytes] | None = None  # served model name -> client's
-        self.continuable = False  # a broken stream may be continued (resume.py)
+        self.continuable = False  # a broken stream may be continued (forward.py)
         self.body_bytes = 0  # the request body's size (app.py)
         self.resident: str | None = None  # the engine its session's turn is resident on (hold.py)
 

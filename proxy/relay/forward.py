@@ -1,6 +1,7 @@
 """A decided request to an engine: attempts, admission, the engine lease, retries before the
 first byte, and the response start; the body then goes through the exchange's relay
-(proxy/relay/push.py or pull.py)."""
+(proxy/relay/push.py or pull.py), and a stream that breaks mid-answer is continued here, once,
+on another variant of the same weights (the plan is proxy/relay/continuation.py's)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
 from proxy.relay.adapt import adapt
 from proxy.relay.asgi import with_should_retry
-from proxy.relay.continuation import ContinuableFilter
-from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_with_error
+from proxy.relay.continuation import ContinuableFilter, can_continue, plan_continuation
+from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_stream, end_with_error
 from proxy.relay.events import reader_for
 from proxy.relay.hold import hold, turn_ended
 from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
@@ -309,7 +310,7 @@ async def _relay(x: Exchange[R]) -> None:
         x.ends = _ENDS.get(endpoint, CHAT_ENDS)
         if not x.continuable:
             x.drop_body()
-        record.outcome = await x.relay.sse(x)
+        record.outcome = await _relay_stream(x)
     else:
         x.drop_body()
         record.outcome = await x.relay.body(x)
@@ -321,6 +322,84 @@ async def _relay(x: Exchange[R]) -> None:
 def _continuable(x: Exchange[Any]) -> bool:
     """A stream another variant may finish (proxy/relay/continuation.py)."""
     return x.endpoint == "chat" and x.policy.routes[x.record.route].spec.continuation
+
+
+async def _relay_stream(x: Exchange[R]) -> str:
+    """The engine's event stream through the relay; a broken one continued once by another
+    engine (`resume_stream`), then the client's stream ended. The outcome."""
+    resume = x.continuable
+    while True:
+        core = await x.relay.sse(x)
+        if isinstance(core, str):
+            return core  # the client left
+        if not core.wants_continuation(resume, x.watch.closing is not None):
+            break
+        resume = False  # once per request
+        resumed = await resume_stream(x)
+        if resumed is None:
+            break
+        x.resp, x.first = resumed
+    outcome, error = core.result()
+    # A client that reads nothing ran the idle deadline out in the relay; its last event must
+    # not wait for it without end (uvicorn's `send` waits for the socket to drain).
+    try:
+        async with asyncio.timeout(x.gw.settings.client_write_timeout_s):
+            return await end_stream(x.send, x.filt, outcome, error)
+    except TimeoutError:
+        return "client_gone"
+
+
+async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
+    """Continue a broken chat stream on another variant of the same weights, as its plan
+    says; the new engine's answer and first bytes, or None."""
+    gw, policy, record, filt = x.gw, x.policy, x.record, x.filt
+    route = policy.routes[record.route]
+    if not route.spec.continuation or x.endpoint != "chat":
+        return None
+    body = x.parsed_body()  # the body's containers were kept serialised (Exchange.release_tree)
+    if not can_continue(body, filt):
+        return None
+    failed = record.backend
+    assert isinstance(filt, ContinuableFilter)
+    health = gw.live.snapshot().backends
+    down = {name for name, h in health.items() if h.health != "up"}
+    backends = {name: policy.backend(name) for name in (failed, *route.variants)}
+    plan = plan_continuation(
+        body, filt.partial(), filt.m.completion_tokens, failed, route.variants, backends, down
+    )
+    for name, refused in plan.steps:
+        if refused is not None:
+            gw.metrics.continuations_refused.labels(record.route, failed, name, refused).inc()
+            continue
+        backend = backends[name]
+        if not gw.admission.try_acquire(name, backend.max_concurrency):
+            continue  # a continuation does not queue
+        base = (
+            backend.engine_urls[0]
+            if len(backend.engine_urls) == 1
+            else gw.engine_table.pick(backend.engine_urls, x.affinity)
+        )
+        new_lease = Lease.begin(gw, record, name, base, backend.max_concurrency)
+        try:
+            new_resp, new_first = await open_engine(x, plan.body, backend, base, True)
+        except UpstreamError as exc:
+            gw.metrics.upstream_errors.labels(name, exc.kind).inc()
+            new_lease.release(gw)
+            if exc.accepted:
+                return None  # that engine has the continuation: not sent again
+            continue
+        if x.resp is not None:
+            x.resp.close()
+        if x.lease is not None:
+            x.lease.release(gw)
+        x.resp, x.lease = new_resp, new_lease
+        gw.metrics.upstream_errors.labels(failed, "midstream").inc()
+        gw.live.failure(failed)
+        gw.metrics.continuations.labels(record.route, failed, name).inc()
+        record.backend, record.continued_from = name, failed
+        filt.start_continuation(body)
+        return new_resp, new_first
+    return None
 
 
 # How an API's event stream ends, by API kind.

@@ -1,5 +1,5 @@
 """`Lease`: one request's hold on one engine (admission slot, in-flight counts, gauges), taken
-by proxy/relay/forward.py and by a continuation (proxy/relay/resume.py)."""
+by proxy/relay/forward.py, for an attempt and for a continuation."""
 
 from __future__ import annotations
 

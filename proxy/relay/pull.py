@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from proxy.relay.asgi import Send
-from proxy.relay.ends import body_outcome, end_stream
+from proxy.relay.ends import body_outcome
 from proxy.relay.exchange import Relay
-from proxy.relay.resume import resume_stream
 from proxy.relay.stream_core import StreamCore, open_core, ping_every
 from proxy.relay.upstream import Payload, PulledResponse, UpstreamError, json_answer
 
@@ -57,74 +56,59 @@ async def open_pulled(
         raise
 
 
-async def relay_sse(x: Exchange[PulledResponse]) -> str:
-    """Relay an event stream; returns the outcome: ok, client_gone, upstream_error, timeout.
+async def relay_sse(x: Exchange[PulledResponse]) -> StreamCore | str:
+    """Relay one engine's event stream: the stream core (proxy/relay/stream_core.py) driven
+    by a pull loop, returned once the engine's stream is over (forward.py ends the client's
+    stream, or has it continued); or the outcome `client_gone` when the client left.
 
-    The stream core (proxy/relay/stream_core.py) driven by a pull loop. The response start has
-    been sent. After the first byte there is no retry: a failing backend ends the stream with
-    the API's error event, so no client hangs, unless `resume_stream` gives a continuation
-    stream from another engine (proxy/relay/resume.py).
+    The response start has been sent. After the first byte there is no retry on this engine:
+    the core says how its stream failed.
     """
-    resp, data, send, watch = x.resp, x.first, x.send, x.watch
+    resp, data, watch = x.resp, x.first, x.watch
     assert resp is not None
-    resume, every = x.continuable, ping_every(x)
+    send, every = x.send, ping_every(x)
     loop = asyncio.get_running_loop()
-    while True:
-        content = resp.content
-        rearmed = loop.time()
-        core = open_core(x, rearmed)
-        had_output = core.has_output
-        try:
-            async with asyncio.timeout_at(core.deadline(rearmed) + 1.0) as deadline:
-                while data:
-                    out = core.feed(data, time.perf_counter())
-                    if core.failed:  # an event past the frame limit
-                        break
-                    if out:
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
-                    if watch.gone:
-                        return core.gone()
-                    if core.stopped:  # a stop straddled the splice: the engine stops too
-                        resp.close()
-                        break
-                    t = loop.time()
-                    # Re-armed at most once a second (idle..idle+1 s), and at the first output.
-                    if t - rearmed >= 1.0 or had_output != core.has_output:
-                        rearmed, had_output = t, core.has_output
-                        deadline.reschedule(core.deadline(t) + 1.0)
-                    if every is None or core.has_output:
-                        data = await content.readany()
-                    else:
-                        data = await _read_pinging(content, core, send, every)
-                tail = core.eof(time.perf_counter())  # nothing once failed
-                if tail:
-                    await send({"type": "http.response.body", "body": tail, "more_body": True})
-        except TimeoutError:
-            core.silence()
-        except (aiohttp.ClientError, OSError) as exc:
-            if watch.gone:
-                return "client_gone"
-            if watch.closing is not None:
-                core.lost(503, watch.closing)
-            else:
-                core.lost(502, f"upstream connection lost: {type(exc).__name__}")
-        if watch.gone:
-            return core.gone()
-        if core.wants_continuation(resume, watch.closing is not None):
-            resumed = await resume_stream(x)
-            resume = False  # once per request
-            if resumed is not None:
-                resp, data = resumed
-                continue
-        break
-    outcome, error = core.result()
-    # A client that reads nothing ran the idle deadline out above; its last event must not
-    # wait for it without end (uvicorn's `send` waits for the socket to drain).
+    content = resp.content
+    rearmed = loop.time()
+    core = open_core(x, rearmed)
+    had_output = core.has_output
     try:
-        async with asyncio.timeout(x.gw.settings.client_write_timeout_s):
-            return await end_stream(send, x.filt, outcome, error)
+        async with asyncio.timeout_at(core.deadline(rearmed) + 1.0) as deadline:
+            while data:
+                out = core.feed(data, time.perf_counter())
+                if core.failed:  # past the frame limit or the output bound
+                    break
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                if watch.gone:
+                    return core.gone()
+                if core.stopped:  # a stop straddled the splice: the engine stops too
+                    resp.close()
+                    break
+                t = loop.time()
+                # Re-armed at most once a second (idle..idle+1 s), and at the first output.
+                if t - rearmed >= 1.0 or had_output != core.has_output:
+                    rearmed, had_output = t, core.has_output
+                    deadline.reschedule(core.deadline(t) + 1.0)
+                if every is None or core.has_output:
+                    data = await content.readany()
+                else:
+                    data = await _read_pinging(content, core, send, every)
+            tail = core.eof(time.perf_counter())  # nothing once failed
+            if tail:
+                await send({"type": "http.response.body", "body": tail, "more_body": True})
     except TimeoutError:
-        return "client_gone"
+        core.silence()
+    except (aiohttp.ClientError, OSError) as exc:
+        if watch.gone:
+            return "client_gone"
+        if watch.closing is not None:
+            core.lost(503, watch.closing)
+        else:
+            core.lost(502, f"upstream connection lost: {type(exc).__name__}")
+    if watch.gone:
+        return core.gone()
+    return core
 
 
 async def _read_pinging(

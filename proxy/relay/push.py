@@ -23,10 +23,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from proxy.relay.channel import PushChannel
-from proxy.relay.ends import body_outcome, end_stream
+from proxy.relay.ends import body_outcome
 from proxy.relay.engine_conn import EngineStream, open_engine_stream
 from proxy.relay.exchange import Relay
-from proxy.relay.resume import resume_stream
 from proxy.relay.stream_core import StreamCore, open_core, ping_every
 from proxy.relay.upstream import Payload, UpstreamError
 
@@ -87,102 +86,92 @@ async def _open_stream(
         ) from exc
 
 
-async def relay_sse_push(x: Exchange[EngineStream]) -> str:
+async def relay_sse_push(x: Exchange[EngineStream]) -> StreamCore | str:
     """The stream core (proxy/relay/stream_core.py) driven from the engine's read callbacks:
-    pull.relay_sse's contract (outcome, error event, continuation)."""
-    stream, first, channel, send = x.resp, x.first, x.channel, x.send
+    pull.relay_sse's contract (the core once the engine's stream is over, or the outcome when
+    the client left)."""
+    stream, first, channel = x.resp, x.first, x.channel
     assert stream is not None and channel is not None  # PUSH is chosen with a channel only
-    watch, resume = x.watch, x.continuable
+    watch = x.watch
     write_timeout = x.gw.settings.client_write_timeout_s
     every = ping_every(x)
     loop = asyncio.get_running_loop()
-    while True:
-        core = open_core(x, loop.time())
-        draining: list[asyncio.Task[None]] = []  # non-empty while paused for the client
-        paused_at = [0.0]
+    core = open_core(x, loop.time())
+    draining: list[asyncio.Task[None]] = []  # non-empty while paused for the client
+    paused_at = [0.0]
 
-        def sink(
-            data: bytes,
-            stream: EngineStream = stream,
-            core: StreamCore = core,
-            draining: list[asyncio.Task[None]] = draining,
-            paused_at: list[float] = paused_at,
-        ) -> None:
-            t = time.perf_counter()
-            out = core.feed(data, t) if data else core.eof(t)
-            if core.failed:  # an event past the frame limit: the engine's rest is not read
-                stream.abort(UpstreamError("frame", "event past the frame limit"))
-                return
-            if not out:
-                return
-            if core.stopped:  # a stop straddled the splice: closing aborts the engine's rest
-                channel.write(out)
-                stream.close()
-                return
-            if channel.write(out) and not draining:
-                # The client reads slower than the engine writes: stop reading the engine
-                # until the client's socket drains (TCP then pushes back on the engine).
-                stream.pause()
-                paused_at[0] = loop.time()
-                draining.append(loop.create_task(_resume_after_drain(channel, stream, draining)))
-
-        if first:
-            sink(first)
-        stream.attach(sink)
-        pending = stream.take_pending()
-        if pending:
-            sink(pending)
-        pinged = loop.time()
-        try:
-            while not stream.done.done():
-                now = loop.time()
-                if draining:  # the client's socket is full: its reading is what is awaited
-                    remaining = paused_at[0] + write_timeout - now
-                    if remaining <= 0:
-                        raise _ClientStalled
-                else:
-                    remaining = core.deadline(stream.last_activity) - now
-                    if remaining <= 0:
-                        raise TimeoutError
-                    if every is not None and not core.has_output:
-                        pinged = max(pinged, stream.last_activity)
-                        if now - pinged >= every:  # between two reads: between whole events
-                            channel.write(core.ping())
-                            pinged = now
-                        remaining = min(remaining, pinged + every - now)
-                # Woken at least once an idle timeout: a first output moves the deadline nearer.
-                await asyncio.wait(
-                    {stream.done}, timeout=max(min(remaining, core.limit.idle), 0.05)
-                )
-            failure = _failure(stream)
-            if failure is None or core.stopped:  # stopped: the gateway closed it at the stop
-                sink(b"")  # the clean end: a last frame held back for a `\n` that never came
-            elif watch.closing is not None:
-                core.lost(503, watch.closing)
-            else:
-                core.lost(502, f"upstream {failure}")
-        except _ClientStalled:
-            # Nothing read for write_timeout: the client holds the engine's slot without using
-            # it. Its connection is closed; closing the stream (below) aborts the engine's work.
-            channel.abort()
-            return "client_gone"
-        except TimeoutError:
-            core.silence()
-        finally:
-            for task in draining:
-                task.cancel()
+    def sink(
+        data: bytes,
+        stream: EngineStream = stream,
+        core: StreamCore = core,
+        draining: list[asyncio.Task[None]] = draining,
+        paused_at: list[float] = paused_at,
+    ) -> None:
+        t = time.perf_counter()
+        out = core.feed(data, t) if data else core.eof(t)
+        if core.failed:  # past the frame limit or the output bound: the rest is not read
+            stream.abort(UpstreamError("frame", "stream cut by its core"))
+            return
+        if not out:
+            return
+        if core.stopped:  # a stop straddled the splice: closing aborts the engine's rest
+            channel.write(out)
             stream.close()
-        if watch.gone or channel.gone:
-            return core.gone()
-        if core.wants_continuation(resume, watch.closing is not None):
-            resumed = await resume_stream(x)
-            resume = False  # once per request
-            if resumed is not None:
-                stream, first = resumed
-                continue
-        break
-    outcome, error = core.result()
-    return await end_stream(send, x.filt, outcome, error)
+            return
+        if channel.write(out) and not draining:
+            # The client reads slower than the engine writes: stop reading the engine
+            # until the client's socket drains (TCP then pushes back on the engine).
+            stream.pause()
+            paused_at[0] = loop.time()
+            draining.append(loop.create_task(_resume_after_drain(channel, stream, draining)))
+
+    if first:
+        sink(first)
+    stream.attach(sink)
+    pending = stream.take_pending()
+    if pending:
+        sink(pending)
+    pinged = loop.time()
+    try:
+        while not stream.done.done():
+            now = loop.time()
+            if draining:  # the client's socket is full: its reading is what is awaited
+                remaining = paused_at[0] + write_timeout - now
+                if remaining <= 0:
+                    raise _ClientStalled
+            else:
+                remaining = core.deadline(stream.last_activity) - now
+                if remaining <= 0:
+                    raise TimeoutError
+                if every is not None and not core.has_output:
+                    pinged = max(pinged, stream.last_activity)
+                    if now - pinged >= every:  # between two reads: between whole events
+                        channel.write(core.ping())
+                        pinged = now
+                    remaining = min(remaining, pinged + every - now)
+            # Woken at least once an idle timeout: a first output moves the deadline nearer.
+            await asyncio.wait({stream.done}, timeout=max(min(remaining, core.limit.idle), 0.05))
+        failure = _failure(stream)
+        if failure is None or core.stopped:  # stopped: the gateway closed it at the stop
+            sink(b"")  # the clean end: a last frame held back for a `\n` that never came
+        elif watch.closing is not None:
+            core.lost(503, watch.closing)
+        else:
+            core.lost(502, f"upstream {failure}")
+    except _ClientStalled:
+        # Nothing read for write_timeout: the client holds the engine's slot without using
+        # it. Its connection is closed; closing the stream (below) aborts the engine's work.
+        channel.abort()
+        return "client_gone"
+    except TimeoutError:
+        core.silence()
+    finally:
+        for task in draining:
+            task.cancel()
+        stream.close()
+    if watch.gone or channel.gone:
+        return core.gone()
+    return core
 
 
 class _ClientStalled(Exception):

@@ -12,13 +12,21 @@ once, then nothing until the prefill ends), so until the first output (text, rea
 call) the first-byte timeout runs from the moment the engine was asked; after it, the idle
 timeout from the last byte. docs/failures.md says why the engine's early events are relayed
 rather than held.
+
+The output bound (`output_bound`) cuts an engine that streams past the output tokens the
+request allows: bytes derived from the token limit, counted as the engine's reads come, because
+a byte count costs one addition per read and bounds what the gateway relays, where a token count
+would trust the engine's own usage frames (at the end only, on most APIs) and an event count
+would still let each event be a frame limit's worth.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from policies.compiled import OUTPUT_TOKEN_FIELDS
 from proxy.relay import sse
 from proxy.relay.continuation import stopped
 from proxy.relay.ends import (
@@ -37,6 +45,29 @@ from proxy.settings import Settings
 
 if TYPE_CHECKING:
     from proxy.relay.exchange import Exchange
+
+
+# Bytes an engine's stream may carry per output token it is allowed, plus a head. Generous on
+# purpose: a token is one event at most (~300 bytes of envelope on Responses), up to 20 top
+# logprobs add ~2 KiB to it, and the Responses and Messages end events repeat the whole text.
+OUTPUT_BYTES_PER_TOKEN = 4096
+OUTPUT_BYTES_HEAD = 1 << 20
+
+
+def output_bound(
+    body: Mapping[str, Any],
+    inject: Mapping[str, Any],
+    clamps: tuple[tuple[str, float | None, float | None], ...],
+) -> int | None:
+    """The engine bytes a stream may carry: from the largest output-token limit sent (the
+    client's, or the value the gateway set or clamped it to), else the route's clamp (the
+    engine's context length when no clamp is given); None when neither is known."""
+    sent = {**body, **inject}
+    limits = [v for k in OUTPUT_TOKEN_FIELDS if type(v := sent.get(k)) is int]
+    tokens = max(limits) if limits else None
+    if tokens is None:
+        tokens = next((int(hi) for name, _, hi in clamps if name == "max_tokens" and hi), None)
+    return None if tokens is None else OUTPUT_BYTES_HEAD + tokens * OUTPUT_BYTES_PER_TOKEN
 
 
 class SilenceLimit:
@@ -75,6 +106,7 @@ class StreamCore:
     """One engine stream's state: fed events, it answers with the bytes for the client.
 
     `ping`: the frame a driver writes when a ping is due and no output has come yet (b"": none).
+    `bound`: the engine bytes the stream may carry (`output_bound`; None: unbounded).
     The core only ever returns whole events, so a ping written between two of its outputs falls
     between whole events.
     """
@@ -86,6 +118,9 @@ class StreamCore:
         "messages",
         "limit",
         "ping_frame",
+        "bound",
+        "taken",
+        "past_bound",
         "ended",
         "outcome",
         "error",
@@ -99,8 +134,10 @@ class StreamCore:
         max_frame: int | None,
         limit: SilenceLimit,
         ping: bytes = b"",
+        bound: int | None = None,
     ) -> None:
         self.filt, self.ends, self.limit, self.ping_frame = filt, ends, limit, ping
+        self.bound, self.taken, self.past_bound = bound, 0, False
         self.responses, self.messages = ends is RESPONSES_ENDS, ends is MESSAGES_ENDS
         # A dead engine's partial frame is never sent; nor one past the frame limit.
         self._splitter = sse.FrameSplitter(max_frame)
@@ -112,8 +149,14 @@ class StreamCore:
 
     def feed(self, data: bytes, now: float) -> bytes:
         """An engine read (perf_counter `now`): the whole events the client gets. An event past
-        the frame limit fails the stream (`failed`): the driver stops reading the engine."""
+        the frame limit, or a read past the output bound, fails the stream (`failed`): the
+        driver stops reading the engine."""
         if self.outcome != "ok":
+            return b""
+        self.taken += len(data)
+        if self.bound is not None and self.taken > self.bound:
+            self.past_bound = True
+            self._fail("upstream_error", 502, f"upstream output passed {self.bound} bytes")
             return b""
         try:
             out = filter_read(self._splitter, self.filt, data, now)
@@ -183,8 +226,9 @@ class StreamCore:
 
     def wants_continuation(self, continuable: bool, closing: bool) -> bool:
         """A broken stream may be finished by another engine, once, unless the gateway closes;
-        not one that ended with the engine's own error event (the client has read its end)."""
-        if not continuable or closing:
+        not one that ended with the engine's own error event (the client has read its end), nor
+        one cut at the output bound (its engine has already sent more than was asked)."""
+        if not continuable or closing or self.past_bound:
             return False
         m = self.filt.m
         outcome, _ = check_end(self.outcome, self.error, self.ended, m, self.responses)
@@ -203,7 +247,9 @@ def open_core(x: Exchange[Any], now: float) -> StreamCore:
     settings = x.gw.settings
     ping = RELAY_PINGS.get(x.endpoint, COMMENT_PING) if x.pinger is not None else b""
     limit = silence_limit(x.filt.m, settings, now)
-    return StreamCore(x.filt, x.ends, settings.max_sse_frame_bytes, limit, ping)
+    clamps = x.policy.routes[x.record.route].clamps
+    bound = output_bound(x.body, x.decision.inject, clamps)
+    return StreamCore(x.filt, x.ends, settings.max_sse_frame_bytes, limit, ping, bound)
 
 
 def ping_every(x: Exchange[Any]) -> float | None:

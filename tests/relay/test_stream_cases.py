@@ -25,11 +25,19 @@ from proxy.certs import CertFiles
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS
 from proxy.relay.events import reader_for
 from proxy.relay.measure import Measurement, StreamFilter
-from proxy.relay.stream_core import SilenceLimit, StreamCore
+from proxy.relay.stream_core import (
+    OUTPUT_BYTES_HEAD,
+    OUTPUT_BYTES_PER_TOKEN,
+    SilenceLimit,
+    StreamCore,
+    output_bound,
+)
 from tests.golden import GOLDEN
 
 V = GOLDEN / "0.33.0"
 MAX_FRAME = 64 * 1024  # the gateways' frame limit below (SPECROUTER_MAX_SSE_FRAME_BYTES)
+MAX_TOKENS = 16  # every request's output-token limit below
+BOUND = OUTPUT_BYTES_HEAD + MAX_TOKENS * OUTPUT_BYTES_PER_TOKEN
 
 
 def _frames(name: str) -> list[bytes]:
@@ -75,12 +83,15 @@ class Case:
     stop: str  # "end": the chunked body's end | "lost": the connection cut | "hang": silence
     outcome: str
     status: int | None  # the gateway's error event's status; None: the engine's bytes last
+    says: str = ""  # what its message must say
 
 
 def _case(api: str, end: str) -> Case:
     _, plain, failing, _ = APIS[api]
     head = plain[:3]
     oversized = b"data: " + b"x" * (2 * MAX_FRAME)  # never ends within the limit
+    # Whole events within the frame limit (comments: cheap to relay), past the output bound.
+    flood = [b": " + b"x" * 32766 + b"\n\n"] * (BOUND // 32768 + 1)
     return {
         "end": Case(plain, "end", "ok", None),
         "engine_error": Case(failing, "end", "upstream_error", None),
@@ -88,10 +99,19 @@ def _case(api: str, end: str) -> Case:
         "connection_lost": Case(head, "lost", "upstream_error", 502),
         "oversized_frame": Case([*head, oversized], "hang", "upstream_error", 502),
         "silence": Case(head, "hang", "timeout", 504),
+        "past_output_bound": Case([*head, *flood], "hang", "upstream_error", 502, "output passed"),
     }[end]
 
 
-ENDS = ("end", "engine_error", "eof_before_end", "connection_lost", "oversized_frame", "silence")
+ENDS = (
+    "end",
+    "engine_error",
+    "eof_before_end",
+    "connection_lost",
+    "oversized_frame",
+    "silence",
+    "past_output_bound",
+)
 CASES = [(api, end) for api in APIS for end in ENDS]
 
 
@@ -103,7 +123,8 @@ def _assert_last(api: str, case: Case, body: bytes, engine: bytes) -> None:
     if api in ("chat", "completions"):
         assert body.endswith(b"data: [DONE]\n\n"), body[-300:]
         last = body[: -len(b"data: [DONE]\n\n")].rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
-        assert json.loads(last.removeprefix(b"data: "))["error"]["code"] == case.status
+        error = json.loads(last.removeprefix(b"data: "))["error"]
+        assert error["code"] == case.status and case.says in error["message"], error
         return
     last = body.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
     assert last.startswith(b"event: error\ndata: "), last[:300]
@@ -111,8 +132,9 @@ def _assert_last(api: str, case: Case, body: bytes, engine: bytes) -> None:
     if api == "messages":  # Anthropic's error object
         assert obj["type"] == "error" and obj["error"]["message"], obj
         assert obj["error"]["type"] == "api_error", obj  # vLLM's type for a failure
+        assert case.says in obj["error"]["message"], obj
     else:
-        assert obj["code"] == str(case.status), obj
+        assert obj["code"] == str(case.status) and case.says in obj["message"], obj
 
 
 # -- the core, fed directly ---------------------------------------------------------------------
@@ -122,8 +144,9 @@ def _run_core(api: str, case: Case) -> tuple[str, bytes]:
     _, _, _, ends = APIS[api]
     m = Measurement(0.0)
     filt = StreamFilter(m, events=reader_for(api, m))
-    core = StreamCore(filt, ends, MAX_FRAME, SilenceLimit(1.0, 1.0, 0.0, 0.0))
+    core = StreamCore(filt, ends, MAX_FRAME, SilenceLimit(1.0, 1.0, 0.0, 0.0), bound=BOUND)
     out = b"".join(core.feed(f, 1.0) for f in case.frames)
+    assert len(out) <= BOUND
     if case.stop == "end":
         out += core.eof(1.0)
     elif case.stop == "lost":
@@ -154,12 +177,14 @@ def test_the_core_ends_each_stream_as_the_table_says(api: str, end: str) -> None
         ("connection_lost", True),
         ("oversized_frame", True),
         ("silence", True),
+        ("past_output_bound", False),  # its engine already sent more than was asked
     ],
 )
 def test_the_core_wants_a_continuation_only_for_a_broken_stream(end: str, wanted: bool) -> None:
     case = _case("chat", end)
     m = Measurement(0.0)
-    core = StreamCore(StreamFilter(m), CHAT_ENDS, MAX_FRAME, SilenceLimit(1.0, 1.0, 0.0, 0.0))
+    limit = SilenceLimit(1.0, 1.0, 0.0, 0.0)
+    core = StreamCore(StreamFilter(m), CHAT_ENDS, MAX_FRAME, limit, bound=BOUND)
     for f in case.frames:
         core.feed(f, 1.0)
     if case.stop == "end":
@@ -171,6 +196,30 @@ def test_the_core_wants_a_continuation_only_for_a_broken_stream(end: str, wanted
     assert core.wants_continuation(True, closing=False) is wanted
     assert not core.wants_continuation(True, closing=True)
     assert not core.wants_continuation(False, closing=False)
+
+
+_CLAMP = (("max_tokens", 1.0, 4096.0),)
+
+
+@pytest.mark.parametrize(
+    ("body", "inject", "clamps", "tokens"),
+    [
+        ({"max_tokens": 16}, {}, _CLAMP, 16),  # the client's limit
+        ({"max_tokens": 9000}, {"max_tokens": 4096}, _CLAMP, 4096),  # clamped by the gateway
+        ({}, {"max_output_tokens": 64}, (), 64),  # a default set, as Responses spells it
+        ({"max_tokens": 8, "max_completion_tokens": 32}, {}, (), 32),  # chat's two: the larger
+        ({}, {}, _CLAMP, 4096),  # none sent: the route's clamp (the engine's context)
+        ({"max_tokens": None}, {}, (("top_p", 0.0, 1.0),), None),  # nothing known: unbounded
+    ],
+)
+def test_the_output_bound_follows_the_output_tokens_sent(
+    body: dict[str, Any],
+    inject: dict[str, Any],
+    clamps: tuple[tuple[str, float | None, float | None], ...],
+    tokens: int | None,
+) -> None:
+    want = None if tokens is None else OUTPUT_BYTES_HEAD + tokens * OUTPUT_BYTES_PER_TOKEN
+    assert output_bound(body, inject, clamps) == want
 
 
 def test_the_core_pings_only_until_the_first_output() -> None:
@@ -249,10 +298,9 @@ class RawEngine:
 def _post(gw: GatewayServer, api: str, end: str) -> tuple[int, bytes]:
     path = APIS[api][0]
     body: dict[str, Any] = {"model": "coder", "stream": True, "case": f"{api}/{end}"}
+    body["max_output_tokens" if api == "responses" else "max_tokens"] = MAX_TOKENS
     if api in ("chat", "messages"):
         body["messages"] = [{"role": "user", "content": "hi"}]
-    if api == "messages":
-        body["max_tokens"] = 16
     body["prompt" if api == "completions" else "input"] = "hi"
     if api in ("chat", "messages"):
         del body["input"]
@@ -272,6 +320,8 @@ def driven(request: pytest.FixtureRequest, certs: CertFiles) -> Iterator[dict[st
     with RawEngine() as engine, pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECROUTER_MAX_SSE_FRAME_BYTES", str(MAX_FRAME))
         policy = coder_policy({"raw": engine.url}, defaults={})
+        # Most cases fail on purpose: the engine is not marked down for them.
+        policy["health"] = {"fail_after": len(CASES)}
         args = ("--relay", request.param, "--first-byte-timeout", "1", "--idle-timeout", "1")
         with GatewayServer(policy, certs=certs, args=args) as gw:
             deadline = time.monotonic() + 10
