@@ -74,7 +74,8 @@ def run(
         ) as sim,
     ):
         policy = coder_policy({"coder-dflash7": sim.url})
-        policy["routes"]["coder"]["keepalive_s"] = keepalive
+        if keepalive > 0:  # 0: the route sends no pings
+            policy["routes"]["coder"]["keepalive_s"] = keepalive
         # The gateway's own first-byte timeout past the silence: only the agent's clocks cut.
         with GatewayServer(
             policy, args=("--first-byte-timeout", str(first_byte), "--access-log")
@@ -152,7 +153,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--wait", type=float, default=330.0, help="engine silence, seconds")
-    p.add_argument("--keepalive", type=float, default=15.0, help="the route's keepalive_s")
+    p.add_argument("--keepalive", type=float, default=15.0, help="the route's keepalive_s (0: off)")
     p.add_argument("--first-byte-timeout", type=float, default=900.0, help="the gateway's")
     p.add_argument("--finish-timeout", type=float, default=300.0, help="after the silence")
     p.add_argument("--out", type=Path, help="also write the result here (JSON)")
