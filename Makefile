@@ -66,6 +66,10 @@ overhead: $(STAMP)
 soak: $(STAMP)
 	$(PY) -m loadtests.bench.soak
 
+# The real Claude Code against an engine silent for 330 s, pings on (docs/clients.md): ~7 min.
+claude-wait: $(STAMP)
+	$(PY) -m loadtests.bench.claude_wait $(CLAUDE_WAIT_ARGS)
+
 deploy-render: $(STAMP)
 	$(VENV)/bin/specrouter deploy render policies/gb10.yaml --out deploy
 
