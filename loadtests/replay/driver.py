@@ -292,11 +292,7 @@ class Driver:
                         if line.startswith("data: ") and line != "data: [DONE]":
                             data = orjson.loads(line[6:])
                         if clock is not None:
-                            now = loop.time()
-                            clock.byte(now)
-                            if line.startswith("data: "):
-                                ping = isinstance(data, dict) and data.get("type") == "ping"
-                                clock.event(now, ping)
+                            clock.line(loop.time(), line, data)
                             limit.reschedule(clock.due())
                         if isinstance(data, dict):
                             _read_event(api, data, s, time.monotonic())

@@ -91,6 +91,15 @@ class Clock:
         if self.w.event_idle_s is not None and (self.w.ping_events_count or not ping):
             self.event_due = now + self.w.event_idle_s * self._scale
 
+    def line(self, now: float, line: str, data: object) -> None:
+        """One SSE line read at `now` (`data`: its parsed payload, if any). Every line is bytes;
+        a `data:` line is an event every parser here passes to its loop, whatever its type (the
+        gateway's Responses `keepalive` too: Codex re-arms its idle timer on the next parsed
+        event, then drops a type it does not know); a comment (`: ping`) is only bytes."""
+        self.byte(now)
+        if line.startswith("data: "):
+            self.event(now, ping=isinstance(data, dict) and data.get("type") == "ping")
+
     def due(self) -> float | None:
         dues = [d for d in (self.head_due, self.byte_due, self.event_due) if d is not None]
         return min(dues, default=None)

@@ -40,6 +40,28 @@ def test_what_each_clock_counts(api: str, arrivals: list[tuple[str, float]], due
     assert clock.due() == due
 
 
+# (api, one SSE line read at 200 s after the head at 0, due after it): what the driver tells
+# the clock of the lines the gateway's pings are made of.
+LINES = [
+    ("responses", ": ping", 300),  # Codex's parser drops comments
+    ("responses", "event: keepalive", 300),  # not an event until its data line
+    ("responses", 'data: {"type":"keepalive"}', 500),  # the gateway's Responses ping event
+    ("responses", 'data: {"type":"ping"}', 500),
+    ("chat", ": ping", 800),  # aider: httpx's read timeout counts any bytes
+    ("messages", 'data: {"type":"ping"}', 300),  # Claude Code's event clock skips `ping`
+    ("messages", 'data: {"type":"keepalive"}', 500),  # any other event re-arms both
+]
+
+
+@pytest.mark.parametrize(("api", "line", "due"), LINES)
+def test_what_each_clock_counts_of_the_pings(api: str, line: str, due: float) -> None:
+    clock = Clock(AGENTS[api], 0.0)
+    clock.head(0.0)
+    data = json.loads(line[6:]) if line.startswith("data: ") else None
+    clock.line(200.0, line, data)
+    assert clock.due() == due
+
+
 def test_retry_rules() -> None:
     codex, aider = AGENTS["responses"], AGENTS["chat"]
     assert not retries_status(codex, 429) and retries_status(aider, 429)
