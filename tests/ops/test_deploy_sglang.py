@@ -68,7 +68,8 @@ def test_beside_vllm_both_run_and_the_check_round_trips(tmp_path: Path) -> None:
     doc = load_policy(policy)
     assert deploy.check_compose(doc, compose, compose_dir=out, policy=policy) == []
     cmd = compose["services"]["coder-dspine"]["command"]
-    cmd[cmd.index("--max-running-requests=8")] = "--max-running-requests=16"
+    at = cmd.index("--max-running-requests=8")
+    cmd[at : at + 1] = ["--max-running-requests", "16"]  # argparse's other spelling
     cmd.remove("--schedule-low-priority-values-first")
     cmd += ["--speculative-algorithm=MYSTERY", "--no-such-flag"]
     problems = deploy.check_compose(doc, compose, compose_dir=out, policy=policy)

@@ -275,10 +275,23 @@ def check_services(doc: PolicyDocument, compose: Mapping[str, Any]) -> list[str]
             for a in server_command(plan)
             if not a.startswith(keep)
         }
-        have = {a.partition("=")[0]: a.partition("=")[2] for a in argv[3:] if a.startswith("--")}
+        have = _flags(argv[3:])
         out += [
             f"{where}: {flag} is {have.get(flag)!r} in the compose file, {value!r} in the policy"
             for flag, value in want.items()
             if have.get(flag) != value
         ]
+    return out
+
+
+def _flags(args: Sequence[str]) -> dict[str, str]:
+    """`--name=value`, `--name value` and bare `--name` alike (SGLang's argparse takes each)."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        name, eq, value = args[i].partition("=")
+        if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            value, i = args[i + 1], i + 1
+        out[name] = value
+        i += 1
     return out
