@@ -108,7 +108,9 @@ class SglangPlayback:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, args=(0.05,), daemon=True
+        )  # a short poll: shutdown waits one
 
     def __enter__(self) -> SglangPlayback:
         self._thread.start()
