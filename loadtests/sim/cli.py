@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("vllm", "sglang"),
         default="vllm",
         help="whose chat and completions bytes and /metrics families to speak: vLLM's, or "
-        "SGLang 0.5.23's (its other endpoints stay vLLM's)",
+        "SGLang 0.5.23's (its other endpoints stay vLLM's) (default: %(default)s)",
     )
     p.add_argument(
         "--enable-prompt-tokens-details",
