@@ -3,5 +3,6 @@
 `specrouter sim` (see `cli.py`) serves vLLM's OpenAI-compatible API byte for byte (`wire.py`),
 driven by a continuous-batching engine with per-profile step times and draft acceptance
 (`engine.py`, `profiles.py`), vLLM's Prometheus metrics (`metrics.py`) and faults on demand
-(`faults.py`).
+(`faults.py`). `--engine sglang` speaks SGLang's chat and completions bytes and `/metrics`
+families instead (`sglang_wire.py`, `sglang_api.py`).
 """

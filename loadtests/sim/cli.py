@@ -113,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the vLLM release to imitate (bytes and flags; default the deployment's, %(default)s)",
     )
     p.add_argument(
+        "--engine-kind",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="whose chat and completions bytes and /metrics families to speak: vLLM's, or "
+        "SGLang 0.5.23's (its other endpoints stay vLLM's) (default: %(default)s)",
+    )
+    p.add_argument(
         "--enable-prompt-tokens-details",
         action="store_true",
         help="vLLM's: cached prompt tokens in the usage",
@@ -253,6 +260,7 @@ def main(argv: list[str]) -> int:
         reasoning_parser=args.reasoning_parser,
         sse_keep_alive_s=args.sse_keep_alive_interval,
         vllm_version=args.vllm_version,
+        engine_kind=args.engine_kind,
         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         stream_interval=args.stream_interval,
         frontend_chunk_ms=args.frontend_chunk_ms,

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy import vllm_wire
 
-from . import wire
+from . import sglang_api, wire
 from .asgi import TRANSPORT_KEY, json_response
 from .embeddings import embeddings
 from .faults import FaultError
@@ -84,6 +84,8 @@ async def models(sim: Sim, request: Request) -> Response:
 
 
 async def metrics(sim: Sim, request: Request) -> Response:
+    if sim.config.engine_kind == "sglang":
+        return Response(sglang_api.metrics_page(sim), headers={"content-type": "text/plain"})
     body, content_type = sim.metrics.exposition(request.headers.get("accept", ""))
     return Response(body, headers={"content-type": content_type})
 
@@ -214,6 +216,11 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:
     ]
     if config.profile.kind == "embed":
         routes.append(r("/v1/embeddings", embeddings, ["POST"]))
+    elif config.engine_kind == "sglang":
+        routes += [
+            r("/v1/chat/completions", sglang_api.chat_completions, ["POST"]),
+            r("/v1/completions", sglang_api.completions, ["POST"]),
+        ]
     else:
         routes += [
             r("/v1/chat/completions", chat_completions, ["POST"]),

@@ -56,6 +56,7 @@ class SimConfig:
     reasoning_parser: str | None = None
     sse_keep_alive_s: float | None = None  # vLLM 0.29's --sse-keep-alive-interval
     vllm_version: str = dialect.DEFAULT
+    engine_kind: str = "vllm"  # vllm | sglang: whose chat/completions bytes and /metrics it speaks
     enable_prompt_tokens_details: bool = False
     stream_interval: int = 1  # vLLM's --stream-interval: tokens per chunk (finish: fewer)
     # A model of output merging (Sim.frontend_delay), not a measurement: vLLM's API server is one

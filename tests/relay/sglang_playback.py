@@ -1,18 +1,33 @@
 """An SGLang engine on loopback that answers with SGLang 0.5.23's own bytes
 (tests/fixtures/sglang-golden/): for each request the frozen answer to the same request shape
 (stream or body; spec details and continuous usage asked or not; usage or not); its /metrics the
-frozen page. Every body it got is kept, to check what the gateway asked."""
+frozen page. Every body it got is kept, to check what the gateway asked.
+
+Two more behaviours for the resilience tests: `fail=True` answers every request as SGLang's
+serving code answers one that raised (its `create_error_response`: a 500 with its error body);
+a stream asking more than the frozen answer's `max_tokens` gets that answer's opening frames,
+then its first content frame again and again until the gateway closes the connection (SGLang
+aborts a request whose HTTP connection closed: its `create_abort_task` and the tokenizer
+manager's `is_disconnected` check), which sets `aborted`."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "sglang-golden" / "0.5.23"
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+FROZEN_MAX_TOKENS = 16  # what the fixtures' requests asked
+# SGLang's `create_error_response(..., err_type="InternalServerError", status_code=500)`, as its
+# ORJSONResponse writes it.
+ERROR_500 = (
+    b'{"object":"error","message":"Internal server error: engine failed",'
+    b'"type":"InternalServerError","param":null,"code":500}'
+)
 
 
 def answer_name(endpoint: str, body: dict[str, Any]) -> str:
@@ -25,9 +40,22 @@ def answer_name(endpoint: str, body: dict[str, Any]) -> str:
     return f"{endpoint}_stream_{'usage' if opts.get('include_usage') else 'plain'}.sse"
 
 
+def endless(endpoint: str) -> tuple[bytes, bytes]:
+    """The frozen stream's frames up to its first content frame, and that frame (repeated)."""
+    frames = [
+        f + b"\n\n"
+        for f in (GOLDEN / f"{endpoint}_stream_plain.sse").read_bytes().split(b"\n\n")
+        if f
+    ]
+    first = 1 if endpoint == "chat" else 0  # chat opens with a role frame
+    return b"".join(frames[:first]), frames[first]
+
+
 class SglangPlayback:
-    def __init__(self) -> None:
+    def __init__(self, *, fail: bool = False) -> None:
+        self.fail = fail
         self.bodies: list[dict[str, Any]] = []
+        self.aborted = threading.Event()  # an endless stream's connection was closed
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,12 +73,34 @@ class SglangPlayback:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 engine.bodies.append(body)
+                if engine.fail:
+                    self._send(ERROR_500, "application/json", 500)
+                    return
+                if body.get("stream") and body.get("max_tokens", 0) > FROZEN_MAX_TOKENS:
+                    self._endless(ENDPOINTS[self.path])
+                    return
                 name = answer_name(ENDPOINTS[self.path], body)
                 kind = "text/event-stream" if name.endswith(".sse") else "application/json"
                 self._send((GOLDEN / name).read_bytes(), kind)
 
-            def _send(self, data: bytes, kind: str) -> None:
+            def _endless(self, endpoint: str) -> None:
+                head, frame = endless(endpoint)
                 self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                try:
+                    for data in (head, *[frame] * 100_000):
+                        if data:
+                            self.wfile.write(b"%x\r\n%b\r\n" % (len(data), data))
+                            self.wfile.flush()
+                        time.sleep(0.005)  # a decode step
+                except OSError:
+                    engine.aborted.set()
+                self.close_connection = True
+
+            def _send(self, data: bytes, kind: str, status: int = 200) -> None:
+                self.send_response(status)
                 self.send_header("content-type", kind)
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
@@ -58,7 +108,9 @@ class SglangPlayback:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, args=(0.05,), daemon=True
+        )  # a short poll: shutdown waits one
 
     def __enter__(self) -> SglangPlayback:
         self._thread.start()

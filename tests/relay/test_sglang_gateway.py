@@ -1,10 +1,13 @@
 """A `kind: sglang` backend behind the gateway, in front of an engine that answers with SGLang's
 own bytes (tests/relay/sglang_playback.py): the client gets SGLang's answer to its own request,
 byte for byte, while the gateway asked for continuous usage and the spec figures and logged
-tokens per step from SGLang's `spec_verify_ct`."""
+tokens per step from SGLang's `spec_verify_ct`. A failing SGLang variant falls back to another, and
+a client that leaves mid-stream gets the engine's connection closed (SGLang's abort)."""
 
 from __future__ import annotations
 
+import copy
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,17 +21,32 @@ from tests.relay.sglang_playback import GOLDEN, SglangPlayback
 
 MODEL = "qwen-tiny"  # the fixtures' served name
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-INPUTS = {
+INPUTS: dict[str, dict[str, Any]] = {
     "chat": {"messages": [{"role": "user", "content": "hi"}]},
     "completions": {"prompt": "hi"},
 }
 
 
+FAILOVER = "qwen-tiny-fo"  # a second route: the failing engine first, then the good one
+
+
 @pytest.fixture(scope="module")
-def stack(certs: CertFiles) -> Iterator[tuple[SglangPlayback, GatewayServer]]:
+def broken() -> Iterator[SglangPlayback]:
+    with SglangPlayback(fail=True) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def stack(
+    certs: CertFiles, broken: SglangPlayback
+) -> Iterator[tuple[SglangPlayback, GatewayServer]]:
     with SglangPlayback() as engine:
         doc = coder_policy({"sg": engine.url}, served=MODEL, defaults={})
         doc["backends"]["sg"]["kind"] = "sglang"
+        doc["backends"]["sg-broken"] = {**doc["backends"]["sg"], "url": broken.url}
+        route = copy.deepcopy(doc["routes"]["coder"])
+        route.update(models=[FAILOVER], variants=["sg-broken", "sg"], fallback="sg")
+        doc["routes"]["failover"] = route
         with GatewayServer(doc, certs=certs) as gw:
             yield engine, gw
 
@@ -80,3 +98,41 @@ def test_scraped_and_re_exported(stack: tuple[SglangPlayback, GatewayServer]) ->
     while not all(w in (text := gw.admin_get("/metrics").text) for w in want):
         assert time.monotonic() < deadline, text
         time.sleep(0.1)
+
+
+def test_a_failing_sglang_variant_falls_back(
+    stack: tuple[SglangPlayback, GatewayServer], broken: SglangPlayback
+) -> None:
+    """SGLang's 500 (its serving code's answer to a request that raised) before any byte: the
+    request goes to the route's other SGLang engine, and the client gets that one's answer."""
+    _, gw = stack
+    tried = len(broken.bodies)
+    body = {"model": FAILOVER, "max_tokens": 16, "temperature": 0, **INPUTS["chat"]}
+    with gw.client() as c:
+        r = c.post(PATHS["chat"], json=body)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-specrouter-variant"] == "sg"
+    want = (GOLDEN / "chat_full_plain.json").read_bytes()  # named as the client named it
+    assert r.content == want.replace(b'"model":"qwen-tiny"', b'"model":"qwen-tiny-fo"')
+    assert len(broken.bodies) == tried + 1  # it was asked first
+    assert re.search(
+        r'specrouter_upstream_errors_total\{backend="sg-broken"[^}]*\} 1', gw.metrics()
+    )
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_client_that_leaves_gets_the_sglang_request_aborted(
+    stack: tuple[SglangPlayback, GatewayServer], endpoint: str
+) -> None:
+    """SGLang aborts a request when its HTTP connection closes (it polls `is_disconnected` and
+    its streaming response's background task aborts the rid), so the gateway must close the
+    engine's connection when its client leaves mid-stream."""
+    engine, gw = stack
+    engine.aborted.clear()
+    body = {"model": MODEL, "max_tokens": 4000, "stream": True, **INPUTS[endpoint]}
+    with gw.client() as c, c.stream("POST", PATHS[endpoint], json=body) as r:
+        assert r.status_code == 200
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 8:
+                break
+    assert engine.aborted.wait(10.0)

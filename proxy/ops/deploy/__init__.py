@@ -11,6 +11,7 @@
     draft_schedule  where vLLM honours a speculative schedule per batch size, by release
     llamacpp  llama.cpp engines: a `llama-server` service per backend, its flags checked
     llamacpp_flagtable  a llama.cpp build's `llama-server` flags, read from its source
+    sglang   SGLang engines: a `launch_server` service per backend, its flags checked
     cli      argument parsing (`specrouter deploy render|check`), file reading and writing
     policy_check  `specrouter policy check` with each valid file's engine memory added
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from policies.spec.backends import BackendSpec, SpeculativeSpec
 from policies.spec.document import PolicyDocument
-from proxy.ops.deploy import draft_schedule, llamacpp, versions
+from proxy.ops.deploy import draft_schedule, llamacpp, sglang, versions
 from proxy.ops.deploy.compose_read import EngineArgs, as_list, compose_engines
 from proxy.ops.deploy.compose_read import parse_vllm_args as parse_vllm_args
 from proxy.ops.deploy.launch_check import check_launch, check_memory
@@ -195,6 +195,7 @@ def check_compose(
         out += _check_engine(plan, engine)
     out += check_memory(pairs, memory_params(doc))
     out += llamacpp.check_services(doc, compose)
+    out += sglang.check_services(doc, compose)
     for plan in plans:
         if plan.service not in matched:
             out.append(

@@ -11,7 +11,7 @@ import yaml
 
 from policies.spec.backends import SpeculativeSpec
 from policies.spec.document import PolicyDocument
-from proxy.ops.deploy import llamacpp, versions
+from proxy.ops.deploy import llamacpp, sglang, versions
 from proxy.ops.deploy.plan import (
     BACKEND_LABEL,
     NO_DRAFTER_METHODS,
@@ -180,13 +180,16 @@ def render_compose(doc: PolicyDocument, *, policy: Path, out_dir: Path) -> str:
         "addresses.",
     ]
     for s in skipped:
-        if not (s.backend in doc.backends and llamacpp.rendered(doc.backends[s.backend])):
+        b = doc.backends.get(s.backend)
+        if b is None or not (llamacpp.rendered(b) or sglang.rendered(b)):
             lines.append(f"# Not run here: {s.backend} ({s.reason}).")
     lines += ["", "name: specrouter", "", "services:"]
     for plan in plans:
         lines += _engine_service(doc, plan)
     for llama in llamacpp.llama_plans(doc):
         lines += llamacpp.service_lines(llama)
+    for sgl in sglang.sglang_plans(doc):
+        lines += sglang.service_lines(sgl)
     gateway_cmd = [
         "serve",
         f"--config=/etc/specrouter/policy/{policy_name}",
@@ -361,6 +364,7 @@ def render_env_example(doc: PolicyDocument) -> str:
         if plan.memory is not None and versions.has_flag(plan.version, versions.KV_BYTES_FLAG):
             lines.append(f"{plan.kv_bytes_var}={plan.memory.kv_bytes}")
     lines += llamacpp.env_lines(doc)
+    lines += sglang.env_lines(doc)
     images = sorted({VLLM_IMAGE.format(version=p.version) for p in plans}) or [
         VLLM_IMAGE.format(version=doc.deployment.vllm_version)
     ]
