@@ -15,6 +15,7 @@ outage. Closing cancels the loops (a cancel a library took for an error is raise
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -22,6 +23,7 @@ from typing import Any, Final
 from prometheus_client import Counter
 
 IO_TIMEOUT_S: Final = 2.0  # a Redis that hangs counts as away
+CLOSE_S: Final = 5.0  # the most a replica's close waits for its loops, then for the client
 MAX_BACKOFF_S: Final = 10.0
 
 
@@ -34,10 +36,21 @@ class RedisLoops:
     _failed_at = float("-inf")  # when the last round trip failed (monotonic)
 
     async def aclose(self) -> None:
+        """Cancel the loops, then close the client; bounded, so a replica always closes: a
+        cancel the library swallowed is sent again, and a loop still running after
+        `CLOSE_S` (or a client that hangs on close) is left to the process's end."""
+        pending = {task for task in self._tasks if not task.done()}
+        deadline = time.monotonic() + CLOSE_S
+        while pending and time.monotonic() < deadline:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.1)
         for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._redis.aclose()
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a loop's end is no error of the close
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CLOSE_S):
+                await self._redis.aclose()
 
     async def _every(
         self,
@@ -66,6 +79,7 @@ class RedisLoops:
                 self._failed(op, exc)
                 backoff = min(max(backoff, interval) * 2, MAX_BACKOFF_S)
                 continue
+            raise_if_cancelled(None)  # a cancel redis-py's wait_for took, with no error
             if done is not None and began > self._failed_at:
                 self._reached()
             backoff = interval
@@ -77,7 +91,7 @@ class RedisLoops:
         """After a round trip that succeeded."""
 
 
-def raise_if_cancelled(exc: Exception) -> None:
+def raise_if_cancelled(exc: Exception | None) -> None:
     """Raise the cancel that a library turned into `exc`. 3.11's wait_for, which redis-py wraps
     around its socket writes, returns the inner outcome when a cancel arrives as the write
     fails: the loop took a connection error for an outage and went on, and the closing
