@@ -9,6 +9,7 @@
     check    `deploy check`: a compose file, or the running engines, against the policy
     launch_check  flags against the release's table, launch settings, the memory split
     draft_schedule  where vLLM honours a speculative schedule per batch size, by release
+    local_engine  an engine service other than vLLM: its loopback address, variables, command
     llamacpp  llama.cpp engines: a `llama-server` service per backend, its flags checked
     llamacpp_flagtable  a llama.cpp build's `llama-server` flags, read from its source
     sglang   SGLang engines: a `launch_server` service per backend, its flags checked

@@ -9,17 +9,22 @@ Rendered, not run: the tests' tiny models have no MTP tensors.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from policies.spec.backends import BackendSpec
 from policies.spec.document import PolicyDocument
+from proxy.ops.deploy import local_engine
 from proxy.ops.deploy.compose_read import as_list
 from proxy.ops.deploy.llamacpp_flagtable import SPEC_TYPE_PREFIX
-from proxy.ops.deploy.plan import BACKEND_LABEL, LOOPBACK_HOSTS, DeployError, env_suffix, secret_env
+from proxy.ops.deploy.local_engine import (
+    LocalEngine,
+    command_lines,
+    differences,
+    local_engines,
+)
+from proxy.ops.deploy.plan import BACKEND_LABEL, DeployError, secret_env
 
 BUILD = "b11434"  # the build whose source the table was read from
 TABLE = Path(__file__).resolve().parent / "llamacpp_flags" / f"{BUILD}.txt"
@@ -41,21 +46,7 @@ SPEC_TYPES: Mapping[str, tuple[str, bool]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class LlamaPlan:
-    service: str
-    backend: str
-    spec: BackendSpec
-    host: str
-    port: int
-
-    @property
-    def model_var(self) -> str:
-        return "MODEL_" + env_suffix(self.spec.served_model_name)
-
-    @property
-    def drafter_var(self) -> str:
-        return "DRAFTER_" + env_suffix(self.backend)
+LlamaPlan = LocalEngine
 
 
 @cache
@@ -77,26 +68,11 @@ def spec_types() -> frozenset[str]:
 
 def rendered(backend: BackendSpec) -> bool:
     """A llama.cpp backend the stack runs: the policy gave it launch settings."""
-    return backend.kind == "llamacpp" and "engine" in backend.model_fields_set
+    return local_engine.rendered(backend, "llamacpp")
 
 
 def llama_plans(doc: PolicyDocument) -> list[LlamaPlan]:
-    plans: list[LlamaPlan] = []
-    for name, backend in doc.backends.items():
-        if not rendered(backend):
-            continue
-        endpoints = backend.engine_urls
-        for i, url in enumerate(endpoints):
-            parts = urlsplit(url)
-            if (parts.hostname or "") not in LOOPBACK_HOSTS or parts.scheme != "http" or parts.path:
-                raise DeployError(
-                    f"backend {name!r}: {url} is not a plain-http loopback root "
-                    "URL, which a rendered llama-server serves"
-                )
-            bind = "::1" if parts.hostname == "::1" else "127.0.0.1"
-            service = name if len(endpoints) == 1 else f"{name}-{i + 1}"
-            plans.append(LlamaPlan(service, name, backend, bind, parts.port or 80))
-    return plans
+    return local_engines(doc, "llamacpp", "llama-server")
 
 
 def server_command(plan: LlamaPlan) -> list[str]:
@@ -166,9 +142,7 @@ def service_lines(plan: LlamaPlan) -> list[str]:
         f"    entrypoint: [{ENTRYPOINT}]",
         "    command:",
     ]
-    lines += [
-        f"      - '{a}'" if ":" in a or "{" in a else f"      - {a}" for a in server_command(plan)
-    ]
+    lines += command_lines(server_command(plan))
     if spec.api_key:
         var = secret_env(spec.api_key)
         lines += ["    environment:", f"      {API_KEY_ENV}: ${{{var}:?set {var} in .env}}"]
@@ -223,27 +197,5 @@ def check_services(doc: PolicyDocument, compose: Mapping[str, Any]) -> list[str]
                 f"{where}: no llama.cpp backend of the policy with an engine block describes it"
             )
             continue
-        want = {
-            a.partition("=")[0]: a.partition("=")[2]
-            for a in server_command(plan)
-            if not a.startswith("--model")
-        }
-        have = _flags(argv[1:])
-        out += [
-            f"{where}: {flag} is {have.get(flag)!r} in the compose file, {value!r} in the policy"
-            for flag, value in want.items()
-            if have.get(flag) != value
-        ]
-    return out
-
-
-def _flags(args: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        name, eq, value = args[i].partition("=")
-        if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
-            value, i = args[i + 1], i + 1
-        out[name] = value
-        i += 1
+        out += differences(where, server_command(plan), argv[1:], ("--model",))
     return out

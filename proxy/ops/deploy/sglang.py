@@ -16,12 +16,18 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from policies.spec.backends import BackendSpec
 from policies.spec.document import PolicyDocument
+from proxy.ops.deploy import local_engine
 from proxy.ops.deploy.compose_read import as_list
-from proxy.ops.deploy.plan import BACKEND_LABEL, LOOPBACK_HOSTS, DeployError, env_suffix, secret_env
+from proxy.ops.deploy.local_engine import (
+    LocalEngine,
+    command_lines,
+    differences,
+    local_engines,
+)
+from proxy.ops.deploy.plan import BACKEND_LABEL, DeployError, env_suffix, secret_env
 
 VERSION = "0.5.23"  # the release whose parser the table was read from
 TABLE = Path(__file__).resolve().parent / "sglang_flags" / f"{VERSION}.txt"
@@ -63,21 +69,7 @@ PUBLISHED: Mapping[str, tuple[str, ...]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class SglangPlan:
-    service: str
-    backend: str
-    spec: BackendSpec
-    host: str
-    port: int
-
-    @property
-    def model_var(self) -> str:
-        return "MODEL_" + env_suffix(self.spec.served_model_name)
-
-    @property
-    def drafter_var(self) -> str:
-        return "DRAFTER_" + env_suffix(self.backend)
-
+class SglangPlan(LocalEngine):
     @property
     def sps_var(self) -> str:
         return "SPS_TABLE_" + env_suffix(self.backend)
@@ -107,26 +99,14 @@ def algorithms() -> frozenset[str]:
 
 def rendered(backend: BackendSpec) -> bool:
     """An SGLang backend the stack runs: the policy gave it launch settings."""
-    return backend.kind == "sglang" and "engine" in backend.model_fields_set
+    return local_engine.rendered(backend, "sglang")
 
 
 def sglang_plans(doc: PolicyDocument) -> list[SglangPlan]:
-    plans: list[SglangPlan] = []
-    for name, backend in doc.backends.items():
-        if not rendered(backend):
-            continue
-        endpoints = backend.engine_urls
-        for i, url in enumerate(endpoints):
-            parts = urlsplit(url)
-            if (parts.hostname or "") not in LOOPBACK_HOSTS or parts.scheme != "http" or parts.path:
-                raise DeployError(
-                    f"backend {name!r}: {url} is not a plain-http loopback root "
-                    "URL, which a rendered SGLang server serves"
-                )
-            bind = "::1" if parts.hostname == "::1" else "127.0.0.1"
-            service = name if len(endpoints) == 1 else f"{name}-{i + 1}"
-            plans.append(SglangPlan(service, name, backend, bind, parts.port or 80))
-    return plans
+    return [
+        SglangPlan(e.service, e.backend, e.spec, e.host, e.port)
+        for e in local_engines(doc, "sglang", "SGLang server")
+    ]
 
 
 def server_command(plan: SglangPlan) -> list[str]:
@@ -205,9 +185,7 @@ def service_lines(plan: SglangPlan) -> list[str]:
         f"    entrypoint: [{', '.join(ENTRYPOINT)}]",
         "    command:",
     ]
-    lines += [
-        f"      - '{a}'" if ":" in a or "{" in a else f"      - {a}" for a in server_command(plan)
-    ]
+    lines += command_lines(server_command(plan))
     lines += [
         "    labels:",
         f"      {BACKEND_LABEL}: {plan.backend}",
@@ -270,28 +248,5 @@ def check_services(doc: PolicyDocument, compose: Mapping[str, Any]) -> list[str]
             "--speculative-dspark-sps-table-path",
             "--mem-fraction-static",
         )
-        want = {
-            a.partition("=")[0]: a.partition("=")[2]
-            for a in server_command(plan)
-            if not a.startswith(keep)
-        }
-        have = _flags(argv[3:])
-        out += [
-            f"{where}: {flag} is {have.get(flag)!r} in the compose file, {value!r} in the policy"
-            for flag, value in want.items()
-            if have.get(flag) != value
-        ]
-    return out
-
-
-def _flags(args: Sequence[str]) -> dict[str, str]:
-    """`--name=value`, `--name value` and bare `--name` alike (SGLang's argparse takes each)."""
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        name, eq, value = args[i].partition("=")
-        if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
-            value, i = args[i + 1], i + 1
-        out[name] = value
-        i += 1
+        out += differences(where, server_command(plan), argv[3:], keep)
     return out
