@@ -316,22 +316,29 @@ class ContinuationPlan:
         return tuple(name for name, refused in self.steps if refused is None)
 
 
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """A stream an engine broke: which engine, the text its client read, the tokens it cost."""
+
+    failed: str
+    seen: str
+    generated: int
+
+
 def plan_continuation(
     body: dict[str, Any],
-    seen: str,
-    generated: int,
-    failed: str,
+    broken: Broken,
     variants: tuple[str, ...],
     backends: Mapping[str, BackendSpec],
     down: Collection[str],
 ) -> ContinuationPlan:
-    """Which engine next and what to resend, after `failed` broke a stream whose client read
-    `seen` (`generated` tokens): never the failed engine nor one not up (`down`), never another
-    kind or other weights (refused: counted)."""
+    """Which engine next and what to resend after a `broken` stream: never the failed engine
+    nor one not up (`down`), never another kind or other weights (refused: counted)."""
+    failed, seen = broken.failed, broken.seen
     before = backends[failed]
     steps = tuple(
         (name, continuation_refused(before, backends[name]))
         for name in variants
         if name != failed and name not in down
     )
-    return ContinuationPlan(steps, continuation_body(body, seen, generated), seen)
+    return ContinuationPlan(steps, continuation_body(body, seen, broken.generated), seen)

@@ -207,6 +207,10 @@ class EngineStream:
             raise UpstreamError("connect", "backend closed the response before the first byte")
         return first
 
+    def whole(self) -> bool:
+        """Not read ahead here: a non-streaming body is checked by its first bytes."""
+        return False
+
     def finish(self, ok: bool) -> None:
         """The relay is over: a complete response has already released its connection."""
         self.close()

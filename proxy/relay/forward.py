@@ -16,7 +16,7 @@ from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
 from proxy.relay.adapt import adapt
 from proxy.relay.asgi import with_should_retry
-from proxy.relay.continuation import ContinuableFilter, can_continue, plan_continuation
+from proxy.relay.continuation import Broken, ContinuableFilter, can_continue, plan_continuation
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_stream, end_with_error
 from proxy.relay.events import reader_for
 from proxy.relay.hold import hold, turn_ended
@@ -30,7 +30,6 @@ from proxy.relay.tracecontext import trace_headers
 from proxy.relay.turnstate import HEADER as TURN_STATE
 from proxy.relay.upstream import (
     RESPONSE_ALLOW,
-    PulledResponse,
     UpstreamError,
     not_an_answer,
     not_json,
@@ -234,7 +233,7 @@ async def open_engine(
         m = record.m
         m.t_engine, m.t_headers = time.perf_counter(), None
     resp, first = await x.relay.open(x, base + x.path, payload, up_headers, check_status)
-    whole = resp.content.at_eof() if isinstance(resp, PulledResponse) else False
+    whole = resp.whole()
     refused = not_an_answer(resp.status, resp.headers) or not_json(
         resp.status, resp.headers, first, whole
     )
@@ -364,9 +363,8 @@ async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
     health = gw.live.snapshot().backends
     down = {name for name, h in health.items() if h.health != "up"}
     backends = {name: policy.backend(name) for name in (failed, *route.variants)}
-    plan = plan_continuation(
-        body, filt.partial(), filt.m.completion_tokens, failed, route.variants, backends, down
-    )
+    broken = Broken(failed, filt.partial(), filt.m.completion_tokens)
+    plan = plan_continuation(body, broken, route.variants, backends, down)
     for name, refused in plan.steps:
         if refused is not None:
             gw.metrics.continuations_refused.labels(record.route, failed, name, refused).inc()

@@ -163,6 +163,11 @@ class UpstreamResponse(Protocol):
         backend. UpstreamError when there are none."""
         ...
 
+    def whole(self) -> bool:
+        """Whether the body bytes read so far are all of it (then a JSON body is checked
+        whole before its status goes out)."""
+        ...
+
     def close(self) -> None:
         """Drop the response: an unfinished one closes its connection (vLLM then aborts)."""
         ...
@@ -219,6 +224,9 @@ class PulledResponse:
                 "protocol", f"engine body cut short: {describe(exc)}", accepted=True
             ) from exc
         return bytes(data)
+
+    def whole(self) -> bool:
+        return self.content.at_eof()
 
     def close(self) -> None:
         self._resp.close()

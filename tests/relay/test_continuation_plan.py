@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from policies.spec.backends import BackendSpec
-from proxy.relay.continuation import plan_continuation
+from proxy.relay.continuation import Broken, plan_continuation
 
 
 def _backend(kind: str = "vllm", served: str = "qwen") -> BackendSpec:
@@ -56,7 +56,7 @@ def test_the_plan_picks_the_next_engines(
     down: tuple[str, ...],
     steps: tuple[tuple[str, str | None], ...],
 ) -> None:
-    plan = plan_continuation({"messages": []}, "x", 1, failed, variants, BACKENDS, down)
+    plan = plan_continuation({"messages": []}, Broken(failed, "x", 1), variants, BACKENDS, down)
     assert plan.steps == steps
     assert plan.engines == tuple(n for n, why in steps if why is None)
 
@@ -82,7 +82,7 @@ def test_the_plan_resends_what_the_client_has_seen_and_the_budget_left(
 ) -> None:
     asked = [{"role": "user", "content": "hi"}]
     body: dict[str, Any] = {"model": "m", "messages": asked, "stream": True, **limits}
-    plan = plan_continuation(body, "Hello, wor", generated, "a", ("a", "b"), BACKENDS, ())
+    plan = plan_continuation(body, Broken("a", "Hello, wor", generated), ("a", "b"), BACKENDS, ())
     assert plan.seen == "Hello, wor"
     assert plan.body["messages"] == [*asked, {"role": "assistant", "content": "Hello, wor"}]
     assert plan.body["continue_final_message"] is True
