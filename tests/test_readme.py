@@ -113,9 +113,17 @@ def test_start_recipe_runs_what_the_demo_tests_run() -> None:
     `python -m proxy.cli demo`), and each `make` target of the first block exists."""
     lines = [line.split("#", 1)[0].split() for line in recipes("README.md")["start"].splitlines()]
     assert [words[:1] for words in lines] == [["make"]] * len(lines) and len(lines) == 2
+    # as a user's shell runs it: under `make test` the parent's MAKEFLAGS would add
+    # "Entering/Leaving directory" lines
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     for words in lines:
         done = subprocess.run(
-            ["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True, timeout=30
+            ["make", "--no-print-directory", "-n", *words[1:]],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=env,
         )
         assert done.returncode == 0, done.stderr
         if words[1:] == ["demo"]:
