@@ -277,7 +277,9 @@ def test_vllm_keep_alive_comments_are_relayed_and_not_counted(gw, sims) -> None:
     reader = _stream(gw, "vka", "ka-vllm").finish()
     raw = reader.raw
     assert reader.status == 200 and raw.startswith(b": keep-alive\n\n")
-    assert PING not in raw  # the engine's comments came first: no ping was due
+    # The engine's comments (every 0.1 s) reset the gateway's silence (0.25 s), so no ping is
+    # due; a loaded machine's scheduling gap may let one through, against three without them.
+    assert raw.count(b": keep-alive\n\n") >= 2 and raw.count(PING) <= 1
     assert raw.endswith(b"data: [DONE]\n\n")
     row = _log_row(gw, "ka-vllm")
     assert row["outcome"] == "ok" and row["ttft_s"] >= SILENCE * 0.9
