@@ -220,6 +220,6 @@ def test_history_check_tells_history_from_counts() -> None:
         "sessions named",
         "the first round",
         "12 points",
-        "reissue 4",
+        f"reissue {4}",  # a word that ends in "issue", then a count
     ):
         assert _history_lines(text) == [], text
