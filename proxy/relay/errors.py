@@ -27,8 +27,13 @@ _TYPES = {
 
 
 # Anthropic's error type names, by HTTP status (what its SDKs map to exception classes): vLLM's,
-# and a 503 (the gateway's own "no variant can take it") named as Anthropic names overload.
-_ANTHROPIC_TYPES = {**vllm_wire.ANTHROPIC_ERROR_TYPES, 503: "overloaded_error"}
+# a 503 (the gateway's own "no variant can take it") named as Anthropic names overload, and a
+# 504 (the engine's first byte or silence timed out) as Anthropic names its own timeouts.
+_ANTHROPIC_TYPES = {
+    **vllm_wire.ANTHROPIC_ERROR_TYPES,
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 
 
 def anthropic_type(status: int) -> str:

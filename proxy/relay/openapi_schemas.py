@@ -210,7 +210,7 @@ ANTHROPIC_ERROR: Schema = {
     "type": "object",
     "description": "Anthropic's error shape, the gateway's own errors on /v1/messages: `type` is "
     "`authentication_error`, `invalid_request_error`, `not_found_error`, "
-    "`rate_limit_error`, `overloaded_error`, `api_error`, ...",
+    "`rate_limit_error`, `overloaded_error`, `timeout_error`, `api_error`, ...",
     "required": ["type", "error"],
     "properties": {
         "type": {"type": "string", "enum": ["error"]},
