@@ -39,8 +39,9 @@ vllm:
 agent-recordings: $(STAMP) vllm
 	PYTHONPATH=. $(PY) -m tests.agents.record
 
+# The 30 slowest tests are printed at the end: where the next minute of the suite is.
 test: lint system-deps vllm
-	$(VENV)/bin/pytest -q --cov --cov-report=term
+	$(VENV)/bin/pytest -q --durations=30 --cov --cov-report=term
 
 demo: $(DEMO_STAMP)
 	@$(VENV)/bin/specrouter demo
