@@ -13,6 +13,8 @@ import yaml
 
 from loadtests.harness.gateway import ADMIN_TOKEN, GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
+from policies.engine import canary_bucket
+from policies.sessions import session_of
 
 SERVED = "qwen3.8-27b"
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -208,25 +210,34 @@ def test_killed_backend_fails_over_without_client_errors(certs, pair) -> None:
         assert served["deep"] > 0 and served["shallow"] > 0
 
 
+def _canary_arm(user: str, percent: float) -> str:
+    """The arm the decision engine gives `user` of the harness's client (`agent`)."""
+    session = session_of("agent", {"user": user}, {})
+    assert session is not None
+    return "shallow" if canary_bucket(session.key) * 100.0 < percent else "deep"
+
+
 def test_canary_share_and_stickiness(certs, pair) -> None:
     deep, shallow = pair
     rules = [{"name": "mtp-canary", "kind": "canary", "use": "shallow", "percent": 10}]
+    # The share over 1,000 users, from the engine's own bucketing (no requests needed) ...
+    expected = {f"user-{i}": _canary_arm(f"user-{i}", 10) for i in range(1000)}
+    share = sum(v == "shallow" for v in expected.values()) / len(expected)
+    assert 0.07 <= share <= 0.13, share
+    # ... and the gateway puts every user where that bucketing says, twice (sticky).
+    asked = [f"user-{i}" for i in range(0, 1000, 10)]
+    assert {expected[u] for u in asked} == {"deep", "shallow"}
     with (
         GatewayServer(
             coder_policy({"deep": deep.url, "shallow": shallow.url}, rules=rules), certs=certs
         ) as gw,
         gw.client() as c,
     ):
-        arms: dict[str, str] = {}
-        for i in range(1000):
-            r = _variant(c, i, max_tokens=1, user=f"user-{i}")
-            arms[f"user-{i}"] = r.headers["x-specrouter-variant"]
-        share = sum(v == "shallow" for v in arms.values()) / len(arms)
-        assert 0.07 <= share <= 0.13, share
-        for i in range(0, 1000, 50):  # sticky: the same user lands on the same arm again
-            r = _variant(c, i, max_tokens=1, user=f"user-{i}")
-            assert r.headers["x-specrouter-variant"] == arms[f"user-{i}"]
-        canary = next(u for u, v in arms.items() if v == "shallow")
+        for _ in range(2):
+            for n, user in enumerate(asked):
+                r = _variant(c, n, max_tokens=1, user=user)
+                assert r.headers["x-specrouter-variant"] == expected[user], user
+        canary = next(u for u in asked if expected[u] == "shallow")
         assert (
             _variant(c, 0, max_tokens=1, user=canary).headers["x-specrouter-reason"] == "mtp-canary"
         )
