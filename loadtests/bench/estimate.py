@@ -2,7 +2,7 @@
 `python -m loadtests.bench.estimate [--quick] [--rounds R] [--frontend-chunk-ms MS]`.
 
 A simulated engine in vLLM 0.28 mode (no per-request summary: the gateway's only figure is its
-count of tokens per chunk, proxy/relay/measure.py) behind the real gateway. Each cell runs
+count of tokens per chunk, proxy/record/measure.py) behind the real gateway. Each cell runs
 `--rounds` rounds of N concurrent chat streams (N = 1, 4, 16), with and without the simulator's
 output-merging model (`--frontend-chunk-ms`: a MODEL of vLLM's API server falling behind, not a
 measurement of vLLM). The truth is the simulator's own per request: its accepted draft tokens
@@ -90,7 +90,7 @@ def _rows(gw: GatewayServer, ids: set[str]) -> dict[str, dict[str, Any]]:
 
 def _truth(sim: SimServer) -> dict[str, float]:
     """Tokens per target step of each finished request, by the client's request id: the one
-    definition (proxy/relay/steps.py), (tokens - 1) / decode steps. The simulated engine drafts
+    definition (proxy/record/steps.py), (tokens - 1) / decode steps. The simulated engine drafts
     at every decode step, so its drafted steps are its decode steps (1 + accepted / steps would
     count the drafts accepted past `max_tokens`)."""
     resp = httpx.get(f"{sim.url}/_sim/requests", timeout=5)

@@ -20,14 +20,10 @@
   the plan (which engine next, what is resent, what the client has seen).
 - engine_conn.py | upstream.py: kept-alive engine connections (push) | the aiohttp client
   (pull), both answering with an `UpstreamResponse`.
-- measure.py: per-request measurement and the stream filter.
 - events.py: readers of typed event streams (/v1/responses, /v1/messages) for the filter.
 - llamacpp.py: llama.cpp's per-request figures, read from the bytes it sends anyway.
-- steps.py: tokens per target step, the one definition for every engine kind.
 - sglang.py | sglang_stream.py: SGLang's per-request figures and what the gateway asked cut
   back out | its stream filter.
-- record.py: `RequestRecord`, one request from arrival to its last byte, handed to the
-  gateway's sinks (request log, metrics, dashboard).
 - sse.py, rewrite.py: event-stream framing; the upstream request body.
 - adapt.py: named adaptations of the body for an engine that refuses part of it (counted).
 

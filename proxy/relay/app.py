@@ -24,6 +24,7 @@ from proxy import auth
 from proxy.body_budget import BodyBudget, BodyLease
 from proxy.bounds import finite_number, kept_name
 from proxy.gateway import Gateway
+from proxy.record.request import RequestRecord
 from proxy.relay import required
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.channel import PushChannel
@@ -36,7 +37,6 @@ from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import PULL
 from proxy.relay.push import PUSH
 from proxy.relay.ready import readiness
-from proxy.relay.record import RequestRecord
 from proxy.relay.turnstate import HEADER as TURN_STATE
 from proxy.relay.watch import DisconnectWatch
 from proxy.throttle import AuthThrottle, source_of

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from proxy.gateway import Gateway
-    from proxy.relay.record import RequestRecord
+    from proxy.record.request import RequestRecord
 
 
 class Lease:

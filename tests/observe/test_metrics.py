@@ -7,7 +7,7 @@ from array import array
 import pytest
 
 from proxy.observe.metrics import ITL_BUCKETS, FastHistogram
-from proxy.relay.measure import Measurement
+from proxy.record.measure import Measurement
 
 
 def _series(h: FastHistogram) -> dict[str, float]:

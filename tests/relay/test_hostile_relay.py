@@ -33,8 +33,8 @@ from policies.inputs import request_view
 from policies.schema import compile_policy, load_policy
 from policies.types import LiveState
 from proxy.certs import CertFiles
+from proxy.record.measure import Measurement, StreamFilter
 from proxy.relay import sse
-from proxy.relay.measure import Measurement, StreamFilter
 from proxy.relay.rewrite import plan_usage, upstream_body
 
 PURE = settings(

@@ -1,4 +1,4 @@
-"""The measures' one meaning (proxy/relay/measure.py, events.py), sans-io: TTFT at the first
+"""The measures' one meaning (proxy/record/measure.py, events.py), sans-io: TTFT at the first
 token frame, per-token ITL, where tokens per step comes from, Server-Timing, and the Messages
 and Responses readers on vLLM's golden bytes."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from proxy.record.measure import TPS_SOURCES, Measurement, StreamFilter
 from proxy.relay.events import MessagesReader, ResponsesReader, reader_for
-from proxy.relay.measure import TPS_SOURCES, Measurement, StreamFilter
 from tests.golden import GOLDEN
 
 

@@ -12,8 +12,8 @@ import orjson
 import pytest
 
 from policies.types import Endpoint
+from proxy.record.measure import Measurement, StreamFilter
 from proxy.relay import sglang
-from proxy.relay.measure import Measurement, StreamFilter
 from proxy.relay.rewrite import plan_usage
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "sglang-golden" / "0.5.23"

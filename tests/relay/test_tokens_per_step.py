@@ -1,4 +1,4 @@
-"""Tokens per target step, one definition (proxy/relay/steps.py): (completion tokens - 1) /
+"""Tokens per target step, one definition (proxy/record/steps.py): (completion tokens - 1) /
 decode steps, for every engine kind, API and source. Each case is one request's bytes as the
 engine sends them, through the relay's own readers; the truth is what the engine did (its
 decode steps), never the engine's own mean."""
@@ -10,15 +10,15 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
-from proxy.relay.events import reader_for
-from proxy.relay.measure import Measurement, StreamFilter, withhold_estimate
-from proxy.relay.steps import (
+from proxy.record.measure import Measurement, StreamFilter, withhold_estimate
+from proxy.record.steps import (
     StepCount,
     decode_steps,
     estimate_steps,
     pooled,
     steps_of,
 )
+from proxy.relay.events import reader_for
 
 
 def _data(obj: object) -> bytes:

@@ -10,7 +10,7 @@ One meaning of each measure, for every API (docs/metrics.md says the same):
   `message_start`, pings and comments are not tokens. A non-streaming request has its e2e only.
 - ITL: per token. A decode chunk of n tokens after a gap g gives n tokens of g/n; where the
   engine sends no per-event counts (Responses, Messages) it is the request average.
-- tokens per step: (completion tokens - 1) / decode steps (proxy/relay/steps.py); `TpsSource`
+- tokens per step: (completion tokens - 1) / decode steps (proxy/record/steps.py); `TpsSource`
   says where the decode steps come from.
 """
 
@@ -25,8 +25,8 @@ import orjson
 
 from policies.capabilities import TIMINGS_KEY
 from proxy.bounds import token_count
+from proxy.record.steps import StepCount, decode_steps, estimate_steps
 from proxy.relay import llamacpp, sglang, sse
-from proxy.relay.steps import StepCount, decode_steps, estimate_steps
 from proxy.vllm_wire import (
     COMMENT,
     DATA_OBJECT,
@@ -44,7 +44,7 @@ _TOOL_CALLS = b'"tool_calls":[{'
 _KV_NULL = b',"kv_transfer_params":null}'
 
 # Where a request's decode steps come from (tokens per step is always (completion tokens - 1) /
-# decode steps, proxy/relay/steps.py): "engine", vLLM's per-request
+# decode steps, proxy/record/steps.py): "engine", vLLM's per-request
 # `metrics.speculative_decoding` or llama.cpp's `timings` (with the chunk count as a floor);
 # "chunks", one step per decode chunk; "average", one step per token event after the first, on
 # streams without per-event usage (Responses, Messages).
@@ -102,7 +102,7 @@ class Measurement:
     @property
     def acceptance(self) -> float | None:
         """Tokens per target step, (completion tokens - 1) / decode steps
-        (proxy/relay/steps.py), from `tps_source`."""
+        (proxy/record/steps.py), from `tps_source`."""
         counted = self._counted()
         return None if counted is None else counted[1].per_step
 

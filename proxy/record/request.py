@@ -9,7 +9,7 @@ from typing import Any
 
 from policies.agent_signals import NONE, AgentSignals
 from proxy.backends.prefix import NOTHING, Check, PrefixLoss
-from proxy.relay.measure import Measurement
+from proxy.record.measure import Measurement
 
 
 @dataclass(slots=True)
