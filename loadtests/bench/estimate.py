@@ -2,7 +2,7 @@
 `python -m loadtests.bench.estimate [--quick] [--rounds R] [--frontend-chunk-ms MS]`.
 
 A simulated engine in vLLM 0.28 mode (no per-request summary: the gateway's only figure is its
-count of tokens per chunk, proxy/record/measure.py) behind the real gateway. Each cell runs
+count of tokens per chunk, proxy/relay/measure.py) behind the real gateway. Each cell runs
 `--rounds` rounds of N concurrent chat streams (N = 1, 4, 16), with and without the simulator's
 output-merging model (`--frontend-chunk-ms`: a MODEL of vLLM's API server falling behind, not a
 measurement of vLLM). The truth is the simulator's own per request: its accepted draft tokens

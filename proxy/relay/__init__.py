@@ -20,6 +20,8 @@
   the plan (which engine next, what is resent, what the client has seen).
 - engine_conn.py | upstream.py: kept-alive engine connections (push) | the aiohttp client
   (pull), both answering with an `UpstreamResponse`.
+- measure.py: the stream filter, which reads (and trims) each relayed frame into the
+  request's measurement (proxy/record/).
 - events.py: readers of typed event streams (/v1/responses, /v1/messages) for the filter.
 - llamacpp.py: llama.cpp's per-request figures, read from the bytes it sends anyway.
 - sglang.py | sglang_stream.py: SGLang's per-request figures and what the gateway asked cut

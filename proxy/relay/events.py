@@ -1,5 +1,5 @@
 """Readers for typed event streams (`event: <type>` then `data: <json>`): /v1/responses and
-Anthropic /v1/messages. Sans-io, like proxy/record/measure.py's StreamFilter, which hands them
+Anthropic /v1/messages. Sans-io, like proxy/relay/measure.py's StreamFilter, which hands them
 every frame it does not interpret itself; they only read (the bytes go to the client untouched).
 
 vLLM sends no per-event usage on these APIs: a reader takes the time of every event that
@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-from proxy.record.measure import EventReader, Measurement
+from proxy.record.measure import Measurement
+from proxy.relay.measure import EventReader
 from proxy.vllm_wire import EVENT
 
 _DATA = b"\ndata: "

@@ -28,13 +28,13 @@ if TYPE_CHECKING:
     from policies.schema import ClientSpec
     from policies.types import Decision, Endpoint
     from proxy.gateway import Gateway
-    from proxy.record.measure import StreamFilter
     from proxy.record.request import RequestRecord
     from proxy.relay.asgi import Send
     from proxy.relay.channel import PushChannel
     from proxy.relay.fields import Encoded
     from proxy.relay.keepalive import Pinger
     from proxy.relay.lease import Lease
+    from proxy.relay.measure import StreamFilter
     from proxy.relay.watch import DisconnectWatch
 
 R = TypeVar("R", bound=UpstreamResponse)

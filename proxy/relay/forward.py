@@ -14,7 +14,6 @@ import orjson
 from policies.capabilities import capabilities
 from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
-from proxy.record.measure import StreamFilter, withhold_estimate
 from proxy.relay.adapt import adapt
 from proxy.relay.asgi import with_should_retry
 from proxy.relay.continuation import Broken, ContinuableFilter, can_continue, plan_continuation
@@ -23,6 +22,7 @@ from proxy.relay.events import reader_for
 from proxy.relay.hold import hold, turn_ended
 from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
 from proxy.relay.lease import Lease
+from proxy.relay.measure import StreamFilter, withhold_estimate
 from proxy.relay.rewrite import plan_usage, upstream_pieces
 from proxy.relay.sglang import ask as sglang_ask
 from proxy.relay.sglang_stream import SglangFilter, asks

@@ -1,4 +1,4 @@
-"""The stream filter of an SGLang stream: vLLM's reading (proxy/record/measure.py's
+"""The stream filter of an SGLang stream: vLLM's reading (proxy/relay/measure.py's
 `StreamFilter`: continuous usage counted and cut) with SGLang's two differences around it
 (proxy/relay/sglang.py): its spec frame read, and cut when the gateway asked for it; and
 completions' `"usage":null` put back where the per-chunk usage was cut."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from policies.capabilities import SGLANG_ASK
-from proxy.record.measure import StreamFilter
 from proxy.relay import sglang
+from proxy.relay.measure import StreamFilter
 from proxy.relay.rewrite import UsagePlan
 
 

@@ -1,11 +1,12 @@
 """Where the gateway puts back what it moved (0.28 and 0.33 chunk shapes), and when its
-tokens-per-step estimate is withheld (proxy/record/measure.py)."""
+tokens-per-step estimate is withheld (proxy/relay/measure.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.record.measure import Measurement, StreamFilter, withhold_estimate
+from proxy.record.measure import Measurement
+from proxy.relay.measure import StreamFilter, withhold_estimate
 
 _USAGE = b'"usage":{"prompt_tokens":5,"total_tokens":%d,"completion_tokens":%d}'
 _FP = b'"system_fingerprint":"vllm-0.33.0-d68afdc4"'

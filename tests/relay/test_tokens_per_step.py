@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
-from proxy.record.measure import Measurement, StreamFilter, withhold_estimate
+from proxy.record.measure import Measurement
 from proxy.record.steps import (
     StepCount,
     decode_steps,
@@ -19,6 +19,7 @@ from proxy.record.steps import (
     steps_of,
 )
 from proxy.relay.events import reader_for
+from proxy.relay.measure import StreamFilter, read_body, withhold_estimate
 
 
 def _data(obj: object) -> bytes:
@@ -203,7 +204,7 @@ def test_tokens_per_step(name: str) -> None:
         else:
             body = {"usage": {"completion_tokens": 10}, "metrics": {}}
             body["metrics"] = {"speculative_decoding": _summary(7, 3, 3)}
-        m.record_body(orjson.dumps(body))
+        read_body(m, orjson.dumps(body))
     else:
         m = measure(case)
     assert (m.tps_source, m.acceptance) == (source, pytest.approx(expected))
@@ -227,7 +228,7 @@ def test_ngram_without_a_stream_is_withheld() -> None:
     for summary, expected in ((_summary(5, 2, 3), None), (_summary(6, 3, 3), 9 / 3)):
         m = Measurement(0.0)
         body = {"usage": {"completion_tokens": 10}, "metrics": {"speculative_decoding": summary}}
-        m.record_body(orjson.dumps(body))
+        read_body(m, orjson.dumps(body))
         assert m.acceptance == (None if expected is None else pytest.approx(expected))
 
 
