@@ -397,9 +397,7 @@ class PublicApp:
         temperature = decision.inject.get("temperature", body.get("temperature"))
         record.temperature = finite_number(temperature)  # stored: bounded (proxy/bounds.py)
         record.temperature_defaulted = "temperature" in decision.defaults_applied
-        gw.metrics.decisions.labels(decision.route, decision.backend, decision.reason).inc()
-        for name in decision.defaults_applied:
-            gw.metrics.defaults_applied.labels(decision.route, name).inc()
+        record.decided = decision.backend
 
         extra = list(rid)
         if decision.defaults_applied:
