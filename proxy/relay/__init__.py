@@ -4,6 +4,8 @@
 - fields.py: the request fields, described once for the OpenAPI document and the checks.
 - models_list.py: GET /v1/models, each name's context window and the first-token limit.
 - exchange.py: `Exchange`, the one object that carries the request along the path.
+- context.py: `Services`, what the path uses of the gateway's shared state, typed (the
+  gateway is one; the path does not import it).
 - forward.py: attempts, admission, the engine lease, retries before the first byte, the
   response start, the continuation of a stream broken mid-answer.
 - hold.py: session-aware admission: a session's turn goes, moves where that pays, or waits

@@ -23,11 +23,11 @@ from policies.types import Endpoint
 from proxy import auth
 from proxy.body_budget import BodyBudget, BodyLease
 from proxy.bounds import finite_number, kept_name
-from proxy.gateway import Gateway
 from proxy.record.request import RequestRecord
 from proxy.relay import required
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.channel import PushChannel
+from proxy.relay.context import Services
 from proxy.relay.errors import error_body
 from proxy.relay.exchange import Exchange
 from proxy.relay.fields import Encoded, Limits, check_fields, too_many_containers
@@ -75,7 +75,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
 
 
 class PublicApp:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Services) -> None:
         self.gw = gw
         self.throttle = AuthThrottle(gw.settings.auth_failures_per_minute, listener="public")
         self.limits = Limits.of(gw.settings)

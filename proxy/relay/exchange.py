@@ -27,10 +27,10 @@ if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
     from policies.schema import ClientSpec
     from policies.types import Decision, Endpoint
-    from proxy.gateway import Gateway
     from proxy.record.request import RequestRecord
     from proxy.relay.asgi import Send
     from proxy.relay.channel import PushChannel
+    from proxy.relay.context import Services
     from proxy.relay.fields import Encoded
     from proxy.relay.keepalive import Pinger
     from proxy.relay.lease import Lease
@@ -119,7 +119,7 @@ class Exchange(Generic[R]):
     filt: StreamFilter
     ends: tuple[bytes, ...]
 
-    def __init__(self, gw: Gateway, scope: dict[str, Any], send: Send, endpoint: Endpoint) -> None:
+    def __init__(self, gw: Services, scope: dict[str, Any], send: Send, endpoint: Endpoint) -> None:
         self.gw, self.endpoint = gw, endpoint
         self._send = send
         self.send: Send = self._start  # the response start gets Server-Timing, then `send`
