@@ -54,11 +54,15 @@ calibrate: $(STAMP)
 sessions: $(STAMP)
 	$(PY) -m loadtests.replay.table
 
-# The sweep that decides: agent sessions over every configuration, interleaved
-# repeats. Hours in full (it prints its expected wall time); SWEEP_ARGS=--quick for ~10 min.
-# Results in .state/sweep/ (sweep.json, sweep.md, sweep.png).
+# The sweeps: one runner, by set (loadtests/bench/sweep/, docs/sweep.md). The default set,
+# decide: agent sessions over every configuration, interleaved repeats. Hours in full (it prints
+# its expected wall time); SWEEP_ARGS=--quick for ~10 min. Results in .state/sweep/ (sweep.json,
+# sweep.md, sweep.png). SWEEP=sessions SWEEP_ARGS=run continues docs/sessions-sweep.md's runs
+# (SWEEP_ARGS=plan lists them); SWEEP=policy measures a policy against each of its variants
+# alone (docs/policy-sweep.md).
+SWEEP ?= decide
 sweep: $(STAMP)
-	$(PY) -m loadtests.bench.sweep $(SWEEP_ARGS)
+	$(PY) -m loadtests.bench.sweep $(SWEEP) $(SWEEP_ARGS)
 
 overhead: $(STAMP)
 	./scripts/system-deps.sh nginx

@@ -10,6 +10,8 @@ The map (each folder one concern; a request's way through is ``relay/``, top to 
                 several engines per variant, guarded repair
     admin/      the admin listener: policy API and its store (versions, audit, rollback), status,
                 the live dashboard and its static files
+    record/     the request's record and measurement model, which relay/ writes and observe/
+                reads (it imports neither)
     observe/    Prometheus metrics (every name defined once), the request log, statistics,
                 OpenTelemetry GenAI spans and metrics (off unless --otlp-endpoint)
     ops/        offline commands: ``specrouter report``, ``demo``, ``deploy`` (plan, render,

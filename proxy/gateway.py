@@ -25,9 +25,9 @@ from proxy.observe.events import EventLog
 from proxy.observe.metrics import GatewayMetrics
 from proxy.observe.timeline import Timeline
 from proxy.operator import Operator
+from proxy.record.request import RequestRecord
 from proxy.relay.engine_conn import EnginePool
 from proxy.relay.limits import Limits, MemoryLimits, RedisLimits
-from proxy.relay.record import RequestRecord
 from proxy.relay.turnstate import TurnState
 from proxy.relay.upstream import Upstream
 from proxy.relay.watch import DisconnectWatch

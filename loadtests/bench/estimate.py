@@ -90,7 +90,7 @@ def _rows(gw: GatewayServer, ids: set[str]) -> dict[str, dict[str, Any]]:
 
 def _truth(sim: SimServer) -> dict[str, float]:
     """Tokens per target step of each finished request, by the client's request id: the one
-    definition (proxy/relay/steps.py), (tokens - 1) / decode steps. The simulated engine drafts
+    definition (proxy/record/steps.py), (tokens - 1) / decode steps. The simulated engine drafts
     at every decode step, so its drafted steps are its decode steps (1 + accepted / steps would
     count the drafts accepted past `max_tokens`)."""
     resp = httpx.get(f"{sim.url}/_sim/requests", timeout=5)

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 from proxy.observe.requestlog import RequestLog
-from proxy.relay.measure import Measurement
-from proxy.relay.record import RequestRecord
+from proxy.record.measure import Measurement
+from proxy.record.request import RequestRecord
 
 TARGET_US = 20.0
 

@@ -10,7 +10,7 @@ in policies/capabilities.py's LlamaCppFamily, are read the same way: `tokens_pre
 * `vllm:spec_decode_num_drafts_total`: one per sequence per target step that drafted;
 * `vllm:spec_decode_num_accepted_tokens_total` and `..._per_pos_total{position}` (0-based).
 
-Tokens per target step is the gateway's one definition (proxy/relay/steps.py) over the window:
+Tokens per target step is the gateway's one definition (proxy/record/steps.py) over the window:
 (delta(generated) - delta(first tokens)) / decode steps, the first tokens counted by vLLM's TTFT
 histogram (0 where nothing counts them: llama.cpp, the gateway's re-export), the decode steps the
 larger of delta(drafts) (exact for methods that draft at every step) and the tokens less
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies.capabilities import LlamaCppFamily
-from proxy.relay.steps import steps_of
+from proxy.record.steps import steps_of
 from proxy.vllm_wire import Family
 
 _ENGINE = {

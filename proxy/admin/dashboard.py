@@ -25,8 +25,8 @@ from proxy.admin.residency_view import residency_rows
 from proxy.backends.health import HealthMonitor
 from proxy.gateway import Gateway
 from proxy.observe.stats import quantile, weighted_quantile
-from proxy.relay.record import RequestRecord
-from proxy.relay.steps import StepCount, pooled
+from proxy.record.request import RequestRecord
+from proxy.record.steps import StepCount, pooled
 
 VARIANT_WINDOW_S = 300.0
 _ROWS = ("in_flight", "recent", "variants", "agents", "backends", "admission", "repairs", "events")

@@ -3,7 +3,7 @@
 
 vLLM's `/health` is 200 or 503 (engine dead). Its `/metrics` gives running/waiting, KV use and
 the spec-decode counters; tokens per target step over a window is the gateway's one definition
-(proxy/relay/steps.py): (Δgenerated - Δfirst tokens) / decode steps, the first tokens counted by
+(proxy/record/steps.py): (Δgenerated - Δfirst tokens) / decode steps, the first tokens counted by
 vLLM's TTFT histogram, the steps the larger of Δdrafts and the tokens less Δaccepted. llama.cpp's
 (`llamacpp:` names, behind the server's API key) map onto the same keys, KV use excepted: it
 exports none. SGLang's (`sglang:` names) too: its verify calls are the drafted steps, its finished
@@ -32,7 +32,7 @@ from proxy.bounds import metric_value, token_count
 from proxy.gateway import Gateway
 from proxy.observe.events import EventKind
 from proxy.observe.metrics import BackendCollector
-from proxy.relay.steps import steps_of
+from proxy.record.steps import steps_of
 from proxy.vllm_wire import Family
 
 log = logging.getLogger("specrouter.health")

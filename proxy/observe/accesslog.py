@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from proxy.relay.record import RequestRecord
+from proxy.record.request import RequestRecord
 
 log = logging.getLogger("specrouter.access")
 

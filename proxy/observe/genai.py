@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from proxy.relay.record import RequestRecord
+    from proxy.record.request import RequestRecord
 
 Attributes = dict[str, str | bool | int | float | list[str]]
 

@@ -22,7 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from proxy.observe.admission_metrics import AdmissionMetrics
-from proxy.relay.measure import Measurement, TpsSource
+from proxy.record.measure import Measurement, TpsSource
 
 # `_created` samples double the exposition and no dashboard reads them (vLLM runs without them
 # too, in multiprocess mode).

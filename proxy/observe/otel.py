@@ -34,7 +34,7 @@ from proxy.observe import genai
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
     from proxy.gateway import PolicyHolder
-    from proxy.relay.record import RequestRecord
+    from proxy.record.request import RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,12 @@ from proxy.backends.prefix import NOTHING, PrefixLoss
 from proxy.bounds import storable
 from proxy.observe.requestlog_schema import INSERT, open_db
 from proxy.observe.stats import weighted_at
-from proxy.relay.measure import Measurement
+from proxy.record.measure import Measurement
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
 
-    from proxy.relay.record import RequestRecord
+    from proxy.record.request import RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from proxy.relay.record import RequestRecord
+    from proxy.record.request import RequestRecord
 
 BUCKET_S = 10.0
 BUCKETS = 90  # 15 minutes
@@ -55,7 +55,7 @@ class _Agg:
     decode_tokens: int = 0
     decode_s: float = 0.0
     tps_tokens: int = 0  # tokens after the first, of requests with decode steps counted
-    tps_steps: int = 0  # their decode steps (proxy/relay/steps.py: pooled, not a mean of ratios)
+    tps_steps: int = 0  # their decode steps (proxy/record/steps.py: pooled, not a mean of ratios)
     final: Point | None = None  # once the bucket is closed
 
     def add(self, record: RequestRecord) -> None:

@@ -4,6 +4,8 @@
 - fields.py: the request fields, described once for the OpenAPI document and the checks.
 - models_list.py: GET /v1/models, each name's context window and the first-token limit.
 - exchange.py: `Exchange`, the one object that carries the request along the path.
+- context.py: `Services`, what the path uses of the gateway's shared state, typed (the
+  gateway is one; the path does not import it).
 - forward.py: attempts, admission, the engine lease, retries before the first byte, the
   response start, the continuation of a stream broken mid-answer.
 - hold.py: session-aware admission: a session's turn goes, moves where that pays, or waits
@@ -20,14 +22,12 @@
   the plan (which engine next, what is resent, what the client has seen).
 - engine_conn.py | upstream.py: kept-alive engine connections (push) | the aiohttp client
   (pull), both answering with an `UpstreamResponse`.
-- measure.py: per-request measurement and the stream filter.
+- measure.py: the stream filter, which reads (and trims) each relayed frame into the
+  request's measurement (proxy/record/).
 - events.py: readers of typed event streams (/v1/responses, /v1/messages) for the filter.
 - llamacpp.py: llama.cpp's per-request figures, read from the bytes it sends anyway.
-- steps.py: tokens per target step, the one definition for every engine kind.
 - sglang.py | sglang_stream.py: SGLang's per-request figures and what the gateway asked cut
   back out | its stream filter.
-- record.py: `RequestRecord`, one request from arrival to its last byte, handed to the
-  gateway's sinks (request log, metrics, dashboard).
 - sse.py, rewrite.py: event-stream framing; the upstream request body.
 - adapt.py: named adaptations of the body for an engine that refuses part of it (counted).
 

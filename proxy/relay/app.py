@@ -23,10 +23,11 @@ from policies.types import Endpoint
 from proxy import auth
 from proxy.body_budget import BodyBudget, BodyLease
 from proxy.bounds import finite_number, kept_name
-from proxy.gateway import Gateway
+from proxy.record.request import RequestRecord
 from proxy.relay import required
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.channel import PushChannel
+from proxy.relay.context import Services
 from proxy.relay.errors import error_body
 from proxy.relay.exchange import Exchange
 from proxy.relay.fields import Encoded, Limits, check_fields, too_many_containers
@@ -36,7 +37,6 @@ from proxy.relay.openapi import spec_bytes
 from proxy.relay.pull import PULL
 from proxy.relay.push import PUSH
 from proxy.relay.ready import readiness
-from proxy.relay.record import RequestRecord
 from proxy.relay.turnstate import HEADER as TURN_STATE
 from proxy.relay.watch import DisconnectWatch
 from proxy.throttle import AuthThrottle, source_of
@@ -75,7 +75,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
 
 
 class PublicApp:
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Services) -> None:
         self.gw = gw
         self.throttle = AuthThrottle(gw.settings.auth_failures_per_minute, listener="public")
         self.limits = Limits.of(gw.settings)
@@ -397,9 +397,7 @@ class PublicApp:
         temperature = decision.inject.get("temperature", body.get("temperature"))
         record.temperature = finite_number(temperature)  # stored: bounded (proxy/bounds.py)
         record.temperature_defaulted = "temperature" in decision.defaults_applied
-        gw.metrics.decisions.labels(decision.route, decision.backend, decision.reason).inc()
-        for name in decision.defaults_applied:
-            gw.metrics.defaults_applied.labels(decision.route, name).inc()
+        record.decided = decision.backend
 
         extra = list(rid)
         if decision.defaults_applied:

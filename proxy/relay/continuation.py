@@ -29,8 +29,9 @@ from typing import Any
 import orjson
 
 from policies.spec.backends import BackendSpec
+from proxy.record.measure import Measurement
 from proxy.relay import sse
-from proxy.relay.measure import Measurement, StreamFilter
+from proxy.relay.measure import StreamFilter
 from proxy.vllm_wire import DATA, DATA_OBJECT, DONE, ERROR_FRAME_PREFIX, FRAME_END, USAGE_KEY
 
 _CREATED = re.compile(rb'"created":\d+')

@@ -3,10 +3,11 @@ frames filtered read by read, its end event recognised, and what the client gets
 
 from __future__ import annotations
 
+from proxy.record.measure import Measurement
 from proxy.relay import sse
 from proxy.relay.asgi import Send
 from proxy.relay.errors import sse_error_event
-from proxy.relay.measure import Measurement, StreamFilter
+from proxy.relay.measure import StreamFilter
 from proxy.vllm_wire import COMMENT, CRLF_DONE, DONE
 
 CR_DONE = CRLF_DONE.replace(b"\r\n", b"\r")  # an upstream framing with CR alone (SSE allows it)

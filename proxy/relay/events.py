@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-from proxy.relay.measure import EventReader, Measurement
+from proxy.record.measure import Measurement
+from proxy.relay.measure import EventReader
 from proxy.vllm_wire import EVENT
 
 _DATA = b"\ndata: "

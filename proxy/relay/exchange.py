@@ -16,25 +16,25 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 import orjson
 
 from proxy.backends.engines import prefix_affinity
+from proxy.record.measure import Measurement
 from proxy.relay.adapt import candidates
 from proxy.relay.asgi import respond
 from proxy.relay.errors import error_body
 from proxy.relay.fields import client_request_id
-from proxy.relay.measure import Measurement
 from proxy.relay.upstream import Payload, UpstreamResponse
 
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
     from policies.schema import ClientSpec
     from policies.types import Decision, Endpoint
-    from proxy.gateway import Gateway
+    from proxy.record.request import RequestRecord
     from proxy.relay.asgi import Send
     from proxy.relay.channel import PushChannel
+    from proxy.relay.context import Services
     from proxy.relay.fields import Encoded
     from proxy.relay.keepalive import Pinger
     from proxy.relay.lease import Lease
     from proxy.relay.measure import StreamFilter
-    from proxy.relay.record import RequestRecord
     from proxy.relay.watch import DisconnectWatch
 
 R = TypeVar("R", bound=UpstreamResponse)
@@ -119,7 +119,7 @@ class Exchange(Generic[R]):
     filt: StreamFilter
     ends: tuple[bytes, ...]
 
-    def __init__(self, gw: Gateway, scope: dict[str, Any], send: Send, endpoint: Endpoint) -> None:
+    def __init__(self, gw: Services, scope: dict[str, Any], send: Send, endpoint: Endpoint) -> None:
         self.gw, self.endpoint = gw, endpoint
         self._send = send
         self.send: Send = self._start  # the response start gets Server-Timing, then `send`
@@ -168,7 +168,7 @@ class Exchange(Generic[R]):
 
     async def _start(self, message: dict[str, Any]) -> None:
         """Every response's start, whoever sends it: `Server-Timing` with what is known now
-        (proxy/relay/measure.py's `Measurement.server_timing`); later messages go straight."""
+        (proxy/record/measure.py's `Measurement.server_timing`); later messages go straight."""
         if message["type"] == "http.response.start":
             self.send = self._send
             record = getattr(self, "record", None)

@@ -14,6 +14,7 @@ import orjson
 from policies.capabilities import capabilities
 from policies.types import Endpoint
 from proxy.backends.admission import AdmissionTimeout
+from proxy.observe.finished import observe_record
 from proxy.relay.adapt import adapt
 from proxy.relay.asgi import with_should_retry
 from proxy.relay.continuation import Broken, ContinuableFilter, can_continue, plan_continuation
@@ -72,11 +73,7 @@ async def forward(x: Exchange[R]) -> None:
             x.lease.release(gw)
         gw.in_flight.pop(id(record), None)
         record.m.t_end = time.perf_counter()
-        if record.outcome == "client_gone" and record.backend:
-            gw.metrics.client_disconnects.labels(record.route, record.backend).inc()
-        gw.metrics.observe_request(
-            record.route, record.backend or "none", record.client, record.outcome, record.m
-        )
+        observe_record(gw.metrics, record)
         gw.finished(record)
 
 
@@ -138,7 +135,7 @@ async def _connect(x: Exchange[R]) -> bool:
             break
         except UpstreamError as exc:
             last_error = exc
-            gw.metrics.upstream_errors.labels(backend_name, exc.kind).inc()
+            record.upstream_errors += ((backend_name, exc.kind),)
             if exc.kind == "connect" and exc.status is None and len(urls) == 1:
                 gw.live.down_now(backend_name)
             else:
@@ -153,7 +150,7 @@ async def _connect(x: Exchange[R]) -> bool:
                     attempts.insert(i + 1, backend_name)  # another engine of it
             if i + 1 < len(attempts):
                 record.retries += 1
-                gw.metrics.retries.labels(record.route, attempts[i + 1]).inc()
+                record.retried_to += (attempts[i + 1],)
     if watch.gone:
         record.outcome = "client_gone"
         return False
@@ -214,8 +211,8 @@ async def open_engine(
         body, x.endpoint, backend.kind, version, only, opted_in=backend.developer_in_place
     )
     x.record.adapted = adapted  # the answering engine's (the last attempt's)
-    for rule in adapted:  # proxy/relay/adapt.py: what this engine refuses or is asked to change
-        x.gw.metrics.adaptations.labels(rule, x.record.backend).inc()
+    # proxy/relay/adapt.py: what this engine refuses or is asked to change, counted per attempt
+    x.record.adaptations += tuple((rule, x.record.backend) for rule in adapted)
     decision = x.decision
     inject = dict(decision.inject)
     if backend.kind == "sglang" and body is x.body and asks(x.body, usage, _continuable(x)):
@@ -314,7 +311,7 @@ async def _relay(x: Exchange[R]) -> None:
         x.drop_body()
         record.outcome = await x.relay.body(x)
     if record.outcome in ("upstream_error", "timeout") and record.m.chunks:
-        gw.metrics.upstream_errors.labels(record.backend, "midstream").inc()
+        record.upstream_errors += ((record.backend, "midstream"),)
         gw.live.failure(record.backend)
 
 
@@ -367,7 +364,7 @@ async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
     plan = plan_continuation(body, broken, route.variants, backends, down)
     for name, refused in plan.steps:
         if refused is not None:
-            gw.metrics.continuations_refused.labels(record.route, failed, name, refused).inc()
+            record.continuations_refused += ((failed, name, refused),)
             continue
         backend = backends[name]
         if not gw.admission.try_acquire(name, backend.max_concurrency):
@@ -381,7 +378,7 @@ async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
         try:
             new_resp, new_first = await open_engine(x, plan.body, backend, base, True)
         except UpstreamError as exc:
-            gw.metrics.upstream_errors.labels(name, exc.kind).inc()
+            record.upstream_errors += ((name, exc.kind),)
             new_lease.release(gw)
             if exc.accepted:
                 return None  # that engine has the continuation: not sent again
@@ -391,9 +388,9 @@ async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
         if x.lease is not None:
             x.lease.release(gw)
         x.resp, x.lease = new_resp, new_lease
-        gw.metrics.upstream_errors.labels(failed, "midstream").inc()
+        record.upstream_errors += ((failed, "midstream"),)
         gw.live.failure(failed)
-        gw.metrics.continuations.labels(record.route, failed, name).inc()
+        record.continuations += ((failed, name),)
         record.backend, record.continued_from = name, failed
         filt.start_continuation(body)
         return new_resp, new_first

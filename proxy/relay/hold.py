@@ -35,7 +35,7 @@ from proxy.relay.keepalive import Pinger
 
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
-    from proxy.gateway import Gateway
+    from proxy.relay.context import Services
     from proxy.relay.exchange import Exchange
 
 PING_S: Final = 15.0  # a held stream's pings, at least this often
@@ -47,7 +47,7 @@ class Held:
     timed_out: str = ""  # why it was not admitted (else the client left)
 
 
-def capacity(gw: Gateway, policy: CompiledPolicy, name: str) -> Capacity:
+def capacity(gw: Services, policy: CompiledPolicy, name: str) -> Capacity:
     """The engine's KV tokens: the policy's, else what the engine reports, else the deployed
     budget's (`specrouter deploy render`); and max_num_seqs."""
     backend = policy.backend(name)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from proxy.gateway import Gateway
-    from proxy.relay.record import RequestRecord
+    from proxy.record.request import RequestRecord
+    from proxy.relay.context import Services
 
 
 class Lease:
@@ -20,7 +20,7 @@ class Lease:
 
     @classmethod
     def begin(
-        cls, gw: Gateway, record: RequestRecord, backend: str, base: str, limit: int
+        cls, gw: Services, record: RequestRecord, backend: str, base: str, limit: int
     ) -> Lease:
         """The admission slot is already held; count the request everywhere else."""
         gw.live.begin(backend)
@@ -29,7 +29,7 @@ class Lease:
         gw.metrics.in_flight.labels(record.route, backend).inc()
         return cls(backend, base, limit, record.route)
 
-    def release(self, gw: Gateway) -> None:
+    def release(self, gw: Services) -> None:
         gw.live.end(self.backend)
         gw.engine_table.state(self.base).in_flight -= 1
         gw.metrics.in_flight.labels(self.route, self.backend).dec()

@@ -10,7 +10,7 @@ are one per token, not one per step, so they give no estimate of their own ("tok
 
 Each decode step yields one token of its own plus the draft tokens it accepted, and the first
 token comes from the prefill, so a request of `predicted_n` tokens took
-`predicted_n - 1 - draft_n_accepted` decode steps (proxy/relay/steps.py).
+`predicted_n - 1 - draft_n_accepted` decode steps (proxy/record/steps.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def frame_timings(frame: bytes) -> dict[str, Any] | None:
 
 
 class Counts(Protocol):
-    """What `record_timings` fills in: a request's record (proxy/relay/measure.py's Measurement)."""
+    """What `record_timings` fills in: a request's record (proxy/record/measure.py's Measurement)."""
 
     completion_tokens: int
     prompt_tokens: int | None

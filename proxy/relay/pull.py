@@ -19,6 +19,7 @@ import aiohttp
 from proxy.relay.asgi import Send
 from proxy.relay.ends import body_outcome
 from proxy.relay.exchange import Relay
+from proxy.relay.measure import read_body
 from proxy.relay.stream_core import StreamCore, open_core, ping_every
 from proxy.relay.upstream import Payload, PulledResponse, UpstreamError, json_answer
 
@@ -162,7 +163,7 @@ async def relay_body(x: Exchange[PulledResponse]) -> str:
         return "client_gone" if watch.gone else "upstream_error"
     if watch.gone:
         return "client_gone"
-    m.record_body(bytes(copy))
+    read_body(m, bytes(copy))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return body_outcome(resp.status)
 

@@ -26,6 +26,7 @@ from proxy.relay.channel import PushChannel
 from proxy.relay.ends import body_outcome
 from proxy.relay.engine_conn import EngineStream, open_engine_stream
 from proxy.relay.exchange import Relay
+from proxy.relay.measure import read_body
 from proxy.relay.stream_core import StreamCore, open_core, ping_every
 from proxy.relay.upstream import Payload, UpstreamError
 
@@ -230,7 +231,7 @@ async def relay_body_push(x: Exchange[EngineStream]) -> str:
         stream.close()
     if m.t_first_byte is None:
         m.t_first_byte = time.perf_counter()
-    m.record_body(bytes(copy))
+    read_body(m, bytes(copy))
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return body_outcome(stream.status)
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from proxy.gateway import Gateway
+from proxy.relay.context import Services
 
 
-def readiness(gw: Gateway) -> tuple[bool, dict[str, bool]]:
+def readiness(gw: Services) -> tuple[bool, dict[str, bool]]:
     """(ready, per route: whether a variant is up). The public /readyz gives only the first;
     the per-route detail is the admin listener's (/admin/readyz)."""
     state = gw.live.snapshot()

@@ -7,7 +7,7 @@ request asks `return_spec_tokens_details`: then `sglext.spec_tokens_details` clo
 a stream a frame of its own (no choices) comes after the finish frames and before the usage
 chunk. `spec_verify_ct` counts the request's verify steps, one per decode step (the first token
 comes from the prefill); `spec_num_correct_drafts` the accepted draft tokens. They are read onto
-the keys of vLLM's per-request summary, so proxy/relay/steps.py takes them as it takes vLLM's.
+the keys of vLLM's per-request summary, so proxy/record/steps.py takes them as it takes vLLM's.
 
 When the gateway asked on the client's behalf, `strip_body` and `strip_frame` take the figures out
 again, so the client's bytes stay SGLang's answer to the client's own request. One more

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from policies.compiled import OUTPUT_TOKEN_FIELDS
+from proxy.record.measure import Measurement
 from proxy.relay import sse
 from proxy.relay.continuation import stopped
 from proxy.relay.ends import (
@@ -40,7 +41,7 @@ from proxy.relay.ends import (
 )
 from proxy.relay.errors import sse_error_event
 from proxy.relay.keepalive import COMMENT_PING, RELAY_PINGS
-from proxy.relay.measure import Measurement, StreamFilter
+from proxy.relay.measure import StreamFilter
 from proxy.settings import Settings
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from policies.sessions import SessionId
 from proxy.admin.dashboard import encoded, snapshot
 from proxy.gateway import Gateway
 from proxy.observe.timeline import Timeline
-from proxy.relay.measure import Measurement
-from proxy.relay.record import RequestRecord
+from proxy.record.measure import Measurement
+from proxy.record.request import RequestRecord
 from proxy.settings import Settings
 from tests.observe.test_timeline import Clock
 

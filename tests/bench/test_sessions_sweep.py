@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from loadtests.bench.sessions_sweep.aggregate import append, cells, done, paired, read
-from loadtests.bench.sessions_sweep.configs import BY_NAME, STAGES, schedule
-from loadtests.bench.sessions_sweep.measure import admission_figures, window_figures
-from loadtests.bench.sessions_sweep.render import BEGIN, END, tables, update
+from loadtests.bench.sweep import __main__ as runner
 from loadtests.bench.sweep.configs import gateway_policy
+from loadtests.bench.sweep.sessions.aggregate import append, cells, done, paired, read
+from loadtests.bench.sweep.sessions.configs import BY_NAME, STAGES, schedule
+from loadtests.bench.sweep.sessions.measure import admission_figures, window_figures
+from loadtests.bench.sweep.sessions.render import BEGIN, END, tables, update
 from policies.schema import validate_policy
 from proxy.observe.admission_metrics import AdmissionMetrics
 
@@ -191,3 +192,24 @@ def test_paired_ratios_divide_by_the_straight_run_of_the_same_seed() -> None:
     assert got["admit-machine"]["n"] == 2
     assert (got["admit-machine"]["min"], got["admit-machine"]["max"]) == pytest.approx((1.1, 1.2))
     assert "| 1.15 [1.10-1.20] |" in tables(records)
+
+
+def test_the_runner_runs_the_sessions_set_briefly_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One short run (a simulator started and stopped by the runner; the gateway's start is the
+    decide set's smoke test's), its record kept; `plan` then lists only the run not yet recorded."""
+    results = tmp_path / "runs.jsonl"
+    pick = ["--results", str(results), "--stages", "c-one", "--agents", "1"]
+    pick += ["--configs", "straight-documents", "--repeats", "1"]
+    short = ["--time-scale", "0.05", "--warmup", "0", "--window-small", "20", "--max-runs", "1"]
+    assert runner.main(["sessions", "run", *pick, *short]) == 0
+    (rec,) = read(results)
+    assert "failed" not in rec, rec["failed"]
+    assert (rec["config"], rec["agents"], rec["temperature"]) == ("straight-documents", 1, "0.7")
+    assert rec["window_s"] == 20 and rec["turns_started"] >= 1 and rec["errors"] == 0
+    capsys.readouterr()
+    assert runner.main(["sessions", "plan", *pick]) == 0
+    out, err = capsys.readouterr()
+    assert "straight-documents" in out and "unset" in out and "0.7" not in out
+    assert "1 runs left" in err

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import yaml
 
-from loadtests.bench.policy_sweep import profile_for
 from loadtests.bench.sweep import __main__ as cli
 from loadtests.bench.sweep import paired
 from loadtests.bench.sweep.configs import (
@@ -21,6 +20,7 @@ from loadtests.bench.sweep.configs import (
     by_name,
     gateway_policy,
 )
+from loadtests.bench.sweep.policy import profile_for
 from loadtests.bench.sweep.runner import Plan
 from loadtests.bench.sweep.verdict import aggregate, decide, verdicts
 from policies.schema import validate_policy

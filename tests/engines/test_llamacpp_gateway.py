@@ -228,7 +228,7 @@ def test_tokens_per_step_match_the_engines_counters(
 
     row = logged(gw, rid)
     assert row["completion_tokens"] == delta("tokens_predicted_total") == 96
-    # The one definition (proxy/relay/steps.py): the first token is the prompt's decode call's,
+    # The one definition (proxy/record/steps.py): the first token is the prompt's decode call's,
     # left out of both sides; every later decode call is a decode step.
     truth = (delta("tokens_predicted_total") - 1) / (delta("n_decode_total") - 1)
     assert truth > 1.5  # the draft pays off on the tiny pair

@@ -16,8 +16,8 @@ import pytest
 from proxy.observe.requestlog import RequestLog, decode_tokens_per_s, itl_quantiles, row_of
 from proxy.observe.requestlog_schema import COLUMNS, open_db
 from proxy.observe.stats import quantile
-from proxy.relay.measure import Measurement
-from proxy.relay.record import RequestRecord
+from proxy.record.measure import Measurement
+from proxy.record.request import RequestRecord
 
 
 def make_record(

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 from proxy.observe.timeline import Timeline
-from proxy.relay.measure import Measurement
-from proxy.relay.record import RequestRecord
+from proxy.record.measure import Measurement
+from proxy.record.request import RequestRecord
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from loadtests.bench.policy_sweep import profile_for, restrict
+from loadtests.bench.sweep.policy import profile_for, restrict
 from loadtests.harness.gateway import ADMIN_TOKEN, CLIENT_KEY, GatewayServer, coder_policy
 from loadtests.harness.sim import SimServer
 from loadtests.probe import command as probe
@@ -504,7 +504,7 @@ def test_profile_for_matches_speculative_description() -> None:
 def test_restrict_single_variant_drops_rules_naming_the_other() -> None:
     import yaml
 
-    from loadtests.bench.policy_sweep import DEFAULT_POLICY
+    from loadtests.bench.sweep.policy import DEFAULT_POLICY
     from policies.schema import validate_policy
 
     doc = yaml.safe_load(DEFAULT_POLICY.read_text())
@@ -692,10 +692,11 @@ def test_ctrl_c_stops_cleanly_and_writes_what_was_measured(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_policy_sweep_quick_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from loadtests.bench import policy_sweep
+    from loadtests.bench.sweep import __main__ as runner
 
-    rc = policy_sweep.main(
+    rc = runner.main(
         [
+            "policy",
             "--quick",
             "--concurrency",
             "1,4",

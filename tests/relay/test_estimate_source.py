@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.relay.measure import Measurement, StreamFilter, withhold_estimate
+from proxy.record.measure import Measurement
+from proxy.relay.measure import StreamFilter, withhold_estimate
 
 _USAGE = b'"usage":{"prompt_tokens":5,"total_tokens":%d,"completion_tokens":%d}'
 _FP = b'"system_fingerprint":"vllm-0.33.0-d68afdc4"'

@@ -286,7 +286,7 @@ def test_recorded_acceptance_matches_engine_counters(certs, spec_metrics) -> Non
         generated = _counter(engine_after, "vllm:generation_tokens_total") - _counter(
             engine_before, "vllm:generation_tokens_total"
         )
-        # The one definition (proxy/relay/steps.py): (tokens - 1) / decode steps per request,
+        # The one definition (proxy/record/steps.py): (tokens - 1) / decode steps per request,
         # pooled; this engine drafts at every decode step, so its drafts are its decode steps.
         engine = (generated - 50) / drafts
         gm = gw.metrics()

@@ -33,8 +33,9 @@ from policies.inputs import request_view
 from policies.schema import compile_policy, load_policy
 from policies.types import LiveState
 from proxy.certs import CertFiles
+from proxy.record.measure import Measurement
 from proxy.relay import sse
-from proxy.relay.measure import Measurement, StreamFilter
+from proxy.relay.measure import StreamFilter, read_body
 from proxy.relay.rewrite import plan_usage, upstream_body
 
 PURE = settings(
@@ -530,7 +531,7 @@ DEMO_POLICY = compile_policy(
     )
 )
 def test_measurement_reads_any_non_streaming_body(body: bytes) -> None:
-    Measurement(0.0).record_body(body)
+    read_body(Measurement(0.0), body)
 
 
 # -- a raw backend that misbehaves, behind the real gateway ---------------------------------------

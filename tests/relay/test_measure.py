@@ -1,5 +1,5 @@
-"""The measures' one meaning (proxy/relay/measure.py, events.py), sans-io: TTFT at the first
-token frame, per-token ITL, where tokens per step comes from, Server-Timing, and the Messages
+"""The measures' one meaning (proxy/record/measure.py; the filter, relay/measure.py, events.py),
+sans-io: TTFT at the first token frame, per-token ITL, where tokens per step comes from, Server-Timing, and the Messages
 and Responses readers on vLLM's golden bytes."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.record.measure import TPS_SOURCES, Measurement
 from proxy.relay.events import MessagesReader, ResponsesReader, reader_for
-from proxy.relay.measure import TPS_SOURCES, Measurement, StreamFilter
+from proxy.relay.measure import StreamFilter, read_body
 from tests.golden import GOLDEN
 
 
@@ -137,9 +138,10 @@ def test_chat_ttft_is_the_first_token_frame_not_the_role_chunk() -> None:
 def test_a_non_streaming_request_has_no_ttft() -> None:
     m = Measurement(0.0)
     m.t_first_byte, m.t_end = 0.4, 0.5
-    m.record_body(
+    read_body(
+        m,
         b'{"choices":[{"finish_reason":"stop"}],"usage":{"prompt_tokens":3,'
-        b'"total_tokens":5,"completion_tokens":2}}'
+        b'"total_tokens":5,"completion_tokens":2}}',
     )
     assert m.ttft is None and m.e2e == 0.5 and m.completion_tokens == 2
     assert m.tps_source is None and m.acceptance is None

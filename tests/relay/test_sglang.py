@@ -12,8 +12,9 @@ import orjson
 import pytest
 
 from policies.types import Endpoint
+from proxy.record.measure import Measurement
 from proxy.relay import sglang
-from proxy.relay.measure import Measurement, StreamFilter
+from proxy.relay.measure import StreamFilter, read_body
 from proxy.relay.rewrite import plan_usage
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "sglang-golden" / "0.5.23"
@@ -66,7 +67,7 @@ def test_bodies_measured_from_sglext_and_cut_back(endpoint: str) -> None:
     asked = (GOLDEN / f"{endpoint}_full_asked.json").read_bytes()
     assert sglang.strip_body(asked) == (GOLDEN / f"{endpoint}_full_plain.json").read_bytes()
     m = Measurement(0.0)
-    m.record_body(asked)
+    read_body(m, asked)
     assert m.completion_tokens == TOKENS
     assert m.spec == {"num_spec_steps": 3, "num_accepted_draft_tokens": 4, "num_draft_tokens": 9}
     assert (m.tps_source, m.acceptance) == ("engine", pytest.approx((TOKENS - 1) / STEPS))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.record.measure import Measurement
 from proxy.relay import sse
-from proxy.relay.measure import Measurement, StreamFilter
+from proxy.relay.measure import StreamFilter
 
 HEAD = b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m",'
 ROLE = (

@@ -22,9 +22,10 @@ import pytest
 
 from loadtests.harness.gateway import CLIENT_KEY, GatewayServer, coder_policy
 from proxy.certs import CertFiles
+from proxy.record.measure import Measurement
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS
 from proxy.relay.events import reader_for
-from proxy.relay.measure import Measurement, StreamFilter
+from proxy.relay.measure import StreamFilter
 from proxy.relay.stream_core import (
     OUTPUT_BYTES_HEAD,
     OUTPUT_BYTES_PER_TOKEN,

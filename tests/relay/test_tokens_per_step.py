@@ -1,4 +1,4 @@
-"""Tokens per target step, one definition (proxy/relay/steps.py): (completion tokens - 1) /
+"""Tokens per target step, one definition (proxy/record/steps.py): (completion tokens - 1) /
 decode steps, for every engine kind, API and source. Each case is one request's bytes as the
 engine sends them, through the relay's own readers; the truth is what the engine did (its
 decode steps), never the engine's own mean."""
@@ -10,15 +10,16 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
-from proxy.relay.events import reader_for
-from proxy.relay.measure import Measurement, StreamFilter, withhold_estimate
-from proxy.relay.steps import (
+from proxy.record.measure import Measurement
+from proxy.record.steps import (
     StepCount,
     decode_steps,
     estimate_steps,
     pooled,
     steps_of,
 )
+from proxy.relay.events import reader_for
+from proxy.relay.measure import StreamFilter, read_body, withhold_estimate
 
 
 def _data(obj: object) -> bytes:
@@ -203,7 +204,7 @@ def test_tokens_per_step(name: str) -> None:
         else:
             body = {"usage": {"completion_tokens": 10}, "metrics": {}}
             body["metrics"] = {"speculative_decoding": _summary(7, 3, 3)}
-        m.record_body(orjson.dumps(body))
+        read_body(m, orjson.dumps(body))
     else:
         m = measure(case)
     assert (m.tps_source, m.acceptance) == (source, pytest.approx(expected))
@@ -227,7 +228,7 @@ def test_ngram_without_a_stream_is_withheld() -> None:
     for summary, expected in ((_summary(5, 2, 3), None), (_summary(6, 3, 3), 9 / 3)):
         m = Measurement(0.0)
         body = {"usage": {"completion_tokens": 10}, "metrics": {"speculative_decoding": summary}}
-        m.record_body(orjson.dumps(body))
+        read_body(m, orjson.dumps(body))
         assert m.acceptance == (None if expected is None else pytest.approx(expected))
 
 

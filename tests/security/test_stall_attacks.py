@@ -206,7 +206,7 @@ def test_a_row_sqlite_refuses_costs_only_itself(tmp_path: Path) -> None:
     """Below the edge's bounds, the log's own: rows that cannot be stored are dropped one by
     one and counted; the rest of their batch is written."""
     from proxy.gateway import RequestRecord
-    from proxy.relay.measure import Measurement
+    from proxy.record.measure import Measurement
 
     counter = Counter("dropped", "d", ("reason",), registry=CollectorRegistry())
     log = RequestLog(tmp_path / "r.sqlite3", dropped_counter=counter)

@@ -4,7 +4,7 @@ A configuration is a set of simulated devices (one `specrouter sim` process each
 device share its clock and memory, loadtests/sim/device.py), the device model's `overlap`
 (0: co-located steps serialise; 0.6: partial overlap, the figure tests/probe/test_probe_pair.py
 recovers) and either no gateway (`direct`) or a policy file cut to the engines the configuration
-has (loadtests.bench.policy_sweep.restrict: backends on the simulators' URLs, rules naming an
+has (loadtests.bench.sweep.policy.restrict: backends on the simulators' URLs, rules naming an
 absent variant dropped, the bench client's key).
 
 An engine alone on its device gets the KV budget `specrouter deploy render` gives the deployed
@@ -30,7 +30,7 @@ THREE = Path(__file__).resolve().parent / "gb10-three.yaml"  # the former defaul
 PAIR = Path(__file__).resolve().parent / "pair-block5.yaml"
 ROUTE = "coder"
 SERIAL, PARTIAL = 0.0, 0.6  # the device model's two contention settings
-# The policies' coding backends and the simulated profile each runs (policy_sweep.profile_for
+# The policies' coding backends and the simulated profile each runs (policy.profile_for
 # matches them on `speculative`; tests/bench/test_sweep.py checks they agree).
 PROFILES = {
     "coder-dflash7": "dflash7-prob-block",
@@ -181,7 +181,7 @@ def gateway_policy(
 ) -> dict[str, Any]:
     """The configuration's policy on the simulated engines, for the bench client's key, its
     session durations on the simulator's clock (`scaled`)."""
-    from loadtests.bench.policy_sweep import restrict
+    from loadtests.bench.sweep.policy import restrict
 
     assert config.policy is not None
     doc = yaml.safe_load(config.policy.read_text())

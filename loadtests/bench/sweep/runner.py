@@ -1,5 +1,6 @@
-"""Runs the sweep's schedule: every repeat runs every cell, and within a cell every configuration
-once, in an order rotated per repeat and cell, so no configuration always runs first or last.
+"""The one loop every set of the sweep runs (`each`), and the interleaved set's schedule: every
+repeat runs every cell, and within a cell every configuration once, in an order rotated per
+repeat and cell, so no configuration always runs first or last.
 
 Each run is `specrouter replay` (loadtests.replay.cli.replay) against a freshly started
 configuration; the repeat's seed is the same for every configuration of a cell (the same
@@ -13,10 +14,10 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -30,6 +31,8 @@ from .launch import started
 # device plus the gateway; used only for the expected wall time printed before the sweep.
 START_S = {"direct": 1.0, "gateway": 2.5, "colocated": 4.0}
 TAIL_S = 1.5  # turns in flight at the deadline finish; metrics are read
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,45 +113,84 @@ def run_one(
     return {**summarize_run(report, plan.time_scale), "kv_tokens": kv}
 
 
+def each(
+    items: Sequence[T],
+    measure: Callable[[T], dict[str, Any]],
+    record: Callable[[int, T, dict[str, Any]], dict[str, Any]],
+    *,
+    name: str,
+    line: Callable[[T, dict[str, Any]], str],
+    budget_s: float | None = None,
+    keep: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every set's loop: one run at a time, each `measure`d, `record`ed (the set's fields around
+    the figures) and handed to `keep` as soon as it ends, so a sweep stopped anywhere (Ctrl-C,
+    `budget_s`: no run starts after that many wall seconds) keeps what it measured."""
+    records: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    for i, item in enumerate(items):
+        if budget_s is not None and time.monotonic() - t0 > budget_s:
+            print(f"{name}: budget of {budget_s:g} s spent after {i} runs", file=sys.stderr)
+            break
+        try:
+            figures = measure(item)
+        except (RuntimeError, OSError, httpx.HTTPError) as err:
+            # a process that did not start, an engine's /metrics unreadable, a read that timed
+            # out: recorded, and the sweep goes on (one run must not cost hours of others)
+            figures = {"failed": str(err)[-500:]}
+        records.append(record(i, item, figures))
+        print(
+            f"{name}: [{i + 1}/{len(items)}] {time.monotonic() - t0:6.0f} s  "
+            + line(item, records[-1]),
+            file=sys.stderr,
+            flush=True,
+        )
+        if keep is not None:
+            keep(records)
+    return records
+
+
 def run(
     plan: Plan,
     out: Path | None,
     *,
     checkpoint: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
-    schedule = plan.schedule()
-    t0 = time.monotonic()
-    for i, (r, agents, temp, config) in enumerate(schedule):
-        if plan.budget_s is not None and time.monotonic() - t0 > plan.budget_s:
-            print(f"sweep: budget of {plan.budget_s:g} s spent after {i} runs", file=sys.stderr)
-            break
-        seed = plan.seed + r
-        try:
-            figures = run_one(config, agents, temp, seed, plan, out)
-        except (RuntimeError, OSError, httpx.HTTPError) as err:
-            # a process that did not start, an engine's /metrics unreadable: recorded, and the
-            # sweep goes on (one run must not cost hours of others)
-            figures = {"turns": 0, "errors": 0, "failed": str(err)[-500:]}
-        records.append(
-            {
-                "config": config.name,
-                "agents": agents,
-                "temperature": temp_label(temp),
-                "repeat": r,
-                "seed": seed,
-                "order": i,
-                **figures,
-            }
+    """The interleaved sweep's schedule (decide.py), run by `each`."""
+    Step = tuple[int, int, float | None, Config]
+
+    def measure(step: Step) -> dict[str, Any]:
+        r, agents, temp, config = step
+        return run_one(config, agents, temp, plan.seed + r, plan, out)
+
+    def record(i: int, step: Step, figures: dict[str, Any]) -> dict[str, Any]:
+        r, agents, temp, config = step
+        if "failed" in figures:
+            figures = {"turns": 0, "errors": 0, **figures}
+        return {
+            "config": config.name,
+            "agents": agents,
+            "temperature": temp_label(temp),
+            "repeat": r,
+            "seed": plan.seed + r,
+            "order": i,
+            **figures,
+        }
+
+    def line(step: Step, rec: dict[str, Any]) -> str:
+        r, agents, temp, config = step
+        p50 = rec.get("turn_p50")
+        return (
+            f"repeat {r} agents {agents} temp {temp_label(temp)} {config.name}: "
+            f"{rec['turns']} turns, turn p50 {'-' if p50 is None else f'{p50:.1f}'} s"
         )
-        p50 = figures.get("turn_p50")
-        print(
-            f"sweep: [{i + 1}/{len(schedule)}] {time.monotonic() - t0:6.0f} s  repeat {r} "
-            f"agents {agents} temp {temp_label(temp)} {config.name}: {figures['turns']} turns, "
-            f"turn p50 {'-' if p50 is None else f'{p50:.1f}'} s",
-            file=sys.stderr,
-            flush=True,
-        )
-        if checkpoint is not None:
-            checkpoint(records)
-    return records
+
+    return each(
+        plan.schedule(),
+        measure,
+        record,
+        name="sweep",
+        line=line,
+        budget_s=plan.budget_s,
+        keep=checkpoint,
+    )

@@ -100,7 +100,7 @@ def test_token_counts_and_tokens_per_step(
         assert all(logged is None for logged, _, _ in seen), seen
         return
     # vLLM's per-request summary averages over drafted steps only (ngram: 5.0 against 2.4-3.1
-    # before proxy/relay/steps.py) and counts drafts accepted past max_tokens: neither may show.
+    # before proxy/record/steps.py) and counts drafts accepted past max_tokens: neither may show.
     wrong = [e for e in seen if e[0] is None or e[0] != pytest.approx(e[1], rel=0.01)]
     assert not wrong, f"(logged, engine, source) {wrong}; merged (request, outputs, steps) {merged}"
 

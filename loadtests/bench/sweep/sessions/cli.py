@@ -1,9 +1,9 @@
-"""`python -m loadtests.bench.sessions_sweep`: run (or continue) the sessions sweep, or render it.
+"""The sessions set of the sweep: run (or continue) the sessions sweep, or render it.
 
-    python -m loadtests.bench.sessions_sweep run       # every run not yet in the results, in order
-    python -m loadtests.bench.sessions_sweep run --stages a --budget-s 3000
-    python -m loadtests.bench.sessions_sweep render    # docs/sessions-sweep.md's tables and PNG
-    python -m loadtests.bench.sessions_sweep plan      # what is done and what is left
+    python -m loadtests.bench.sweep sessions run      # every run not yet in the results, in order
+    python -m loadtests.bench.sweep sessions run --stages a --budget-s 3000
+    python -m loadtests.bench.sweep sessions render   # docs/sessions-sweep.md's tables and PNG
+    python -m loadtests.bench.sweep sessions plan     # what is done and what is left
 
 One replay at a time; each run's record is appended to the results file as soon as it ends, so
 a sweep stopped anywhere continues with the next `run`.
@@ -15,25 +15,24 @@ import argparse
 import datetime
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
+from loadtests.bench.sweep.runner import each
 
 from .aggregate import append, done, read
 from .configs import STAGES, Run, schedule
 from .measure import run_one
 from .render import plot, update
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 RESULTS = ROOT / "docs" / "sessions-sweep.jsonl"
 DOC = ROOT / "docs" / "sessions-sweep.md"
 PNG = ROOT / "docs" / "sessions-sweep.png"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m loadtests.bench.sessions_sweep")
+    p = argparse.ArgumentParser(prog="python -m loadtests.bench.sweep sessions")
     p.add_argument("command", choices=("run", "render", "plan"))
     p.add_argument("--results", type=Path, default=RESULTS, help="the JSON-lines records")
     p.add_argument("--repeats", type=int, default=3)
@@ -76,50 +75,57 @@ def run(args: argparse.Namespace) -> int:
     if args.max_runs is not None:
         left = left[: args.max_runs]
     print(f"sessions sweep: {len(left)} runs to go -> {args.results}", file=sys.stderr)
-    t0 = time.monotonic()
-    for i, r in enumerate(left):
-        if args.budget_s is not None and time.monotonic() - t0 > args.budget_s:
-            print(f"sessions sweep: budget spent after {i} runs", file=sys.stderr)
-            break
-        window = args.window if r.agents >= 8 else args.window_small
-        seed = args.seed + r.repeat
-        record: dict[str, Any] = {
+
+    def window(r: Run) -> float:
+        return float(args.window if r.agents >= 8 else args.window_small)
+
+    started: dict[tuple[str, int, str, int], str] = {}  # each run's start, as its record says
+
+    def measure(r: Run) -> dict[str, Any]:
+        started[r.key] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        return run_one(
+            r.config,
+            r.agents,
+            r.temperature,
+            args.seed + r.repeat,
+            time_scale=args.time_scale,
+            window_s=window(r),
+            warmup_s=args.warmup,
+        )
+
+    def record(i: int, r: Run, figures: dict[str, Any]) -> dict[str, Any]:
+        return {
             "config": r.config,
             "agents": r.agents,
             "temperature": r.temperature,
             "repeat": r.repeat,
             "stage": r.stage,
-            "seed": seed,
+            "seed": args.seed + r.repeat,
             "time_scale": args.time_scale,
-            "window_s": window,
+            "window_s": window(r),
             "warmup_s": args.warmup,
             "commit": _commit(),
-            "utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "utc": started[r.key],
+            **figures,
         }
-        try:
-            record.update(
-                run_one(
-                    r.config,
-                    r.agents,
-                    r.temperature,
-                    seed,
-                    time_scale=args.time_scale,
-                    window_s=window,
-                    warmup_s=args.warmup,
-                )
-            )
-        except (RuntimeError, OSError, httpx.HTTPError) as err:  # a read timed out: overloaded
-            record["failed"] = str(err)[-500:]
-        append(args.results, record)
-        print(
-            f"sessions sweep: [{i + 1}/{len(left)}] {time.monotonic() - t0:6.0f} s  {r.stage} "
-            f"repeat {r.repeat} agents {r.agents} temp {r.temperature} {r.config}: "
-            f"{record.get('turns_per_hour', 0) or 0:.0f} turns/h, longest wait "
-            f"{record.get('longest_wait') or 0:.0f} s, hits {record.get('prefix_hit_rate') or 0:.1%}"
-            + (f" FAILED {record['failed'][-200:]}" if "failed" in record else ""),
-            file=sys.stderr,
-            flush=True,
+
+    def line(r: Run, rec: dict[str, Any]) -> str:
+        return (
+            f"{r.stage} repeat {r.repeat} agents {r.agents} temp {r.temperature} {r.config}: "
+            f"{rec.get('turns_per_hour', 0) or 0:.0f} turns/h, longest wait "
+            f"{rec.get('longest_wait') or 0:.0f} s, hits {rec.get('prefix_hit_rate') or 0:.1%}"
+            + (f" FAILED {rec['failed'][-200:]}" if "failed" in rec else "")
         )
+
+    each(
+        left,
+        measure,
+        record,
+        name="sessions sweep",
+        line=line,
+        budget_s=args.budget_s,
+        keep=lambda records: append(args.results, records[-1]),
+    )
     return 0
 
 
@@ -148,7 +154,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(left)} runs left", file=sys.stderr)
         return 0
     return run(args) if args.command == "run" else render(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -9,7 +9,7 @@ from typing import Any
 
 from policies.agent_signals import NONE, AgentSignals
 from proxy.backends.prefix import NOTHING, Check, PrefixLoss
-from proxy.relay.measure import Measurement
+from proxy.record.measure import Measurement
 
 
 @dataclass(slots=True)
@@ -51,6 +51,14 @@ class RequestRecord:
     # `traceparent` that carries its context to the engines ("" when off: the client's goes).
     span: Any = None
     traceparent: str = ""
+    # What the path met on its way, counted once the request ended (proxy/observe/metrics.py,
+    # `Metrics.observe_record`); tuples, so a request that meets nothing allocates nothing.
+    decided: str = ""  # the backend the policy decided (`backend` is the one that answered)
+    upstream_errors: tuple[tuple[str, str], ...] = ()  # (backend, kind) of each failure
+    retried_to: tuple[str, ...] = ()  # the backend each retry before the first byte went to
+    adaptations: tuple[tuple[str, str], ...] = ()  # (rule, backend) on every attempt
+    continuations: tuple[tuple[str, str], ...] = ()  # (failed, finished by)
+    continuations_refused: tuple[tuple[str, str, str], ...] = ()  # (failed, variant, why)
     started_wall: float = field(default_factory=time.time)
     m: Measurement = field(default_factory=lambda: Measurement(time.perf_counter()))
 

@@ -1,6 +1,6 @@
 """Does the policy earn its keep? Its simulated variants behind the gateway, swept with the probe.
 
-Run: `python -m loadtests.bench.policy_sweep [--quick] [--policy FILE]` (by default the former
+Run: `python -m loadtests.bench.sweep policy [--quick] [--policy FILE]` (by default the former
 GB10 default, loadtests/bench/sweep/gb10-three.yaml: DFlash block 7 and block 5, both
 probabilistic + block, and the MTP fallback).
 
@@ -47,7 +47,7 @@ from loadtests.probe.stats import CellKey, Summary, Verdict, policy_verdict, tem
 from loadtests.sim.profiles import BUILTIN_PROFILES
 from proxy.auth import hash_key
 
-DEFAULT_POLICY = Path(__file__).resolve().parent / "sweep" / "gb10-three.yaml"
+DEFAULT_POLICY = Path(__file__).resolve().parent / "gb10-three.yaml"
 CLIENT_KEY = "sk-policy-sweep"
 ONE_ENGINE_SHARE = 0.99
 
@@ -123,7 +123,7 @@ def _one_engine(result: RunResult) -> str | None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m loadtests.bench.policy_sweep",
+        prog="python -m loadtests.bench.sweep policy",
         description=__doc__.split("\n")[0] if __doc__ else None,
     )
     p.add_argument(
@@ -399,7 +399,3 @@ async def sweep(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     return asyncio.run(sweep(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
