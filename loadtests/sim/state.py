@@ -149,11 +149,20 @@ class Sim:
         # Test-only truth (`/_sim/priorities`, with --faults): the `priority` field each recent
         # chat or completion request came with (None: not sent), in arrival order.
         self.priorities: OrderedDict[str, int | None] = OrderedDict()
+        # Test-only truth (`/_sim/sessions`, with --faults): the session id each recent
+        # generation request's KV blocks would be tagged with, read as the release reads it
+        # (proxy/vllm_wire.py `engine_session`; None: untagged), by its `x-request-id`.
+        self.sessions: OrderedDict[str, str | None] = OrderedDict()
 
     def saw_priority(self, request_id: str, priority: int | None) -> None:
         self.priorities[request_id] = priority
         while len(self.priorities) > FINISHED_SPEC_KEEP:
             self.priorities.popitem(last=False)
+
+    def saw_session(self, request_id: str, session: str | None) -> None:
+        self.sessions[request_id] = session
+        while len(self.sessions) > FINISHED_SPEC_KEEP:
+            self.sessions.popitem(last=False)
 
     def saw_traceparent(self, request_id: str, traceparent: str) -> None:
         self.traceparents[request_id] = traceparent
