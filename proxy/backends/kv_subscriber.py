@@ -10,7 +10,6 @@ sockets. The event loop reads the index under a lock, a dictionary lookup per bl
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Final
 
 import zmq
 
+from policies.spec.kv_events import private_endpoint
 from proxy.backends.kv_events import (
     END_SEQ,
     Apply,
@@ -36,28 +36,6 @@ POLL_MS: Final = 100
 REPLAY_TIMEOUT_S: Final = 2.0
 
 
-def check_endpoint(endpoint: str) -> str:
-    """`endpoint` when it is `tcp://ADDRESS:PORT` with a loopback or private address (PORT may
-    be `*`: any free port); else ValueError saying why."""
-    rest = endpoint.removeprefix("tcp://")
-    host, sep, port = rest.rpartition(":")
-    host = host.strip("[]")
-    if rest == endpoint or not sep or not (port.isdigit() or port == "*"):
-        raise ValueError(f"KV events endpoint {endpoint!r}: expected tcp://ADDRESS:PORT")
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        raise ValueError(
-            f"KV events endpoint {endpoint!r}: the address must be an IP literal"
-        ) from None
-    if address.is_unspecified or not (address.is_loopback or address.is_private):
-        raise ValueError(
-            f"KV events endpoint {endpoint!r}: only a loopback or private address (the events "
-            "name every session's blocks)"
-        )
-    return endpoint
-
-
 class KvSubscriber:
     """Binds `endpoint`, applies what arrives to `index`; `replay`: the engine's replay
     socket, asked for the batches a gap missed."""
@@ -65,8 +43,8 @@ class KvSubscriber:
     def __init__(
         self, endpoint: str, replay: str | None = None, topic: str = "", name: str = "engine"
     ) -> None:
-        self.endpoint = check_endpoint(endpoint)
-        self.replay = None if replay is None else check_endpoint(replay)
+        self.endpoint = private_endpoint(endpoint)
+        self.replay = None if replay is None else private_endpoint(replay)
         self.topic = topic.encode()
         self.name = name
         self.index = KvIndex()
@@ -82,9 +60,11 @@ class KvSubscriber:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Ends the thread (within one poll); `wait`: until it has closed its sockets."""
         self._stop.set()
-        self._thread.join(timeout=5)
+        if wait and self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     def residency(self, session: str) -> Residency | None:
         with self._lock:

@@ -53,7 +53,8 @@ class AdmissionMetrics:
             "specrouter_prefix_lost_tokens",
             "Prompt tokens a session's turn found uncached of those its engine held after the "
             "session's previous turn (whole blocks), by cause: client-rewrite, compacted, "
-            "unknown (proxy/backends/prefix.py).",
+            "evicted, engine-rendering, engine-reset (the engine's KV events), unknown "
+            "(proxy/backends/prefix.py).",
             ("backend", "cause"),
             registry=r,
         )

@@ -12,7 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from loadtests.sim.kv_publisher import KvPublisher
-from proxy.backends.kv_subscriber import KvSubscriber, check_endpoint
+from policies.spec.kv_events import private_endpoint
+from proxy.backends.kv_subscriber import KvSubscriber
 
 
 @pytest.mark.parametrize(
@@ -32,10 +33,10 @@ from proxy.backends.kv_subscriber import KvSubscriber, check_endpoint
 )
 def test_endpoint_is_loopback_or_private(endpoint: str, ok: bool) -> None:
     if ok:
-        assert check_endpoint(endpoint) == endpoint
+        assert private_endpoint(endpoint) == endpoint
     else:
         with pytest.raises(ValueError):
-            check_endpoint(endpoint)
+            private_endpoint(endpoint)
 
 
 def _until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
