@@ -64,9 +64,11 @@ class KvPublisher:
         *,
         topic: str = "",
         buffer_steps: int = 10_000,
+        block_size: int = 16,
         session: bool = True,
     ) -> None:
         self.session = session
+        self.block_size = block_size
         self._topic = topic.encode()
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
@@ -92,19 +94,14 @@ class KvPublisher:
 
     # -- what the engine's prefix cache calls ----------------------------------------------------
 
-    def stored(
-        self,
-        hashes: list[Any],
-        parent: Any,
-        token_ids: list[int],
-        block_size: int,
-        session: str | None,
-    ) -> None:
+    def stored(self, hashes: list[Any], parent: Any, session: str | None) -> None:
+        """Blocks newly stored after `parent`. Their token ids are not published: the
+        simulator's stand-in tokens are nobody's prompt, and the gateway reads none."""
         event = BlockStored(
-            hashes,
+            list(hashes),
             parent,
-            token_ids,
-            block_size,
+            [],
+            self.block_size,
             None,
             "GPU",
             None,
@@ -113,7 +110,7 @@ class KvPublisher:
         self._queue.put(_Batch(time.time(), [event], 0))
 
     def removed(self, hashes: list[Any]) -> None:
-        self._queue.put(_Batch(time.time(), [BlockRemoved(hashes, "GPU")], 0))
+        self._queue.put(_Batch(time.time(), [BlockRemoved(list(hashes), "GPU")], 0))
 
     def cleared(self) -> None:
         self._queue.put(_Batch(time.time(), [AllBlocksCleared()], 0))

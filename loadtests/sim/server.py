@@ -29,7 +29,7 @@ from .faults import FaultError
 from .generate import chat_completions, completions
 from .messages_api import count_tokens, messages
 from .responses_api import responses
-from .state import Sim, SimConfig
+from .state import SESSION, Sim, SimConfig
 
 
 def _route(
@@ -39,7 +39,7 @@ def _route(
         traceparent = request.headers.get("traceparent")
         if traceparent is not None and sim.config.faults:
             sim.saw_traceparent(request.headers.get("x-request-id", ""), traceparent)
-        if sim.config.faults and request.url.path in _SESSION_PATHS:
+        if (sim.config.faults or sim.kv is not None) and request.url.path in _SESSION_PATHS:
             await _note_session(sim, request)
         return await handler(sim, request)
 
@@ -55,15 +55,21 @@ _SESSION_PATHS = {
 
 
 async def _note_session(sim: Sim, request: Request) -> None:
-    try:
-        body = orjson.loads(await request.body())  # kept by the request for the handler
-    except orjson.JSONDecodeError:
-        return
+    """The session id the request's KV blocks get (`SESSION`, for the engine request)."""
+    raw = await request.body()  # kept by the request for the handler
+    body: object = {}
+    if b'"session_id"' in raw:  # parsed only when it may name one
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return
     if isinstance(body, dict):
         endpoint = _SESSION_PATHS[request.url.path]
         header = request.headers.get(vllm_wire.SESSION_HEADER)
         session = vllm_wire.engine_session(sim.config.vllm_version, endpoint, body, header)
-        sim.saw_session(request.headers.get("x-request-id", ""), session)
+        SESSION.set(session)
+        if sim.config.faults:
+            sim.saw_session(request.headers.get("x-request-id", ""), session)
 
 
 async def health(sim: Sim, request: Request) -> Response:
@@ -227,6 +233,8 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:
         finally:
             sim.abort_all()
             await sim.engine.stop()
+            if sim.kv is not None:
+                sim.kv.close()
 
     def r(
         path: str, handler: Callable[[Sim, Request], Awaitable[Response]], methods: list[str]

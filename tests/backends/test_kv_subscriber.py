@@ -60,17 +60,17 @@ def sub() -> Iterator[KvSubscriber]:
 
 def test_gap_filled_from_replay_and_restart_seen(sub: KvSubscriber) -> None:
     assert sub.replay is not None
-    pub = KvPublisher(sub.address, sub.replay)
+    pub = KvPublisher(sub.address, sub.replay, block_size=4)
     try:
         # published before the connection is up, so lost live: the replay gives them back
-        pub.stored([1, 2], None, list(range(8)), 4, "s-a")
-        pub.stored([3], 2, list(range(4)), 4, "s-a")
+        pub.stored([1, 2], None, "s-a")
+        pub.stored([3], 2, "s-a")
         for i in range(40):  # another session's turns: the sequence well past what a restart
-            pub.stored([100 + i], None, list(range(4)), 4, "s-x")  # could drop unseen
+            pub.stored([100 + i], None, "s-x")  # could drop unseen
         _until(lambda: (r := sub.residency("s-a")) is not None and r.blocks == 3)
         pub.skip(1)
         pub.removed([3])  # never sent live: only the replay has it
-        pub.stored([9], None, list(range(4)), 4, "s-b")
+        pub.stored([9], None, "s-b")
         _until(lambda: sub.residency("s-b") is not None)
         got = sub.residency("s-a")
         assert got is not None and (got.blocks, got.chain, got.resets) == (2, 3, 0)
@@ -78,10 +78,10 @@ def test_gap_filled_from_replay_and_restart_seen(sub: KvSubscriber) -> None:
         pub.close()
     # a new engine process: its sequence starts from 0 again (sent until one arrives: a
     # publisher's first batches go before its connection is up)
-    pub = KvPublisher(sub.address, sub.replay)
+    pub = KvPublisher(sub.address, sub.replay, block_size=4)
     try:
         for i in range(20):
-            pub.stored([50 + i], None, list(range(4)), 4, "s-c")
+            pub.stored([50 + i], None, "s-c")
             if sub.residency("s-c") is not None:
                 break
             time.sleep(0.02)
