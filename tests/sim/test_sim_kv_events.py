@@ -115,35 +115,42 @@ def test_index_from_the_sims_events_is_what_its_cache_serves(version: str) -> No
 
 
 def test_gateway_names_the_engines_rendering_from_its_events(certs: Any) -> None:
-    """Codex's resumed turn (a developer message mid-thread, `developer_in_place` off) through
-    a gateway subscribed to the simulator's events: the blocks its previous turn left are
-    resident but the engine's rendering does not reach them, logged `engine-rendering` (without
-    events: `unknown`, tests/sim/test_sim_developer.py)."""
+    """A developer message mid-thread (Codex's resumed turn), `developer_in_place` off, through
+    a gateway subscribed to the simulator's events: the engine merges it into the system message
+    at the top (as vLLM does for Qwen's template), so the blocks the previous turn left are
+    resident but not reached: logged `engine-rendering` (without events: `unknown`)."""
     from loadtests.harness.gateway import GatewayServer, coder_policy
     from loadtests.harness.requestlog import logged_rows
-    from tests.sim.test_sim_developer import SERVED, _codex_turns, _usage
 
-    turns = _codex_turns()
     events = f"tcp://127.0.0.1:{_free_port()}"
     replay = f"tcp://127.0.0.1:{_free_port()}"
     config = {"enable_kv_cache_events": True, "endpoint": events, "replay_endpoint": replay}
+    args = ("--kv-events-config", json.dumps(config), "--enable-prompt-tokens-details")
+    first = [
+        {"role": "system", "content": WORDS},
+        {"role": "user", "content": "read the repository"},
+    ]
+    resumed = [
+        *first,
+        {"role": "assistant", "content": "done"},
+        {"role": "developer", "content": "new permissions: workspace-write"},
+        {"role": "user", "content": "go on"},
+    ]
     with SimServer(
-        "mtp3",
-        served_model_name=SERVED,
-        time_scale=0.01,
-        tool_call_parser="qwen3_coder",
-        vllm_version="0.32.0",
-        extra_args=("--kv-events-config", json.dumps(config)),
+        served_model_name="m", time_scale=0.01, vllm_version="0.32.0", extra_args=args
     ) as sim:
-        doc = coder_policy({"coder-a": sim.url}, served=SERVED)
-        doc["backends"]["coder-a"]["kv_events"] = {"endpoint": events, "replay": replay}
+        doc = coder_policy({"a": sim.url}, served="m", defaults={})
+        doc["backends"]["a"]["kv_events"] = {"endpoint": events, "replay": replay}
         with GatewayServer(doc, certs=certs) as gw, gw.client() as c:
-            c.timeout = httpx.Timeout(60)
             ids = []
-            for i in (2, 3):
-                rid = f"kv-render-{i}"
-                ids.append(rid)
-                _usage(c.post("/v1/responses", json=turns[i], headers={"x-request-id": rid}))
+            for i, messages in enumerate((first, resumed)):
+                ids.append(f"kv-render-{i}")
+                r = c.post(
+                    "/v1/chat/completions",
+                    json={"model": "coder", "messages": messages, "max_tokens": 4},
+                    headers={"x-request-id": ids[-1], "x-session-id": "conv-dev"},
+                )
+                assert r.status_code == 200, r.text
             rows = logged_rows(gw.dir / "state", set(ids))
-    resumed = rows[ids[1]]
-    assert resumed["loss_cause"] == "engine-rendering" and resumed["lost_tokens"] > 0
+    row = rows[ids[1]]
+    assert row["loss_cause"] == "engine-rendering" and row["lost_tokens"] > 0, row
