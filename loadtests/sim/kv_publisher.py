@@ -50,7 +50,7 @@ class AllBlocksCleared(_Event):
     pass
 
 
-class _Batch(msgspec.Struct, array_like=True, omit_defaults=True):  # type: ignore[call-arg]
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True):  # type: ignore[call-arg]
     ts: float
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
     data_parallel_rank: int | None = None
@@ -84,7 +84,7 @@ class KvPublisher:
             self._replay.setsockopt(zmq.LINGER, 0)
             self._replay.bind(replay_endpoint)
             self.replay_address = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._queue: queue.Queue[_Batch | None] = queue.Queue()
+        self._queue: queue.Queue[EventBatch | None] = queue.Queue()
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._seq = count()
         self._enc = msgspec.msgpack.Encoder()
@@ -107,13 +107,13 @@ class KvPublisher:
             None,
             session_id=session if self.session else None,
         )
-        self._queue.put(_Batch(time.time(), [event], 0))
+        self._queue.put(EventBatch(time.time(), [event], 0))
 
     def removed(self, hashes: list[Any]) -> None:
-        self._queue.put(_Batch(time.time(), [BlockRemoved(list(hashes), "GPU")], 0))
+        self._queue.put(EventBatch(time.time(), [BlockRemoved(list(hashes), "GPU")], 0))
 
     def cleared(self) -> None:
-        self._queue.put(_Batch(time.time(), [AllBlocksCleared()], 0))
+        self._queue.put(EventBatch(time.time(), [AllBlocksCleared()], 0))
 
     def close(self) -> None:
         self._queue.put(None)
