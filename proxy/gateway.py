@@ -74,7 +74,7 @@ class Gateway:
         self.kv_block: dict[str, int] = {}  # ... and their KV block size
         # Each session's previous turn: what its next one should find cached (per-turn loss)
         # ... told apart by the engines' KV events where the policy subscribes to them
-        self.kv_engines = KvEngines()
+        self.kv_engines = KvEngines(self.metrics.sessions.kv_events)
         self._kv_version = ""
         self.prefixes = Baselines(residency=self._kv_residency)
         # ... and the deployed budget's (`deploy render`'s memory model), per policy version:

@@ -44,6 +44,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def hashes(self) -> list[int]:
+        """The blocks held, least recently used first."""
+        return list(self._blocks)
+
     def resize(self, capacity_blocks: int) -> None:
         """Room left by the running sequences; blocks beyond it go, least recently used first."""
         self.capacity = min(self.total, max(0, capacity_blocks))

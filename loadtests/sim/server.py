@@ -137,6 +137,11 @@ async def sim_sessions(sim: Sim, request: Request) -> Response:
     return json_response(dict(sim.sessions))
 
 
+async def sim_blocks(sim: Sim, request: Request) -> Response:
+    """Test-only truth: the block hashes the prefix cache holds (what its KV events say)."""
+    return json_response({"blocks": sim.core.cache.hashes()})
+
+
 async def sim_priorities(sim: Sim, request: Request) -> Response:
     """Test-only truth: the `priority` recent requests came with, by request id, in order."""
     return json_response(dict(sim.priorities))
@@ -272,6 +277,7 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:
             r("/_sim/traceparents", sim_traceparents, ["GET"]),
             r("/_sim/priorities", sim_priorities, ["GET"]),
             r("/_sim/sessions", sim_sessions, ["GET"]),
+            r("/_sim/blocks", sim_blocks, ["GET"]),
         ]
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}

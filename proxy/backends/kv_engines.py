@@ -9,19 +9,23 @@ error and accounts without events (`unknown`, as before).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from prometheus_client import Counter
+
 from proxy.backends.kv_index import Residency
-from proxy.backends.kv_subscriber import KvSubscriber
 
 if TYPE_CHECKING:
     from policies.spec.document import PolicyDocument
     from policies.spec.kv_events import KvEventsSpec
+    from proxy.backends.kv_subscriber import KvSubscriber
 
 
 class KvEngines:
-    def __init__(self) -> None:
+    def __init__(self, counter: Counter | None = None) -> None:
         self._subs: dict[str, tuple[KvEventsSpec, KvSubscriber]] = {}
+        self._counter = counter  # specrouter_kv_events_total{backend, what}
 
     def sync(self, document: PolicyDocument) -> None:
         """Subscribers for exactly the backends whose policy asks for events."""
@@ -31,9 +35,20 @@ class KvEngines:
                 self._subs.pop(name)[1].stop(wait=False)
         for name, spec in wanted.items():
             if name not in self._subs:
-                sub = KvSubscriber(spec.endpoint, spec.replay, spec.topic, name=name)
+                # imported only when a policy subscribes: pyzmq costs every start ~0.06 s
+                from proxy.backends.kv_subscriber import KvSubscriber
+
+                sub = KvSubscriber(
+                    spec.endpoint, spec.replay, spec.topic, name=name, count=self._count(name)
+                )
                 sub.start()
                 self._subs[name] = (spec, sub)
+
+    def _count(self, name: str) -> Callable[[str, int], None] | None:
+        counter = self._counter
+        if counter is None:
+            return None
+        return lambda what, n: counter.labels(name, what).inc(n)  # thread-safe
 
     def residency(self, engine: str, session: str) -> Residency | None:
         found = self._subs.get(engine)

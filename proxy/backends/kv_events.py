@@ -21,10 +21,12 @@ held meanwhile), a sequence number going back is the engine restarted (its cache
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import msgspec
+if TYPE_CHECKING:
+    import msgspec
 
 Hash = bytes | int
 END_SEQ: Final = (-1).to_bytes(8, "big", signed=True)
@@ -50,7 +52,13 @@ class Cleared:
 
 
 Event = Stored | Removed | Cleared
-_DECODER: Final = msgspec.msgpack.Decoder()
+
+
+@functools.cache
+def _decoder() -> msgspec.msgpack.Decoder[Any]:
+    import msgspec  # only a gateway that subscribes pays its import (~0.1 s)
+
+    return msgspec.msgpack.Decoder()
 
 
 class BadBatch(ValueError):
@@ -66,8 +74,10 @@ def seq_of(frame: bytes) -> int:
 
 def decode(payload: bytes) -> list[Event]:
     """A batch's events; the kinds this reader does not know are left out."""
+    import msgspec
+
     try:
-        batch = _DECODER.decode(payload)
+        batch = _decoder().decode(payload)
     except msgspec.DecodeError as exc:
         raise BadBatch(str(exc)) from exc
     if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):

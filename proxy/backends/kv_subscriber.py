@@ -22,6 +22,7 @@ from policies.spec.kv_events import private_endpoint
 from proxy.backends.kv_events import (
     END_SEQ,
     Apply,
+    Ask,
     BadBatch,
     Reset,
     Sequencer,
@@ -41,7 +42,12 @@ class KvSubscriber:
     socket, asked for the batches a gap missed."""
 
     def __init__(
-        self, endpoint: str, replay: str | None = None, topic: str = "", name: str = "engine"
+        self,
+        endpoint: str,
+        replay: str | None = None,
+        topic: str = "",
+        name: str = "engine",
+        count: Callable[[str, int], None] | None = None,
     ) -> None:
         self.endpoint = private_endpoint(endpoint)
         self.replay = None if replay is None else private_endpoint(replay)
@@ -53,6 +59,7 @@ class KvSubscriber:
         self.batches = 0
         self.bad = 0
         self._seq = Sequencer()
+        self._count = count or (lambda what, n: None)  # a metric: applied, gap, lost, ...
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-events-{name}", daemon=True)
@@ -132,14 +139,18 @@ class KvSubscriber:
 
     def _steps(self, frames: list[bytes], step: Callable[[int, bytes], list[Step]]) -> None:
         if len(frames) != 3:
-            self.bad += 1
+            self._bad()
             return
         try:
             seq = seq_of(frames[1])
         except BadBatch:
-            self.bad += 1
+            self._bad()
             return
         self._do(step(seq, frames[2]))
+
+    def _bad(self) -> None:
+        self.bad += 1
+        self._count("bad", 1)
 
     def _do(self, steps: list[Step]) -> None:
         for s in steps:
@@ -147,12 +158,15 @@ class KvSubscriber:
                 try:
                     events = decode(s.payload)
                 except BadBatch:
-                    self.bad += 1
+                    self._bad()
                     continue
                 with self._lock:
                     self.index.apply(events)
                 self.batches += 1
+                self._count("applied", 1)
             elif isinstance(s, Reset):
                 with self._lock:
                     self.index.reset("lost" if s.why == "lost" else "engine-restart")
-            # an `Ask`: the loop opens the replay request (`Sequencer.asked`)
+                self._count("lost" if s.why == "lost" else "restart", 1)
+            elif isinstance(s, Ask):  # the loop opens the replay request (`Sequencer.asked`)
+                self._count("gap", 1)

@@ -58,3 +58,11 @@ class AdmissionMetrics:
             ("backend", "cause"),
             registry=r,
         )
+        self.kv_events = Counter(
+            "specrouter_kv_events",
+            "vLLM KV event batches a backend's subscriber read (proxy/backends/kv_subscriber.py), "
+            "by what: applied, gap (a replay asked), lost (a gap no replay filled: the index began again), "
+            "restart (the engine's sequence began again), bad (not vLLM's wire).",
+            ("backend", "what"),
+            registry=r,
+        )
