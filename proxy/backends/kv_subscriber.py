@@ -34,7 +34,7 @@ from proxy.backends.kv_index import KvIndex, Residency
 
 log = logging.getLogger(__name__)
 POLL_MS: Final = 100
-REPLAY_TIMEOUT_S: Final = 2.0
+REPLAY_TIMEOUT_S: Final = 2.0  # without a frame of the replay's answer: what is held goes on
 
 
 class KvSubscriber:
@@ -96,6 +96,7 @@ class KvSubscriber:
                     frames = sub.recv_multipart()
                     self._steps(frames, self._seq.live)
                 if dealer is not None and dealer in ready:
+                    asked_at = time.monotonic()  # the replay answers: its timeout starts again
                     frames = dealer.recv_multipart()[1:]  # the empty delimiter
                     if len(frames) == 3 and frames[1] == END_SEQ:
                         self._do(self._seq.replay_end())
