@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from proxy.backends.admission import Admission
 from proxy.backends.attained import served_tokens
 from proxy.backends.engines import EngineTable
+from proxy.backends.kv_engines import KvEngines
+from proxy.backends.kv_index import Residency as KvResidency
 from proxy.backends.live import LiveTracker
 from proxy.backends.prefix import DEFAULT_BLOCK, Baselines
 from proxy.backends.residency import Residency
@@ -71,7 +73,10 @@ class Gateway:
         self.kv_reported: dict[str, int] = {}
         self.kv_block: dict[str, int] = {}  # ... and their KV block size
         # Each session's previous turn: what its next one should find cached (per-turn loss)
-        self.prefixes = Baselines()
+        # ... told apart by the engines' KV events where the policy subscribes to them
+        self.kv_engines = KvEngines(self.metrics.sessions.kv_events)
+        self._kv_version = ""
+        self.prefixes = Baselines(residency=self._kv_residency)
         # ... and the deployed budget's (`deploy render`'s memory model), per policy version:
         # serve.py sets `kv_of`, the request path does not import the operator tools.
         self.kv_of: Callable[[PolicyDocument], dict[str, int]] = lambda doc: {}
@@ -132,6 +137,13 @@ class Gateway:
             self._kv_deployed = (policy.version, self.kv_of(policy.document))
         return self._kv_deployed[1]
 
+    def _kv_residency(self, engine: str, session: str) -> KvResidency | None:
+        policy = self.policy.current
+        if policy.version != self._kv_version:  # a policy applied since: follow its backends
+            self._kv_version = policy.version
+            self.kv_engines.sync(policy.document)
+        return self.kv_engines.residency(engine, session)
+
     def _resident_gauges(self, backend: str, sessions: int, tokens: int) -> None:
         gauge = self.metrics.sessions.resident
         gauge.labels(backend, "sessions").set(sessions)
@@ -190,12 +202,15 @@ class Gateway:
 
     def start(self) -> None:
         """The background work that needs the running loop."""
+        self._kv_version = self.policy.current.version
+        self.kv_engines.sync(self.policy.current.document)
         if self.share is not None:
             self.share.start()
         if self.residency_share is not None:
             self.residency_share.start()
 
     async def aclose(self) -> None:
+        self.kv_engines.close()
         if self.share is not None:
             await self.share.aclose()
         if self.residency_share is not None:

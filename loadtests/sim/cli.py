@@ -8,6 +8,7 @@ http://HOST:PORT`, which `loadtests/harness/sim.py` and other tools wait for.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import socket
 import sys
@@ -73,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("fcfs", "priority"),
         default="fcfs",
         help="vLLM's: priority serves and preempts by the requests' `priority` field (default: %(default)s)",
+    )
+    p.add_argument(
+        "--kv-events-config",
+        type=json.loads,
+        default=None,
+        help="vLLM's: JSON with `endpoint` (connected to, bound for tcp://*), `replay_endpoint` "
+        "(bound) and `topic`: KV cache events published as that release does",
     )
     p.add_argument("--faults", action="store_true", help="enable /_sim/faults and /_sim/stats")
     p.add_argument(
@@ -157,6 +165,7 @@ _VLLM_FLAGS = (
     "--per-request-spec-decode-metrics",
     "--enable-prompt-tokens-details",
     "--stream-interval",
+    "--kv-events-config",
 )
 
 
@@ -265,6 +274,7 @@ def main(argv: list[str]) -> int:
         stream_interval=args.stream_interval,
         frontend_chunk_ms=args.frontend_chunk_ms,
         scheduling_policy=args.scheduling_policy,
+        kv_events=args.kv_events_config,
     )
     if args.engine:
         return colocate.main(args, profiles, config)

@@ -198,17 +198,17 @@ class EngineCore:
         prompt finds what the abandoned copy prefilled (the chunks whose step has ended here)."""
         done = seq.kv_tokens - seq.prefill_left
         blocks = seq.request.block_hashes[: max(0, done) // self.profile.block_size]
-        self.cache.insert(blocks[::-1])
+        self.cache.insert(blocks, session=seq.request.session, tail_first=True)
 
     def _resume(self, seq: Sequence) -> None:
         """A preempted sequence has recomputed its KV: it decodes on, its output untouched."""
-        self.cache.insert(seq.request.block_hashes)
+        self.cache.insert(seq.request.block_hashes, session=seq.request.session)
         seq.in_cache = seq.request.prompt_len
         seq.state = State.DECODE
 
     def _first_token(self, seq: Sequence, now: float) -> None:
         req = seq.request
-        self.cache.insert(req.block_hashes)
+        self.cache.insert(req.block_hashes, session=req.session)
         seq.in_cache = req.prompt_len
         m = self.metrics
         m.prompt_tokens.inc(req.prompt_len)
@@ -311,7 +311,9 @@ class EngineCore:
         text = lead + "".join(seq.pieces) + ("<|im_end|>" if eos else "")
         prev = req.block_hashes[-1] if req.block_hashes else 0
         self.cache.insert(
-            chain(tail + token_ids(split_pieces(text)), self.profile.block_size, prev)
+            chain(tail + token_ids(split_pieces(text)), self.profile.block_size, prev),
+            parent=prev if req.block_hashes else None,
+            session=req.session,
         )
         seq.pieces = None
 

@@ -155,8 +155,11 @@ class EngineRequest:
         script: Script | None = None,
         tail_ids: Seq[int] | None = None,
         priority: int = 0,
+        session: str | None = None,
     ) -> None:
         self.request_id = request_id
+        # the session id its KV blocks are tagged with (vLLM 0.30.0 on: kv_publisher.py)
+        self.session = session
         self.priority = priority  # vLLM's `priority` field: lower first (priority scheduling)
         self.prompt_len = prompt_len
         self.block_hashes = list(block_hashes)

@@ -29,7 +29,7 @@ from .faults import FaultError
 from .generate import chat_completions, completions
 from .messages_api import count_tokens, messages
 from .responses_api import responses
-from .state import Sim, SimConfig
+from .state import SESSION, Sim, SimConfig
 
 
 def _route(
@@ -39,9 +39,37 @@ def _route(
         traceparent = request.headers.get("traceparent")
         if traceparent is not None and sim.config.faults:
             sim.saw_traceparent(request.headers.get("x-request-id", ""), traceparent)
+        if (sim.config.faults or sim.kv is not None) and request.url.path in _SESSION_PATHS:
+            await _note_session(sim, request)
         return await handler(sim, request)
 
     return endpoint
+
+
+_SESSION_PATHS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+
+
+async def _note_session(sim: Sim, request: Request) -> None:
+    """The session id the request's KV blocks get (`SESSION`, for the engine request)."""
+    raw = await request.body()  # kept by the request for the handler
+    body: object = {}
+    if b'"session_id"' in raw:  # parsed only when it may name one
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return
+    if isinstance(body, dict):
+        endpoint = _SESSION_PATHS[request.url.path]
+        header = request.headers.get(vllm_wire.SESSION_HEADER)
+        session = vllm_wire.engine_session(sim.config.vllm_version, endpoint, body, header)
+        SESSION.set(session)
+        if sim.config.faults:
+            sim.saw_session(request.headers.get("x-request-id", ""), session)
 
 
 async def health(sim: Sim, request: Request) -> Response:
@@ -102,6 +130,16 @@ async def sim_requests(sim: Sim, request: Request) -> Response:
 async def sim_traceparents(sim: Sim, request: Request) -> Response:
     """Test-only truth: the `traceparent` recent requests came with, by `x-request-id`."""
     return json_response(dict(sim.traceparents))
+
+
+async def sim_sessions(sim: Sim, request: Request) -> Response:
+    """Test-only truth: the session id recent requests' KV blocks are tagged with, by id."""
+    return json_response(dict(sim.sessions))
+
+
+async def sim_blocks(sim: Sim, request: Request) -> Response:
+    """Test-only truth: the block hashes the prefix cache holds (what its KV events say)."""
+    return json_response({"blocks": sim.core.cache.hashes()})
 
 
 async def sim_priorities(sim: Sim, request: Request) -> Response:
@@ -200,6 +238,8 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:
         finally:
             sim.abort_all()
             await sim.engine.stop()
+            if sim.kv is not None:
+                sim.kv.close()
 
     def r(
         path: str, handler: Callable[[Sim, Request], Awaitable[Response]], methods: list[str]
@@ -236,6 +276,8 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:
             r("/_sim/requests", sim_requests, ["GET"]),
             r("/_sim/traceparents", sim_traceparents, ["GET"]),
             r("/_sim/priorities", sim_priorities, ["GET"]),
+            r("/_sim/sessions", sim_sessions, ["GET"]),
+            r("/_sim/blocks", sim_blocks, ["GET"]),
         ]
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error}

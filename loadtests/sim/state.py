@@ -4,11 +4,13 @@ steps every generation request shares (gate, tokenize, prepare, submit, collect)
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import secrets
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -24,6 +26,7 @@ from .asgi import FrameSource, SSEResponse, json_response
 from .device import Device
 from .engine import Engine, EngineCore, EngineRequest, SamplingSpec
 from .faults import Faults
+from .kv_publisher import KvPublisher
 from .metrics import SimMetrics
 from .playback import Playback
 from .prefix_cache import chain
@@ -36,6 +39,9 @@ from .textgen import derive_seed, split_pieces, token_ids
 # engine loop keeps its step deadlines.
 _THREAD_TOKENIZE_CHARS = 32_768
 FINISHED_SPEC_KEEP = 1024  # finished requests whose counters /_sim/requests keeps
+# The session id the request being handled gives its KV blocks, read as the release reads it
+# (server.py sets it per request when the events are published or --faults shows them).
+SESSION: contextvars.ContextVar[str | None] = contextvars.ContextVar("session", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,8 @@ class SimConfig:
     device: Device | None = None
     kv_cache_tokens: int | None = None
     scheduling_policy: str = "fcfs"  # vLLM's --scheduling-policy (fcfs | priority)
+    # vLLM's --kv-events-config (endpoint, replay_endpoint, topic): KV events published
+    kv_events: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -130,6 +138,17 @@ class Sim:
             scheduling_policy=config.scheduling_policy,
         )
         self.engine = Engine(self.core, time_scale=config.time_scale)
+        self.kv: KvPublisher | None = None
+        if config.kv_events is not None and config.kv_events.get("enable_kv_cache_events"):
+            ev = config.kv_events
+            self.kv = KvPublisher(
+                ev["endpoint"],
+                ev.get("replay_endpoint"),
+                topic=ev.get("topic", ""),
+                block_size=profile.block_size,
+                session=vllm_wire.tags_sessions(config.vllm_version),
+            )
+            self.core.cache.listener = self.kv
         self.faults = Faults(self.engine, time_scale=config.time_scale)
         self.stats = Stats()
         self.created = int(time.time())
@@ -149,11 +168,20 @@ class Sim:
         # Test-only truth (`/_sim/priorities`, with --faults): the `priority` field each recent
         # chat or completion request came with (None: not sent), in arrival order.
         self.priorities: OrderedDict[str, int | None] = OrderedDict()
+        # Test-only truth (`/_sim/sessions`, with --faults): the session id each recent
+        # generation request's KV blocks would be tagged with, read as the release reads it
+        # (proxy/vllm_wire.py `engine_session`; None: untagged), by its `x-request-id`.
+        self.sessions: OrderedDict[str, str | None] = OrderedDict()
 
     def saw_priority(self, request_id: str, priority: int | None) -> None:
         self.priorities[request_id] = priority
         while len(self.priorities) > FINISHED_SPEC_KEEP:
             self.priorities.popitem(last=False)
+
+    def saw_session(self, request_id: str, session: str | None) -> None:
+        self.sessions[request_id] = session
+        while len(self.sessions) > FINISHED_SPEC_KEEP:
+            self.sessions.popitem(last=False)
 
     def saw_traceparent(self, request_id: str, traceparent: str) -> None:
         self.traceparents[request_id] = traceparent
@@ -247,6 +275,7 @@ class Sim:
             script=script,
             tail_ids=prompt_ids[len(hashes) * self.profile.block_size :],
             priority=priority,
+            session=SESSION.get(),
         )
 
     def submit(self, req: EngineRequest) -> None:

@@ -3,6 +3,7 @@
     admission   admission: the queue's timeout, session-aware admission
     base        PolicyError, the strict base model, shared field patterns and defaults checks
     backends    backends: engines, their speculative configuration, guarded repair
+    kv_events   a vLLM backend's KV cache events: the gateway's endpoint, the engine's replay
     context     what the operator lets a policy name (actions, secrets, engine hosts)
     rules       a route's rules (load, content, sampling, canary, client, guard, health)
     routes      routes: models, variants, defaults, clamps, rules

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 from policies.capabilities import EngineKind
 from policies.spec.base import MODEL_NAME, NAME, StrictModel, Task
 from policies.spec.deployment import EngineSpec
+from policies.spec.kv_events import KvEventsSpec
 
 BackendKind = EngineKind  # vllm | llamacpp | sglang | openai (policies/capabilities.py)
 
@@ -110,6 +111,10 @@ class BackendSpec(StrictModel):
     # cache_config_info: num_gpu_blocks x block_size), else admission holds nothing there.
     kv_tokens: Annotated[int, Field(ge=1)] | None = None
     engine: EngineSpec = EngineSpec()  # launch settings for `specrouter deploy`
+    # vLLM's KV cache events (policies/spec/kv_events.py): the gateway's index of what the
+    # engine's prefix cache holds per session, which tells an eviction, the engine's rendering
+    # and a restart apart (docs/sessions.md). None: not subscribed.
+    kv_events: KvEventsSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -144,6 +149,10 @@ class BackendSpec(StrictModel):
             raise ValueError("give exactly one of url or urls")
         if self.developer_in_place and (self.kind != "vllm" or self.task != "generate"):
             raise ValueError("developer_in_place is for a vllm backend that generates")
+        if self.kv_events is not None and (
+            self.kind != "vllm" or self.task != "generate" or self.url is None
+        ):
+            raise ValueError("kv_events is for a vllm backend that generates, on one url")
         if self.task == "embed" and self.speculative is not None:
             raise ValueError("an embed backend cannot have a speculative configuration")
         if self.task == "embed" and (self.engine.tool_call_parser or self.engine.reasoning_parser):

@@ -22,8 +22,8 @@ The previous turn's output is not counted: the chat template renders an answer b
 from how it was generated (reasoning dropped, end-of-turn tokens), so counting it would show a
 loss on every turn. The cause of a loss: `compacted` (the session compacted since: the agent's
 headers), `client-rewrite` (the body changed before its end; `where` names the field or item),
-else `unknown` (the engine's side: eviction, its rendering, a restart; vLLM's KV events tell
-them apart).
+else the engine's side, told apart by its KV events where the gateway reads them with the
+session's tag (kv_index.py): `engine-reset`, `evicted`, `engine-rendering`; else `unknown`.
 
 The previous turn's bytes are kept per session (no copy: the bytes the upstream body was
 written from), least recently used first out past `BASELINE_BYTES`; a session without them
@@ -33,10 +33,13 @@ written from), least recently used first out past `BASELINE_BYTES`; a session wi
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
+
+from proxy.backends.kv_index import Residency
 
 # What the kept conversations may hold: 40 agent bodies of 400 KiB, 2.5 times the sixteen
 # sessions one GB10 holds in its KV cache; within an idle gateway's memory (body_budget.py's
@@ -90,6 +93,9 @@ class Check:
     extends: bool
     where: str  # the first changed field or item ("" when it extends)
     share: float  # of the previous conversation's bytes, before the first change
+    # What the previous turn's engine holds of the session now, from its KV events
+    # (kv_index.py); None: no events from that engine, or none tagged with the session.
+    resident: Residency | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +165,21 @@ def account(
         return PrefixLoss(expected, lost, "compacted", check.where)
     if not check.extends:
         return PrefixLoss(expected, lost, "client-rewrite", check.where)
-    return PrefixLoss(expected, lost, "unknown")
+    return PrefixLoss(expected, lost, _engine_side(check.resident, held))
+
+
+def _engine_side(resident: Residency | None, held: int) -> str:
+    """The engine's side of a loss, from its KV events: a reset since the session's last turn,
+    its blocks gone before this turn (`evicted`), or still there but not served (the engine
+    rendered the conversation otherwise: `engine-rendering`); `unknown` without events that
+    cover what the previous turn left."""
+    if resident is None or not resident.block_size:
+        return "unknown"
+    if resident.resets:
+        return "engine-reset"
+    if resident.chain * resident.block_size < held:
+        return "unknown"  # the events seen do not cover the previous prompt
+    return "evicted" if resident.tokens < held else "engine-rendering"
 
 
 @dataclass(slots=True)
@@ -173,8 +193,13 @@ class _Baseline:
 class Baselines:
     """Each session's previous turn, kept for its next one; bounded by bytes held."""
 
-    def __init__(self, budget: int = BASELINE_BYTES) -> None:
+    def __init__(
+        self,
+        budget: int = BASELINE_BYTES,
+        residency: Callable[[str, str], Residency | None] | None = None,
+    ) -> None:
         self.budget = budget
+        self.residency = residency  # (engine, session): what the engine's KV events say
         self.held = 0
         self._rows: OrderedDict[str, _Baseline] = OrderedDict()
 
@@ -194,7 +219,9 @@ class Baselines:
             # another prompt: nothing to compare it with
             return Check(now, 0, "", False, "", 0.0)
         extends, where, share = compare(row.conversation, now, endpoint, body.get(_LIST[endpoint]))
-        return Check(now, row.prompt, row.engine, extends, where, share)
+        # read now, before this turn's own blocks change it
+        resident = None if self.residency is None else self.residency(row.engine, key)
+        return Check(now, row.prompt, row.engine, extends, where, share, resident)
 
     def compacted(self, key: str) -> None:
         """A compaction request of the session ended: its next turn starts a new prefix."""

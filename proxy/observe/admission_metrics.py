@@ -53,7 +53,16 @@ class AdmissionMetrics:
             "specrouter_prefix_lost_tokens",
             "Prompt tokens a session's turn found uncached of those its engine held after the "
             "session's previous turn (whole blocks), by cause: client-rewrite, compacted, "
-            "unknown (proxy/backends/prefix.py).",
+            "evicted, engine-rendering, engine-reset (the engine's KV events), unknown "
+            "(proxy/backends/prefix.py).",
             ("backend", "cause"),
+            registry=r,
+        )
+        self.kv_events = Counter(
+            "specrouter_kv_events",
+            "vLLM KV event batches a backend's subscriber read (proxy/backends/kv_subscriber.py), "
+            "by what: applied, gap (a replay asked), lost (a gap no replay filled: the index began again), "
+            "restart (the engine's sequence began again), bad (not vLLM's wire).",
+            ("backend", "what"),
             registry=r,
         )

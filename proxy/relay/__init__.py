@@ -30,6 +30,8 @@
   back out | its stream filter.
 - sse.py, rewrite.py: event-stream framing; the upstream request body.
 - adapt.py: named adaptations of the body for an engine that refuses part of it (counted).
+- owned.py: the session vLLM tags a request's KV blocks with, the gateway's; the engine-
+  steering `vllm_xargs` keys refused.
 
 Beside the path: asgi.py (ASGI types and one-shot answers), ready.py (readiness), channel.py (`PushChannel`, the
 client's connection for the push relay), errors.py (error bodies), required.py (the

@@ -24,7 +24,7 @@ from proxy import auth
 from proxy.body_budget import BodyBudget, BodyLease
 from proxy.bounds import finite_number, kept_name
 from proxy.record.request import RequestRecord
-from proxy.relay import required
+from proxy.relay import owned, required
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.channel import PushChannel
 from proxy.relay.context import Services
@@ -312,8 +312,10 @@ class PublicApp:
         except orjson.JSONDecodeError as exc:
             return x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
         encoded: Encoded = {}
-        problem = check_fields(x.endpoint, body, self.limits, encoded) or required.missing(
-            x.path, body
+        problem = (
+            check_fields(x.endpoint, body, self.limits, encoded)
+            or required.missing(x.path, body)
+            or owned.refused(body)
         )
         if problem is not None:
             return x.error(400, problem[0], param=problem[1], headers=rid)

@@ -24,6 +24,7 @@ from proxy.relay.hold import hold, turn_ended
 from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
 from proxy.relay.lease import Lease
 from proxy.relay.measure import StreamFilter, withhold_estimate
+from proxy.relay.owned import session_fields
 from proxy.relay.rewrite import plan_usage, upstream_pieces
 from proxy.relay.sglang import ask as sglang_ask
 from proxy.relay.sglang_stream import SglangFilter, asks
@@ -219,6 +220,9 @@ async def open_engine(
         inject.update(sglang_ask(x.body))  # its spec figures, cut again (sglang_stream.py)
     if decision.priority is not None and backend.priority_scheduling:
         inject.setdefault("priority", decision.priority)
+    # the session the engine tags the request's KV blocks with is the gateway's (owned.py)
+    body, session = session_fields(body, x.endpoint, backend.kind, version, x.record.session)
+    inject.update(session)
     payload = upstream_pieces(body, inject, backend.served_model_name, usage, x.encoded)
     record = x.record
     up_headers = _upstream_headers(

@@ -12,6 +12,7 @@ import pytest
 
 from policies.agent_signals import signals_of
 from policies.sessions import session_of
+from proxy.backends.kv_index import Residency
 from proxy.backends.prefix import Baselines, Check, PrefixLoss, account, conversation_of
 from proxy.relay.fields import DEFAULT_LIMITS, check_fields
 from tests.engines.vllm.replay import load, sessions
@@ -119,8 +120,19 @@ def test_a_session_that_changes_api_starts_again() -> None:
     assert _check(b, "messages", _next_turn(), "s").extends
 
 
-def _c(prev: int, extends: bool = True, share: float = 1.0, where: str = "") -> Check:
-    return Check(None, prev, "e", extends, where, share)  # type: ignore[arg-type]
+def _c(
+    prev: int,
+    extends: bool = True,
+    share: float = 1.0,
+    where: str = "",
+    resident: Residency | None = None,
+) -> Check:
+    return Check(None, prev, "e", extends, where, share, resident)  # type: ignore[arg-type]
+
+
+def _r(blocks: int, chain: int = 62, resets: int = 0) -> Residency:
+    """What the engine's KV events say of the session (16-token blocks)."""
+    return Residency(blocks, chain, 16, resets)
 
 
 @pytest.mark.parametrize(
@@ -146,6 +158,36 @@ def _c(prev: int, extends: bool = True, share: float = 1.0, where: str = "") -> 
             96,
             True,
             PrefixLoss(16, 192, "compacted", "messages[1]"),
+        ),
+        # the engine's KV events tell its side apart: the session's blocks gone before this
+        # turn, still there but not served, a reset since; events that do not cover the
+        # previous prompt (a chain of 10 blocks for 992 tokens) decide nothing
+        (_c(1000, resident=_r(32)), "e", 1200, 512, False, PrefixLoss(992, 480, "evicted")),
+        (
+            _c(1000, resident=_r(62)),
+            "e",
+            1200,
+            512,
+            False,
+            PrefixLoss(992, 480, "engine-rendering"),
+        ),
+        (
+            _c(1000, resident=_r(0, resets=1)),
+            "e",
+            1200,
+            0,
+            False,
+            PrefixLoss(992, 992, "engine-reset"),
+        ),
+        (_c(1000, resident=_r(10, 10)), "e", 1200, 160, False, PrefixLoss(992, 832, "unknown")),
+        # the client's rewrite stays its own, whatever the engine holds
+        (
+            _c(1000, False, 0.2, "system", _r(0, resets=1)),
+            "e",
+            1200,
+            192,
+            False,
+            PrefixLoss(192, 800, "client-rewrite", "system"),
         ),
         # the same prompt again: vLLM computes its last token, so one block less is held
         (_c(1024), "e", 1024, 1008, False, PrefixLoss(1008, 0, "")),

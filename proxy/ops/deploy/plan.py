@@ -253,6 +253,10 @@ def engine_command(plan: EnginePlan) -> list[str]:
         args.append(f"--reasoning-parser={spec.engine.reasoning_parser}")
     if spec.priority_scheduling:
         args.append("--scheduling-policy=priority")
+    if spec.kv_events is not None:
+        # The engine connects out to the gateway's loopback or private endpoint and binds its
+        # replay socket there (policies/spec/kv_events.py): never a `tcp://*` bind.
+        args.append(f"--kv-events-config={to_json(spec.kv_events.engine_config())}")
     if spec.speculative is not None:
         _check_schedule(plan)
         config = speculative_config(spec.speculative, drafter_ref(plan))
