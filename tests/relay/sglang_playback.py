@@ -3,8 +3,9 @@
 (stream or body; spec details and continuous usage asked or not; usage or not); its /metrics the
 frozen page. Every body it got is kept, to check what the gateway asked.
 
-Two more behaviours for the resilience tests: `fail=True` answers every request as SGLang's
+Three more behaviours for the resilience tests: `fail=True` answers every request as SGLang's
 serving code answers one that raised (its `create_error_response`: a 500 with its error body);
+`dies_after=N` sends a stream's first N frames and drops the connection (an engine that died);
 a stream asking more than the frozen answer's `max_tokens` gets that answer's opening frames,
 then its first content frame again and again until the gateway closes the connection (SGLang
 aborts a request whose HTTP connection closed: its `create_abort_task` and the tokenizer
@@ -52,8 +53,9 @@ def endless(endpoint: str) -> tuple[bytes, bytes]:
 
 
 class SglangPlayback:
-    def __init__(self, *, fail: bool = False) -> None:
+    def __init__(self, *, fail: bool = False, dies_after: int | None = None) -> None:
         self.fail = fail
+        self.dies_after = dies_after
         self.bodies: list[dict[str, Any]] = []
         self.aborted = threading.Event()  # an endless stream's connection was closed
         engine = self
@@ -81,7 +83,20 @@ class SglangPlayback:
                     return
                 name = answer_name(ENDPOINTS[self.path], body)
                 kind = "text/event-stream" if name.endswith(".sse") else "application/json"
+                if engine.dies_after is not None and body.get("stream"):
+                    self._dies((GOLDEN / name).read_bytes(), engine.dies_after)
+                    return
                 self._send((GOLDEN / name).read_bytes(), kind)
+
+            def _dies(self, data: bytes, frames: int) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                for frame in [f + b"\n\n" for f in data.split(b"\n\n") if f][:frames]:
+                    self.wfile.write(b"%x\r\n%b\r\n" % (len(frame), frame))
+                self.wfile.flush()
+                self.close_connection = True  # no last chunk: the stream broke
 
             def _endless(self, endpoint: str) -> None:
                 head, frame = endless(endpoint)
