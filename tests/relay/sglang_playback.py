@@ -1,6 +1,7 @@
 """An SGLang engine on loopback that answers with SGLang 0.5.23's own bytes
 (tests/fixtures/sglang-golden/): for each request the frozen answer to the same request shape
-(stream or body; spec details and continuous usage asked or not; usage or not); its /metrics the
+(chat, completions, Anthropic Messages, Responses; stream or body; spec details and continuous
+usage asked or not; usage or not); its /metrics the
 frozen page. Every body it got is kept, to check what the gateway asked.
 
 Three more behaviours for the resilience tests: `fail=True` answers every request as SGLang's
@@ -21,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "sglang-golden" / "0.5.23"
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
+}
 FROZEN_MAX_TOKENS = 16  # what the fixtures' requests asked
 # SGLang's `create_error_response(..., err_type="InternalServerError", status_code=500)`, as its
 # ORJSONResponse writes it.
@@ -32,6 +38,8 @@ ERROR_500 = (
 
 
 def answer_name(endpoint: str, body: dict[str, Any]) -> str:
+    if endpoint in ("messages", "responses"):  # neither has a field for the spec figures
+        return f"{endpoint}_stream.sse" if body.get("stream") else f"{endpoint}_full.json"
     asked = body.get("return_spec_tokens_details") is True
     if not body.get("stream"):
         return f"{endpoint}_full_{'asked' if asked else 'plain'}.json"

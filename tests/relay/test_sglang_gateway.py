@@ -21,10 +21,17 @@ from proxy.certs import CertFiles
 from tests.relay.sglang_playback import GOLDEN, SglangPlayback
 
 MODEL = "qwen-tiny"  # the fixtures' served name
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "messages": "/v1/messages",
+    "responses": "/v1/responses",
+}
 INPUTS: dict[str, dict[str, Any]] = {
     "chat": {"messages": [{"role": "user", "content": "hi"}]},
     "completions": {"prompt": "hi"},
+    "messages": {"messages": [{"role": "user", "content": "hi"}]},
+    "responses": {"input": "hi"},
 }
 
 
@@ -212,3 +219,30 @@ def test_a_client_that_leaves_gets_the_sglang_request_aborted(
             if i > 8:
                 break
     assert engine.aborted.wait(10.0)
+
+
+@pytest.mark.parametrize("endpoint", ["messages", "responses"])
+@pytest.mark.parametrize("stream", [True, False])
+def test_messages_and_responses_go_to_sglang_as_sent(
+    stack: tuple[SglangPlayback, GatewayServer], endpoint: str, stream: bool
+) -> None:
+    """SGLang serves both APIs itself (its `AnthropicServing` over its chat serving, its
+    `OpenAIServingResponses`): the request goes as the client sent it (neither has a field for
+    the spec figures) and the client gets SGLang's bytes; a stream's tokens per step are the
+    gateway's request average, one step per token event after the first, as on vLLM."""
+    engine, gw = stack
+    limit = "max_tokens" if endpoint == "messages" else "max_output_tokens"
+    body = {"model": MODEL, limit: 16, "temperature": 0, "stream": stream, **INPUTS[endpoint]}
+    rid = f"sg-{endpoint}-{stream}"
+    with gw.client() as c:
+        r = c.post(PATHS[endpoint], json=body, headers={"x-request-id": rid})
+    assert r.status_code == 200, r.text
+    name = f"{endpoint}_stream.sse" if stream else f"{endpoint}_full.json"
+    assert r.content == (GOLDEN / name).read_bytes()
+    assert engine.bodies[-1] == body
+    row = logged_rows(gw.dir / "state", {rid})[rid]
+    assert row["completion_tokens"] == 8
+    if stream:  # 4 token events: the prefill's and 3 decode steps
+        assert (row["tps_source"], row["tokens_per_step"]) == ("average", pytest.approx(7 / 3))
+    else:
+        assert row["tps_source"] in (None, "")
