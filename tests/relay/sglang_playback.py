@@ -21,6 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from policies.capabilities import SGLANG_HEALTH_POLL_S
+
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "sglang-golden" / "0.5.23"
 ENDPOINTS = {
     "/v1/chat/completions": "chat",
@@ -77,8 +79,9 @@ class SglangPlayback:
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     self._send((GOLDEN / "metrics.prom").read_bytes(), "text/plain")
-                else:
-                    self._send(b"", "text/plain")  # /health: SGLang's is an empty 200
+                else:  # /health: SGLang's is an empty 200 after its one-token poll (1.01-1.07 s
+                    time.sleep(SGLANG_HEALTH_POLL_S + 0.05)  # on a real one on this CPU)
+                    self._send(b"", "text/plain")
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))

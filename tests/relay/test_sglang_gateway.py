@@ -181,6 +181,9 @@ def test_scraped_and_re_exported(stack: tuple[SglangPlayback, GatewayServer]) ->
     while not all(w in (text := gw.admin_get("/metrics").text) for w in want):
         assert time.monotonic() < deadline, text
         time.sleep(0.1)
+    # SGLang's /health answers after its one-second poll: the check waits for it, so the
+    # backend stays up (with the scrape interval's timeout alone it fell back to starting).
+    assert 'specrouter_backend_up{backend="sg",health="up"} 1.0' in text
 
 
 def test_a_failing_sglang_variant_falls_back(
