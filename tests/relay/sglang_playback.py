@@ -133,6 +133,7 @@ class SglangPlayback:
                 self.wfile.write(data)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True  # closing does not wait for a health check's poll
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(
             target=self.server.serve_forever, args=(0.05,), daemon=True
