@@ -110,6 +110,10 @@ class SglangFamily:
     SPEC_VERIFY_CALLS = "sglang:spec_verify_calls"  # decode steps of speculative requests
 
 
+# SGLang's `/health` generates one token and polls for it once a second (its
+# `health_generate`), so it answers after a second at the soonest: its check waits that longer.
+SGLANG_HEALTH_POLL_S = 1.0
+
 # SGLang's per-request spec figures: asked with `return_spec_tokens_details`, sent as
 # `sglext.spec_tokens_details` (on a stream, in a frame of its own with no choices).
 SGLANG_ASK = "return_spec_tokens_details"

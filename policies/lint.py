@@ -7,15 +7,21 @@ a combination the facts show to regress or a rule that can never act. `specroute
 
 from __future__ import annotations
 
-from policies.capabilities import capabilities
+from collections.abc import Mapping
+
+from policies.capabilities import EngineKind, capabilities
 from policies.spec.backends import SpeculativeSpec, url_host
 from policies.spec.context import LOOPBACK_HOSTS
 from policies.spec.document import PolicyDocument
 from policies.spec.routes import RouteSpec
 from policies.spec.rules import SELECTOR_KINDS, CanaryRule, GuardRule, LoadRule
 
-# vLLM's SpeculativeMethod names as of 0.28 plus DFlash; newer engines may add more.
-KNOWN_METHODS = frozenset(
+# The speculative methods each engine kind knows: vLLM's SpeculativeMethod names as of 0.28 plus
+# DFlash (newer engines may add more); llama.cpp's --spec-type names with the vLLM names taken for
+# them (proxy/ops/deploy/llamacpp.py's SPEC_TYPES); SGLang's, vLLM's names and its own, as
+# proxy/ops/deploy/sglang.py renders them (DSpine runs as its DSPARK). An `openai` backend's
+# engine is not known: its method is not checked.
+VLLM_METHODS = frozenset(
     {
         "ngram",
         "ngram_gpu",
@@ -29,13 +35,23 @@ KNOWN_METHODS = frozenset(
         "dflash",
     }
 )
+KNOWN_METHODS: Mapping[EngineKind, frozenset[str]] = {
+    "vllm": VLLM_METHODS,
+    "llamacpp": frozenset(
+        {"draft-mtp", "mtp", "draft-simple", "draft_model", "ngram-simple", "ngram-mod"}
+    ),
+    "sglang": frozenset(
+        {"eagle", "eagle3", "mtp", "draft_model", "ngram", "dflash", "dspark", "dspine"}
+    ),
+}
 
 
 def policy_warnings(doc: PolicyDocument) -> list[str]:
     out: list[str] = []
     for name, backend in doc.backends.items():
         if backend.speculative is not None:
-            out += _speculative(f"backends.{name}.speculative", backend.speculative)
+            where = f"backends.{name}.speculative"
+            out += _speculative(where, backend.speculative, backend.kind)
     for name, route in doc.routes.items():
         out += _route(f"routes.{name}", route, doc)
     return out + _admission(doc)
@@ -57,10 +73,11 @@ def _admission(doc: PolicyDocument) -> list[str]:
     ]
 
 
-def _speculative(where: str, spec: SpeculativeSpec) -> list[str]:
+def _speculative(where: str, spec: SpeculativeSpec, kind: EngineKind) -> list[str]:
     out = []
-    if spec.method not in KNOWN_METHODS:
-        out.append(f"{where}.method: {spec.method!r} is not a method this version knows")
+    known = KNOWN_METHODS.get(kind)
+    if known is not None and spec.method not in known:
+        out.append(f"{where}.method: {spec.method!r} is not a method a {kind} backend knows")
     probabilistic = spec.draft_sample_method == "probabilistic"
     block = spec.rejection_sample_method == "block"
     if probabilistic and not block:

@@ -2,7 +2,7 @@
 
 Runs in an SGLang venv (scripts/sglang.sh makes one; SGLang's server does not run on this CPU,
 see docs/backends.md), not the project's. SGLang's OpenAI serving classes (`OpenAIServingChat`,
-`OpenAIServingCompletion`) run as they are, with the engine replaced by a playback of the
+`OpenAIServingCompletion`, `OpenAIServingResponses`, `AnthropicServing`) run as they are, with the engine replaced by a playback of the
 outputs each `<name>.input.json` lists (`outputs`: one per engine step, its tokens' text and the
 `meta_info` SGLang's tokenizer manager would attach), `time.time` pinned; stream frames are the
 strings SGLang yields, bodies `model_dump_json(by_alias=True)` as its HTTP layer writes them.
@@ -18,6 +18,7 @@ import json
 import sys
 import time
 import types
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,10 @@ async def _run(endpoint: str, body: dict[str, Any]) -> tuple[str, bytes]:
     stream = bool(body.get("stream"))
     spec = bool(body.get("return_spec_tokens_details"))
     manager = _Manager(_outputs(body.get("max_tokens", 16), spec), stream)
+    if endpoint == "messages":
+        return await _messages(body, manager)
+    if endpoint == "responses":
+        return await _responses(body, manager)
     if endpoint == "chat":
         req: Any = protocol.ChatCompletionRequest(**body)
         serving = _serving(OpenAIServingChat, manager)
@@ -157,6 +162,69 @@ async def _run(endpoint: str, body: dict[str, Any]) -> tuple[str, bytes]:
         return "sse", "".join(frames).encode()
     resp = getattr(serving, build)(req, [manager.outputs[-1]], CREATED)
     return "json", resp.model_dump_json(by_alias=True).encode()
+
+
+async def _messages(body: dict[str, Any], manager: _Manager) -> tuple[str, bytes]:
+    """Anthropic Messages: SGLang's `AnthropicServing` translates the request onto its chat
+    serving (a stream asks continuous usage of it) and the answer back; a body is written by
+    Starlette's JSONResponse, as its route returns it."""
+    from sglang.srt.entrypoints.anthropic.protocol import AnthropicMessagesRequest
+    from sglang.srt.entrypoints.anthropic.serving import AnthropicServing
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+    from starlette.responses import JSONResponse
+
+    req = AnthropicMessagesRequest(**body)
+    serving = AnthropicServing(_serving(OpenAIServingChat, manager))
+    chat = serving._convert_to_chat_completion_request(req)
+    if req.stream:
+        gen = serving._generate_anthropic_stream(None, chat, req, None)
+        return "sse", "".join([f async for f in gen]).encode()
+    resp = serving.openai_serving_chat._build_chat_response(chat, [manager.outputs[-1]], CREATED)
+    out = serving._convert_response(resp).model_dump(exclude_none=True)
+    return "json", bytes(JSONResponse(content=out).body)
+
+
+async def _responses(body: dict[str, Any], manager: _Manager) -> tuple[str, bytes]:
+    """The Responses API: SGLang's `OpenAIServingResponses` (not the harmony path), its stream
+    generator's events as its route streams them (no `[DONE]`), a body as FastAPI writes the
+    returned model (`jsonable_encoder`, then JSONResponse)."""
+    from fastapi.encoders import jsonable_encoder
+    from sglang.srt.entrypoints.context import SimpleContext
+    from sglang.srt.entrypoints.openai.protocol import RequestResponseMetadata, ResponsesRequest
+    from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
+    from starlette.responses import JSONResponse
+
+    req = ResponsesRequest(**body)
+    s = _serving(OpenAIServingResponses, manager)
+    for name, value in {
+        "use_harmony": False,
+        "_translates_tools": False,
+        "enable_prompt_tokens_details": False,
+        "enable_response_store": False,
+        "tool_server": None,
+        "response_store": {},
+        "msg_store": {},
+        "background_tasks": {},
+    }.items():
+        setattr(s, name, value)
+    params = req.to_sampling_params(None, {}, stop=req.stop, tool_call_constraint=None)
+    meta = RequestResponseMetadata(request_id=req.request_id)
+    ctx = SimpleContext()
+
+    async def outputs() -> Any:
+        for o in manager.outputs:
+            ctx.append_output(o)
+            yield o
+
+    if req.stream:
+        gen = s.responses_stream_generator_non_harmony(
+            req, params, outputs(), MODEL, None, meta, CREATED, require_reasoning=False
+        )
+        return "sse", "".join([e async for e in gen]).encode()
+    resp = await s.responses_full_generator(
+        req, params, outputs(), ctx, MODEL, None, meta, CREATED, require_reasoning=False
+    )
+    return "json", bytes(JSONResponse(content=jsonable_encoder(resp)).body)
 
 
 SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -182,6 +250,21 @@ for _ep, _base in (
     )
     SCENARIOS[f"{_ep}_full_plain"] = (_ep, _b)
     SCENARIOS[f"{_ep}_full_asked"] = (_ep, {**_b, "return_spec_tokens_details": True})
+
+
+# Anthropic Messages (SGLang asks its chat serving for continuous usage itself) and Responses:
+# neither request has a field for the spec figures.
+_m = {
+    "model": MODEL,
+    "max_tokens": 16,
+    "temperature": 0,
+    "messages": [{"role": "user", "content": "hi"}],
+}
+SCENARIOS["messages_stream"] = ("messages", {**_m, "stream": True})
+SCENARIOS["messages_full"] = ("messages", _m)
+_r = {"model": MODEL, "max_output_tokens": 16, "temperature": 0, "input": "hi"}
+SCENARIOS["responses_stream"] = ("responses", {**_r, "stream": True})
+SCENARIOS["responses_full"] = ("responses", _r)
 
 
 def _metrics(server_args: Any) -> bytes:
@@ -233,11 +316,12 @@ def main() -> None:
     args = ServerArgs(model_path=sys.argv[2], device="cpu")
     runtime_context.publish(args, role="tokenizer")
     time.time = lambda: float(CREATED)  # noqa: E731  (the frames' `created`)
+    uuid.uuid4 = lambda: uuid.UUID(int=0x0123456789ABCDEF0123456789ABCDEF)  # message ids
     for name, (endpoint, body) in SCENARIOS.items():
         ext, data = asyncio.run(_run(endpoint, body))
         (out / f"{name}.{ext}").write_bytes(data)
         spec = bool(body.get("return_spec_tokens_details"))
-        inputs = {"endpoint": endpoint, "request": body}
+        inputs: dict[str, Any] = {"endpoint": endpoint, "request": body}
         inputs["outputs"] = _outputs(body.get("max_tokens", 16), spec)
         (out / f"{name}.input.json").write_text(json.dumps(inputs, indent=1) + "\n")
     (out / "metrics.prom").write_bytes(_metrics(args))

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy import vllm_wire
 
-from . import sglang_api, wire
+from . import sglang_api, sglang_typed_api, wire
 from .asgi import TRANSPORT_KEY, json_response
 from .embeddings import embeddings
 from .faults import FaultError
@@ -260,6 +260,9 @@ def create_app(config: SimConfig) -> tuple[ASGIApp, Sim]:
         routes += [
             r("/v1/chat/completions", sglang_api.chat_completions, ["POST"]),
             r("/v1/completions", sglang_api.completions, ["POST"]),
+            r("/v1/responses", sglang_typed_api.responses, ["POST"]),
+            r("/v1/messages", sglang_typed_api.messages, ["POST"]),
+            r("/v1/messages/count_tokens", sglang_typed_api.count_tokens, ["POST"]),
         ]
     else:
         routes += [

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from policies.capabilities import EngineKind, LlamaCppFamily, SglangFamily
+from policies.capabilities import SGLANG_HEALTH_POLL_S, EngineKind, LlamaCppFamily, SglangFamily
 from policies.guard import advance
 from policies.types import GuardState
 from proxy.backends.repair import Repairer
@@ -357,8 +357,9 @@ class HealthMonitor:
         gw = self.gw
         state = gw.engine_table.state(url)
         timeout = max(1.0, gw.settings.scrape_interval_s)
+        slow = SGLANG_HEALTH_POLL_S if kind == "sglang" else 0.0
         try:
-            status, _ = await gw.upstream.get(url + "/health", timeout)
+            status, _ = await gw.upstream.get(url + "/health", timeout + slow)
         except Exception:  # any failure to answer is a failed check
             state.up = False
             return False, None

@@ -22,6 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from proxy.observe.admission_metrics import AdmissionMetrics
+from proxy.observe.backend_families import BACKEND_COUNTERS, BACKEND_GAUGES, BACKEND_PER_POS
 from proxy.record.measure import Measurement, TpsSource
 
 # `_created` samples double the exposition and no dashboard reads them (vLLM runs without them
@@ -384,37 +385,6 @@ class GatewayMetrics:
         self.spec_steps.labels(route, backend, source).inc(count.steps)
 
 
-# Each backend's engine state, re-exported from the gateway's scrapes so that one Prometheus
-# target holds everything; the vLLM engines can still be scraped directly.
-BACKEND_GAUGES: Final = {
-    "running": ("specrouter_backend_running", "vllm:num_requests_running of the backend."),
-    "waiting": ("specrouter_backend_waiting", "vllm:num_requests_waiting of the backend."),
-    "kv_usage": ("specrouter_backend_kv_cache_usage", "vllm:kv_cache_usage_perc (0-1)."),
-}
-BACKEND_COUNTERS: Final = {
-    "drafts": ("specrouter_backend_spec_drafts", "vllm:spec_decode_num_drafts_total."),
-    "draft_tokens": (
-        "specrouter_backend_spec_draft_tokens",
-        "vllm:spec_decode_num_draft_tokens_total.",
-    ),
-    "accepted": (
-        "specrouter_backend_spec_accepted_tokens",
-        "vllm:spec_decode_num_accepted_tokens_total (bonus excluded).",
-    ),
-    "generation_tokens": ("specrouter_backend_generation_tokens", "vllm:generation_tokens_total."),
-    "prefix_queries": (
-        "specrouter_backend_prefix_cache_queries",
-        "vllm:prefix_cache_queries_total (tokens).",
-    ),
-    "prefix_hits": (
-        "specrouter_backend_prefix_cache_hits",
-        "vllm:prefix_cache_hits_total (tokens).",
-    ),
-}
-BACKEND_PER_POS: Final = (
-    "specrouter_backend_spec_accepted_tokens_per_pos",
-    "vllm:spec_decode_num_accepted_tokens_per_pos_total.",
-)
 BACKEND_UP: Final = ("specrouter_backend_up", "1 when the backend is up, 0 when down or starting.")
 
 

@@ -35,8 +35,11 @@ from proxy.relay.measure import StreamFilter
 from proxy.vllm_wire import DATA, DATA_OBJECT, DONE, ERROR_FRAME_PREFIX, FRAME_END, USAGE_KEY
 
 _CREATED = re.compile(rb'"created":\d+')
-# A role chunk, whatever its content: vLLM's `""`, llama.cpp's `null`, or none at all.
-_ROLE_CHUNK = re.compile(rb'"delta":\{"role":"[^"]*"(,"content":(""|null))?\}')
+# A role chunk, whatever its content: vLLM's `""`, llama.cpp's `null`, or none at all; SGLang's
+# opens with `"reasoning_content":null`.
+_ROLE_CHUNK = re.compile(
+    rb'"delta":\{("reasoning_content":null,)?"role":"[^"]*"(,"content":(""|null))?\}'
+)
 _USAGE_OFFSET = len(USAGE_KEY) - 1
 
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from proxy.relay.keepalive import Pinger
     from proxy.relay.lease import Lease
     from proxy.relay.measure import StreamFilter
+    from proxy.relay.sglang_stream import BodyCut
     from proxy.relay.watch import DisconnectWatch
 
 R = TypeVar("R", bound=UpstreamResponse)
@@ -95,6 +96,7 @@ class Exchange(Generic[R]):
         "filt",
         "ends",
         "rename",
+        "cut",
         "continuable",
         "pinger",
         "body_bytes",
@@ -134,6 +136,7 @@ class Exchange(Generic[R]):
         self.resp: R | None = None  # the engine's answer being relayed now
         self.first = b""  # its first body bytes, read before the response start
         self.rename: tuple[bytes, bytes] | None = None  # served model name -> client's
+        self.cut: BodyCut | None = None  # what a body loses on its way (sglang_stream.py)
         self.continuable = False  # a broken stream may be continued (forward.py)
         self.body_bytes = 0  # the request body's size (app.py)
         self.resident: str | None = None  # the engine its session's turn is resident on (hold.py)

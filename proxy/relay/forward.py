@@ -27,7 +27,7 @@ from proxy.relay.measure import StreamFilter, withhold_estimate
 from proxy.relay.owned import session_fields
 from proxy.relay.rewrite import plan_usage, upstream_pieces
 from proxy.relay.sglang import ask as sglang_ask
-from proxy.relay.sglang_stream import SglangFilter, asks
+from proxy.relay.sglang_stream import BodyCut, SglangContinuableFilter, SglangFilter, asks
 from proxy.relay.tracecontext import trace_headers
 from proxy.relay.turnstate import HEADER as TURN_STATE
 from proxy.relay.upstream import (
@@ -216,8 +216,8 @@ async def open_engine(
     x.record.adaptations += tuple((rule, x.record.backend) for rule in adapted)
     decision = x.decision
     inject = dict(decision.inject)
-    if backend.kind == "sglang" and body is x.body and asks(x.body, usage, _continuable(x)):
-        inject.update(sglang_ask(x.body))  # its spec figures, cut again (sglang_stream.py)
+    if backend.kind == "sglang" and asks(body, x.endpoint, usage):
+        inject.update(sglang_ask(body))  # its spec figures, cut again (sglang_stream.py)
     if decision.priority is not None and backend.priority_scheduling:
         inject.setdefault("priority", decision.priority)
     # the session the engine tags the request's KV blocks with is the gateway's (owned.py)
@@ -290,12 +290,12 @@ async def _relay(x: Exchange[R]) -> None:
         )
     spec = backend.speculative
     withhold_estimate(record.m, x.body, spec.num_speculative_tokens if spec else None)
+    usage = plan_usage(x.body, endpoint, backend.kind)
     if is_sse:
-        usage = plan_usage(x.body, endpoint, backend.kind)
         x.continuable = _continuable(x)
         cls = ContinuableFilter if x.continuable else StreamFilter
-        if backend.kind == "sglang" and not x.continuable:
-            cls = SglangFilter
+        if backend.kind == "sglang":
+            cls = SglangContinuableFilter if x.continuable else SglangFilter
         record.m.stream = True
         x.filt = cls(
             record.m,
@@ -305,13 +305,15 @@ async def _relay(x: Exchange[R]) -> None:
             engine_timings="timings" in capabilities(backend.kind).per_request,
             events=reader_for(endpoint, record.m),
         )
-        if isinstance(x.filt, SglangFilter):
-            x.filt.asked = asks(x.body, usage, continuable=False)
+        if isinstance(x.filt, (SglangFilter, SglangContinuableFilter)):
+            x.filt.asked = asks(x.body, endpoint, usage)
         x.ends = _ENDS.get(endpoint, CHAT_ENDS)
         if not x.continuable:
             x.drop_body()
         record.outcome = await _relay_stream(x)
     else:
+        if backend.kind == "sglang" and not encoded and asks(x.body, endpoint, usage):
+            x.cut = BodyCut()  # the spec figures asked for the measurement
         x.drop_body()
         record.outcome = await x.relay.body(x)
     if record.outcome in ("upstream_error", "timeout") and record.m.chunks:

@@ -131,7 +131,7 @@ async def relay_body(x: Exchange[PulledResponse]) -> str:
     """Relay a plain (non-streaming) body, keeping a bounded copy to read usage from."""
     resp, first, send, watch, m = x.resp, x.first, x.send, x.watch, x.record.m
     assert resp is not None
-    rename, idle_timeout = x.rename, x.gw.settings.idle_timeout_s
+    rename, idle_timeout, cut = x.rename, x.gw.settings.idle_timeout_s, x.cut
     copy = bytearray()
     loop = asyncio.get_running_loop()
     try:
@@ -150,6 +150,8 @@ async def relay_body(x: Exchange[PulledResponse]) -> str:
                     copy += data
                 if m.t_first_byte is None:
                     m.t_first_byte = time.perf_counter()
+                if cut is not None:
+                    data = cut.feed(data)
                 await send({"type": "http.response.body", "body": data, "more_body": True})
                 if watch.gone:
                     return "client_gone"
@@ -164,7 +166,8 @@ async def relay_body(x: Exchange[PulledResponse]) -> str:
     if watch.gone:
         return "client_gone"
     read_body(m, bytes(copy))
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    tail = b"" if cut is None else cut.end()
+    await send({"type": "http.response.body", "body": tail, "more_body": False})
     return body_outcome(resp.status)
 
 

@@ -10,7 +10,8 @@ comes from the prefill); `spec_num_correct_drafts` the accepted draft tokens. Th
 the keys of vLLM's per-request summary, so proxy/record/steps.py takes them as it takes vLLM's.
 
 When the gateway asked on the client's behalf, `strip_body` and `strip_frame` take the figures out
-again, so the client's bytes stay SGLang's answer to the client's own request. One more
+again (a body as it passes: sglang_stream.py's `BodyCut`), so the client's bytes stay SGLang's
+answer to the client's own request. One more
 difference from vLLM: SGLang's completions frames say `"usage":null` where they carry no counts
 (its chat frames leave the key out), so once the relay has cut the per-chunk usage,
 `null_usage` puts the `null` back.

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from policies.schema import load_policy
+from policies.lint import KNOWN_METHODS, policy_warnings
+from policies.schema import load_policy, validate_policy
 from proxy.ops import deploy
-from proxy.ops.deploy import sglang
+from proxy.ops.deploy import llamacpp, sglang
 
 ROOT = Path(__file__).resolve().parents[2]
 DSPINE = ROOT / "deploy" / "examples" / "gb10-dspine-sglang.yaml"
@@ -117,3 +118,17 @@ def test_a_method_without_a_rendering_is_refused(tmp_path: Path) -> None:
     policy.write_text(yaml.safe_dump(doc))
     with pytest.raises(deploy.DeployError, match="medusa"):
         deploy.render(load_policy(policy), policy=policy, out_dir=tmp_path)
+
+
+def test_the_policy_lint_knows_what_the_renderers_render() -> None:
+    """`specrouter policy check` takes DSpine on an SGLang backend (and every method the SGLang
+    and llama.cpp renderings know), and still flags one the backend's kind does not know."""
+    assert KNOWN_METHODS["sglang"] == set(sglang.METHODS)
+    assert KNOWN_METHODS["llamacpp"] == set(llamacpp.SPEC_TYPES)
+    doc = load_policy(DSPINE)
+    assert not [w for w in policy_warnings(doc) if "method" in w]
+    as_vllm = yaml.safe_load(DSPINE.read_text())
+    as_vllm["backends"]["coder-dspine"]["kind"] = "vllm"
+    as_vllm["backends"]["coder-dspine"].pop("engine", None)
+    warned = policy_warnings(validate_policy(as_vllm))
+    assert any("'dspine' is not a method a vllm backend knows" in w for w in warned), warned

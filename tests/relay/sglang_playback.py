@@ -1,10 +1,12 @@
 """An SGLang engine on loopback that answers with SGLang 0.5.23's own bytes
 (tests/fixtures/sglang-golden/): for each request the frozen answer to the same request shape
-(stream or body; spec details and continuous usage asked or not; usage or not); its /metrics the
+(chat, completions, Anthropic Messages, Responses; stream or body; spec details and continuous
+usage asked or not; usage or not); its /metrics the
 frozen page. Every body it got is kept, to check what the gateway asked.
 
-Two more behaviours for the resilience tests: `fail=True` answers every request as SGLang's
+Three more behaviours for the resilience tests: `fail=True` answers every request as SGLang's
 serving code answers one that raised (its `create_error_response`: a 500 with its error body);
+`dies_after=N` sends a stream's first N frames and drops the connection (an engine that died);
 a stream asking more than the frozen answer's `max_tokens` gets that answer's opening frames,
 then its first content frame again and again until the gateway closes the connection (SGLang
 aborts a request whose HTTP connection closed: its `create_abort_task` and the tokenizer
@@ -19,8 +21,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from policies.capabilities import SGLANG_HEALTH_POLL_S
+
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "sglang-golden" / "0.5.23"
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
+}
 FROZEN_MAX_TOKENS = 16  # what the fixtures' requests asked
 # SGLang's `create_error_response(..., err_type="InternalServerError", status_code=500)`, as its
 # ORJSONResponse writes it.
@@ -31,6 +40,8 @@ ERROR_500 = (
 
 
 def answer_name(endpoint: str, body: dict[str, Any]) -> str:
+    if endpoint in ("messages", "responses"):  # neither has a field for the spec figures
+        return f"{endpoint}_stream.sse" if body.get("stream") else f"{endpoint}_full.json"
     asked = body.get("return_spec_tokens_details") is True
     if not body.get("stream"):
         return f"{endpoint}_full_{'asked' if asked else 'plain'}.json"
@@ -52,8 +63,9 @@ def endless(endpoint: str) -> tuple[bytes, bytes]:
 
 
 class SglangPlayback:
-    def __init__(self, *, fail: bool = False) -> None:
+    def __init__(self, *, fail: bool = False, dies_after: int | None = None) -> None:
         self.fail = fail
+        self.dies_after = dies_after
         self.bodies: list[dict[str, Any]] = []
         self.aborted = threading.Event()  # an endless stream's connection was closed
         engine = self
@@ -67,8 +79,9 @@ class SglangPlayback:
             def do_GET(self) -> None:
                 if self.path == "/metrics":
                     self._send((GOLDEN / "metrics.prom").read_bytes(), "text/plain")
-                else:
-                    self._send(b"", "text/plain")  # /health: SGLang's is an empty 200
+                else:  # /health: SGLang's is an empty 200 after its one-token poll (1.01-1.07 s
+                    time.sleep(SGLANG_HEALTH_POLL_S + 0.05)  # on a real one on this CPU)
+                    self._send(b"", "text/plain")
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
@@ -81,7 +94,20 @@ class SglangPlayback:
                     return
                 name = answer_name(ENDPOINTS[self.path], body)
                 kind = "text/event-stream" if name.endswith(".sse") else "application/json"
+                if engine.dies_after is not None and body.get("stream"):
+                    self._dies((GOLDEN / name).read_bytes(), engine.dies_after)
+                    return
                 self._send((GOLDEN / name).read_bytes(), kind)
+
+            def _dies(self, data: bytes, frames: int) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.send_header("transfer-encoding", "chunked")
+                self.end_headers()
+                for frame in [f + b"\n\n" for f in data.split(b"\n\n") if f][:frames]:
+                    self.wfile.write(b"%x\r\n%b\r\n" % (len(frame), frame))
+                self.wfile.flush()
+                self.close_connection = True  # no last chunk: the stream broke
 
             def _endless(self, endpoint: str) -> None:
                 head, frame = endless(endpoint)
@@ -107,6 +133,7 @@ class SglangPlayback:
                 self.wfile.write(data)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True  # closing does not wait for a health check's poll
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(
             target=self.server.serve_forever, args=(0.05,), daemon=True

@@ -16,6 +16,7 @@ from proxy.record.measure import Measurement
 from proxy.relay import sglang
 from proxy.relay.measure import StreamFilter, read_body
 from proxy.relay.rewrite import plan_usage
+from proxy.relay.sglang_stream import BodyCut
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "sglang-golden" / "0.5.23"
 # The playback's answer: 8 tokens, the first from the prefill, 7 over 3 verify steps.
@@ -103,3 +104,23 @@ def test_no_spec_when_sglang_did_not_speculate() -> None:
     out, m = relay("chat", request("chat_stream_plain"), "chat_stream_plain")
     assert out == (GOLDEN / "chat_stream_plain.sse").read_bytes()
     assert m.spec is None
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("piece", [1, 7, 11, 64, 1 << 20])
+def test_a_body_cut_as_it_passes_in_pieces(endpoint: str, piece: int) -> None:
+    """Whatever the engine's reads split (the key `,"sglext":{` across two of them), the client
+    gets SGLang's body for its own request, and nothing before the extension waits for it."""
+    asked = (GOLDEN / f"{endpoint}_full_asked.json").read_bytes()
+    cut = BodyCut()
+    out = [cut.feed(asked[i : i + piece]) for i in range(0, len(asked), piece)]
+    assert b"".join(out) + cut.end() == (GOLDEN / f"{endpoint}_full_plain.json").read_bytes()
+    assert len(b"".join(out)) == asked.find(b',"sglext"')  # only the extension waited
+
+
+def test_a_body_without_the_extension_passes_whole() -> None:
+    plain = (GOLDEN / "chat_full_plain.json").read_bytes()
+    cut = BodyCut()
+    assert (
+        b"".join(cut.feed(plain[i : i + 5]) for i in range(0, len(plain), 5)) + cut.end() == plain
+    )
