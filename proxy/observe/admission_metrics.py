@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Histogram
+
+from proxy.observe.labelled import Counter, Gauge
 
 # A held turn's wait: seconds to an hour (a session may wait max_wait_s and more).
 WAIT_BUCKETS: Final = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 240, 300, 600, 900, 1800, 3600)

@@ -12,7 +12,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Final, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from proxy.observe.admission_metrics import AdmissionMetrics
 from proxy.observe.backend_families import BACKEND_COUNTERS, BACKEND_GAUGES, BACKEND_PER_POS
+from proxy.observe.labelled import Counter, Gauge  # children kept: labels() on the hot path
 from proxy.record.measure import Measurement, TpsSource
 
 # `_created` samples double the exposition and no dashboard reads them (vLLM runs without them

@@ -82,12 +82,19 @@ class DisconnectWatch:
 
     async def wait(self, aw: Awaitable[T]) -> T:
         """Await an upstream call (admission, connect, first byte) that the client's leaving
-        cancels at once."""
-        pending: asyncio.Future[T] = asyncio.ensure_future(aw)
-        self.pending = pending
-        result = await pending
-        self.pending = None
-        return result
+        cancels at once: the request's own task is cancelled (no task per call, no loop turn
+        to start one), and its cancellation taken back once raised, so the caller sees
+        CancelledError with `gone` set and the task is not left marked cancelling."""
+        task = asyncio.current_task()
+        self.pending = task
+        try:
+            return await aw
+        except asyncio.CancelledError:
+            if self.gone and task is not None and task.cancelling():
+                task.uncancel()
+            raise
+        finally:
+            self.pending = None
 
     def stop(self) -> None:
         if self._task is not None:

@@ -61,3 +61,32 @@ async def test_receive_disconnect_on_other_servers() -> None:
         await asyncio.sleep(0)
     assert watch.gone and response.closed
     watch.stop()
+
+
+async def test_wait_ends_when_the_client_leaves_and_leaves_the_task_clean() -> None:
+    hook = Hook()
+    watch = DisconnectWatch(_never, hook)
+    started = asyncio.Event()
+
+    async def upstream_call() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async def request() -> int:
+        try:
+            await watch.wait(upstream_call())
+        except asyncio.CancelledError:
+            assert watch.gone
+        task = asyncio.current_task()
+        assert task is not None
+        await asyncio.sleep(0)  # not cancelled again: the cancellation was taken back
+        return task.cancelling()
+
+    task = asyncio.ensure_future(request())
+    await started.wait()
+    assert hook.callback is not None
+    hook.callback()
+    assert await task == 0
+    assert watch.pending is None
+    assert await watch.wait(asyncio.sleep(0, "answer")) == "answer"
+    watch.stop()
