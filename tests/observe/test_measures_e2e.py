@@ -20,7 +20,7 @@ from loadtests.probe.frames import _frame_kind
 SERVED = "qwen3.8-27b"
 MESSAGES = [{"role": "user", "content": "Write a function that parses `src/app/main.py`."}]
 _TIMING = re.compile(r"(\w+);dur=([\d.]+)")
-TRIES = 3
+TRIES = 5
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +112,10 @@ def test_ttft_tps_source_and_server_timing_through_the_gateway(stack: GatewaySer
             assert row["gateway_s"] is not None and row["engine_headers_s"] is not None
             diffs.append(abs(client_ttft[rid] - row["ttft_s"]))
         # The client reads the same first token frame a TLS hop later (best of TRIES: the
-        # shared box's scheduling adds milliseconds to single requests; `response.created`,
-        # a wrong frame, comes a whole prefill earlier).
-        assert min(diffs) < 0.005, (api, diffs)
+        # shared box's scheduling adds milliseconds to single requests, up to ~9 ms in the full
+        # suite beside a booting vLLM; `response.created`, a wrong frame, comes a whole prefill
+        # earlier).
+        assert min(diffs) < 0.012, (api, diffs)
     assert rows["chat0"]["tps_source"] == rows["cmpl0"]["tps_source"] == "chunks"
     assert rows["resp0"]["tps_source"] == "average" and rows["resp0"]["tokens_per_step"] > 1
     assert rows["resp0"]["itl_p50_s"] is not None

@@ -282,7 +282,9 @@ def test_vllm_keep_alive_comments_are_relayed_and_not_counted(gw, sims) -> None:
     assert raw.count(b": keep-alive\n\n") >= 2 and raw.count(PING) <= 1
     assert raw.endswith(b"data: [DONE]\n\n")
     row = _log_row(gw, "ka-vllm")
-    assert row["outcome"] == "ok" and row["ttft_s"] >= SILENCE * 0.9
+    # Counted, the first comment (at once, then every 0.1 s) would be the first token; the
+    # silence starts when the fault is set, a loaded machine's moment before the request comes.
+    assert row["outcome"] == "ok" and row["ttft_s"] >= SILENCE / 2
 
 
 @pytest.mark.parametrize(
