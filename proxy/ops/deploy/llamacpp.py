@@ -50,12 +50,8 @@ LlamaPlan = LocalEngine
 
 
 @cache
-def _table() -> tuple[frozenset[str], frozenset[str]]:
-    lines = TABLE.read_text().splitlines()
-    return (
-        frozenset(x for x in lines if x.startswith("--")),
-        frozenset(x[len(SPEC_TYPE_PREFIX) :] for x in lines if x.startswith(SPEC_TYPE_PREFIX)),
-    )
+def _table() -> tuple[frozenset[str], ...]:
+    return local_engine.read_table(TABLE, SPEC_TYPE_PREFIX)
 
 
 def flags() -> frozenset[str]:

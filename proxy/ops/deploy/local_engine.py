@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from policies.spec.backends import BackendSpec
@@ -30,6 +31,16 @@ class LocalEngine:
     @property
     def drafter_var(self) -> str:
         return "DRAFTER_" + env_suffix(self.backend)
+
+
+def read_table(path: Path, *prefixes: str) -> tuple[frozenset[str], ...]:
+    """A frozen flag table: its flags (`--...` lines), then per prefix the values of the lines
+    that start with it."""
+    lines = path.read_text().splitlines()
+    return (
+        frozenset(x for x in lines if x.startswith("--")),
+        *(frozenset(x[len(p) :] for x in lines if x.startswith(p)) for p in prefixes),
+    )
 
 
 def rendered(backend: BackendSpec, kind: str) -> bool:

@@ -80,13 +80,8 @@ class SglangPlan(LocalEngine):
 
 
 @cache
-def _table() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
-    lines = TABLE.read_text().splitlines()
-    return (
-        frozenset(x for x in lines if x.startswith("--")),
-        frozenset(x[len(ALGORITHM) :] for x in lines if x.startswith(ALGORITHM)),
-        frozenset(x[len(ATTENTION) :] for x in lines if x.startswith(ATTENTION)),
-    )
+def _table() -> tuple[frozenset[str], ...]:
+    return local_engine.read_table(TABLE, ALGORITHM, ATTENTION)
 
 
 def flags() -> frozenset[str]:
