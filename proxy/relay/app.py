@@ -11,7 +11,7 @@ import gc
 import time
 from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -29,7 +29,7 @@ from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.channel import PushChannel
 from proxy.relay.context import Services
 from proxy.relay.errors import error_body
-from proxy.relay.exchange import Exchange
+from proxy.relay.exchange import Decided, EngineLink, Exchange
 from proxy.relay.fields import Encoded, Limits, check_fields, too_many_containers
 from proxy.relay.forward import ENDPOINTS, forward
 from proxy.relay.models_list import model_list
@@ -40,6 +40,9 @@ from proxy.relay.ready import readiness
 from proxy.relay.turnstate import HEADER as TURN_STATE
 from proxy.relay.watch import DisconnectWatch
 from proxy.throttle import AuthThrottle, source_of
+
+if TYPE_CHECKING:
+    from policies.schema import ClientSpec
 
 _GET_PATHS = frozenset({"/v1/models", "/openapi.json", "/healthz", "/readyz"})
 
@@ -190,15 +193,14 @@ class PublicApp:
     ) -> None:
         gw = self.gw
         x: Exchange[Any] = Exchange(gw, scope, send, endpoint)
-        if await self._throttled(scope, x.send, x.rid, anthropic=x.anthropic):
+        if await self._throttled(scope, x.send, x.arrival.rid, anthropic=x.arrival.anthropic):
             return
-        client = self._client(scope, x.headers, x.policy)
+        client = self._client(scope, x.arrival.headers, x.arrival.policy)
         if client is None:
-            await _unauthorized(x.send, x.rid, anthropic=x.anthropic)
+            await _unauthorized(x.send, x.arrival.rid, anthropic=x.arrival.anthropic)
             return
-        x.client = client
         if client.max_concurrent is None and client.requests_per_minute is None:
-            await self._budgeted(x, scope, receive)
+            await self._budgeted(x, client, scope, receive)
             return
         wait = await gw.limits.enter(client.name, client.max_concurrent, client.requests_per_minute)
         if wait is not None:
@@ -207,34 +209,41 @@ class PublicApp:
                 429,
                 f"rate limit for client {client.name!r}: retry in {wait:.1f}s",
                 type_="RateLimitError",
-                headers=[*x.rid, (b"retry-after", str(max(1, round(wait))).encode())],
+                headers=[*x.arrival.rid, (b"retry-after", str(max(1, round(wait))).encode())],
             )
             return
         try:
-            await self._budgeted(x, scope, receive)
+            await self._budgeted(x, client, scope, receive)
         finally:
             await gw.limits.leave(client.name)
 
-    async def _budgeted(self, x: Exchange[Any], scope: dict[str, Any], receive: Receive) -> None:
+    async def _budgeted(
+        self, x: Exchange[Any], client: ClientSpec, scope: dict[str, Any], receive: Receive
+    ) -> None:
         """The request, its body's bytes taken from the process's and its client's budget
         (proxy/body_budget.py) from before it is read until the request ends."""
         settings = self.gw.settings
-        declared = _declared(x.headers, settings.max_body_bytes)
-        lease = await self.bodies.take(x.client.name, declared, settings.body_budget_wait_s)
+        declared = _declared(x.arrival.headers, settings.max_body_bytes)
+        lease = await self.bodies.take(client.name, declared, settings.body_budget_wait_s)
         if lease is None:
             await x.error(
                 503,
                 "request bodies in flight fill this gateway's memory budget; retry",
-                headers=[*x.rid, *_RETRY, (b"connection", b"close")],
+                headers=[*x.arrival.rid, *_RETRY, (b"connection", b"close")],
             )
             return
         try:
-            await self._generate(x, scope, receive, lease)
+            await self._generate(x, client, scope, receive, lease)
         finally:
             lease.release()
 
     async def _generate(
-        self, x: Exchange[Any], scope: dict[str, Any], receive: Receive, lease: BodyLease
+        self,
+        x: Exchange[Any],
+        client: ClientSpec,
+        scope: dict[str, Any],
+        receive: Receive,
+        lease: BodyLease,
     ) -> None:
         raw = await self._read(x, receive)
         if raw is None:
@@ -244,12 +253,12 @@ class PublicApp:
         # decided, freed (`release_tree`), without the collector walking them meanwhile (~0.3
         # ms of an agent's 400 KiB body). An answer to send is sent after, collector on.
         with paused_collector():
-            answer = self._parse(x, raw) or self._decide(x)
+            answer = self._parse(x, client, raw) or self._decide(x, client, len(raw))
         del raw  # held no longer than its parse
         if answer is not None:
             await answer
             return
-        gw, rid = self.gw, x.rid
+        gw, rid = self.gw, x.arrival.rid
         if gw.draining:
             await x.error(
                 503,
@@ -258,29 +267,29 @@ class PublicApp:
             )
             return
         channel: PushChannel | None = scope.get("extensions", {}).get("specrouter.push")
-        x.watch = watch = DisconnectWatch(receive, channel)
-        gw.watches[id(x.record)] = watch
+        watch = DisconnectWatch(receive, channel)
+        gw.watches[id(x.decided.record)] = watch
         # Push or pull, chosen here once: our server's channel carries event streams.
-        x.channel = None
-        x.relay = PULL
         if (
             x.body.get("stream") is True
-            and x.endpoint != "embeddings"
+            and x.arrival.endpoint != "embeddings"
             and gw.settings.relay == "push"
             and channel is not None
         ):
-            x.channel, x.relay = channel, PUSH
+            x.engine = EngineLink(PUSH, channel, watch)
+        else:
+            x.engine = EngineLink(PULL, None, watch)
         try:
             await forward(x)
         finally:
             watch.stop()
-            gw.watches.pop(id(x.record), None)
+            gw.watches.pop(id(x.decided.record), None)
             if channel is not None:  # our server: a response left unfinished ends here
                 channel.end_unfinished()
 
     async def _read(self, x: Exchange[Any], receive: Receive) -> bytes | None:
         """The body's bytes; None once answered."""
-        settings, rid = self.gw.settings, x.rid
+        settings, rid = self.gw.settings, x.arrival.rid
         try:
             async with asyncio.timeout(settings.body_timeout_s):
                 raw = await read_body(receive, settings.max_body_bytes)
@@ -300,10 +309,11 @@ class PublicApp:
             return None
         return raw
 
-    def _parse(self, x: Exchange[Any], raw: bytes) -> Coroutine[Any, Any, None] | None:
-        """The body, parsed and checked, with its model (`x.body`, `x.model`); else the
-        answer to send."""
-        rid = x.rid
+    def _parse(
+        self, x: Exchange[Any], client: ClientSpec, raw: bytes
+    ) -> Coroutine[Any, Any, None] | None:
+        """The body, parsed and checked (`x.body`, `x.encoded`); else the answer to send."""
+        rid = x.arrival.rid
         crowded = too_many_containers(raw, self.limits)
         if crowded is not None:
             return x.error(413, crowded, headers=rid)
@@ -313,16 +323,16 @@ class PublicApp:
             return x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
         encoded: Encoded = {}
         problem = (
-            check_fields(x.endpoint, body, self.limits, encoded)
-            or required.missing(x.path, body)
+            check_fields(x.arrival.endpoint, body, self.limits, encoded)
+            or required.missing(x.arrival.path, body)
             or owned.refused(body)
         )
         if problem is not None:
             return x.error(400, problem[0], param=problem[1], headers=rid)
-        previous = body.get("previous_response_id") if x.endpoint == "responses" else None
+        previous = body.get("previous_response_id") if x.arrival.endpoint == "responses" else None
         if isinstance(previous, str) and self.gw.response_owners.owner(previous) not in (
             None,
-            x.client.name,
+            client.name,
         ):  # another client's conversation: answered as vLLM answers an unknown id
             return x.error(
                 404,
@@ -330,64 +340,69 @@ class PublicApp:
                 param="previous_response_id",
                 headers=rid,
             )
-        x.body, x.model, x.encoded = body, body["model"], encoded
-        x.body_bytes = len(raw)
+        x.body, x.encoded = body, encoded
         return None
 
-    def _decide(self, x: Exchange[Any]) -> Coroutine[Any, Any, None] | None:
-        """The policy's decision (`x.decision`, `x.record`, `x.extra`); else the answer to
-        send (a rejection)."""
-        gw, policy, body, rid = self.gw, x.policy, x.body, x.rid
+    def _decide(
+        self, x: Exchange[Any], client: ClientSpec, body_bytes: int
+    ) -> Coroutine[Any, Any, None] | None:
+        """The policy's decision (`x.decided`); else the answer to send (a rejection)."""
+        gw, arrival, body = self.gw, x.arrival, x.body
+        policy, rid, model = arrival.policy, arrival.rid, body["model"]
         record = RequestRecord(
-            request_id=x.request_id,
-            client=x.client.name,
-            endpoint=x.endpoint,
+            request_id=arrival.request_id,
+            client=client.name,
+            endpoint=arrival.endpoint,
             stream=body.get("stream") is True,
         )
-        record.m.t_start, record.model = x.t0, kept_name(x.model)  # kept: bounded
+        record.m.t_start, record.model = arrival.t0, kept_name(model)  # kept: bounded
         if gw.begin is not None:
-            gw.begin(record, x.headers)
-        sid = session_of(x.client.name, body, x.headers) if x.endpoint != "embeddings" else None
+            gw.begin(record, arrival.headers)
+        sid = (
+            session_of(client.name, body, arrival.headers)
+            if arrival.endpoint != "embeddings"
+            else None
+        )
         table = gw.sessions
         session = None
         turn_engine = None
-        if x.endpoint != "embeddings":  # what the agent says of its request, bounded
-            record.signals = signals_of(x.client.name, x.headers)
+        if arrival.endpoint != "embeddings":  # what the agent says of its request, bounded
+            record.signals = signals_of(client.name, arrival.headers)
         if sid is not None:
             table.configure(
                 policy.sessions.table_size,
                 policy.sessions.idle_s,
                 policy.document.fairness.window_s,
             )
-            session = table.view(sid, x.t0)
+            session = table.view(sid, arrival.t0)
             record.session, record.subagent = sid.key, sid.subagent
             record.agent = sid.kind + "/subagent" if sid.subagent else sid.kind
-            record.prefix_check = gw.prefixes.check(sid.key, x.endpoint, body, x.encoded)
-            token = x.headers.get(TURN_STATE)
+            record.prefix_check = gw.prefixes.check(sid.key, arrival.endpoint, body, x.encoded)
+            token = arrival.headers.get(TURN_STATE)
             if token is not None:  # Codex echoes it within a turn (proxy/relay/turnstate.py)
-                turn_engine = gw.turn_state.verify(token, x.client.name, sid.key, time.time())
-                route = policy.route_for_model(x.model)
+                turn_engine = gw.turn_state.verify(token, client.name, sid.key, time.time())
+                route = policy.route_for_model(model)
                 if route is None or turn_engine not in route.variants:
                     turn_engine = None  # one the route no longer has: refused, not `valid`
                 record.turn_state = "refused" if turn_engine is None else "valid"
         keeps = record.signals.keeps_place
         view = request_view(
             body,
-            x.endpoint,
-            x.model,
-            x.client.name,
-            x.headers,
-            x.t0,
+            arrival.endpoint,
+            model,
+            client.name,
+            arrival.headers,
+            arrival.t0,
             session,
             identified=True,
             keeps_place=keeps,
             turn_engine=turn_engine,
             request_class=record.signals.request_class,
         )
-        decision = for_body(decide(view, gw.live.snapshot(), policy), x.endpoint, body)
+        decision = for_body(decide(view, gw.live.snapshot(), policy), arrival.endpoint, body)
         # A compaction or auxiliary request never places nor moves its session.
         if sid is not None and decision.backend is not None and not keeps:
-            table.placed(sid, x.client.name, decision.backend, x.t0)
+            table.placed(sid, client.name, decision.backend, arrival.t0)
         record.route, record.reason = decision.route, decision.reason
         record.policy_version = policy.version
         record.content_class, record.canary = decision.content_class, decision.canary
@@ -405,12 +420,12 @@ class PublicApp:
         if decision.defaults_applied:
             applied = ",".join(f"{k}={_fmt(decision.inject[k])}" for k in decision.defaults_applied)
             extra.append((b"x-specrouter-defaults", applied.encode()))
-        x.record, x.decision, x.extra = record, decision, extra
-        x.release_tree()
+        affinity, adaptable = x.release_tree()
+        x.decided = Decided(model, body_bytes, record, decision, extra, affinity, adaptable)
         return None
 
     async def _rejected(self, x: Exchange[Any], record: RequestRecord, decision: Any) -> None:
-        rej, rid, gw = decision.rejection, x.rid, self.gw
+        rej, rid, gw = decision.rejection, x.arrival.rid, self.gw
         if rej is not None:
             retry = []
             if rej.status in (429, 503):

@@ -1,8 +1,17 @@
-"""One request on the public path, as one object from its arrival to its last byte.
+"""One request on the public path, as one object from its arrival to its last byte, its state
+grouped by the phase that writes it:
 
-`PublicApp` (proxy/relay/app.py) fills it as the request is authenticated, read and decided;
-proxy/relay/forward.py then opens an engine through its `relay` (push or pull, chosen once,
-when the request is opened) and the relay streams `resp` to the client.
+- `Arrival` (set once, on arrival): the time, the policy, the headers, the request id, the API.
+- `Decided` (set once, by proxy/relay/app.py once the body is read and decided): the model, the
+  record, the decision, the response headers, what the relay reads of the body's tree.
+- `EngineLink` (proxy/relay/forward.py and hold.py write it): the relay chosen, the client's
+  connection, the engine slot held, the engine's answer, pings while no engine byte came.
+- `StreamRelay` | `PlainBody` (set once, when the engine answered): how its answer is relayed.
+
+The body itself (`body`, `encoded`) is the exchange's own: its form changes on the way
+(`release_tree`, `drop_body`). proxy/relay/forward.py opens an engine through `engine.relay`
+(push or pull, chosen once, when the request is opened) and the relay streams
+`engine.resp` to the client.
 """
 
 from __future__ import annotations
@@ -25,7 +34,6 @@ from proxy.relay.upstream import Payload, UpstreamResponse
 
 if TYPE_CHECKING:
     from policies.compiled import CompiledPolicy
-    from policies.schema import ClientSpec
     from policies.types import Decision, Endpoint
     from proxy.record.request import RequestRecord
     from proxy.relay.asgi import Send
@@ -62,100 +70,126 @@ class Relay(Generic[R]):
     body: Callable[[Exchange[R]], Awaitable[str]]  # a plain body; the outcome
 
 
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """What is known when the request arrives, before it is authenticated or read."""
+
+    t0: float  # perf_counter at arrival
+    policy: CompiledPolicy  # the policy current then, whatever is applied meanwhile
+    headers: dict[bytes, bytes]
+    request_id: str
+    rid: Headers  # the response's x-request-id header
+    endpoint: Endpoint
+    path: str  # the engine is asked on the same path
+    anthropic: bool  # the gateway's own errors in Anthropic's shape
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """The request as authenticated, read and decided (app.py)."""
+
+    model: str  # the client's name for it
+    body_bytes: int  # the request body's size
+    record: RequestRecord  # the request's record: every later step writes its fields
+    decision: Decision
+    extra: Headers  # response headers for the client: request id, defaults applied
+    affinity: bytes | None  # the conversation's opening, for an engine of several (engines.py)
+    adaptable: frozenset[str]  # the adaptations that may change the body (adapt.py `candidates`)
+
+
+@dataclass(slots=True)
+class EngineLink(Generic[R]):
+    """The way to an engine and back, from the hand-off to forward.py on: `relay`, `channel`
+    and `watch` are chosen once, when the request is opened (app.py); the rest changes with
+    each attempt, a retry or a continuation (forward.py) and the session's admission (hold.py)."""
+
+    relay: Relay[R]
+    channel: PushChannel | None  # the client's connection, when the body is pushed to it
+    watch: DisconnectWatch
+    pinger: Pinger | None = None  # keepalive pings while no engine byte came (forward.py)
+    lease: Lease | None = None  # the engine slot held now
+    resp: R | None = None  # the engine's answer being relayed now
+    first: bytes = b""  # its first body bytes, read before the response start
+    resident: str | None = None  # the engine its session's turn is resident on (hold.py)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRelay:
+    """An engine's event stream, as relayed (forward.py `_relay`)."""
+
+    filt: StreamFilter
+    ends: tuple[bytes, ...]  # the API's end events
+    continuable: bool  # a broken stream may be continued (forward.py)
+
+
+@dataclass(frozen=True, slots=True)
+class PlainBody:
+    """A plain (non-streaming) answer, as relayed (forward.py `_relay`)."""
+
+    rename: tuple[bytes, bytes] | None  # served model name -> client's
+    cut: BodyCut | None  # what the body loses on its way (sglang_stream.py)
+
+
 class Exchange(Generic[R]):
     """The request's state, read and written by every step of the path. `__init__` sets what
-    is known on arrival; the annotated fields below are set as the request gets that far."""
+    is known on arrival; the annotated phases below are set as the request gets that far."""
 
     __slots__ = (
         "gw",
         "send",
         "_send",
-        "t0",
-        "policy",
-        "headers",
-        "request_id",
-        "rid",
-        "endpoint",
-        "path",
-        "anthropic",
-        "client",
+        "arrival",
         "body",
         "encoded",
-        "affinity",
-        "adaptable",
-        "model",
-        "record",
-        "decision",
-        "extra",
-        "watch",
-        "channel",
-        "relay",
-        "lease",
-        "resp",
-        "first",
-        "filt",
-        "ends",
-        "rename",
-        "cut",
-        "continuable",
-        "pinger",
-        "body_bytes",
-        "resident",
+        "decided",
+        "engine",
+        "stream",
+        "plain",
     )
 
-    # once authenticated and decided (app.py)
-    client: ClientSpec
-    body: dict[str, Any]
+    body: dict[str, Any]  # set once read (app.py); its containers serialised once decided
     encoded: Encoded  # the body's containers as `check_fields` serialised them, for the rewrite
-    affinity: bytes | None  # the conversation's opening, for an engine of several (engines.py)
-    adaptable: frozenset[str]  # the adaptations that may change the body (adapt.py `candidates`)
-    model: str
-    record: RequestRecord
-    decision: Decision
-    extra: Headers  # response headers for the client: request id, defaults applied
-    watch: DisconnectWatch
-    channel: PushChannel | None  # the client's connection, when the body is pushed to it
-    relay: Relay[R]
-    pinger: Pinger | None  # keepalive pings while no engine byte came (forward.py)
-    # once an engine answered (forward.py)
-    filt: StreamFilter
-    ends: tuple[bytes, ...]
+    decided: Decided  # once decided (app.py)
+    engine: EngineLink[R]  # once handed to forward.py (app.py)
+    stream: StreamRelay  # once an engine answered with an event stream (forward.py)
+    plain: PlainBody  # once an engine answered with a plain body (forward.py)
 
     def __init__(self, gw: Services, scope: dict[str, Any], send: Send, endpoint: Endpoint) -> None:
-        self.gw, self.endpoint = gw, endpoint
+        self.gw = gw
         self._send = send
         self.send: Send = self._start  # the response start gets Server-Timing, then `send`
-        self.path: str = scope["path"]  # the engine is asked on the same path
-        self.anthropic = endpoint == "messages"  # the gateway's own errors in Anthropic's shape
-        self.t0 = time.perf_counter()
-        self.policy: CompiledPolicy = gw.policy.current  # whatever is applied meanwhile
-        self.headers: dict[bytes, bytes] = dict(scope["headers"])
-        self.request_id = client_request_id(self.headers.get(b"x-request-id")) or uuid.uuid4().hex
-        self.rid: Headers = [(b"x-request-id", self.request_id.encode("latin-1"))]
-        self.lease: Lease | None = None  # the engine slot held now
-        self.resp: R | None = None  # the engine's answer being relayed now
-        self.first = b""  # its first body bytes, read before the response start
-        self.rename: tuple[bytes, bytes] | None = None  # served model name -> client's
-        self.cut: BodyCut | None = None  # what a body loses on its way (sglang_stream.py)
-        self.continuable = False  # a broken stream may be continued (forward.py)
-        self.body_bytes = 0  # the request body's size (app.py)
-        self.resident: str | None = None  # the engine its session's turn is resident on (hold.py)
+        t0 = time.perf_counter()
+        headers: dict[bytes, bytes] = dict(scope["headers"])
+        request_id = client_request_id(headers.get(b"x-request-id")) or uuid.uuid4().hex
+        self.arrival = Arrival(
+            t0,
+            gw.policy.current,
+            headers,
+            request_id,
+            [(b"x-request-id", request_id.encode("latin-1"))],
+            endpoint,
+            scope["path"],
+            endpoint == "messages",
+        )
 
-    def release_tree(self) -> None:
-        """Once decided: every container of the body that `check_fields` serialised is
+    def release_tree(self) -> tuple[bytes | None, frozenset[str]]:
+        """Once decided: what the relay reads of the body's tree (its affinity, its adaptable
+        rules), then every container of the body that `check_fields` serialised is
         replaced in `body` by those bytes (a `memoryview`, written upstream as it is),
         so the parsed conversation is freed before the request first waits, and at most one
         request's tree is alive at a time: a request in flight holds its body's bytes, not its
         objects (a list of empty objects is ~21 times its JSON as objects). `stream_options`
         stays parsed (the usage plan reads and edits it); a continuation parses the rest
         again (`parsed_body`)."""
-        body = self.body
-        self.affinity = prefix_affinity(body) if self.policy.several_engines else None
-        self.adaptable = candidates(body, self.endpoint, self.policy.developer_in_place)
+        body, arrival = self.body, self.arrival
+        policy = arrival.policy
+        affinity = prefix_affinity(body) if policy.several_engines else None
+        adaptable = candidates(body, arrival.endpoint, policy.developer_in_place)
         for name, (value, json) in self.encoded.items():
             if name != "stream_options" and body.get(name) is value:
                 body[name] = json
         self.encoded = {}
+        return affinity, adaptable
 
     def drop_body(self) -> None:
         """The engine answered and no continuation will resend the body: its serialised
@@ -174,9 +208,9 @@ class Exchange(Generic[R]):
         (proxy/record/measure.py's `Measurement.server_timing`); later messages go straight."""
         if message["type"] == "http.response.start":
             self.send = self._send
-            record = getattr(self, "record", None)
+            decided = getattr(self, "decided", None)
             now = time.perf_counter()
-            m = record.m if record is not None else Measurement(self.t0)
+            m = decided.record.m if decided is not None else Measurement(self.arrival.t0)
             timing = m.server_timing(now)
             message = {
                 **message,
@@ -197,6 +231,6 @@ class Exchange(Generic[R]):
         await respond(
             self.send,
             status,
-            error_body(status, message, param=param, type_=type_, anthropic=self.anthropic),
+            error_body(status, message, param=param, type_=type_, anthropic=self.arrival.anthropic),
             headers,
         )

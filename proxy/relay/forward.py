@@ -20,6 +20,7 @@ from proxy.relay.asgi import with_should_retry
 from proxy.relay.continuation import Broken, ContinuableFilter, can_continue, plan_continuation
 from proxy.relay.ends import CHAT_ENDS, MESSAGES_ENDS, RESPONSES_ENDS, end_stream, end_with_error
 from proxy.relay.events import reader_for
+from proxy.relay.exchange import PlainBody, StreamRelay
 from proxy.relay.hold import hold, turn_ended
 from proxy.relay.keepalive import COMMENT_PING, PINGS, SSE_HEADERS, Pinger
 from proxy.relay.lease import Lease
@@ -58,20 +59,20 @@ _FORWARD_HEADERS = (b"x-data-parallel-rank",)
 async def forward(x: Exchange[R]) -> None:
     """Send the request to the first engine that answers and relay its answer; then account
     for the request, however it ended."""
-    gw, record = x.gw, x.record
+    gw, record = x.gw, x.decided.record
     gw.in_flight[id(record)] = record
-    x.pinger = _route_pinger(x)
+    x.engine.pinger = _route_pinger(x)
     try:
         if await _connect(x):
             await _relay(x)
     finally:
-        if x.pinger is not None:
-            x.pinger.cancel()
+        if x.engine.pinger is not None:
+            x.engine.pinger.cancel()
         turn_ended(x)
-        if x.resp is not None:
-            x.resp.finish(record.outcome == "ok")
-        if x.lease is not None:
-            x.lease.release(gw)
+        if x.engine.resp is not None:
+            x.engine.resp.finish(record.outcome == "ok")
+        if x.engine.lease is not None:
+            x.engine.lease.release(gw)
         gw.in_flight.pop(id(record), None)
         record.m.t_end = time.perf_counter()
         observe_record(gw.metrics, record)
@@ -79,9 +80,10 @@ async def forward(x: Exchange[R]) -> None:
 
 
 async def _connect(x: Exchange[R]) -> bool:
-    """Try the decided backend, then its fallbacks, until one sends a first byte (`x.resp`);
-    False when the client is gone or has been answered with an error."""
-    gw, policy, record, watch = x.gw, x.policy, x.record, x.watch
+    """Try the decided backend, then its fallbacks, until one sends a first byte
+    (`x.engine.resp`); False when the client is gone or has been answered with an error."""
+    gw, policy, record, watch = x.gw, x.arrival.policy, x.decided.record, x.engine.watch
+    decision = x.decided.decision
     held = await hold(x, lambda every: _pinger(x, every))  # session-aware admission
     if held.backend is None:
         if watch.gone:
@@ -90,11 +92,11 @@ async def _connect(x: Exchange[R]) -> bool:
         record.outcome, record.status = "rejected", 503
         await _refuse(x, 503, held.timed_out, b"5")
         return False
-    attempts: list[Any] = [held.backend, *x.decision.fallbacks]
-    if held.backend != x.decision.backend:  # moved: the decided engine is a fallback now
+    attempts: list[Any] = [held.backend, *decision.fallbacks]
+    if held.backend != decision.backend:  # moved: the decided engine is a fallback now
         attempts = [
             held.backend,
-            *(a for a in (x.decision.backend, *x.decision.fallbacks) if a != held.backend),
+            *(a for a in (decision.backend, *decision.fallbacks) if a != held.backend),
         ]
     last_error: UpstreamError | None = None
     for i, backend_name in enumerate(attempts):
@@ -102,7 +104,7 @@ async def _connect(x: Exchange[R]) -> bool:
             break
         backend = policy.backend(backend_name)
         urls = backend.engine_urls
-        base = urls[0] if len(urls) == 1 else gw.engine_table.pick(urls, x.affinity)
+        base = urls[0] if len(urls) == 1 else gw.engine_table.pick(urls, x.decided.affinity)
         record.backend = backend_name
         if not gw.admission.try_acquire(backend_name, backend.max_concurrency):
             try:
@@ -125,9 +127,13 @@ async def _connect(x: Exchange[R]) -> bool:
                 break
             finally:
                 gw.metrics.queued.labels(backend_name).dec()
-        x.lease = lease = Lease.begin(x.gw, record, backend_name, base, backend.max_concurrency)
+        x.engine.lease = lease = Lease.begin(
+            x.gw, record, backend_name, base, backend.max_concurrency
+        )
         try:
-            x.resp, x.first = await open_engine(x, x.body, backend, base, i + 1 < len(attempts))
+            x.engine.resp, x.engine.first = await open_engine(
+                x, x.body, backend, base, i + 1 < len(attempts)
+            )
             gw.live.success(backend_name)
             break
         except asyncio.CancelledError:
@@ -142,7 +148,7 @@ async def _connect(x: Exchange[R]) -> bool:
             else:
                 gw.live.failure(backend_name)
             lease.release(gw)
-            x.lease = None
+            x.engine.lease = None
             if exc.accepted:
                 break  # the engine has the request: sending it again would double the load
             if exc.kind == "connect" and len(urls) > 1:
@@ -155,7 +161,7 @@ async def _connect(x: Exchange[R]) -> bool:
     if watch.gone:
         record.outcome = "client_gone"
         return False
-    if x.resp is None:
+    if x.engine.resp is None:
         status = 504 if last_error is not None and last_error.kind == "timeout" else 502
         if last_error is not None and last_error.status == 503:
             status = 503
@@ -172,8 +178,8 @@ async def _connect(x: Exchange[R]) -> bool:
 
 def _route_pinger(x: Exchange[R]) -> Pinger | None:
     """Pings while no engine byte came, when the route asks for them (streams only)."""
-    every = x.policy.routes[x.record.route].spec.keepalive_s
-    if every is None or x.body.get("stream") is not True or x.endpoint == "embeddings":
+    every = x.arrival.policy.routes[x.decided.record.route].spec.keepalive_s
+    if every is None or x.body.get("stream") is not True or x.arrival.endpoint == "embeddings":
         return None
     return _pinger(x, every)
 
@@ -183,19 +189,19 @@ def _pinger(x: Exchange[R], every: float) -> Pinger:
     return Pinger(
         x.send,
         every,
-        x.t0,
-        PINGS.get(x.endpoint, COMMENT_PING),
+        x.arrival.t0,
+        PINGS.get(x.arrival.endpoint, COMMENT_PING),
         lambda: [*SSE_HEADERS, *_our_headers(x)],
     )
 
 
 async def _refuse(x: Exchange[R], status: int, message: str, retry_after: bytes) -> None:
     """No engine answered: an error response, or the error event once pings went out."""
-    if x.pinger is not None and await x.pinger.stop():
-        x.record.status = 200  # what the client got
-        await end_with_error(x.send, x.endpoint, status, message)
+    if x.engine.pinger is not None and await x.engine.pinger.stop():
+        x.decided.record.status = 200  # what the client got
+        await end_with_error(x.send, x.arrival.endpoint, status, message)
         return
-    await x.error(status, message, headers=[*x.extra, (b"retry-after", retry_after)])
+    await x.error(status, message, headers=[*x.decided.extra, (b"retry-after", retry_after)])
 
 
 async def open_engine(
@@ -203,37 +209,40 @@ async def open_engine(
 ) -> tuple[R, bytes]:
     """Send `body` (the request, or its continuation) to one engine; its answer and first
     body bytes."""
-    usage = plan_usage(x.body, x.endpoint, backend.kind)
-    version = backend.engine.vllm_version or x.policy.document.deployment.vllm_version
+    arrival, decided = x.arrival, x.decided
+    endpoint, record = arrival.endpoint, decided.record
+    usage = plan_usage(x.body, endpoint, backend.kind)
+    version = backend.engine.vllm_version or arrival.policy.document.deployment.vllm_version
     # The rules that may change the request were read before its tree was freed; a
     # continuation's body is another, judged whole.
-    only = x.adaptable if body is x.body else None
+    only = decided.adaptable if body is x.body else None
     body, adapted = adapt(
-        body, x.endpoint, backend.kind, version, only, opted_in=backend.developer_in_place
+        body, endpoint, backend.kind, version, only, opted_in=backend.developer_in_place
     )
-    x.record.adapted = adapted  # the answering engine's (the last attempt's)
+    record.adapted = adapted  # the answering engine's (the last attempt's)
     # proxy/relay/adapt.py: what this engine refuses or is asked to change, counted per attempt
-    x.record.adaptations += tuple((rule, x.record.backend) for rule in adapted)
-    decision = x.decision
+    record.adaptations += tuple((rule, record.backend) for rule in adapted)
+    decision = decided.decision
     inject = dict(decision.inject)
-    if backend.kind == "sglang" and asks(body, x.endpoint, usage):
+    if backend.kind == "sglang" and asks(body, endpoint, usage):
         inject.update(sglang_ask(body))  # its spec figures, cut again (sglang_stream.py)
     if decision.priority is not None and backend.priority_scheduling:
         inject.setdefault("priority", decision.priority)
     # the session the engine tags the request's KV blocks with is the gateway's (owned.py)
-    body, session = session_fields(body, x.endpoint, backend.kind, version, x.record.session)
+    body, session = session_fields(body, endpoint, backend.kind, version, record.session)
     inject.update(session)
     payload = upstream_pieces(body, inject, backend.served_model_name, usage, x.encoded)
-    record = x.record
     up_headers = _upstream_headers(
-        x.headers, x.request_id, x.gw.operator.secret(backend.api_key), record.session
+        arrival.headers, arrival.request_id, x.gw.operator.secret(backend.api_key), record.session
     )
     # the gateway's span is the engine's parent when tracing (proxy/observe/otel.py)
-    up_headers.update(trace_headers(x.headers, record.traceparent))
-    if x.resp is None:  # not a continuation: this attempt is the one the timings describe
+    up_headers.update(trace_headers(arrival.headers, record.traceparent))
+    if x.engine.resp is None:  # not a continuation: this attempt is the one the timings describe
         m = record.m
         m.t_engine, m.t_headers = time.perf_counter(), None
-    resp, first = await x.relay.open(x, base + x.path, payload, up_headers, check_status)
+    resp, first = await x.engine.relay.open(
+        x, base + arrival.path, payload, up_headers, check_status
+    )
     whole = resp.whole()
     refused = not_an_answer(resp.status, resp.headers) or not_json(
         resp.status, resp.headers, first, whole
@@ -246,13 +255,14 @@ async def open_engine(
 
 async def _relay(x: Exchange[R]) -> None:
     """The response start, then the body through the push or pull relay."""
-    gw, record, resp, endpoint = x.gw, x.record, x.resp, x.endpoint
+    gw, record, resp, endpoint = x.gw, x.decided.record, x.engine.resp, x.arrival.endpoint
     assert resp is not None
-    backend = x.policy.backend(record.backend)
-    served, model = backend.served_model_name, x.model
+    backend = x.arrival.policy.backend(record.backend)
+    served, model = backend.served_model_name, x.decided.model
     encoded = "content-encoding" in resp.headers  # asked for identity; relay it as it is
+    rename = None  # served model name -> client's
     if served != model and not encoded:
-        x.rename = (b'"model":"' + served.encode() + b'"', b'"model":"' + model.encode() + b'"')
+        rename = (b'"model":"' + served.encode() + b'"', b'"model":"' + model.encode() + b'"')
     # Raw header bytes: a value outside latin-1 passes through rather than failing here.
     out_headers = [
         (k.lower(), v) for k, v in resp.raw_headers if k.lower().decode("latin-1") in RESPONSE_ALLOW
@@ -271,12 +281,12 @@ async def _relay(x: Exchange[R]) -> None:
             for k, v in ((b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"))
             if k not in present
         ]
-    if x.pinger is not None and await x.pinger.stop():
+    if x.engine.pinger is not None and await x.engine.pinger.stop():
         record.status = 200  # sent with the pings; the engine's own headers stay here
         if not is_sse:  # an error answer: its message, as the engine-style error event
             record.outcome = "upstream_error"
             await end_with_error(
-                x.send, endpoint, resp.status, _engine_message(x.first, resp.status)
+                x.send, endpoint, resp.status, _engine_message(x.engine.first, resp.status)
             )
             return
     else:
@@ -292,30 +302,32 @@ async def _relay(x: Exchange[R]) -> None:
     withhold_estimate(record.m, x.body, spec.num_speculative_tokens if spec else None)
     usage = plan_usage(x.body, endpoint, backend.kind)
     if is_sse:
-        x.continuable = _continuable(x)
-        cls = ContinuableFilter if x.continuable else StreamFilter
+        continuable = _continuable(x)
+        cls = ContinuableFilter if continuable else StreamFilter
         if backend.kind == "sglang":
-            cls = SglangContinuableFilter if x.continuable else SglangFilter
+            cls = SglangContinuableFilter if continuable else SglangFilter
         record.m.stream = True
-        x.filt = cls(
+        filt = cls(
             record.m,
             strip_usage=usage.strip_usage,
             drop_usage_chunk=usage.drop_usage_chunk,
-            rename=x.rename,
+            rename=rename,
             engine_timings="timings" in capabilities(backend.kind).per_request,
             events=reader_for(endpoint, record.m),
         )
-        if isinstance(x.filt, (SglangFilter, SglangContinuableFilter)):
-            x.filt.asked = asks(x.body, endpoint, usage)
-        x.ends = _ENDS.get(endpoint, CHAT_ENDS)
-        if not x.continuable:
+        if isinstance(filt, (SglangFilter, SglangContinuableFilter)):
+            filt.asked = asks(x.body, endpoint, usage)
+        x.stream = StreamRelay(filt, _ENDS.get(endpoint, CHAT_ENDS), continuable)
+        if not continuable:
             x.drop_body()
         record.outcome = await _relay_stream(x)
     else:
+        cut = None
         if backend.kind == "sglang" and not encoded and asks(x.body, endpoint, usage):
-            x.cut = BodyCut()  # the spec figures asked for the measurement
+            cut = BodyCut()  # the spec figures asked for the measurement
+        x.plain = PlainBody(rename, cut)
         x.drop_body()
-        record.outcome = await x.relay.body(x)
+        record.outcome = await x.engine.relay.body(x)
     if record.outcome in ("upstream_error", "timeout") and record.m.chunks:
         record.upstream_errors += ((record.backend, "midstream"),)
         gw.live.failure(record.backend)
@@ -323,30 +335,33 @@ async def _relay(x: Exchange[R]) -> None:
 
 def _continuable(x: Exchange[Any]) -> bool:
     """A stream another variant may finish (proxy/relay/continuation.py)."""
-    return x.endpoint == "chat" and x.policy.routes[x.record.route].spec.continuation
+    return (
+        x.arrival.endpoint == "chat"
+        and x.arrival.policy.routes[x.decided.record.route].spec.continuation
+    )
 
 
 async def _relay_stream(x: Exchange[R]) -> str:
     """The engine's event stream through the relay; a broken one continued once by another
     engine (`resume_stream`), then the client's stream ended. The outcome."""
-    resume = x.continuable
+    resume = x.stream.continuable
     while True:
-        core = await x.relay.sse(x)
+        core = await x.engine.relay.sse(x)
         if isinstance(core, str):
             return core  # the client left
-        if not core.wants_continuation(resume, x.watch.closing is not None):
+        if not core.wants_continuation(resume, x.engine.watch.closing is not None):
             break
         resume = False  # once per request
         resumed = await resume_stream(x)
         if resumed is None:
             break
-        x.resp, x.first = resumed
+        x.engine.resp, x.engine.first = resumed
     outcome, error = core.result()
     # A client that reads nothing ran the idle deadline out in the relay; its last event must
     # not wait for it without end (uvicorn's `send` waits for the socket to drain).
     try:
         async with asyncio.timeout(x.gw.settings.client_write_timeout_s):
-            return await end_stream(x.send, x.filt, outcome, error)
+            return await end_stream(x.send, x.stream.filt, outcome, error)
     except TimeoutError:
         return "client_gone"
 
@@ -354,9 +369,9 @@ async def _relay_stream(x: Exchange[R]) -> str:
 async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
     """Continue a broken chat stream on another variant of the same weights, as its plan
     says; the new engine's answer and first bytes, or None."""
-    gw, policy, record, filt = x.gw, x.policy, x.record, x.filt
+    gw, policy, record, filt = x.gw, x.arrival.policy, x.decided.record, x.stream.filt
     route = policy.routes[record.route]
-    if not route.spec.continuation or x.endpoint != "chat":
+    if not route.spec.continuation or x.arrival.endpoint != "chat":
         return None
     body = x.parsed_body()  # the body's containers were kept serialised (Exchange.release_tree)
     if not can_continue(body, filt):
@@ -378,7 +393,7 @@ async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
         base = (
             backend.engine_urls[0]
             if len(backend.engine_urls) == 1
-            else gw.engine_table.pick(backend.engine_urls, x.affinity)
+            else gw.engine_table.pick(backend.engine_urls, x.decided.affinity)
         )
         new_lease = Lease.begin(gw, record, name, base, backend.max_concurrency)
         try:
@@ -389,11 +404,11 @@ async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
             if exc.accepted:
                 return None  # that engine has the continuation: not sent again
             continue
-        if x.resp is not None:
-            x.resp.close()
-        if x.lease is not None:
-            x.lease.release(gw)
-        x.resp, x.lease = new_resp, new_lease
+        if x.engine.resp is not None:
+            x.engine.resp.close()
+        if x.engine.lease is not None:
+            x.engine.lease.release(gw)
+        x.engine.resp, x.engine.lease = new_resp, new_lease
         record.upstream_errors += ((failed, "midstream"),)
         gw.live.failure(failed)
         record.continuations += ((failed, name),)
@@ -409,14 +424,18 @@ _ENDS: dict[Endpoint, tuple[bytes, ...]] = {"responses": RESPONSES_ENDS, "messag
 
 def _our_headers(x: Exchange[R]) -> list[tuple[bytes, bytes]]:
     """The gateway's response headers: request id, defaults, the backend chosen and why."""
-    record = x.record
+    record = x.decided.record
     chosen = record.backend.encode()
     reason = record.reason + (f"+retry{record.retries}" if record.retries else "")
     # One header names what served: the variant (the policy's backend), as the pin header does.
-    out = [*x.extra, (b"x-specrouter-variant", chosen), (b"x-specrouter-reason", reason.encode())]
+    out = [
+        *x.decided.extra,
+        (b"x-specrouter-variant", chosen),
+        (b"x-specrouter-reason", reason.encode()),
+    ]
     # A Codex turn's first answer names its engine in a token Codex echoes within the turn.
     if (
-        x.endpoint == "responses"
+        x.arrival.endpoint == "responses"
         and record.session
         and record.agent.startswith("codex")
         and not record.turn_state

@@ -60,12 +60,12 @@ def capacity(gw: Services, policy: CompiledPolicy, name: str) -> Capacity:
 def turn_of(x: Exchange[Any], name: str) -> Turn:
     """The turn's session (a key of its own for a request of none) and its prefix: what the
     engine held of it after its last turn there, or the request's size, whichever is larger."""
-    record = x.record
+    record = x.decided.record
     row = x.gw.sessions.get(record.session) if record.session else None
     held = row.prefix_tokens if row is not None and row.engine == name else 0
     return Turn(
         record.session or _own_key(x),
-        max(held, x.body_bytes // BYTES_PER_TOKEN),
+        max(held, x.decided.body_bytes // BYTES_PER_TOKEN),
         record.signals.keeps_place,
         record.client,
     )
@@ -73,13 +73,13 @@ def turn_of(x: Exchange[Any], name: str) -> Turn:
 
 def _own_key(x: Exchange[Any]) -> str:
     """The key a request is counted under while it runs when it is not its session's turn."""
-    return f"~{x.request_id[:32]}.{id(x):x}"
+    return f"~{x.arrival.request_id[:32]}.{id(x):x}"
 
 
 def _row_key(x: Exchange[Any]) -> str:
     """Where the request's tokens are counted: its session's residency for a turn, else a row
     of its own that ends with it (no session; a compaction or auxiliary request)."""
-    record = x.record
+    record = x.decided.record
     return record.session if record.session and not record.signals.keeps_place else _own_key(x)
 
 
@@ -94,12 +94,12 @@ def decide_now(x: Exchange[Any], name: str, now: float) -> Verdict:
 async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
     """The decided engine, another where a move pays, or None once the wait ended without
     admission (then `timed_out` says why, or the client left)."""
-    gw, record = x.gw, x.record
-    name = x.decision.backend
+    gw, record = x.gw, x.decided.record
+    name = x.decided.decision.backend
     assert name is not None
     doc = gw.policy.current.document
     spec = doc.admission.sessions
-    if not spec.enabled or name not in doc.backends or x.endpoint == "embeddings":
+    if not spec.enabled or name not in doc.backends or x.arrival.endpoint == "embeddings":
         return Held(name)  # an embedding keeps nothing in a KV cache
     metrics, residency = gw.metrics.sessions, gw.residency
     now = time.perf_counter()
@@ -113,11 +113,11 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
         return Held(_admit(x, moved))
     stream = x.body.get("stream") is True
     if stream:
-        current = x.pinger
+        current = x.engine.pinger
         if current is None or (current.every > PING_S and not current.started):
             if current is not None:
                 current.cancel()
-            x.pinger = pinger(PING_S)
+            x.engine.pinger = pinger(PING_S)
     policy = gw.policy.current
     limit = spec.stream_wait_s if stream else policy.document.admission.queue_timeout_s
     key = turn_of(x, name).key
@@ -131,15 +131,15 @@ async def hold(x: Exchange[Any], pinger: Callable[[float], Pinger]) -> Held:
             if left <= 0:
                 break
             try:
-                await x.watch.wait(asyncio.wait_for(event.wait(), min(RECHECK_S, left)))
+                await x.engine.watch.wait(asyncio.wait_for(event.wait(), min(RECHECK_S, left)))
             except TimeoutError:
                 pass
             except asyncio.CancelledError:
-                if not x.watch.gone:
+                if not x.engine.watch.gone:
                     raise
                 outcome = "client_gone"
                 break
-            if x.watch.gone:
+            if x.engine.watch.gone:
                 outcome = "client_gone"
                 break
             doc = gw.policy.current.document
@@ -178,10 +178,10 @@ def _admit(x: Exchange[Any], name: str) -> str:
         name,
         turn.key,
         turn.prefix_tokens,
-        row=None if row == x.record.session else row,  # a row of its own ends with it
+        row=None if row == x.decided.record.session else row,  # a row of its own ends with it
         client=turn.client,
     )
-    x.resident = name
+    x.engine.resident = name
     return name
 
 
@@ -196,12 +196,12 @@ def _count(x: Exchange[Any], name: str, verdict: Verdict) -> None:
 def _move(x: Exchange[Any], name: str, verdict: Verdict, now: float) -> str | None:
     """Another usable engine that admits the turn now, when the stickiness arithmetic, counting
     the expected wait here, says moving pays."""
-    gw, record = x.gw, x.record
+    gw, record = x.gw, x.decided.record
     policy = gw.policy.current
     spec = policy.document.admission.sessions
     candidates = [
         (other, policy.backend(other), decide_now(x, other, now))
-        for other in x.decision.fallbacks
+        for other in x.decided.decision.fallbacks
         if other in policy.document.backends
     ]
     if not candidates:
@@ -241,16 +241,16 @@ def _why(name: str, limit: float, verdict: Verdict) -> str:
 def turn_ended(x: Exchange[Any]) -> None:
     """The request ended, however: its residency's turn is done (a row of its own ends with
     it); a compaction ends its session's residency."""
-    gw, record = x.gw, x.record
+    gw, record = x.gw, x.decided.record
     m = record.m
-    if x.resident is not None:
+    if x.engine.resident is not None:
         # A new session's cached tokens are the prefix it shares with others (a system
         # prompt); a returning one's may be its own prefix, still cached.
         key = _row_key(x)
         row = gw.sessions.get(record.session) if key == record.session else None
         new = key == record.session and (row is None or row.turns == 0)
         gw.residency.turn_done(
-            x.resident,
+            x.engine.resident,
             key,
             time.perf_counter(),
             prompt_tokens=m.prompt_tokens,

@@ -39,9 +39,9 @@ async def open_pulled(
 ) -> tuple[PulledResponse, bytes]:
     """The request through the aiohttp session (the body's pieces joined for it); the
     response and its first body bytes."""
-    watch = x.watch
+    watch = x.engine.watch
     resp = await watch.wait(x.gw.upstream.post(url, b"".join(payload), headers))
-    x.record.m.t_headers = time.perf_counter()
+    x.decided.record.m.t_headers = time.perf_counter()
     watch.response = resp
     try:
         if resp.status >= 500 and check_status:
@@ -65,7 +65,7 @@ async def relay_sse(x: Exchange[PulledResponse]) -> StreamCore | str:
     The response start has been sent. After the first byte there is no retry on this engine:
     the core says how its stream failed.
     """
-    resp, data, watch = x.resp, x.first, x.watch
+    resp, data, watch = x.engine.resp, x.engine.first, x.engine.watch
     assert resp is not None
     send, every = x.send, ping_every(x)
     loop = asyncio.get_running_loop()
@@ -129,9 +129,16 @@ async def _read_pinging(
 
 async def relay_body(x: Exchange[PulledResponse]) -> str:
     """Relay a plain (non-streaming) body, keeping a bounded copy to read usage from."""
-    resp, first, send, watch, m = x.resp, x.first, x.send, x.watch, x.record.m
+    engine = x.engine
+    resp, first, send, watch, m = (
+        engine.resp,
+        engine.first,
+        x.send,
+        engine.watch,
+        x.decided.record.m,
+    )
     assert resp is not None
-    rename, idle_timeout, cut = x.rename, x.gw.settings.idle_timeout_s, x.cut
+    rename, idle_timeout, cut = x.plain.rename, x.gw.settings.idle_timeout_s, x.plain.cut
     copy = bytearray()
     loop = asyncio.get_running_loop()
     try:

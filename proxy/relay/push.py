@@ -45,7 +45,7 @@ async def open_pushed(
     check_status: bool,
 ) -> tuple[EngineStream, bytes]:
     """The request on a kept-alive engine connection; the response and its first body bytes."""
-    watch = x.watch
+    watch = x.engine.watch
     stream, first = await watch.wait(_open_stream(x, url, payload, headers, check_status))
     watch.response = stream
     return stream, first
@@ -67,7 +67,7 @@ async def _open_stream(
             stream = await open_engine_stream(
                 gw.conns, url, payload, headers, settings.connect_timeout_s, sent
             )
-            x.record.m.t_headers = time.perf_counter()
+            x.decided.record.m.t_headers = time.perf_counter()
             try:
                 if stream.status >= 500 and check_status:
                     raise UpstreamError(
@@ -91,9 +91,9 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> StreamCore | str:
     """The stream core (proxy/relay/stream_core.py) driven from the engine's read callbacks:
     pull.relay_sse's contract (the core once the engine's stream is over, or the outcome when
     the client left)."""
-    stream, first, channel = x.resp, x.first, x.channel
+    stream, first, channel = x.engine.resp, x.engine.first, x.engine.channel
     assert stream is not None and channel is not None  # PUSH is chosen with a channel only
-    watch = x.watch
+    watch = x.engine.watch
     write_timeout = x.gw.settings.client_write_timeout_s
     every = ping_every(x)
     loop = asyncio.get_running_loop()
@@ -202,9 +202,9 @@ async def _resume_after_drain(
 
 async def relay_body_push(x: Exchange[EngineStream]) -> str:
     """A plain body (an engine's error answer to a streaming request), pushed as it comes."""
-    stream, first, channel, send = x.resp, x.first, x.channel, x.send
+    stream, first, channel, send = x.engine.resp, x.engine.first, x.engine.channel, x.send
     assert stream is not None and channel is not None
-    watch, m, idle_timeout = x.watch, x.record.m, x.gw.settings.idle_timeout_s
+    watch, m, idle_timeout = x.engine.watch, x.decided.record.m, x.gw.settings.idle_timeout_s
     copy = bytearray(first)
 
     def sink(data: bytes) -> None:

@@ -245,14 +245,14 @@ class StreamCore:
 
 def open_core(x: Exchange[Any], now: float) -> StreamCore:
     """The core for the exchange's engine stream now being relayed (loop time `now`)."""
-    settings = x.gw.settings
-    ping = RELAY_PINGS.get(x.endpoint, COMMENT_PING) if x.pinger is not None else b""
-    limit = silence_limit(x.filt.m, settings, now)
-    clamps = x.policy.routes[x.record.route].clamps
-    bound = output_bound(x.body, x.decision.inject, clamps)
-    return StreamCore(x.filt, x.ends, settings.max_sse_frame_bytes, limit, ping, bound)
+    settings, arrival, stream = x.gw.settings, x.arrival, x.stream
+    ping = RELAY_PINGS.get(arrival.endpoint, COMMENT_PING) if x.engine.pinger is not None else b""
+    limit = silence_limit(stream.filt.m, settings, now)
+    clamps = arrival.policy.routes[x.decided.record.route].clamps
+    bound = output_bound(x.body, x.decided.decision.inject, clamps)
+    return StreamCore(stream.filt, stream.ends, settings.max_sse_frame_bytes, limit, ping, bound)
 
 
 def ping_every(x: Exchange[Any]) -> float | None:
     """Seconds between pings on the exchange's stream; None: no pings."""
-    return x.pinger.every if x.pinger is not None else None
+    return x.engine.pinger.every if x.engine.pinger is not None else None
