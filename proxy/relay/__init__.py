@@ -3,7 +3,9 @@
 - app.py: routing, authentication, client limits, the body read, the policy decision.
 - fields.py: the request fields, described once for the OpenAPI document and the checks.
 - models_list.py: GET /v1/models, each name's context window and the first-token limit.
-- exchange.py: `Exchange`, the one object that carries the request along the path.
+- exchange.py: `Exchange`, the one object that carries the request along the path, its state
+  grouped by the phase that writes it (`Arrival`, `Decided`, `EngineLink`, `StreamRelay` |
+  `PlainBody`).
 - context.py: `Services`, what the path uses of the gateway's shared state, typed (the
   gateway is one; the path does not import it).
 - forward.py: attempts, admission, the engine lease, retries before the first byte, the

@@ -1,19 +1,24 @@
 """The request path's shape, checked on proxy/relay/'s source: no function takes
-more than six parameters (the request travels as one `Exchange`), and nothing branches on the
-kind of upstream response, because both relays' responses are one interface,
-`UpstreamResponse`. (mypy checks that statically too: `Relay`'s type variable is bound to it.)
+more than six parameters (the request travels as one `Exchange`, its state grouped by phase),
+and nothing branches on the kind of upstream response, because both relays' responses are one
+interface, `UpstreamResponse`. (mypy checks that statically too: `Relay`'s type variable is
+bound to it.)
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
+
 import proxy.relay
 from proxy.relay.engine_conn import EnginePool, open_engine_stream
+from proxy.relay.exchange import Arrival, Decided, EngineLink, Exchange, PlainBody, StreamRelay
 from proxy.relay.upstream import PulledResponse, Upstream, UpstreamResponse
 
 RELAY = Path(proxy.relay.__file__).parent
@@ -119,6 +124,21 @@ def test_the_checks_catch_what_they_forbid() -> None:
     ok = _OK
     assert [_params(f) for f in _functions(ok)] == [["a", "*args", "*kw"]]
     assert list(_type_branches(ok)) == []
+
+
+def test_each_field_of_the_exchange_has_one_phase_and_set_once_phases_are_frozen() -> None:
+    set_once = (Arrival, Decided, StreamRelay, PlainBody)
+    owners: dict[str, list[str]] = {name: ["Exchange"] for name in Exchange.__slots__}
+    for phase in (*set_once, EngineLink):
+        assert "__slots__" in phase.__dict__, phase  # no per-request __dict__
+        for field in dataclasses.fields(phase):
+            owners.setdefault(field.name, []).append(phase.__name__)
+        frozen = getattr(phase, "__dataclass_params__").frozen  # noqa: B009
+        assert frozen == (phase in set_once), phase
+    assert {name: o for name, o in owners.items() if len(o) > 1} == {}
+    plain = PlainBody(None, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plain.rename = (b"a", b"b")  # type: ignore[misc]
 
 
 RESPONSE = (
