@@ -4,8 +4,9 @@ grouped by the phase that writes it:
 - `Arrival` (set once, on arrival): the time, the policy, the headers, the request id, the API.
 - `Decided` (set once, by proxy/relay/app.py once the body is read and decided): the model, the
   record, the decision, the response headers, what the relay reads of the body's tree.
-- `EngineLink` (proxy/relay/forward.py and hold.py write it): the relay chosen, the client's
-  connection, the engine slot held, the engine's answer, pings while no engine byte came.
+- `EngineLink` (made by app.py at the hand-off; forward.py and hold.py write it): the relay
+  chosen, the client's connection, the engine slot held, the engine's answer, the pings while
+  no engine byte came.
 - `StreamRelay` | `PlainBody` (set once, when the engine answered): how its answer is relayed.
 
 The body itself (`body`, `encoded`) is the exchange's own: its form changes on the way
