@@ -162,3 +162,19 @@ def test_the_dashboards_rows(tmp_path: Path) -> None:
         "timeouts": 1, "longest_ever_s": 42.0,
     }  # fmt: skip
     assert 5.0 <= row["longest_wait_s"] < 10.0
+
+
+def test_an_idle_resident_counts_its_measured_prefix() -> None:
+    """With the engine's KV events, an idle resident counts what the engine holds of it; a
+    turn in flight, and a session the events say nothing of, count the estimate."""
+    r = Residency()
+    held = {("e", "a"): 256}
+    r.measured = lambda engine, key: held.get((engine, key))
+    r.admitted("e", "a", 500)
+    assert r.snapshot("e", 1.0, 60).residents == (Resident("a", 500, None),)  # in flight
+    _done(r, "a", 2.0, 1000)
+    r.admitted("e", "b", 700)
+    _done(r, "b", 2.0, 1000)
+    snap = r.snapshot("e", 3.0, 60)
+    assert snap.residents == (Resident("a", 256, 2.0), Resident("b", 1010, 2.0))
+    assert r.resident_tokens("e") == 256 + 1010
