@@ -98,7 +98,8 @@ class Residency:
         for key in gone:
             del st.waiting[key]
         residents = [
-            Resident(k, self._prefix(name, k, r), r.idle_since) for k, r in st.residents.items()
+            Resident(k, self.prefix_tokens(name, k, r), r.idle_since)
+            for k, r in st.residents.items()
         ]
         waiting = [
             Waiter(k, p.since, p.holders > 0, p.client, _waited(p, now))
@@ -114,7 +115,7 @@ class Residency:
             shared = max(shared, remote[2])
         return EngineResidency(tuple(residents), tuple(waiting), shared, tuple(st.served.items()))
 
-    def _prefix(self, name: str, key: str, r: _Resident) -> int:
+    def prefix_tokens(self, name: str, key: str, r: _Resident) -> int:
         """An idle resident's measured prefix where the engine's KV events give one; a turn in
         flight counts its estimate (its blocks are being stored: the index lags them)."""
         if r.in_flight or self.measured is None:
@@ -259,7 +260,7 @@ class Residency:
 
     def resident_tokens(self, name: str) -> int:
         st = self.engine(name)
-        prefixes = (self._prefix(name, k, r) for k, r in st.residents.items())
+        prefixes = (self.prefix_tokens(name, k, r) for k, r in st.residents.items())
         return held_tokens(prefixes, st.shared_tokens)
 
     def wake_all(self) -> None:
