@@ -203,11 +203,11 @@ def test_a_gateway_with_kv_events_counts_what_the_engine_holds(tmp_path: Path) -
         assert (
             gw.residency.snapshot("a", time.perf_counter(), 60).residents[0].prefix_tokens == 1010
         )
-        pub.stored([1, 2, 3], None, "s1")  # before the connection is up: the replay gives it
         deadline = time.monotonic() + 10
-        while gw.kv_resident_tokens("a", "s1") is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        while gw.kv_resident_tokens("a", "s1") is None:  # a publisher's first batches go
+            assert time.monotonic() < deadline  # before its connection is up: sent until read
+            pub.stored([1, 2, 3], None, "s1")
+            time.sleep(0.02)
         [resident] = gw.residency.snapshot("a", time.perf_counter(), 60).residents
         assert (resident.key, resident.prefix_tokens) == ("s1", 12)
         assert gw.residency.resident_tokens("a") == 12
