@@ -77,6 +77,8 @@ class Gateway:
         self.kv_engines = KvEngines(self.metrics.sessions.kv_events)
         self._kv_version = ""
         self.prefixes = Baselines(residency=self._kv_residency)
+        # ... which also give the stickiness arithmetic and admission each session's prefix
+        self.sessions.measured = self.residency.measured = self.kv_resident_tokens
         # ... and the deployed budget's (`deploy render`'s memory model), per policy version:
         # serve.py sets `kv_of`, the request path does not import the operator tools.
         self.kv_of: Callable[[PolicyDocument], dict[str, int]] = lambda doc: {}
@@ -143,6 +145,12 @@ class Gateway:
             self._kv_version = policy.version
             self.kv_engines.sync(policy.document)
         return self.kv_engines.residency(engine, session)
+
+    def kv_resident_tokens(self, engine: str, session: str) -> int | None:
+        """The session's prefix the engine holds now, from its KV events; None where the
+        policy subscribes to none for it or they name none of the session's blocks."""
+        found = self._kv_residency(engine, session)
+        return None if found is None or not found.block_size else found.tokens
 
     def _resident_gauges(self, backend: str, sessions: int, tokens: int) -> None:
         gauge = self.metrics.sessions.resident

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from types import TracebackType
+from typing import Any
 
 import httpx
 import uvicorn
@@ -138,13 +139,17 @@ def sim_prompt_tokens(workload: KvWorkload) -> int:
 class SimEngine:
     """A fresh in-process simulator (its own thread and event loop) for each mode."""
 
-    def __init__(self, kv_tokens: int, time_scale: float = 1.0) -> None:
+    def __init__(
+        self, kv_tokens: int, time_scale: float = 1.0, kv_events: dict[str, Any] | None = None
+    ) -> None:
         self.kv_tokens = kv_tokens
         self.time_scale = time_scale
+        self.kv_events = kv_events  # vLLM's --kv-events-config: the simulator publishes them
 
     @contextlib.contextmanager
     def fresh(self) -> Iterator[str]:
-        app, _ = create_app(sim_config(self.kv_tokens, self.time_scale))
+        config = replace(sim_config(self.kv_tokens, self.time_scale), kv_events=self.kv_events)
+        app, _ = create_app(config)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

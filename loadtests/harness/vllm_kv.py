@@ -70,6 +70,7 @@ class SmallKvVllm(VllmServer):
             # The template concatenates a system message's content: a string, not parts.
             "--chat-template-content-format",
             "string",
+            *self.extra_args,
         ]
 
     def spawn(self, *, keep_port: bool = False) -> None:

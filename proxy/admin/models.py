@@ -108,6 +108,11 @@ class SessionOut(BaseModel):
     )
     loss_cause: str = Field("", description="The last loss's cause: client-rewrite, ...")
     loss_where: str = Field("", description="The last client rewrite's field or item.")
+    resident_tokens: int | None = Field(
+        None,
+        description="The live row's prefix its engine holds now, from the engine's KV events "
+        "(the unbroken run of its blocks from the first); null without events for it.",
+    )
 
 
 class AdmissionOut(BaseModel):

@@ -344,6 +344,7 @@ def _session_out(
         return None
     verdict = next((v for v in verdicts if v.rule == "session"), None)
     row = gw.sessions.get(session.key) if source == "table" else None
+    resident = None if row is None else gw.kv_resident_tokens(row.engine, session.key)
     return SessionOut(
         key=session.key,
         source=source,
@@ -359,6 +360,7 @@ def _session_out(
         lost_tokens=0 if row is None else row.lost_tokens,
         loss_cause="" if row is None else row.loss_cause,
         loss_where="" if row is None else row.loss_where,
+        resident_tokens=resident,
     )
 
 

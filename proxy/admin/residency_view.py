@@ -66,16 +66,17 @@ def residency_rows(gw: Gateway) -> list[dict[str, Any]]:
         st = gw.residency.engine(name)
         waits = [now - p.since for p in st.waiting.values() if p.holders > 0]
         live = [  # a residency idle past idle_s has ended, whether a decision saw it yet or not
-            r
-            for r in st.residents.values()
+            (k, r)
+            for k, r in st.residents.items()
             if r.idle_since is None or now - r.idle_since < spec.idle_s
         ]
+        prefixes = (gw.residency.prefix_tokens(name, k, r) for k, r in live)  # measured or not
         rows.append(
             {
                 "backend": name,
                 "enabled": spec.enabled,
                 "resident": len(live),
-                "resident_tokens": held_tokens((r.prefix_tokens for r in live), st.shared_tokens),
+                "resident_tokens": held_tokens(prefixes, st.shared_tokens),
                 "kv_tokens": capacity(gw, policy, name).kv_tokens,
                 "waiting": len(waits),
                 "longest_wait_s": round(max(waits), 1) if waits else 0.0,

@@ -75,6 +75,9 @@ class Residency:
         self._engines: dict[str, EngineState] = {}
         self._gauges = gauges
         self.remote: dict[str, Remote] = {}  # other replicas' residency, by engine
+        # (engine, key) -> the session's prefix the engine holds now, from its KV events
+        # (None: no events for it); an idle resident counts that instead of its estimate.
+        self.measured: Callable[[str, str], int | None] | None = None
 
     def engine(self, name: str) -> EngineState:
         st = self._engines.get(name)
@@ -94,7 +97,10 @@ class Residency:
         ]
         for key in gone:
             del st.waiting[key]
-        residents = [Resident(k, r.prefix_tokens, r.idle_since) for k, r in st.residents.items()]
+        residents = [
+            Resident(k, self.prefix_tokens(name, k, r), r.idle_since)
+            for k, r in st.residents.items()
+        ]
         waiting = [
             Waiter(k, p.since, p.holders > 0, p.client, _waited(p, now))
             for k, p in st.waiting.items()
@@ -108,6 +114,14 @@ class Residency:
             waiting.sort(key=lambda w: w.since)
             shared = max(shared, remote[2])
         return EngineResidency(tuple(residents), tuple(waiting), shared, tuple(st.served.items()))
+
+    def prefix_tokens(self, name: str, key: str, r: _Resident) -> int:
+        """An idle resident's measured prefix where the engine's KV events give one; a turn in
+        flight counts its estimate (its blocks are being stored: the index lags them)."""
+        if r.in_flight or self.measured is None:
+            return r.prefix_tokens
+        measured = self.measured(name, key)
+        return r.prefix_tokens if measured is None else measured
 
     def local(self, offset: float, limit: int) -> dict[str, dict[str, object]]:
         """This replica's own residency, times on the wall clock (monotonic + `offset`), at
@@ -246,7 +260,8 @@ class Residency:
 
     def resident_tokens(self, name: str) -> int:
         st = self.engine(name)
-        return held_tokens((r.prefix_tokens for r in st.residents.values()), st.shared_tokens)
+        prefixes = (self.prefix_tokens(name, k, r) for k, r in st.residents.items())
+        return held_tokens(prefixes, st.shared_tokens)
 
     def wake_all(self) -> None:
         """A policy applied: every waiter decides again under it."""

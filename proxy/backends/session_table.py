@@ -72,6 +72,9 @@ class SessionTable:
         self._turns = 0  # over the rows: the mean turns per session is _turns / len
         # A local change to a row (not a merge): the sharing task queues the key.
         self.on_change: Callable[[str], None] | None = None
+        # (engine, key) -> the prefix the engine holds now, from its KV events (None: no
+        # events for it): what `view` gives in place of the estimate (prompt + output).
+        self.measured: Callable[[str, str], int | None] | None = None
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -95,12 +98,18 @@ class SessionTable:
             sid.key,
             sid.subagent,
             row.engine,
-            row.prefix_tokens,
+            self.prefix_tokens(sid.key, row),
             turns,
             row.tokens_out / turns if turns else 0.0,
             self.mean_turns(),
             row.attained.total(now, self.window_s),
         )
+
+    def prefix_tokens(self, key: str, row: SessionEntry) -> int:
+        """What the row's engine holds of the session: measured where the engine's KV events
+        say, else the estimate (its last turn's prompt and output)."""
+        measured = None if self.measured is None else self.measured(row.engine, key)
+        return row.prefix_tokens if measured is None else measured
 
     def mean_turns(self) -> float | None:
         n = len(self._rows)

@@ -87,6 +87,7 @@ async def test_a_live_session_stays_and_the_arithmetic_says_why(setup, by: str) 
         "client-rewrite",
         "system",
     )
+    assert s["resident_tokens"] is None  # the policy subscribes to no KV events
     assert s["detail"] == (
         "a -> b: gain 9 turns x 500 tokens = 112.50 s <= re-prefill 300000 tokens / "
         "2000 tokens/s = 150.00 s"

@@ -190,3 +190,24 @@ def test_index_keeps_no_token_ids_and_bounded_sessions() -> None:
     assert all(isinstance(v, int | type(None)) for v in index.parent.values())
     index.reset("lost")
     assert (index.lost, index.resets, len(index)) == (1, 0, 0)
+
+
+def test_index_residency_walked_again_after_a_removal_only() -> None:
+    """A run read once is walked on from where it stopped: it grows as blocks come back, and
+    shrinks when one is removed, as a fresh walk would say."""
+    index = _index(stored([1, 2], None, "b"), stored([3, 4], 2, "a"))
+    assert _blocks(index, "a") == 4
+    index.apply(decode(batch({"type": "BlockRemoved", "block_hashes": [2]})))
+    assert _blocks(index, "a") == 1
+    index.apply(decode(batch(stored([2], 1, "b"))))  # b stores the shared block again
+    assert _blocks(index, "a") == 4
+    index.apply(decode(batch({"type": "BlockRemoved", "block_hashes": [4]})))
+    assert _blocks(index, "a") == 3
+    index.reset("engine-reset")
+    assert _blocks(index, "a") == 0
+
+
+def _blocks(index: KvIndex, session: str) -> int:
+    got = index.residency(session)
+    assert got is not None
+    return got.blocks

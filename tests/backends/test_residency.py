@@ -11,6 +11,8 @@ from pathlib import Path
 import yaml
 
 from loadtests.harness.gateway import coder_policy
+from loadtests.harness.ports import free_port
+from loadtests.sim.kv_publisher import KvPublisher
 from policies.admission import Capacity, Resident, Waiter
 from policies.compiled import compile_policy
 from policies.schema import load_policy
@@ -162,3 +164,53 @@ def test_the_dashboards_rows(tmp_path: Path) -> None:
         "timeouts": 1, "longest_ever_s": 42.0,
     }  # fmt: skip
     assert 5.0 <= row["longest_wait_s"] < 10.0
+
+
+def test_an_idle_resident_counts_its_measured_prefix() -> None:
+    """With the engine's KV events, an idle resident counts what the engine holds of it; a
+    turn in flight, and a session the events say nothing of, count the estimate."""
+    r = Residency()
+    held = {("e", "a"): 256}
+    r.measured = lambda engine, key: held.get((engine, key))
+    r.admitted("e", "a", 500)
+    assert r.snapshot("e", 1.0, 60).residents == (Resident("a", 500, None),)  # in flight
+    _done(r, "a", 2.0, 1000)
+    r.admitted("e", "b", 700)
+    _done(r, "b", 2.0, 1000)
+    snap = r.snapshot("e", 3.0, 60)
+    assert snap.residents == (Resident("a", 256, 2.0), Resident("b", 1010, 2.0))
+    assert r.resident_tokens("e") == 256 + 1010
+
+
+def test_a_gateway_with_kv_events_counts_what_the_engine_holds(tmp_path: Path) -> None:
+    """The backend's KV events (a real ZMQ publisher on vLLM's wire) reach admission's
+    residents and their tokens: an idle session whose last turn estimated 1,010 tokens counts
+    the 3 blocks of 4 tokens the engine says it holds."""
+    endpoint, replay = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    config = tmp_path / "p.yaml"
+    doc = coder_policy({"a": "http://127.0.0.1:9"})
+    doc["backends"]["a"]["kv_events"] = {"endpoint": endpoint, "replay": replay}
+    config.write_text(yaml.safe_dump(doc))
+    gw = Gateway(
+        Settings(config=config, state_dir=tmp_path / "s"), compile_policy(load_policy(config))
+    )
+    gw.start()
+    pub = KvPublisher(endpoint, replay, block_size=4)
+    try:
+        gw.residency.admitted("a", "s1", 300)
+        gw.residency.turn_done("a", "s1", time.perf_counter(), prompt_tokens=1000,
+                               completion_tokens=10, cached_tokens=None)  # fmt: skip
+        assert (
+            gw.residency.snapshot("a", time.perf_counter(), 60).residents[0].prefix_tokens == 1010
+        )
+        deadline = time.monotonic() + 10
+        while gw.kv_resident_tokens("a", "s1") is None:  # a publisher's first batches go
+            assert time.monotonic() < deadline  # before its connection is up: sent until read
+            pub.stored([1, 2, 3], None, "s1")
+            time.sleep(0.02)
+        [resident] = gw.residency.snapshot("a", time.perf_counter(), 60).residents
+        assert (resident.key, resident.prefix_tokens) == ("s1", 12)
+        assert gw.residency.resident_tokens("a") == 12
+    finally:
+        pub.close()
+        gw.kv_engines.close()

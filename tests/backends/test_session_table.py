@@ -91,3 +91,16 @@ def test_merge_keeps_the_bound_and_the_mean() -> None:
     assert len(t) == MIN_SESSIONS_FOR_MEAN and t.get(sid(0).key) is None
     t.merge(sid(5).key, SharedRow("a", 100.0, 0, 22, 0))  # a later turn count replaces ours
     assert t.mean_turns() == (2 * (MIN_SESSIONS_FOR_MEAN - 1) + 22) / MIN_SESSIONS_FOR_MEAN
+
+
+def test_the_view_takes_the_measured_prefix_where_the_engine_has_events() -> None:
+    t = SessionTable()
+    t.placed(sid(1), "agent", "a", 1.0)
+    t.finished(
+        sid(1).key, "a", 2.0, prompt_tokens=4000, completion_tokens=500, cached_tokens=0, decode_s=0
+    )
+    held = {("a", sid(1).key): 2048}
+    t.measured = lambda engine, key: held.get((engine, key))
+    assert t.view(sid(1), 3.0).prefix_tokens == 2048  # evicted down to 2,048: what moving costs
+    held.clear()  # no events for it: the estimate, as without
+    assert t.view(sid(1), 3.0).prefix_tokens == 4500

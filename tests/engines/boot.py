@@ -7,17 +7,25 @@ the session: their engines boot once the folder before them has stopped its thre
 three engines at once, about 3 GiB each), while the rest of the suite runs. None boots while
 tests/engines/vllm/'s tests run (they hold three), whose figures are timed.
 
+The ngram engine (the recorded agents' and the restart test's) and the small-KV one publish
+their KV cache events (`--kv-events-config`) to a loopback port picked at boot, which the
+folder's gateway policy binds (KV_EVENTS: the backend's `kv_events`); vLLM connects out to it,
+and until a gateway binds, its batches wait in the engine's replay buffer (the subscriber asks
+for them from 0 at its first batch).
+
 SPECROUTER_TEST_VLLM_BOOT=0 boots each engine only when its first test asks for it (the
 servers a fixture takes together side by side), to compare the two.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from loadtests.harness.ports import free_port
 from loadtests.harness.vllm import VllmServer, vllm_home
 from loadtests.harness.vllm_boot import Boot
 
@@ -29,6 +37,28 @@ NEEDS: dict[tuple[str, str], tuple[str, ...]] = {
     ("vllm_kv", "small_kv_vllm"): ("kv",),
 }
 LAST = ("vllm_agents", "vllm_kv")
+# BOOT key -> the engine's KV events (a policy backend's `kv_events`), fixed at its first boot
+# so that a restart on the same port publishes where it did.
+KV_EVENTS: dict[str, dict[str, str]] = {}
+
+
+def kv_events_args(key: str) -> tuple[str, ...]:
+    """`--kv-events-config` for the engine `key`: it connects to a loopback port the gateway
+    binds and binds its replay socket on another."""
+    spec = KV_EVENTS.setdefault(
+        key,
+        {
+            "endpoint": f"tcp://127.0.0.1:{free_port()}",
+            "replay": f"tcp://127.0.0.1:{free_port()}",
+        },
+    )
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": spec["endpoint"],
+        "replay_endpoint": spec["replay"],
+    }
+    return ("--kv-events-config", json.dumps(config))
 
 
 def _agent(home: Path) -> VllmServer:
@@ -41,13 +71,15 @@ def _small_kv() -> VllmServer:
     # pytest start otherwise, from the root conftest.
     from loadtests.bench.kv_sessions_engines import small_kv_server
 
-    return small_kv_server()
+    server = small_kv_server()
+    server.extra_args = kv_events_args("kv")
+    return server
 
 
 BOOT = Boot(
     {
         "draft": lambda: VllmServer(vllm_home(), "draft"),
-        "ngram": lambda: VllmServer(vllm_home(), "ngram"),
+        "ngram": lambda: VllmServer(vllm_home(), "ngram", extra_args=kv_events_args("ngram")),
         "embed": lambda: VllmServer(vllm_home(), "embed"),
         "agent": lambda: _agent(vllm_home()),
         "kv": _small_kv,

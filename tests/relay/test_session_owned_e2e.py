@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtests.harness.gateway import GatewayServer, coder_policy
+from loadtests.harness.gateway import ADMIN_TOKEN, GatewayServer, coder_policy
 from loadtests.harness.requestlog import logged_rows
 from loadtests.harness.sim import SimServer
 from proxy.certs import CertFiles
@@ -171,7 +171,21 @@ def test_gateway_names_the_engines_rendering_from_its_events(stack: SimGateway) 
     while applied() <= before:  # its blocks read before the next turn
         assert time.monotonic() < deadline
         time.sleep(0.01)
+    before = applied()
     send(resumed, ids[1], "conv-dev")
     rows = logged_rows(stack.gw.dir / "state", set(ids))
     row = rows[ids[1]]
     assert row["loss_cause"] == "engine-rendering" and row["lost_tokens"] > 0, row
+    # The session's prefix for stickiness and admission is what the engine holds, measured:
+    # its stored blocks, short of the estimate (the last turn's prompt + output)
+    while applied() <= before:
+        assert time.monotonic() < deadline + 10
+        time.sleep(0.01)
+    explained = httpx.post(
+        stack.gw.admin + "/admin/policy/explain",
+        headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+        json={"request": {"model": "coder", "messages": resumed}, "session": row["session"]},
+        timeout=10,
+    ).json()["session"]
+    estimate = row["prompt_tokens"] + row["completion_tokens"]
+    assert 0 < explained["resident_tokens"] == explained["prefix_tokens"] < estimate, explained

@@ -1,13 +1,16 @@
-"""What the real-vLLM tests share: request bodies, the engine's counters, the client's clock."""
+"""What the real-vLLM tests share: request bodies, the engine's counters, the client's clock,
+what the gateway's index of the engine's KV events says of a session."""
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtests.harness.gateway import GatewayServer
+from loadtests.harness.gateway import ADMIN_TOKEN, GatewayServer
 from tests.engines.client_clock import raw_stream
 from tests.engines.test_llamacpp_gateway import logged
 
@@ -57,3 +60,34 @@ def per_token_itl_p50(frames: list[tuple[float, int]]) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(values) - 1)
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
+
+
+def resident_tokens(gw: GatewayServer, session: str) -> int | None:
+    """The session's resident prefix on its engine, as the gateway's index of the engine's KV
+    events has it now (`POST /admin/policy/explain`'s `session.resident_tokens`)."""
+    resp = httpx.post(
+        gw.admin + "/admin/policy/explain",
+        headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+        json={"request": {"model": "any", "messages": CHAT}, "session": session},
+        timeout=10,
+    )
+    resp.raise_for_status()
+    found: int | None = resp.json()["session"]["resident_tokens"]
+    return found
+
+
+def kv_events(gw: GatewayServer, backend: str, what: str) -> float:
+    """specrouter_kv_events_total{backend, what}: batches applied, restarts seen, ..."""
+    line = f'specrouter_kv_events_total{{backend="{backend}",what="{what}"}} '
+    found = [ln for ln in gw.metrics().splitlines() if ln.startswith(line)]
+    return float(found[0].split()[-1]) if found else 0.0
+
+
+def wait_for(check: Any, timeout: float) -> bool:
+    """Until `check()` is true (polled every 0.1 s), at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return False

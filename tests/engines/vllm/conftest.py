@@ -22,7 +22,7 @@ from loadtests.harness.gateway import CLIENT_KEY, GatewayServer
 from loadtests.harness.vllm import DRAFT_TOKENS, SERVED, START_TIMEOUT_S, VllmServer
 from proxy import auth
 from proxy.certs import CertFiles
-from tests.engines.boot import BOOT
+from tests.engines.boot import BOOT, KV_EVENTS
 
 # The model the recorded agents name (tests/fixtures/agent-recordings): served by the ngram engine.
 AGENT_MODEL = "qwen3.8-27b"
@@ -88,7 +88,12 @@ def vllm_policy(engines: Engines) -> dict[str, Any]:
         "schema": 1,
         "backends": {
             "v-draft": generate(engines.draft, "draft_model"),
-            "v-ngram": {**generate(engines.ngram, "ngram"), "priority_scheduling": True},
+            "v-ngram": {
+                **generate(engines.ngram, "ngram"),
+                "priority_scheduling": True,
+                # the engine's KV events (tests/engines/boot.py): the gateway binds the endpoint
+                "kv_events": dict(KV_EVENTS["ngram"]),
+            },
             "v-embed": {
                 "url": engines.embed.url,
                 "kind": "vllm",

@@ -23,6 +23,7 @@ from loadtests.sim.scripted import SUBAGENT_PROMPT
 from proxy import vllm_wire
 from proxy.certs import CertFiles
 from tests.engines.vllm import replay
+from tests.engines.vllm.common import resident_tokens
 from tests.engines.vllm.conftest import Engines, vllm_policy
 from tests.engines.vllm.replay import ROOT, Replayed, replay_all
 
@@ -153,7 +154,8 @@ def test_codex_cache_hits_are_what_vllms_rendering_shares(
     assert resumed["shared_tokens"] < before["prompt_tokens"] // 2, (resumed, before)
     # The gateway's per-turn accounting (proxy/backends/prefix.py) of the same turns: each
     # extends its predecessor, so it expects every whole block of its prompt; only the resumed
-    # turn loses, by vLLM's rendering, which the body cannot show: `unknown`.
+    # turn loses, by vLLM's rendering, which the body cannot show and the engine's KV events
+    # do: the previous turn's blocks were all there and not served (`engine-rendering`).
     rows = [one.row for one in replayed["codex"]]
     assert rows[0]["expected_tokens"] is None  # the session's first turn
     accounted = []
@@ -161,8 +163,66 @@ def test_codex_cache_hits_are_what_vllms_rendering_shares(
         held = min(prev["prompt_tokens"], row["prompt_tokens"] - 1) // block * block
         lost = held - row["cached_tokens"]
         accounted.append((row["expected_tokens"], row["lost_tokens"], row["loss_cause"]))
-        assert accounted[-1] == (held, lost, "unknown" if lost else None), (accounted, held)
+        cause = "engine-rendering" if lost else None
+        assert accounted[-1] == (held, lost, cause), (accounted, held)
     assert [a[1] > 0 for a in accounted] == [False, False, True, False]  # codex#3 alone
+
+
+def test_claude_codes_main_loop_after_its_title_request_is_a_client_rewrite(
+    replayed: dict[str, list[Replayed]], vllm: Engines
+) -> None:
+    """Claude Code's session opens with its title request (another system prompt, no tools)
+    under the session's id; the main loop's first request finds none of it cached, a loss the
+    body shows: `client-rewrite` at `system`. It is the only rewrite of the recordings."""
+    block = int(vllm.ngram.cache_config()["block_size"])
+    title, main = [o.row for o in replayed["claude-code"] if o.row is not None][:2]
+    held = title["prompt_tokens"] // block * block
+    assert main["session"] == title["session"] and main["cached_tokens"] == 0, (title, main)
+    assert (main["lost_tokens"], main["loss_cause"], main["loss_where"]) == (
+        held,
+        "client-rewrite",
+        "system",
+    )
+    rewrites = [
+        o.rec.name
+        for ones in replayed.values()
+        for o in ones
+        if o.row is not None and o.row["loss_cause"] == "client-rewrite"
+    ]
+    assert rewrites == ["claude-code#2"], rewrites
+
+
+def test_resident_prefix_is_what_the_next_request_finds(
+    replayed: dict[str, list[Replayed]], vgw: GatewayServer, vllm: Engines
+) -> None:
+    """The gateway's index of the engine's KV events gives each session's resident prefix: for
+    every recorded session that stored a block, its last request sent again finds exactly
+    that, less the prompt's last token's block (vLLM computes a prompt's last token however
+    much is cached: the resident prefix is the prompt's whole blocks, the answer's 8 tokens
+    fill none)."""
+    engine = vllm.ngram
+    block = int(engine.cache_config()["block_size"])
+    last: dict[str, Replayed] = {}
+    for session in replayed.values():  # in the order replayed: the last request of each key
+        for one in session:
+            if one.row is not None and one.row["session"] and one.status == 200:
+                last[one.row["session"]] = one
+    seen = {}
+    with vgw.client() as c:
+        c.timeout = httpx.Timeout(300)
+        for key, one in last.items():
+            resident = resident_tokens(vgw, key)
+            prompt = one.row["prompt_tokens"]
+            if prompt < block:
+                continue  # stored no block: nothing resident to compare
+            again, _ = replay.send(c, engine, vgw, one.rec, None)
+            assert again.status == 200 and again.row["session"] == key, again.text[:300]
+            seen[one.rec.name] = (resident, prompt, again.row["cached_tokens"])
+    assert seen, last
+    for name, (resident, prompt, cached) in seen.items():
+        # the prompt's whole blocks, and one more where the answer's tokens filled it
+        assert prompt // block * block <= resident <= (prompt + replay.CAP) // block * block
+        assert cached == min(resident, (prompt - 1) // block * block), (name, seen)
 
 
 def test_developer_in_place_keeps_the_resumed_turns_prefix(
@@ -175,6 +235,7 @@ def test_developer_in_place_keeps_the_resumed_turns_prefix(
     engine = vllm.ngram
     doc = vllm_policy(vllm)
     doc["backends"]["v-ngram"]["developer_in_place"] = True
+    del doc["backends"]["v-ngram"]["kv_events"]  # the session's gateway binds the endpoint
     block = int(engine.cache_config()["block_size"])
     codex = {one.rec.name: one.rec for one in replayed["codex"]}
     with GatewayServer(doc, certs=certs) as gw, gw.client() as c:

@@ -10,23 +10,22 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 from loadtests.harness.gateway import GatewayServer
 from loadtests.harness.vllm import SERVED
-from tests.engines.vllm.common import CHAT, GREEDY, logged, samples
+from tests.engines.vllm import replay
+from tests.engines.vllm.common import (
+    CHAT,
+    GREEDY,
+    PROMPT,
+    kv_events,
+    logged,
+    samples,
+    wait_for,
+)
 from tests.engines.vllm.conftest import PRIORITY_KEYS, Engines
 
 RUNNING = "vllm:num_requests_running"
-
-
-def wait_for(check: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_client_that_hangs_up_frees_the_slot(vgw: GatewayServer, vllm: Engines) -> None:
@@ -60,7 +59,14 @@ def health(gw: GatewayServer, backend: str) -> str:
 
 
 def test_stop_failover_restart_recover(vgw: GatewayServer, vllm: Engines) -> None:
+    """... and the restart is the lost prefix's cause for a session's next turn: the recorded
+    OpenAI SDK session's first request before the restart, its second after it."""
     assert variant(vgw) == "v-ngram"
+    first, second = replay.load("openai-sdk")
+    with vgw.client() as c:
+        before, _ = replay.send(c, vllm.ngram, vgw, first, None)
+    assert before.status == 200, before.text[:300]
+    restarts = kv_events(vgw, "v-ngram", "restart")
     vllm.ngram.stop()
     assert wait_for(lambda: health(vgw, "v-ngram") == "down", 15), health(vgw, "v-ngram")
     assert variant(vgw) == "v-draft"  # the route fails over to the other engine
@@ -68,6 +74,20 @@ def test_stop_failover_restart_recover(vgw: GatewayServer, vllm: Engines) -> Non
     vllm.ngram.start(keep_port=True)
     assert wait_for(lambda: health(vgw, "v-ngram") == "up", 15), health(vgw, "v-ngram")
     assert variant(vgw) == "v-ngram"
+    # The gateway knows of the restart once the new process publishes its first batch (its
+    # sequence starts at 0 again): a request that stores a block.
+    long = [{"role": "user", "content": PROMPT * 20}]
+    with vgw.client() as c:
+        body = {"model": f"{SERVED}-ngram", "messages": long, "max_tokens": 2, **GREEDY}
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+        assert wait_for(lambda: kv_events(vgw, "v-ngram", "restart") > restarts, 15)
+        after, _ = replay.send(c, vllm.ngram, vgw, second, None)
+    assert after.status == 200, after.text[:300]
+    row, block = after.row, int(vllm.ngram.cache_config()["block_size"])
+    held = before.row["prompt_tokens"] // block * block
+    assert row["session"] == before.row["session"], (row, before.row)
+    assert (row["cached_tokens"], row["expected_tokens"]) == (0, held), row
+    assert (row["lost_tokens"], row["loss_cause"]) == (held, "engine-reset"), row
 
 
 def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> None:

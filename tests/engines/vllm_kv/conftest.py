@@ -22,9 +22,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(START_TIMEOUT_S + 300))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def small_kv_vllm() -> Iterator[SmallKvVllm]:
-    """loadtests/bench/kv_sessions_engines.small_kv_server's, started; stopped after the test."""
+    """loadtests/bench/kv_sessions_engines.small_kv_server's, started; stopped after the
+    module (its tests share the one engine: the last one stops it)."""
     try:
         server = BOOT.take("kv")
         assert isinstance(server, SmallKvVllm)

