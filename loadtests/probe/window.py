@@ -43,7 +43,13 @@ class RunState:
 
 async def _read_source(client: httpx.AsyncClient, src: MetricsSource) -> dict[str, Reading]:
     hdr = {"authorization": f"Bearer {src.key}"} if src.key else {}
-    resp = await client.get(src.url, timeout=10.0, headers=hdr)
+    try:
+        resp = await client.get(src.url, timeout=10.0, headers=hdr)
+    except httpx.RemoteProtocolError:
+        # The server closed a pooled keep-alive connection as this GET went out on it (its idle
+        # timeout, reached when a loaded machine stretches a window): the GET is idempotent,
+        # and a second one takes a fresh connection.
+        resp = await client.get(src.url, timeout=10.0, headers=hdr)
     resp.raise_for_status()
     if src.kind == "engine":
         return {src.url: parse_engine(resp.text)}
