@@ -15,8 +15,9 @@ started on the same two simulated engines:
 
 Two engines are not twice the hardware: a route-scoped load rule at a steady concurrency sends
 *every* new request to one variant, but the streams opened together split (the first two on A).
-So each stream first sends short warm-up requests; the measured (long) requests are routed
-at the steady concurrency, and every run is checked to have produced >= 99 % of its window's
+So each stream first sends short warm-up requests, the last held open and handed over to
+the measured (long) request one stream at a time (loadtests/probe/run.py); the measured
+requests are routed at the steady concurrency, and every run is checked to have produced >= 99 % of its window's
 tokens on one engine (else it is measured again). The counters are each engine's own.
 
 The prompts are the probe's, the same in every configuration (same seed), so the three are
