@@ -164,6 +164,8 @@ class Probe:
                         st.error(f"HTTP {resp.status_code}: {text}")
                         failed = True
                     else:
+                        if long and cfg.admin_url and idx + 1 < st.n:
+                            st.turns[idx + 1].set()  # routed and counted: the next one's turn
                         if long:
                             variant = resp.headers.get("x-specrouter-variant")
                             if variant:
@@ -201,8 +203,6 @@ class Probe:
                                 st.decoding.add(idx)
                                 if len(st.decoding) >= st.n:
                                     st.all_decoding.set()
-                                if cfg.admin_url and idx + 1 < st.n:
-                                    st.turns[idx + 1].set()  # routed: the next one's turn
                             if held and idx not in st.holding:
                                 st.holding.add(idx)
                                 if len(st.holding) >= st.n:
