@@ -119,7 +119,8 @@ def run_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="short requests per stream before the measured one, so a gateway's "
-        "load rule routes the measured requests at the steady concurrency (0)",
+        "load rule routes the measured requests at the steady concurrency; with --admin-url "
+        "the last is held open and the streams hand over one at a time (0)",
     )
     m.add_argument("--warmup-max-tokens", type=int, default=16, help="per warm-up request")
     m.add_argument(

@@ -4,7 +4,12 @@ One *run* of a cell (N streams, one temperature):
 
 1. open N streams (closed loop: a stream whose request ends opens the next one). With
    `warmup_requests` > 0 each stream first sends that many short requests, so that a gateway's
-   load rule sees the steady concurrency before the measured requests are routed;
+   load rule sees the steady concurrency before the measured requests are routed. Through a
+   gateway whose admin API is given, the last warm-up request is held open instead, and the
+   streams hand over one at a time: each closes its warm-up, waits until the gateway counts
+   the other N-1 only, and sends its long request, routed at exactly N in flight (short
+   warm-ups alone leave that to timing: on a loaded machine the client turned round after
+   the gateway had finished every short one, and the long requests arrived together);
 2. wait until every stream's long request is decoding, then `warmup_s` more (unscaled);
 3. read the engine counters, wait `window_s` (unscaled), read them again: decode tokens/s is
    delta(generation tokens) / window, accepted tokens per step and per-position acceptance come
@@ -37,6 +42,7 @@ from loadtests.probe.progress import Progress, fmt_duration
 from loadtests.probe.stats import temp_label
 from loadtests.probe.window import (
     RunState,
+    gateway_in_flight_at_most,
     prefill_result,
     read_counters,
     result_line,
@@ -132,13 +138,14 @@ class Probe:
                 self.request_stop(f"request bound reached ({cfg.max_requests} requests)")
                 return
             long = short_left == 0
+            held = short_left == 1 and bool(cfg.admin_url)  # held open, then handed over
             msgs = prompts.messages(cfg.seed, st.n, temperature, run, idx, seq)
             body = prompts.chat_body(
                 cfg.model,
                 msgs,
                 temperature=temperature,
                 ignore_eos=cfg.ignore_eos,
-                max_tokens=cfg.max_tokens if long else cfg.warmup_max_tokens,
+                max_tokens=cfg.max_tokens if long or held else cfg.warmup_max_tokens,
             )
             seq += 1
             self.requests += 1
@@ -157,6 +164,8 @@ class Probe:
                         st.error(f"HTTP {resp.status_code}: {text}")
                         failed = True
                     else:
+                        if long and cfg.admin_url and idx + 1 < st.n:
+                            st.turns[idx + 1].set()  # routed and counted: the next one's turn
                         if long:
                             variant = resp.headers.get("x-specrouter-variant")
                             if variant:
@@ -194,6 +203,12 @@ class Probe:
                                 st.decoding.add(idx)
                                 if len(st.decoding) >= st.n:
                                     st.all_decoding.set()
+                            if held and idx not in st.holding:
+                                st.holding.add(idx)
+                                if len(st.holding) >= st.n:
+                                    st.turns[0].set()
+                            if held and st.turns[idx].is_set():
+                                break  # closed here: the gateway sees this stream leave
             except asyncio.CancelledError:
                 raise
             except httpx.HTTPError as exc:
@@ -203,6 +218,10 @@ class Probe:
                 # Back off a little so a failing backend does not turn into a request storm.
                 await asyncio.sleep(max(0.05, 0.5 * self.scale))
                 continue
+            if held:
+                limit = max(30.0, 120.0 * self.scale)
+                await self._wait_event(st.turns[idx], limit)
+                await gateway_in_flight_at_most(client, cfg, st.n - 1, limit)
             if not long:
                 short_left -= 1
 

@@ -31,6 +31,12 @@ class RunState:
     defaults: Counter[str] = field(default_factory=Counter)
     decoding: set[int] = field(default_factory=set)
     all_decoding: asyncio.Event = field(default_factory=asyncio.Event)
+    # The hand-over (Probe._stream): streams holding a warm-up open, and each one's turn.
+    holding: set[int] = field(default_factory=set)
+    turns: list[asyncio.Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.turns = [asyncio.Event() for _ in range(self.n)]
 
     def error(self, what: str) -> None:
         self.errors += 1
@@ -43,7 +49,13 @@ class RunState:
 
 async def _read_source(client: httpx.AsyncClient, src: MetricsSource) -> dict[str, Reading]:
     hdr = {"authorization": f"Bearer {src.key}"} if src.key else {}
-    resp = await client.get(src.url, timeout=10.0, headers=hdr)
+    try:
+        resp = await client.get(src.url, timeout=10.0, headers=hdr)
+    except httpx.RemoteProtocolError:
+        # The server closed a pooled keep-alive connection as this GET went out on it (its idle
+        # timeout, reached when a loaded machine stretches a window): the GET is idempotent,
+        # and a second one takes a fresh connection.
+        resp = await client.get(src.url, timeout=10.0, headers=hdr)
     resp.raise_for_status()
     if src.kind == "engine":
         return {src.url: parse_engine(resp.text)}
@@ -95,6 +107,23 @@ async def wait_idle(client: httpx.AsyncClient, cfg: ProbeConfig, real_s: float =
         if busy.get("running") + busy.get("waiting") == 0 and await _gateway_idle(client, cfg):
             return True
         await asyncio.sleep(0.05)
+    return False
+
+
+async def gateway_in_flight_at_most(
+    client: httpx.AsyncClient, cfg: ProbeConfig, n: int, real_s: float
+) -> bool:
+    """Until the gateway counts at most `n` requests in flight (it has seen a client leave)."""
+    hdr = {"authorization": f"Bearer {cfg.admin_token}"} if cfg.admin_token else {}
+    deadline = time.monotonic() + real_s
+    while time.monotonic() < deadline:
+        try:
+            resp = await client.get(f"{cfg.admin_url}/admin/status", headers=hdr, timeout=10.0)
+            if resp.status_code == 200 and int(resp.json().get("in_flight") or 0) <= n:
+                return True
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.01)
     return False
 
 

@@ -103,6 +103,11 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> float:
     raise AssertionError(f"{what}: not reached in {timeout:g}s")
 
 
+def _more(load: Load, since: float, what: str, n: int = STREAMS) -> None:
+    """Until `n` requests sent after `since` have ended: each worker's next one, about."""
+    _wait(lambda: sum(o.t0 > since for o in load.outcomes) >= n, 15, what)
+
+
 def _target(gw: GatewayServer) -> Address:
     return Address.of(gw.base, gw.certs.ca_cert)
 
@@ -205,8 +210,7 @@ def test_backend_hangs_mid_stream_is_cut_by_the_idle_timeout(certs, pair, relay:
             time.sleep(3.5)
             t_clear = time.monotonic()
             deep.clear_faults()
-            _served_again(gw, CLIENT_KEY, "deep")
-            time.sleep(1.0)
+            _more(load, _served_again(gw, CLIENT_KEY, "deep"), "requests after the hang")
         finally:
             outs = load.stop()
         # A request the hung engine had (sent, with or without its headers back) is not sent
@@ -251,10 +255,10 @@ def test_500_and_503_before_the_first_byte(certs, pair) -> None:
             _wait(lambda: len(load.outcomes) >= STREAMS, 15, "warm-up")
             deep.fault("http_500")  # one failing: retried on the other before the first byte
             t_a = time.monotonic()
-            time.sleep(2.5)
+            _more(load, t_a, "requests while deep fails")
             shallow.fault("http_503")  # both failing: a clear 5xx with Retry-After
             t_b = time.monotonic()
-            time.sleep(2.0)
+            _more(load, t_b, "requests while both fail")
             t_c = time.monotonic()
             deep.clear_faults()
             shallow.clear_faults()
@@ -262,7 +266,7 @@ def test_500_and_503_before_the_first_byte(certs, pair) -> None:
             watch.wait("shallow", lambda h: h == "up", 10)
             _served_again(gw, CLIENT_KEY, "deep")
             t_ok = time.monotonic()
-            time.sleep(1.5)
+            _more(load, t_ok, "requests once both are back")
         finally:
             outs = load.stop()
         _no_loss(outs)
@@ -304,8 +308,7 @@ def test_backend_dies_mid_stream(certs, pair, continuation: bool, relay: str) ->
             t_clear = time.monotonic()
             deep.clear_faults()
             watch.wait("deep", lambda h: h == "up", 10)
-            _served_again(gw, CLIENT_KEY, "deep")
-            time.sleep(1.0)
+            _more(load, _served_again(gw, CLIENT_KEY, "deep"), "requests after the deaths")
         finally:
             outs = load.stop()
         errors = _only_on(outs, "deep")
@@ -352,8 +355,7 @@ def test_health_flapping(certs, pair) -> None:
                 watch.wait("deep", lambda h: h == "down", 5)
                 deep.clear_faults()
                 watch.wait("deep", lambda h: h == "up", 5)
-            _served_again(gw, CLIENT_KEY, "deep")
-            time.sleep(1.0)
+            _more(load, _served_again(gw, CLIENT_KEY, "deep"), "requests after the flapping")
         finally:
             outs = load.stop()
         _no_loss(outs)
@@ -406,7 +408,7 @@ def test_policy_changes_during_load(certs, pair) -> None:
                     if i == 10:
                         gw.hup()  # certificate and policy file reloaded meanwhile
                     time.sleep(0.15)
-            time.sleep(1.0)
+            _more(load, time.monotonic(), "requests under the last policy")
         finally:
             outs = load.stop()
         assert statuses == {200: 20, 412: 1, 422: 1}, statuses
@@ -545,9 +547,17 @@ def test_memory_and_connections_stay_flat_over_repeated_rounds(certs, pair, lean
         for i in range(9):
             load = Load(target, KEYS, workers=STREAMS, deadline_s=20).start()
             try:
-                time.sleep(0.4)
+                _wait(lambda: deep.stats()["running"] >= STREAMS // 4, 10, "streams on deep")
+                died = metric_sum(gw.metrics(), "specrouter_continuations_total")
                 deep.fault("die_mid_stream", after_chunks=4 + i)
-                time.sleep(0.3)
+                t_fault = time.monotonic()
+                _wait(
+                    lambda d=died: metric_sum(gw.metrics(), "specrouter_continuations_total") > d,
+                    10,
+                    "a death mid-stream, continued",
+                )
+                # The deaths of a round are what its 0.3 s of fault kills, as before: no fewer.
+                time.sleep(max(0.0, t_fault + 0.3 - time.monotonic()))
                 deep.clear_faults()
                 seen = run_async(disconnects(target, OTHER_KEY, 300, concurrency=32), 60)
                 assert seen == {"dropped": 300}, seen

@@ -708,9 +708,18 @@ def test_policy_sweep_quick_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[
         ]
     )
     out = capsys.readouterr().out
+    # What each configuration measured and discarded, for a failure to say why.
+    why = {
+        f.stem: [
+            (r["reason"], r["run"]["concurrency"], r["run"]["variants"], r["run"]["error_samples"])
+            for r in json.loads(f.read_text())["target"]["rejected_runs"]
+        ]
+        for f in sorted(tmp_path.glob("*.json"))
+    }
     assert rc in (0, 1)  # the verdict needs the full sweep; here: it runs and routes
     assert "policy >= 97 % of the best single variant in every cell" in out
-    assert "policy routed the measured requests to: N=1: coder-dflash7, N=4: coder-dflash5" in out
-    assert "8/8 runs had >= 99 %" in out
+    routed = "policy routed the measured requests to: N=1: coder-dflash7, N=4: coder-dflash5"
+    assert routed in out, (out[-2000:], why)
+    assert "8/8 runs had >= 99 %" in out, (out[-2000:], why)
     for name in ("coder-dflash7", "coder-dflash5", "coder-mtp3", "policy"):
         assert Results.load(tmp_path / f"{name}.json").runs

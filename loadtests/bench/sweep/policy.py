@@ -15,8 +15,9 @@ started on the same two simulated engines:
 
 Two engines are not twice the hardware: a route-scoped load rule at a steady concurrency sends
 *every* new request to one variant, but the streams opened together split (the first two on A).
-So each stream first sends short warm-up requests; the measured (long) requests are routed
-at the steady concurrency, and every run is checked to have produced >= 99 % of its window's
+So each stream first sends short warm-up requests, the last held open and handed over to
+the measured (long) request one stream at a time (loadtests/probe/run.py); the measured
+requests are routed at the steady concurrency, and every run is checked to have produced >= 99 % of its window's
 tokens on one engine (else it is measured again). The counters are each engine's own.
 
 The prompts are the probe's, the same in every configuration (same seed), so the three are
@@ -50,6 +51,11 @@ from proxy.auth import hash_key
 DEFAULT_POLICY = Path(__file__).resolve().parent / "gb10-three.yaml"
 CLIENT_KEY = "sk-policy-sweep"
 ONE_ENGINE_SHARE = 0.99
+# The measured requests' length: the route's clamp, so that none ends inside a run even when a
+# loaded machine stretches the run ten-fold. One that ended would be sent again, together with
+# the others that ended with it, and routed at the in-flight count of that moment (the first two
+# to block 7 at four streams): a split run, measured again, and split again.
+LONG_TOKENS = 32768
 
 
 def profile_for(spec: Mapping[str, Any] | None) -> str:
@@ -301,6 +307,7 @@ async def sweep(args: argparse.Namespace) -> int:
                     warmup_s=warmup,
                     warmup_requests=warm_req,
                     warmup_max_tokens=16,
+                    max_tokens=LONG_TOKENS,
                     prefill_tokens=0,
                     time_scale=scale,
                     seed=args.seed,
