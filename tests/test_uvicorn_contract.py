@@ -123,3 +123,67 @@ async def test_a_live_connection_exposes_transport_flow_and_cycle() -> None:
     assert seen["gone"] is False
     assert b"transfer-encoding: chunked" in reply.lower()
     assert b"\r\n2\r\nok\r\n6\r\npushed\r\n0\r\n\r\n" in reply
+
+
+async def test_a_held_head_goes_out_with_the_first_body_bytes_or_before_uvicorns_own() -> None:
+    """`hold_head`: the head uvicorn writes is kept until a pushed chunk carries it, a flush,
+    or uvicorn's own next write (the end); every response stays whole and in order."""
+    writes: list[bytes] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        channel = scope["extensions"]["specrouter.push"]
+        transport = channel._transport
+        channel.hold_head()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        assert channel._head  # held, not written
+        if scope["path"] == "/pushed":
+            channel._transport = _Counting(transport, writes)
+            channel.write(b"first")
+            channel._transport = transport
+        elif scope["path"] == "/flushed":
+            channel.flush_head()
+        await send({"type": "http.response.body", "body": b"end", "more_body": False})
+
+    sock = bind("127.0.0.1", 0)
+    server = make_server(app)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    replies = []
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        for path in ("/pushed", "/flushed", "/uvicorn"):
+            writer.write(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            body = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 10)
+            replies.append((head, body))
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+    for head, _ in replies:
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"transfer-encoding: chunked" in head
+    assert [body for _, body in replies] == [
+        b"5\r\nfirst\r\n3\r\nend\r\n0\r\n\r\n",
+        b"3\r\nend\r\n0\r\n\r\n",
+        b"3\r\nend\r\n0\r\n\r\n",
+    ]
+    # the head and the first chunk in one write
+    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert writes[0].endswith(b"\r\n\r\n5\r\nfirst\r\n")
+
+
+class _Counting:
+    """A transport that records what is written through it, for one chunk's write."""
+
+    def __init__(self, transport: asyncio.Transport, writes: list[bytes]) -> None:
+        self._transport, self._writes = transport, writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()

@@ -20,7 +20,7 @@ from typing import Any
 class PushChannel:
     """Write access to one client connection, for the response in progress."""
 
-    __slots__ = ("_protocol", "_transport", "_flow")
+    __slots__ = ("_protocol", "_transport", "_flow", "_head")
 
     def __init__(self, protocol: Any) -> None:
         # uvicorn's HttpToolsProtocol (our subclass), weakly: the channel sits in the scope the
@@ -29,6 +29,7 @@ class PushChannel:
         self._protocol: Any = weakref.proxy(protocol)
         self._transport = protocol.transport  # both fixed for the connection's life
         self._flow = protocol.flow
+        self._head: bytes | None = None  # a held response head (b"": held, not written yet)
 
     @property
     def gone(self) -> bool:
@@ -57,6 +58,7 @@ class PushChannel:
             return
         if cycle is None or cycle.response_complete or not cycle.response_started:
             return
+        self.flush_head()
         cycle.disconnected = True
         self._transport.close()
 
@@ -74,5 +76,61 @@ class PushChannel:
         """
         transport = self._transport
         if not transport.is_closing():
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            if self._head is None:
+                transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            else:
+                transport.write(self._take_head() + b"%x\r\n%b\r\n" % (len(data), data))
         return bool(self._flow.write_paused)
+
+    def hold_head(self) -> None:
+        """The response head that uvicorn writes next is held, to go out with the first body
+        bytes in one write (one TLS record, one send: ~60 us less CPU and latency to the first
+        event). The holder owns the bound: it calls `flush_head` before it waits on anything,
+        so a head never waits for an engine. Whatever uvicorn itself writes or closes meanwhile
+        sends the head first (`_HeldHead`)."""
+        with contextlib.suppress(ReferenceError):
+            cycle = self._protocol.cycle
+            if cycle is not None and self._head is None:
+                self._head = b""
+                cycle.transport = _HeldHead(self)
+
+    def flush_head(self) -> None:
+        """A held head goes out now (no body bytes came to carry it)."""
+        if self._head is not None:
+            head = self._take_head()
+            if head and not self._transport.is_closing():
+                self._transport.write(head)
+
+    def _take_head(self) -> bytes:
+        head, self._head = self._head or b"", None
+        with contextlib.suppress(ReferenceError):
+            cycle = self._protocol.cycle
+            if cycle is not None and type(cycle.transport) is _HeldHead:
+                cycle.transport = self._transport
+        return head
+
+
+class _HeldHead:
+    """The client's transport as uvicorn's cycle sees it while a head is held: its first write
+    (the head) is kept; any later write, or a close, sends the head first."""
+
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: PushChannel) -> None:
+        self._channel = channel
+
+    def write(self, data: bytes) -> None:
+        channel = self._channel
+        if channel._head == b"":
+            channel._head = bytes(data)
+            return
+        head = channel._take_head()
+        if not channel._transport.is_closing():
+            channel._transport.write(head + data)
+
+    def close(self) -> None:
+        self._channel.flush_head()
+        self._channel._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel._transport, name)

@@ -132,6 +132,7 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> StreamCore | str:
     pending = stream.take_pending()
     if pending:
         sink(pending)
+    channel.flush_head()  # held for the first event (forward.py); never across a wait
     pinged = loop.time()
     try:
         while not stream.done.done():
