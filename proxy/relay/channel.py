@@ -6,7 +6,9 @@ The framing has one owner, the gateway, through uvicorn's cycle state (pinned by
 tests/test_uvicorn_contract.py): the head goes through ASGI, body chunks through the channel or
 ASGI, the last chunk through ASGI; a response the gateway leaves unfinished on purpose (a
 truncated engine body, a client gone or stalled) is ended by `end_unfinished`, never by uvicorn
-guessing at an application error. docs/stream-core.md says why.
+guessing at an application error. docs/stream-core.md says why. A stream's head can be held
+for its first event, and its end event for the chunked end (`hold_head`, `hold_last`): one
+write each instead of two (docs/overhead.md).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 class PushChannel:
     """Write access to one client connection, for the response in progress."""
 
-    __slots__ = ("_protocol", "_transport", "_flow", "_head")
+    __slots__ = ("_protocol", "_transport", "_flow", "_held")
 
     def __init__(self, protocol: Any) -> None:
         # uvicorn's HttpToolsProtocol (our subclass), weakly: the channel sits in the scope the
@@ -29,7 +31,7 @@ class PushChannel:
         self._protocol: Any = weakref.proxy(protocol)
         self._transport = protocol.transport  # both fixed for the connection's life
         self._flow = protocol.flow
-        self._head: bytes | None = None  # a held response head (b"": held, not written yet)
+        self._held: bytes | None = None  # held bytes (b"": a head held, not written yet)
 
     @property
     def gone(self) -> bool:
@@ -76,7 +78,7 @@ class PushChannel:
         """
         transport = self._transport
         if not transport.is_closing():
-            if self._head is None:
+            if self._held is None:
                 transport.write(b"%x\r\n%b\r\n" % (len(data), data))
             else:
                 transport.write(self._take_head() + b"%x\r\n%b\r\n" % (len(data), data))
@@ -90,19 +92,35 @@ class PushChannel:
         sends the head first (`_HeldHead`)."""
         with contextlib.suppress(ReferenceError):
             cycle = self._protocol.cycle
-            if cycle is not None and self._head is None:
-                self._head = b""
+            if cycle is not None and self._held is None:
+                self._held = b""
                 cycle.transport = _HeldHead(self)
 
+    def hold_last(self, data: bytes) -> None:
+        """The stream's end event, held (after a held head, if any) to go out with the
+        chunked body's end, which uvicorn writes, in one write. The holder flushes it unless
+        the engine's stream is already complete (its end then follows without a wait)."""
+        chunk = b"%x\r\n%b\r\n" % (len(data), data)
+        if self._held is not None:
+            self._held += chunk
+            return
+        with contextlib.suppress(ReferenceError):
+            cycle = self._protocol.cycle
+            if cycle is not None:
+                self._held = chunk
+                cycle.transport = _HeldHead(self)
+                return
+        self.write(data)
+
     def flush_head(self) -> None:
-        """A held head goes out now (no body bytes came to carry it)."""
-        if self._head is not None:
+        """What is held goes out now (no body bytes came to carry it)."""
+        if self._held is not None:
             head = self._take_head()
             if head and not self._transport.is_closing():
                 self._transport.write(head)
 
     def _take_head(self) -> bytes:
-        head, self._head = self._head or b"", None
+        head, self._held = self._held or b"", None
         with contextlib.suppress(ReferenceError):
             cycle = self._protocol.cycle
             if cycle is not None and type(cycle.transport) is _HeldHead:
@@ -111,8 +129,9 @@ class PushChannel:
 
 
 class _HeldHead:
-    """The client's transport as uvicorn's cycle sees it while a head is held: its first write
-    (the head) is kept; any later write, or a close, sends the head first."""
+    """The client's transport as uvicorn's cycle sees it while bytes are held: its first write
+    is kept when it is the head awaited; any other write, or a close, sends the held bytes
+    first (the chunked end after a held end event: one write)."""
 
     __slots__ = ("_channel",)
 
@@ -121,8 +140,8 @@ class _HeldHead:
 
     def write(self, data: bytes) -> None:
         channel = self._channel
-        if channel._head == b"":
-            channel._head = bytes(data)
+        if channel._held == b"":
+            channel._held = bytes(data)
             return
         head = channel._take_head()
         if not channel._transport.is_closing():
