@@ -123,3 +123,80 @@ async def test_a_live_connection_exposes_transport_flow_and_cycle() -> None:
     assert seen["gone"] is False
     assert b"transfer-encoding: chunked" in reply.lower()
     assert b"\r\n2\r\nok\r\n6\r\npushed\r\n0\r\n\r\n" in reply
+
+
+async def test_held_bytes_go_out_with_the_next_write_whoever_writes_it() -> None:
+    """`hold_head`: the head uvicorn writes is kept until a pushed chunk carries it, a flush,
+    or uvicorn's own next write (the end); `hold_last`: an end event kept for uvicorn's end.
+    Every response stays whole and in order."""
+    writes: list[bytes] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        channel = scope["extensions"]["specrouter.push"]
+        transport = channel._transport
+        channel.hold_head()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        assert channel._held  # held, not written
+        if scope["path"] == "/pushed":
+            channel._transport = _Counting(transport, writes)
+            channel.write(b"first")
+            channel._transport = transport
+        elif scope["path"] == "/flushed":
+            channel.flush_head()
+        elif scope["path"] == "/last":
+            channel.write(b"first")
+            channel._transport = _Counting(transport, writes)
+            before = len(writes)
+            channel.hold_last(b"last")
+            assert len(writes) == before  # held for uvicorn's end
+        await send({"type": "http.response.body", "body": b"end", "more_body": False})
+
+    sock = bind("127.0.0.1", 0)
+    server = make_server(app)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    replies = []
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        for path in ("/pushed", "/flushed", "/uvicorn", "/last"):
+            writer.write(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            body = await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 10)
+            replies.append((head, body))
+        writer.close()
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+    for head, _ in replies:
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"transfer-encoding: chunked" in head
+    assert [body for _, body in replies] == [
+        b"5\r\nfirst\r\n3\r\nend\r\n0\r\n\r\n",
+        b"3\r\nend\r\n0\r\n\r\n",
+        b"3\r\nend\r\n0\r\n\r\n",
+        b"5\r\nfirst\r\n4\r\nlast\r\n3\r\nend\r\n0\r\n\r\n",
+    ]
+    # the head and the first chunk in one write
+    assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert writes[0].endswith(b"\r\n\r\n5\r\nfirst\r\n")
+    # a held end event and uvicorn's end in one write
+    assert writes[-1] == b"4\r\nlast\r\n3\r\nend\r\n0\r\n\r\n"
+
+
+class _Counting:
+    """A transport that records what is written through it, for one chunk's write."""
+
+    def __init__(self, transport: asyncio.Transport, writes: list[bytes]) -> None:
+        self._transport, self._writes = transport, writes
+
+    def write(self, data: bytes) -> None:
+        self._writes.append(bytes(data))
+        self._transport.write(data)
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def close(self) -> None:
+        self._transport.close()

@@ -6,7 +6,9 @@ The framing has one owner, the gateway, through uvicorn's cycle state (pinned by
 tests/test_uvicorn_contract.py): the head goes through ASGI, body chunks through the channel or
 ASGI, the last chunk through ASGI; a response the gateway leaves unfinished on purpose (a
 truncated engine body, a client gone or stalled) is ended by `end_unfinished`, never by uvicorn
-guessing at an application error. docs/stream-core.md says why.
+guessing at an application error. docs/stream-core.md says why. A stream's head can be held
+for its first event, and its end event for the chunked end (`hold_head`, `hold_last`): one
+write each instead of two (docs/overhead.md).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 class PushChannel:
     """Write access to one client connection, for the response in progress."""
 
-    __slots__ = ("_protocol", "_transport", "_flow")
+    __slots__ = ("_protocol", "_transport", "_flow", "_held")
 
     def __init__(self, protocol: Any) -> None:
         # uvicorn's HttpToolsProtocol (our subclass), weakly: the channel sits in the scope the
@@ -29,6 +31,7 @@ class PushChannel:
         self._protocol: Any = weakref.proxy(protocol)
         self._transport = protocol.transport  # both fixed for the connection's life
         self._flow = protocol.flow
+        self._held: bytes | None = None  # held bytes (b"": a head held, not written yet)
 
     @property
     def gone(self) -> bool:
@@ -57,6 +60,7 @@ class PushChannel:
             return
         if cycle is None or cycle.response_complete or not cycle.response_started:
             return
+        self.flush_head()
         cycle.disconnected = True
         self._transport.close()
 
@@ -74,5 +78,78 @@ class PushChannel:
         """
         transport = self._transport
         if not transport.is_closing():
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            if self._held is None:
+                transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            else:
+                transport.write(self._take_head() + b"%x\r\n%b\r\n" % (len(data), data))
         return bool(self._flow.write_paused)
+
+    def hold_head(self) -> None:
+        """The response head that uvicorn writes next is held, to go out with the first body
+        bytes in one write (one TLS record, one send: ~60 us less CPU and latency to the first
+        event). The holder owns the bound: it calls `flush_head` before it waits on anything,
+        so a head never waits for an engine. Whatever uvicorn itself writes or closes meanwhile
+        sends the head first (`_HeldHead`)."""
+        with contextlib.suppress(ReferenceError):
+            cycle = self._protocol.cycle
+            if cycle is not None and self._held is None:
+                self._held = b""
+                cycle.transport = _HeldHead(self)
+
+    def hold_last(self, data: bytes) -> None:
+        """The stream's end event, held (after a held head, if any) to go out with the
+        chunked body's end, which uvicorn writes, in one write. The holder flushes it unless
+        the engine's stream is already complete (its end then follows without a wait)."""
+        chunk = b"%x\r\n%b\r\n" % (len(data), data)
+        if self._held is not None:
+            self._held += chunk
+            return
+        with contextlib.suppress(ReferenceError):
+            cycle = self._protocol.cycle
+            if cycle is not None:
+                self._held = chunk
+                cycle.transport = _HeldHead(self)
+                return
+        self.write(data)
+
+    def flush_head(self) -> None:
+        """What is held goes out now (no body bytes came to carry it)."""
+        if self._held is not None:
+            head = self._take_head()
+            if head and not self._transport.is_closing():
+                self._transport.write(head)
+
+    def _take_head(self) -> bytes:
+        head, self._held = self._held or b"", None
+        with contextlib.suppress(ReferenceError):
+            cycle = self._protocol.cycle
+            if cycle is not None and type(cycle.transport) is _HeldHead:
+                cycle.transport = self._transport
+        return head
+
+
+class _HeldHead:
+    """The client's transport as uvicorn's cycle sees it while bytes are held: its first write
+    is kept when it is the head awaited; any other write, or a close, sends the held bytes
+    first (the chunked end after a held end event: one write)."""
+
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: PushChannel) -> None:
+        self._channel = channel
+
+    def write(self, data: bytes) -> None:
+        channel = self._channel
+        if channel._held == b"":
+            channel._held = bytes(data)
+            return
+        head = channel._take_head()
+        if not channel._transport.is_closing():
+            channel._transport.write(head + data)
+
+    def close(self) -> None:
+        self._channel.flush_head()
+        self._channel._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel._transport, name)

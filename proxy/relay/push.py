@@ -119,6 +119,10 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> StreamCore | str:
             channel.write(out)
             stream.close()
             return
+        if core.ended and not draining:  # the end event: out with the chunked end, one write
+            channel.hold_last(out)
+            loop.call_soon(_flush_unless_done, channel, stream)
+            return
         if channel.write(out) and not draining:
             # The client reads slower than the engine writes: stop reading the engine
             # until the client's socket drains (TCP then pushes back on the engine).
@@ -132,6 +136,8 @@ async def relay_sse_push(x: Exchange[EngineStream]) -> StreamCore | str:
     pending = stream.take_pending()
     if pending:
         sink(pending)
+    if not stream.done.done():  # held for the first event (forward.py); never across a wait
+        channel.flush_head()
     pinged = loop.time()
     try:
         while not stream.done.done():
@@ -187,6 +193,12 @@ def _failure(stream: EngineStream) -> UpstreamError | None:
     if failure is None or isinstance(failure, UpstreamError):
         return failure
     raise failure  # not the engine's: as `result()` would
+
+
+def _flush_unless_done(channel: PushChannel, stream: EngineStream) -> None:
+    """A held end event waits for the engine's end only if it came in the same read."""
+    if not stream.done.done():
+        channel.flush_head()
 
 
 async def _resume_after_drain(
