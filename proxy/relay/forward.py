@@ -291,8 +291,8 @@ async def _relay(x: Exchange[R]) -> None:
             return
     else:
         record.status = resp.status
-        if is_sse and x.channel is not None:  # the push relay sends it with the first event
-            x.channel.hold_head()
+        if is_sse and x.engine.channel is not None:  # the push relay sends it with the first event
+            x.engine.channel.hold_head()
         await x.send(
             {
                 "type": "http.response.start",
