@@ -25,6 +25,8 @@ The map (each folder one concern; a request's way through is ``relay/``, top to 
     servers.py  uvicorn on pre-bound sockets, with our guarded HTTP protocol
     accept.py   the listeners' accept loop: connections per source address and network
                 capped before TLS
+    drain_close.py a draining listener's TLS connections dropped once flushed, not held
+                for a pooled client's `close_notify`
     plainhttp.py plain HTTP sent to the TLS listener: a 400 that says https, before any TLS
     body_budget.py request bodies' memory, bounded across the process and per client
     memory.py   memory given back to the system after large inputs (glibc's allocator)

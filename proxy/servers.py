@@ -22,6 +22,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.accept import CappedListener, CappedServer, SourceCap
+from proxy.drain_close import DrainClose
 from proxy.relay.channel import PushChannel
 from proxy.relay.errors import error_body
 
@@ -112,6 +113,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     on_lost: Callable[[], None] | None = None
     # The listener's per-source count (proxy/accept.py), given back when the connection ends.
     on_closed: Callable[[], None] | None = None
+    # A drain's close of a TLS connection, dropped once flushed (proxy/drain_close.py).
+    _drain: DrainClose | None = None
 
     def __init__(
         self,
@@ -270,7 +273,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return 404, "Not Found", "no route for a percent-encoded path"
         return None
 
+    def shutdown(self) -> None:
+        """uvicorn's drain: closed now when idle, after its response otherwise; over TLS not
+        held open for a `close_notify` a pooled client never sends."""
+        super().shutdown()
+        if self.transport.get_extra_info("sslcontext") is not None:
+            self._drain = DrainClose(self.loop, self.transport)
+            self._drain.check()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._drain is not None:  # closed by uvicorn just before this call
+            self._drain.check()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._drain is not None:
+            self._drain.cancel()
         self._disarm()
         self._leave()
         closed, self.on_closed = self.on_closed, None

@@ -27,6 +27,8 @@ OVERRIDDEN = {
     "__init__": ["self", "config", "server_state", "app_state", "_loop"],
     "on_header": ["self", "name", "value"],
     "send_400_response": ["self", "msg"],
+    "shutdown": ["self"],
+    "on_response_complete": ["self"],
 }
 
 
