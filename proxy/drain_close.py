@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import fcntl
 import termios
 
@@ -67,6 +66,5 @@ class DrainClose:
         """The connection is gone (connection_lost)."""
         self.done = True
         if self._timer is not None:
-            with contextlib.suppress(Exception):
-                self._timer.cancel()
+            self._timer.cancel()
             self._timer = None

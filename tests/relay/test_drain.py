@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 
 import httpx
 
@@ -47,7 +46,6 @@ def test_term_exits_once_streams_end_though_clients_keep_their_connections(certs
         events = response.iter_lines()
         lines = [next(events)]
         assert gw.proc is not None
-        t_term = time.monotonic()
         gw.proc.send_signal(signal.SIGTERM)
         lines += list(events)  # the stream in flight ends whole...
         response.close()  # ...and its connection goes back to the pool, never read again
@@ -57,10 +55,8 @@ def test_term_exits_once_streams_end_though_clients_keep_their_connections(certs
             raise AssertionError(
                 f"still running {EXIT_WITHIN_S}s after TERM with two idle TLS clients"
             ) from None
-        waited = time.monotonic() - t_term
     assert response.status_code == 200
     events_seen = [line for line in lines if line]
     assert events_seen[-1] == "data: [DONE]", events_seen[-3:]
     assert sum(line.startswith("data: {") for line in events_seen) > 10, events_seen[:5]
     assert rc == 0, "".join(gw.output[-20:])
-    assert waited < EXIT_WITHIN_S
