@@ -1,15 +1,16 @@
 """Per-turn prefix accounting: what a session's turn should have found in its engine's prefix
 cache, what it lost, and why, from what the gateway already has.
 
-At decision, the request's conversation is compared with its session's previous turn's, byte for
-byte, on the JSON `check_fields` already wrote for the upstream body (proxy/relay/fields.py):
-no walk of the parsed conversation. The fields an engine renders first (`tools`, `system`,
+At decision, the request's conversation is taken, with its session's previous turn's; the two
+are compared byte for byte when the turn ends (off the way to the engine), on the JSON
+`check_fields` already wrote for the upstream body (proxy/relay/fields.py): no walk of the
+parsed conversation. The fields an engine renders first (`tools`, `system`,
 `instructions`) are compared whole, then the list (`messages`, `input`): the body *extends* the
 previous one when the previous list, without its closing `]`, starts the new one (one memcmp;
 30-40 us a 406 KiB body at the median on the loaded 2-core machine, loadtests/bench/
 prefix_check.py). Only when it does not is the first changed byte located (chunks, then a
-bisection), keys the engine does not render skipped, and named by encoding the list's items
-from its nearer end up to it.
+bisection), keys the engine does not render skipped, and named by parsing the list again and
+encoding its items from its nearer end up to it.
 
 When the turn ends (`Baselines.finished`), with the engine's usage:
 
@@ -83,19 +84,54 @@ class Conversation:
         )
 
 
-@dataclass(frozen=True, slots=True)
 class Check:
-    """A turn compared with its session's previous one, at decision."""
+    """A turn and its session's previous one, taken at decision (what the previous turn's engine
+    holds of the session is read then, before this turn's own blocks change it); the two are
+    compared when first asked (`extends`, `where`, `share`): at the turn's end, after the
+    engine was asked, not on the way to it."""
 
-    now: Conversation
-    prev_prompt: int  # the previous turn's prompt tokens (0: nothing to compare with)
-    prev_engine: str
-    extends: bool
-    where: str  # the first changed field or item ("" when it extends)
-    share: float  # of the previous conversation's bytes, before the first change
-    # What the previous turn's engine holds of the session now, from its KV events
-    # (kv_index.py); None: no events from that engine, or none tagged with the session.
-    resident: Residency | None = None
+    __slots__ = ("now", "prev", "prev_prompt", "prev_engine", "resident", "_compared")
+
+    def __init__(
+        self,
+        now: Conversation,
+        prev: Conversation | None = None,
+        prev_prompt: int = 0,  # the previous turn's prompt tokens (0: nothing to compare with)
+        prev_engine: str = "",
+        resident: Residency | None = None,
+        *,
+        compared: tuple[bool, str, float] | None = None,  # (extends, where, share) when known
+    ) -> None:
+        self.now = now
+        self.prev = prev
+        self.prev_prompt = prev_prompt
+        self.prev_engine = prev_engine
+        # What the previous turn's engine holds of the session, from its KV events
+        # (kv_index.py); None: no events from that engine, or none tagged with the session.
+        self.resident = resident
+        # `prev` holds the previous turn's buffers until this turn ends, whatever the budget
+        # drops meanwhile: at most one conversation more per request in flight.
+        self._compared = compared
+
+    @property
+    def extends(self) -> bool:
+        return self._compare()[0]
+
+    @property
+    def where(self) -> str:
+        """The first changed field or item ("" when it extends)."""
+        return self._compare()[1]
+
+    @property
+    def share(self) -> float:
+        """Of the previous conversation's bytes, before the first change."""
+        return self._compare()[2]
+
+    def _compare(self) -> tuple[bool, str, float]:
+        if self._compared is None:
+            prev = self.prev
+            self._compared = (False, "", 0.0) if prev is None else compare(prev, self.now)
+        return self._compared
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +160,10 @@ def conversation_of(endpoint: str, body: dict[str, Any], encoded: Encoded) -> Co
     return Conversation(endpoint, tuple(lead), encoded[name][1])
 
 
-def compare(
-    prev: Conversation, now: Conversation, endpoint: str, items: Any
-) -> tuple[bool, str, float]:
-    """(extends, where, share of the previous bytes before the first change); `items` is the
-    request's parsed list, encoded only up to a change to name it."""
+def compare(prev: Conversation, now: Conversation) -> tuple[bool, str, float]:
+    """(extends, where, share of the previous bytes before the first change). A changed list is
+    parsed again (its tree was freed once decided) and encoded up to the change to name it."""
+    endpoint = now.endpoint
     before = 0
     for field, a, b in zip(_LEAD[endpoint], prev.lead, now.lead, strict=True):
         x, y = _bytes(a), _bytes(b)
@@ -140,6 +175,7 @@ def compare(
     i, j = _diverge(x, y, _end(x) - 1)  # the previous list without its `]`
     if i == _end(x) - 1:
         return True, "", 1.0
+    items = orjson.loads(memoryview(y[0])[y[1] : _end(y)])
     where = f"{_LIST[endpoint]}[{_item_at(items, j - y[1], _end(y) - y[1])}]"
     return False, where, (before + i - x[1]) / max(1, prev.size)
 
@@ -217,11 +253,10 @@ class Baselines:
         if row is None or row.conversation.endpoint != endpoint:
             # a session's turn on another API (an SDK's chat, then its Messages) renders
             # another prompt: nothing to compare it with
-            return Check(now, 0, "", False, "", 0.0)
-        extends, where, share = compare(row.conversation, now, endpoint, body.get(_LIST[endpoint]))
+            return Check(now)
         # read now, before this turn's own blocks change it
         resident = None if self.residency is None else self.residency(row.engine, key)
-        return Check(now, row.prompt, row.engine, extends, where, share, resident)
+        return Check(now, row.conversation, row.prompt, row.engine, resident)
 
     def compacted(self, key: str) -> None:
         """A compaction request of the session ended: its next turn starts a new prefix."""

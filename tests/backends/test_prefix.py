@@ -28,6 +28,7 @@ def _check(b: Baselines, endpoint: str, body: dict[str, Any], key: str = "s-1") 
     body = orjson.loads(orjson.dumps(body))  # as parsed from the wire
     check = b.check(key, endpoint, body, _encoded(endpoint, body))
     assert check is not None
+    body.clear()  # the tree freed once decided, as on the request path: the bytes are enough
     return check
 
 
@@ -127,7 +128,8 @@ def _c(
     where: str = "",
     resident: Residency | None = None,
 ) -> Check:
-    return Check(None, prev, "e", extends, where, share, resident)  # type: ignore[arg-type]
+    compared = (extends, where, share)
+    return Check(None, None, prev, "e", resident, compared=compared)  # type: ignore[arg-type]
 
 
 def _r(blocks: int, chain: int = 62, resets: int = 0) -> Residency:
