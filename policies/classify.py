@@ -37,8 +37,10 @@ _FENCE: Final = "```"
 # `re` skips to candidates at C speed, and a lookbehind checks the character before it: an
 # unanchored `[\w.-]+/` is retried at every offset (~0.5-1 ms per 8 KB, on every request).
 _DIR_FILE_RE: Final = re.compile(r"/(?<=[\w.-]/)[\w-]+\.[A-Za-z0-9]{1,5}\b")
+# The lookahead on the extensions' first letters turns down most dots of prose before the
+# lookbehind and the alternation are tried (13 -> 3 us on 4 KB of sentences).
 _SOURCE_FILE_RE: Final = re.compile(
-    r"\.(?<=[\w-]\.)(?:py|rs|go|ts|tsx|js|jsx|java|kt|c|cc|cpp|h|hpp|cs|rb|php|sh|sql|toml|yaml|yml)\b"
+    r"\.(?=[chgjkprsty])(?<=[\w-]\.)(?:py|rs|go|ts|tsx|js|jsx|java|kt|c|cc|cpp|h|hpp|cs|rb|php|sh|sql|toml|yaml|yml)\b"
 )
 # Words of a system prompt about code, whole (code, repo) or as prefixes (programm*, debug*).
 _WHOLE: Final = (
@@ -92,32 +94,38 @@ def classify(signals: ContentSignals) -> ContentClass:
     return "prose"
 
 
-def signals_from_body(body: Mapping[str, Any]) -> ContentSignals:
+def signals_from_body(body: Mapping[str, Any], *, every: bool = True) -> ContentSignals:
     """Read the classifier's signals from a parsed chat, completions or responses body.
 
     Unknown shapes give no signal rather than an error: the body is the client's, and the
-    backend, not the classifier, is the one to reject it.
+    backend, not the classifier, is the one to reject it. `every=False` stops at the first code
+    signal, cheapest first (the class is then known: `classify`); the signals after it are
+    left unread, False. The request path reads that way; explanations read every signal.
     """
     tools = body.get("tools")
     tools_declared = isinstance(tools, list) and len(tools) > 0
     code_recent = False
     system_code = False
+    if tools_declared and not every:  # an agent's request: no text read
+        return ContentSignals(tools_declared=True)
 
     messages = body.get("messages")
     if messages is None:
         messages = body.get("input")  # /v1/responses
+    instructions = body.get("instructions")  # /v1/responses system prompt
     if isinstance(messages, list):
         system_code = _system_mentions_code(messages)
-        code_recent = any(_message_has_code(m) for m in messages[-RECENT_MESSAGES:])
-    elif isinstance(messages, str):
-        code_recent = _text_has_code(messages)
-    else:
-        prompt = body.get("prompt")  # /v1/completions
-        if isinstance(prompt, str):
-            code_recent = _text_has_code(prompt)
-    instructions = body.get("instructions")  # /v1/responses system prompt
     if isinstance(instructions, str) and not system_code:
         system_code = _mentions_code(instructions[:SCAN_CHARS])
+    if not system_code or every:
+        if isinstance(messages, list):
+            code_recent = any(_message_has_code(m) for m in messages[-RECENT_MESSAGES:])
+        elif isinstance(messages, str):
+            code_recent = _text_has_code(messages)
+        else:
+            prompt = body.get("prompt")  # /v1/completions
+            if isinstance(prompt, str):
+                code_recent = _text_has_code(prompt)
     return ContentSignals(
         tools_declared=tools_declared,
         code_in_recent_messages=code_recent,

@@ -40,13 +40,15 @@ def request_view(
     keeps_place: bool | None = None,
     turn_engine: str | None = None,
     request_class: str | None = None,
+    every_signal: bool = True,
 ) -> RequestView:
     """`session`: the session table's view of the request's session (policies/sessions.py);
     without one the session is identified here, as new, unless the caller already tried
     (`identified`: the request has no session, and fingerprinting it again would find none).
     `keeps_place`: the agent's class keeps the request in place (policies/agent_signals.py),
     read from the headers when not given, as is `request_class` (its fairness level);
-    `turn_engine`: a verified turn-state token's engine."""
+    `turn_engine`: a verified turn-state token's engine; `every_signal=False`: the content
+    signals read up to the first that decides the class (the request path's way)."""
     temperature = body.get("temperature")
     min_p = body.get("min_p")
     n = body.get("n")
@@ -80,7 +82,9 @@ def request_view(
         min_p=float(min_p) if _is_number(min_p) else None,
         has_logit_bias=bool(body.get("logit_bias")),
         n=n if type(n) is int else 1,
-        signals=signals_from_body(body) if endpoint != "embeddings" else _NO_SIGNALS,
+        signals=(
+            signals_from_body(body, every=every_signal) if endpoint != "embeddings" else _NO_SIGNALS
+        ),
         pinned_variant=pinned.decode("latin-1") if pinned else None,
         # Canary stickiness per session (a client serving many users or running many agents
         # spreads them over both arms, each keeps its arm), per client without one.

@@ -398,6 +398,7 @@ class PublicApp:
             keeps_place=keeps,
             turn_engine=turn_engine,
             request_class=record.signals.request_class,
+            every_signal=False,  # the class is all the decision reads of them
         )
         decision = for_body(decide(view, gw.live.snapshot(), policy), arrival.endpoint, body)
         # A compaction or auxiliary request never places nor moves its session.

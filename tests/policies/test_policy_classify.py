@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -90,6 +91,22 @@ def test_signals_from_body(body: dict[str, Any], expected: ContentSignals) -> No
     assert signals_from_body(body) == expected
 
 
+@pytest.mark.parametrize(
+    ("body", "expected"), [(b, e) for _, b, e in BODIES], ids=[i for i, _, _ in BODIES]
+)
+def test_the_request_path_reads_up_to_the_first_code_signal(
+    body: dict[str, Any], expected: ContentSignals
+) -> None:
+    """`every=False` (the request path): the same class, from the signals read before the
+    first that decides it; none it reports is one the full read does not."""
+    found = signals_from_body(body, every=False)
+    assert classify(found) == classify(expected)
+    for name in ("tools_declared", "code_in_recent_messages", "system_prompt_mentions_code"):
+        assert not getattr(found, name) or getattr(expected, name)
+    if expected.tools_declared:  # an agent's request: no text read at all
+        assert found == ContentSignals(tools_declared=True)
+
+
 def test_a_long_content_list_is_sampled_at_its_ends() -> None:
     # 100,000 parts: the system prompt's first parts and a turn's last parts are read, no more.
     def parts(at: int, text: str) -> list[dict[str, str]]:
@@ -104,3 +121,15 @@ def test_a_long_content_list_is_sampled_at_its_ends() -> None:
         code_in_recent_messages=True, system_prompt_mentions_code=True
     )
     assert signals(parts(SCAN_PARTS, "a coding agent"), parts(-SCAN_PARTS - 1, "see a.py")) == NONE
+
+
+def test_every_source_extension_is_found_behind_the_prefilter() -> None:
+    """The source-file pattern's lookahead on the extensions' first letters turns down prose's
+    dots; it must let through every extension the alternation names."""
+    from policies.classify import _SOURCE_FILE_RE, _text_has_code
+
+    alternation = re.search(r"\(\?:([a-z|]+)\)", _SOURCE_FILE_RE.pattern)
+    assert alternation is not None
+    for ext in alternation.group(1).split("|"):
+        assert _text_has_code(f"see main.{ext} for it"), ext
+        assert not _text_has_code(f"see main. {ext} for it"), ext
