@@ -5,7 +5,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar
+
+C = TypeVar("C")
+# Credentials that named a client, kept with it (`Clients`): a deployment has a handful of keys;
+# the bound only caps what spellings of valid keys (whitespace, case of `Bearer`) could grow.
+KNOWN_CREDENTIALS = 256
 
 # `NAME=TOKEN` names a token; anything else is a token named by the caller's default.
 _NAMED = re.compile(r"([A-Za-z][A-Za-z0-9_.-]{0,63})=([^=].*)", re.DOTALL)
@@ -65,3 +71,38 @@ def token_name(token: str | None, digests: Mapping[str, str]) -> str | None:
         if hmac.compare_digest(presented, digest) and found is None:
             found = name
     return found
+
+
+class Clients(Generic[C]):
+    """The client a request's credential headers name, by `lookup(key_sha256)`, remembered per
+    credential for the policy it was found in: a kept-alive agent sends the same header on every
+    request, and its parse and SHA-256 are then done once, not per request. Only credentials that
+    name a client are kept (a wrong key is hashed every time, as the throttle counts it)."""
+
+    __slots__ = ("_owner", "_known")
+
+    def __init__(self) -> None:
+        self._owner: object = None
+        self._known: dict[tuple[bytes | None, bytes | None], C] = {}
+
+    def find(
+        self,
+        owner: object,
+        lookup: Callable[[str], C | None],
+        authorization: bytes | None,
+        x_api_key: bytes | None,
+    ) -> C | None:
+        """`owner`: what `lookup` reads (the policy); another one forgets what was kept."""
+        if owner is not self._owner:
+            self._owner, self._known = owner, {}
+        credential = (authorization, x_api_key)
+        found = self._known.get(credential)
+        if found is not None:
+            return found
+        key = client_key(authorization, x_api_key)
+        found = None if key is None else lookup(hash_key(key))
+        if found is not None:
+            if len(self._known) >= KNOWN_CREDENTIALS:
+                self._known.clear()
+            self._known[credential] = found
+        return found

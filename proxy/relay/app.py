@@ -84,6 +84,7 @@ class PublicApp:
         self.limits = Limits.of(gw.settings)
         s = gw.settings
         self.bodies = BodyBudget(s.body_budget_bytes, s.body_budget_per_client_bytes)
+        self.clients: auth.Clients[ClientSpec] = auth.Clients()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -128,7 +129,12 @@ class PublicApp:
     def _client(self, scope: dict[str, Any], headers: dict[bytes, bytes], policy: Any) -> Any:
         """The policy's client of the request's key (`Authorization: Bearer` or `x-api-key`),
         or None; a wrong key counts as a failure of its source (proxy/throttle.py)."""
-        client = _client_for(policy, headers)
+        client = self.clients.find(
+            policy,
+            policy.client_by_key_hash,
+            headers.get(b"authorization"),
+            headers.get(b"x-api-key"),
+        )
         if client is None and (b"authorization" in headers or b"x-api-key" in headers):
             self.throttle.failed(source_of(scope))
         elif client is not None:  # the connection may idle as long as any (proxy/servers.py)
@@ -463,11 +469,6 @@ def paused_collector() -> Iterator[None]:
 
 def _fmt(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
-
-
-def _client_for(policy: Any, headers: dict[bytes, bytes]) -> Any:
-    key = auth.client_key(headers.get(b"authorization"), headers.get(b"x-api-key"))
-    return None if key is None else policy.client_by_key_hash(auth.hash_key(key))
 
 
 async def _unauthorized(

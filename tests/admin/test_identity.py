@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from pydantic import ValidationError
 
 from proxy.admin.sessions import Sessions
-from proxy.auth import hash_key, named_token, token_name
+from proxy.auth import KNOWN_CREDENTIALS, Clients, hash_key, named_token, token_name
 from proxy.settings import Settings
 from proxy.throttle import AuthThrottle
 
@@ -77,3 +79,40 @@ def test_sessions_expire_and_close() -> None:
     assert sessions.name(first) is None and sessions.name(None) is None
     kept = [sessions.open("x"), sessions.open("y"), sessions.open("z")]
     assert [sessions.name(s) for s in kept] == [None, "y", "z"]  # bounded: oldest out
+
+
+def test_a_client_credential_is_hashed_once_per_policy() -> None:
+    """The public listener's client lookup (`Clients`): a credential that names a client is
+    parsed and hashed once for the policy it was found in; another policy (a reload that may
+    have dropped the key) looks again; a wrong key is looked up every time and never kept."""
+    looked: list[str] = []
+    good = b"Bearer " + T.encode()
+
+    def policy(keys: dict[str, str]) -> tuple[object, Callable[[str], str | None]]:
+        def lookup(digest: str) -> str | None:
+            looked.append(digest)
+            return keys.get(digest)
+
+        return object(), lookup
+
+    clients: Clients[str] = Clients()
+    first, lookup = policy({hash_key(T): "alice"})
+    assert clients.find(first, lookup, good, None) == "alice"
+    assert clients.find(first, lookup, good, None) == "alice"
+    assert looked == [hash_key(T)]  # the second request read what the first found
+    assert clients.find(first, lookup, None, T.encode()) == "alice"  # x-api-key: its own entry
+    assert clients.find(first, lookup, b"Bearer wrong", None) is None
+    assert clients.find(first, lookup, b"Bearer wrong", None) is None
+    assert looked[-2:] == [hash_key("wrong")] * 2
+    reloaded, without = policy({})
+    assert clients.find(reloaded, without, good, None) is None  # the reload dropped the key
+    # both headers with two different keys name no client, whatever was found before
+    assert clients.find(first, lookup, good, b"other") is None
+
+
+def test_the_kept_credentials_are_bounded() -> None:
+    clients: Clients[str] = Clients()
+    owner = object()
+    for i in range(KNOWN_CREDENTIALS + 10):  # spellings of one valid key: each kept, up to the cap
+        assert clients.find(owner, lambda _: "alice", b"Bearer  " + b" " * i + b"k", None)
+    assert 0 < len(clients._known) <= KNOWN_CREDENTIALS
