@@ -17,8 +17,8 @@ The body itself (`body`, `encoded`) is the exchange's own: its form changes on t
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -161,7 +161,7 @@ class Exchange(Generic[R]):
         self.send: Send = self._start  # the response start gets Server-Timing, then `send`
         t0 = time.perf_counter()
         headers: dict[bytes, bytes] = dict(scope["headers"])
-        request_id = client_request_id(headers.get(b"x-request-id")) or uuid.uuid4().hex
+        request_id = client_request_id(headers.get(b"x-request-id")) or os.urandom(16).hex()
         self.arrival = Arrival(
             t0,
             gw.policy.current,
