@@ -14,6 +14,7 @@ import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from proxy.relay.app import _arrived
 from proxy.relay.channel import PushChannel
 from proxy.servers import GuardedHttpToolsProtocol, bind, make_server
 
@@ -70,6 +71,11 @@ def test_flow_control_and_cycle_keep_what_the_push_relay_reads() -> None:
     init = inspect.getsource(RequestResponseCycle.__init__)
     for name in ("disconnected", "response_started", "response_complete"):
         assert f"self.{name} = False" in init, f"uvicorn's cycle no longer has {name}"
+    # The public app reads a body already in without a timer (proxy/relay/app.py `_arrived`).
+    assert "self.more_body = True" in init
+    assert "self.cycle.more_body = False" in inspect.getsource(
+        HttpToolsProtocol.on_message_complete
+    )
     # PushChannel.end_unfinished marks the cycle disconnected so that this check stays quiet.
     run_asgi = inspect.getsource(RequestResponseCycle.run_asgi)
     assert "elif not self.response_complete and not self.disconnected:" in run_asgi
@@ -90,6 +96,7 @@ async def test_a_live_connection_exposes_transport_flow_and_cycle() -> None:
             flow=proto.flow,
             cycle=proto.cycle,
             gone=channel.gone,
+            arrived=_arrived(receive),  # a GET's body (none) is whole before the app runs
         )
         await send(
             {
@@ -123,6 +130,7 @@ async def test_a_live_connection_exposes_transport_flow_and_cycle() -> None:
     assert isinstance(seen["flow"], FlowControl)
     assert isinstance(seen["cycle"], RequestResponseCycle)
     assert seen["gone"] is False
+    assert seen["arrived"] is True
     assert b"transfer-encoding: chunked" in reply.lower()
     assert b"\r\n2\r\nok\r\n6\r\npushed\r\n0\r\n\r\n" in reply
 
