@@ -296,11 +296,12 @@ class PublicApp:
     async def _read(self, x: Exchange[Any], receive: Receive) -> bytes | None:
         """The body's bytes; None once answered."""
         settings, rid = self.gw.settings, x.arrival.rid
-        # A body already in (most: it comes with the head) is read without arming a timer.
-        wait = None if _arrived(receive) else settings.body_timeout_s
         try:
-            async with asyncio.timeout(wait):
+            if _arrived(receive):  # most: the body came with the head; no timer to arm
                 raw = await read_body(receive, settings.max_body_bytes)
+            else:
+                async with asyncio.timeout(settings.body_timeout_s):
+                    raw = await read_body(receive, settings.max_body_bytes)
         except TimeoutError:
             await x.error(
                 408,
