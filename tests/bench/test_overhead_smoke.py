@@ -20,6 +20,7 @@ from loadtests.bench.overhead import (
     Spec,
     Stack,
     agents,
+    interleaved,
     iter_frames,
     render,
     summarize,
@@ -263,6 +264,16 @@ async def test_agent_rounds_through_the_gateway_and_the_bare_relay(stack: Stack)
     assert figs["messages/100K/1s"]["d_cpu"]["gateway"] and figs["responses/100K/1s"]["ttft"]
     assert figs["messages/100K/1s"]["d_cpu"]["relay_json"]  # parsed, written, relayed
     assert "what the body adds" in agents.render(results, scs)
+
+
+async def test_interleaved_turns_pair_every_target(stack: Stack) -> None:
+    """The interleaved one-line TTFT: every target answers every turn (the warm-up's turns
+    dropped), so each turn gives one paired difference; the report shows them."""
+    ttft = await interleaved.run(stack, 4, 256, 1)
+    assert set(ttft) == {"direct", "gateway", "relay"}  # no baseline asked here
+    assert all(len(v) == 4 and all(t > 0 for t in v) for v in ttft.values())
+    text = interleaved.report(ttft, 4)
+    assert "gateway - relay:" in text and "| gateway |" in text
 
 
 def test_goals_against_the_measured_allowance() -> None:
