@@ -207,12 +207,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 )
                 return
         super().data_received(data)
+        if self._in_head and self._head_timer is None and not self.transport.is_closing():
+            # A head that did not end in the read it began in: timed from now (one that did,
+            # most on a kept-alive connection, never arms a timer to cancel).
+            self._arm()
+            self._head_bytes = len(data)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
         self._head_size = 0
-        self._arm()
 
     def on_url(self, url: bytes) -> None:
         super().on_url(url)

@@ -82,6 +82,31 @@ def test_huge_headers_get_431(gw) -> None:
     assert reply.startswith(b"HTTP/1.1 431")
 
 
+def _second_request(s: ssl.SSLSocket, head: bytes) -> bytes:
+    """`head` sent as the second request of a kept-alive connection; what comes back for it."""
+    s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+    first = b""
+    while b'{"status":"ok"}' not in first:
+        first += s.recv(65536)
+    s.sendall(head)
+    return _read_all(s)
+
+
+def test_a_kept_alive_connections_next_slow_head_is_cut(gw) -> None:
+    """The head timer starts when a head does not end in the read it began in: a second
+    request's slow head is cut like a first one's, and a huge one gets its 431."""
+    with _tls(gw) as s:
+        start = time.monotonic()
+        reply = _second_request(s, b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+    assert reply.startswith(b"HTTP/1.1 408")
+    assert time.monotonic() - start < 8
+    with _tls(gw) as s:
+        reply = _second_request(
+            s, b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * 100_000 + b"\r\n\r\n"
+        )
+    assert reply.startswith(b"HTTP/1.1 431")
+
+
 def test_keep_alive_requests_still_work(gw) -> None:
     with gw.client() as c:
         for _ in range(3):
