@@ -25,6 +25,7 @@ and the request sent again on a fresh connection when it came on a reused one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from collections.abc import Callable
 from typing import cast
@@ -353,20 +354,11 @@ async def open_engine_stream(
     `payload`: the body, or its pieces (written one after the other, none copied). `sent`
     gets True once the request is written: from then on the engine has it."""
     pieces = (payload,) if isinstance(payload, bytes) else tuple(payload)
-    parts = urlsplit(url)
-    scheme = parts.scheme or "http"
-    host = parts.hostname or "127.0.0.1"
-    port = parts.port or (443 if scheme == "https" else 80)
-    # Never userinfo in the Host header (policy URLs refuse it; this holds for any caller).
-    lines = [
-        f"POST {parts.path or '/'} HTTP/1.1",
-        f"host: {parts.netloc.rpartition('@')[2]}",
-        f"content-length: {sum(map(len, pieces))}",
-    ]
+    key, start = _target(url)
+    lines = [start, f"content-length: {sum(map(len, pieces))}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")  # the body not copied after it
     loop = asyncio.get_running_loop()
-    key = (scheme, host, port)
     while True:
         conn = pool.take(key, loop.time())
         reused = conn is not None
@@ -396,6 +388,19 @@ async def open_engine_stream(
                 continue  # an answer left over on the connection: ask again on a fresh one
             raise mismatch
         return stream
+
+
+@functools.lru_cache(maxsize=256)
+def _target(url: str) -> tuple[Key, str]:
+    """An engine URL's connection key and request line with its Host header, parsed once per
+    URL (the policy's engines times the API paths), not per request."""
+    parts = urlsplit(url)
+    scheme = parts.scheme or "http"
+    host = parts.hostname or "127.0.0.1"
+    port = parts.port or (443 if scheme == "https" else 80)
+    # Never userinfo in the Host header (policy URLs refuse it; this holds for any caller).
+    start = f"POST {parts.path or '/'} HTTP/1.1\r\nhost: {parts.netloc.rpartition('@')[2]}"
+    return (scheme, host, port), start
 
 
 async def _connect(pool: EnginePool, key: Key, timeout: float) -> EngineConnection:
