@@ -4,13 +4,13 @@ cache, what it lost, and why, from what the gateway already has.
 At decision, the request's conversation is taken, with its session's previous turn's; the two
 are compared byte for byte when the turn ends (off the way to the engine), on the JSON
 `check_fields` already wrote for the upstream body (proxy/relay/fields.py): no walk of the
-parsed conversation. The fields an engine renders first (`tools`, `system`,
-`instructions`) are compared whole, then the list (`messages`, `input`): the body *extends* the
-previous one when the previous list, without its closing `]`, starts the new one (one memcmp;
-30-40 us a 406 KiB body at the median on the loaded 2-core machine, loadtests/bench/
-prefix_check.py). Only when it does not is the first changed byte located (chunks, then a
-bisection), keys the engine does not render skipped, and named by parsing the list again and
-encoding its items from its nearer end up to it.
+parsed conversation. The fields an engine renders first (`tools`, `system`, `instructions`)
+are compared whole, then the list (`messages`, `input`): the body *extends* the previous one
+when the previous list, without its closing `]`, starts the new one (one memcmp; 10-13 us a
+406 KiB body at the median, loadtests/bench/prefix_check.py, docs/sessions.md). Only when it
+does not is the first changed byte located (chunks, then a bisection), keys the engine does not
+render skipped, and named by parsing the list again and encoding its items from its nearer end
+up to it.
 
 When the turn ends (`Baselines.finished`), with the engine's usage:
 
