@@ -26,11 +26,12 @@ from proxy.bounds import finite_number, kept_name
 from proxy.record.request import RequestRecord
 from proxy.relay import owned, required
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
+from proxy.relay.body_shape import Encoded
 from proxy.relay.channel import PushChannel
 from proxy.relay.context import Services
 from proxy.relay.errors import error_body
 from proxy.relay.exchange import Decided, EngineLink, Exchange
-from proxy.relay.fields import Encoded, Limits, check_fields, too_many_containers
+from proxy.relay.fields import Limits, check_fields, too_many_containers
 from proxy.relay.forward import ENDPOINTS, forward
 from proxy.relay.models_list import model_list
 from proxy.relay.openapi import spec_bytes

@@ -38,9 +38,9 @@ if TYPE_CHECKING:
     from policies.types import Decision, Endpoint
     from proxy.record.request import RequestRecord
     from proxy.relay.asgi import Send
+    from proxy.relay.body_shape import Encoded
     from proxy.relay.channel import PushChannel
     from proxy.relay.context import Services
-    from proxy.relay.fields import Encoded
     from proxy.relay.keepalive import Pinger
     from proxy.relay.lease import Lease
     from proxy.relay.measure import StreamFilter

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.relay.fields import Problem
+from proxy.relay.body_shape import Problem
 
 MESSAGES_PATH = "/v1/messages"
 

@@ -13,7 +13,7 @@ import orjson
 
 from policies.capabilities import EngineKind, capabilities
 from policies.types import Endpoint
-from proxy.relay.fields import Encoded
+from proxy.relay.body_shape import Encoded
 
 # Endpoints whose streams carry vLLM's `stream_options` usage frames.
 USAGE_ENDPOINTS: frozenset[Endpoint] = frozenset({"chat", "completions"})

@@ -8,13 +8,11 @@ import orjson
 import pytest
 
 from proxy.relay.app import ENDPOINTS
+from proxy.relay.body_shape import _ORJSON_DEPTH, Encoded, _wrapper
 from proxy.relay.fields import (
-    _ORJSON_DEPTH,
     DEFAULT_LIMITS,
     FIELDS,
-    Encoded,
     Limits,
-    _wrapper,
     check_fields,
     client_request_id,
     too_many_containers,
@@ -213,7 +211,7 @@ def test_limits_are_the_settings() -> None:
         "x",
     )
     assert check_fields("chat", {"model": "m", "messages": [], "x": _nested(3)}, limits) is None
-    # the nested lists `_shape` keeps per depth hold no request's value once a check returned
+    # the nested lists `shape` keeps per depth hold no request's value once a check returned
     check_fields("chat", {"model": "m", "messages": []})
     for depth in (4, DEFAULT_LIMITS.max_json_depth):
         assert _wrapper(_ORJSON_DEPTH - depth + 1)[1] == [None]
