@@ -122,7 +122,7 @@ ADMIN = "admin-token-of-at-least-thirty-two-characters"
         ("0123456789abcdef", "16 characters"),
         ("k" * 32, "1 distinct characters"),
         ("abcd" * 8, "4 distinct characters"),
-        (secrets.token_hex(16), None),
+        pytest.param(secrets.token_hex(16), None, id="random-32-hex"),
     ],
 )
 def test_a_weak_configured_secret_is_refused_at_start(secret: str, refused: str | None) -> None:
