@@ -103,14 +103,14 @@ class Check:
         compared: tuple[bool, str, float] | None = None,  # (extends, where, share) when known
     ) -> None:
         self.now = now
+        # held until this turn ends, whatever the budget drops meanwhile: at most one
+        # conversation more per request in flight
         self.prev = prev
         self.prev_prompt = prev_prompt
         self.prev_engine = prev_engine
         # What the previous turn's engine holds of the session, from its KV events
         # (kv_index.py); None: no events from that engine, or none tagged with the session.
         self.resident = resident
-        # `prev` holds the previous turn's buffers until this turn ends, whatever the budget
-        # drops meanwhile: at most one conversation more per request in flight.
         self._compared = compared
 
     @property

@@ -42,7 +42,24 @@ def shape(body: dict[str, Any], max_depth: int, encoded: Encoded) -> Problem | N
     wrap = _ORJSON_DEPTH - max_depth + 1
     outer, inner = _wrapper(wrap)
     try:
-        return _shape_in(body, max_depth, encoded, wrap, outer, inner)
+        for name, value in body.items():
+            kind = type(value)
+            if kind is float and abs(value) >= _INT64 and value.is_integer():
+                return f"`{name}` has an integer beyond 64 bits", name
+            if kind not in _CONTAINERS:
+                continue
+            inner[0] = value
+            try:
+                out: bytes | None = orjson.dumps(outer)
+            except orjson.JSONEncodeError:
+                out = None
+            if out is None or _has_exponent(out):
+                problem = _walk({name: value}, max_depth)
+                if problem is not None:
+                    return problem
+            if out is not None:  # the container's own JSON, inside the `wrap` brackets
+                encoded[name] = (value, memoryview(out)[wrap:-wrap])
+        return None
     finally:
         inner[0] = None  # the body is not held by the wrapper past its check
 
@@ -59,34 +76,6 @@ def _wrapper(wrap: int) -> tuple[list[Any], list[Any]]:
             outer = [outer]
         found = made[wrap] = (outer, inner)
     return found
-
-
-def _shape_in(
-    body: dict[str, Any],
-    max_depth: int,
-    encoded: Encoded,
-    wrap: int,
-    outer: list[Any],
-    inner: list[Any],
-) -> Problem | None:
-    for name, value in body.items():
-        kind = type(value)
-        if kind is float and abs(value) >= _INT64 and value.is_integer():
-            return f"`{name}` has an integer beyond 64 bits", name
-        if kind not in _CONTAINERS:
-            continue
-        inner[0] = value
-        try:
-            out: bytes | None = orjson.dumps(outer)
-        except orjson.JSONEncodeError:
-            out = None
-        if out is None or _has_exponent(out):
-            problem = _walk({name: value}, max_depth)
-            if problem is not None:
-                return problem
-        if out is not None:  # the container's own JSON, inside the `wrap` brackets
-            encoded[name] = (value, memoryview(out)[wrap:-wrap])
-    return None
 
 
 def _has_exponent(out: bytes) -> bool:

@@ -28,11 +28,6 @@ from loadtests.bench.overhead.stack import Stack
 _ARMS = ("direct", "gateway", "baseline", "relay")
 
 
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    q1, q2, q3 = statistics.quantiles(values, n=4)
-    return q1, q2, q3
-
-
 async def run(stack: Stack, requests: int, prompt_bytes: int, seed: int) -> dict[str, list[float]]:
     """TTFT (ms) per target, one list each, index i from turn i."""
     arms = [a for a in _ARMS if a in stack.targets]
@@ -80,7 +75,7 @@ def report(ttft: dict[str, list[float]], requests: int) -> str:
     for a, b in (("gateway", "relay"), ("baseline", "relay"), ("gateway", "baseline")):
         if a in ttft and b in ttft:
             diffs = [x - y for x, y in zip(ttft[a], ttft[b], strict=True)]
-            q1, q2, q3 = _quartiles(diffs)
+            q1, q2, q3 = statistics.quantiles(diffs, n=4)
             lines.append(f"  {a} - {b}: {q2:+.3f} ({q1:+.3f} to {q3:+.3f})")
     return "\n".join(lines)
 
