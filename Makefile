@@ -39,9 +39,11 @@ vllm:
 agent-recordings: $(STAMP) vllm
 	PYTHONPATH=. $(PY) -m tests.agents.record
 
+# Four worker processes in two lanes (tests/lanes.py); TEST_WORKERS=0 runs in this process.
 # The 30 slowest tests are printed at the end: where the next minute of the suite is.
+TEST_WORKERS ?= 4
 test: lint system-deps vllm
-	$(VENV)/bin/pytest -q --durations=30 --cov --cov-report=term
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --durations=30 --cov --cov-report=term
 
 demo: $(DEMO_STAMP)
 	@$(VENV)/bin/specrouter demo

@@ -2,14 +2,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from loadtests.harness.ports import free_port
 from proxy.certs import CertFiles, make_local_ca
+from tests import lanes
 from tests.engines import boot
 from tests.redis_server import redis_server
 from tests.stacks import Stacks
+
+
+def pytest_configure() -> None:
+    lanes.settle()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -17,8 +23,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if not session.config.option.collectonly:
+    if not session.config.option.collectonly and lanes.worker() == lanes.FIRST_WORKER:
         boot.boot_for(session.items)  # the real-vLLM engines boot while other tests run
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> lanes.Lanes:
+    return lanes.Lanes(config, log, engine_folders=boot.FOLDERS)
 
 
 def pytest_sessionfinish() -> None:

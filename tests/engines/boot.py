@@ -37,6 +37,8 @@ NEEDS: dict[tuple[str, str], tuple[str, ...]] = {
     ("vllm_kv", "small_kv_vllm"): ("kv",),
 }
 LAST = ("vllm_agents", "vllm_kv")
+# The same folders as pytest names them (from the root): one unit of work (tests/lanes.py).
+FOLDERS = tuple(f"{HERE.relative_to(HERE.parents[1]).as_posix()}/{f}" for f, _ in NEEDS)
 # BOOT key -> the engine's KV events (a policy backend's `kv_events`), fixed at its first boot
 # so that a restart on the same port publishes where it did.
 KV_EVENTS: dict[str, dict[str, str]] = {}

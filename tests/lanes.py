@@ -1,0 +1,101 @@
+"""How `make test` spreads the suite over pytest-xdist's workers (`-n 4`).
+
+The suite mostly waits (servers starting, watchdogs' clocks, engines' answers): run in one
+process it keeps 0.6 of the 2 cores busy, so it runs in more workers than cores. A unit of work
+is a module, whose module-scoped stacks (tests/stacks.py) and package demo start once in the
+worker that runs it; the real-vLLM folders are one unit, as they share the engines booted by
+tests/engines/boot.py (at most three at once, about 3 GiB each).
+
+Two lanes. Worker "gw0" runs the TIMED modules, whose assertions read a clock (a timeout that
+must fire within a bound, a probe's figures, a health checker's window) or whose servers must
+keep up with one, then the engines' unit; it boots the engines one at a time from the end of its
+collection, beside the timed modules, as a run in one process does. The other workers run every
+other module at the lowest CPU priority (`NICE`, inherited by the servers they start): gw0's
+tests see the cores as a run of their own would, the others take the time gw0 leaves idle. A
+test that fails under load in the second lane belongs in TIMED.
+
+A worker that is not gw0 is given gw0's units only once gw0 is gone (it crashed): slower, not
+wrong (the engines boot when their first test asks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import pytest
+from xdist.remote import Producer
+from xdist.scheduler.loadscope import LoadScopeScheduling
+from xdist.workermanage import WorkerController
+
+ENGINES = "real-vllm"
+FIRST_WORKER = "gw0"
+NICE = 19
+TIMED = (
+    "tests/bench/test_faults.py",
+    "tests/probe/test_probe.py",
+    "tests/probe/test_probe_pair.py",
+    "tests/replay/test_watchdogs.py",
+    "tests/relay/test_gateway_relay.py",
+    "tests/relay/test_adapt.py",
+    "tests/security/test_policy_attacks.py",
+    "tests/relay/test_keepalive.py",
+    "tests/bench/test_overhead_smoke.py",
+    "tests/security/test_input_attacks.py",
+)
+
+
+def unit_of(nodeid: str, engine_folders: Iterable[str]) -> str:
+    """The unit a test runs in: its module, or ENGINES for the real-vLLM folders."""
+    module = nodeid.split("::", 1)[0]
+    return ENGINES if any(module.startswith(f"{f}/") for f in engine_folders) else module
+
+
+def worker() -> str:
+    """This process's xdist worker, FIRST_WORKER in a run without workers."""
+    return os.environ.get("PYTEST_XDIST_WORKER", FIRST_WORKER)
+
+
+def settle() -> None:
+    """A second-lane worker lowers its CPU priority, once, before it starts anything."""
+    if worker() != FIRST_WORKER:
+        os.nice(NICE)
+
+
+class Lanes(LoadScopeScheduling):
+    """pytest-xdist's scope scheduling with the units and lanes above."""
+
+    def __init__(
+        self, config: pytest.Config, log: Producer | None = None, *, engine_folders: tuple[str, ...]
+    ) -> None:
+        super().__init__(config, log)
+        self._engine_folders = engine_folders
+
+    def add_node(self, node: WorkerController) -> None:
+        super().add_node(node)
+        if node.gateway.id == FIRST_WORKER:  # xdist shuts the last added down when idle
+            self.assigned_work = {node: self.assigned_work.pop(node), **self.assigned_work}
+
+    def _split_scope(self, nodeid: str) -> str:
+        return unit_of(nodeid, self._engine_folders)
+
+    def _first_lane(self, node: WorkerController) -> bool:
+        return node.gateway.id == FIRST_WORKER or not any(
+            n.gateway.id == FIRST_WORKER and not n.shutting_down for n in self.nodes
+        )
+
+    def _assign_work_unit(self, node: WorkerController) -> None:
+        """The timed modules, then the engines, then the rest for gw0; the rest for the others."""
+        first = (*TIMED, ENGINES)
+        if self._first_lane(node):
+            scope = next((s for s in first if s in self.workqueue), next(iter(self.workqueue)))
+        else:
+            scope = next((s for s in self.workqueue if s not in first), "")
+        if not scope:  # what is left waits for gw0: this worker is done
+            if not self._pending_of(self.assigned_work.get(node, {})):
+                node.shutdown()
+            return
+        work_unit = self.workqueue.pop(scope)
+        self.assigned_work.setdefault(node, {})[scope] = work_unit
+        collection = self.registered_collections[node]
+        node.send_runtest_some([collection.index(n) for n, done in work_unit.items() if not done])
