@@ -2,7 +2,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -14,8 +13,10 @@ from tests.redis_server import redis_server
 from tests.stacks import Stacks
 
 
-def pytest_configure() -> None:
+def pytest_configure(config: pytest.Config) -> None:
     lanes.settle()
+    if config.pluginmanager.hasplugin("xdist"):  # `-p no:xdist` knows no scheduler hook
+        config.pluginmanager.register(lanes.Scheduler(boot.FOLDERS), "lanes")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -25,10 +26,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if not session.config.option.collectonly and lanes.worker() == lanes.FIRST_WORKER:
         boot.boot_for(session.items)  # the real-vLLM engines boot while other tests run
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> lanes.Lanes:
-    return lanes.Lanes(config, log, engine_folders=boot.FOLDERS)
 
 
 def pytest_sessionfinish() -> None:

@@ -1,4 +1,4 @@
-"""How `make test` spreads the suite over pytest-xdist's workers (`-n 4`).
+"""How the suite spreads over pytest-xdist's workers (`make test TEST_WORKERS=4`).
 
 The suite mostly waits (servers starting, watchdogs' clocks, engines' answers): run in one
 process it keeps 0.6 of the 2 cores busy, so it runs in more workers than cores. A unit of work
@@ -7,12 +7,12 @@ worker that runs it; the real-vLLM folders are one unit, as they share the engin
 tests/engines/boot.py (at most three at once, about 3 GiB each).
 
 Two lanes. Worker "gw0" runs the TIMED modules, whose assertions read a clock (a timeout that
-must fire within a bound, a probe's figures, a health checker's window) or whose servers must
-keep up with one, then the engines' unit; it boots the engines one at a time from the end of its
-collection, beside the timed modules, as a run in one process does. The other workers run every
-other module at the lowest CPU priority (`NICE`, inherited by the servers they start): gw0's
-tests see the cores as a run of their own would, the others take the time gw0 leaves idle. A
-test that fails under load in the second lane belongs in TIMED.
+must fire within a bound, a probe's figures, a health checker's window, a rate per minute) or
+whose servers must keep up with one, then the engines' unit, then any unit left; it boots the
+engines one at a time from the end of its collection, beside the timed modules, as a
+one-process run does. The other workers run every other module at the lowest CPU priority
+(`NICE`, inherited by the servers they start): gw0's tests keep the cores first, the others
+take the time gw0 leaves idle. A test that fails under load in the second lane belongs in TIMED.
 
 A worker that is not gw0 is given gw0's units only once gw0 is gone (it crashed): slower, not
 wrong (the engines boot when their first test asks).
@@ -42,6 +42,7 @@ TIMED = (
     "tests/relay/test_keepalive.py",
     "tests/bench/test_overhead_smoke.py",
     "tests/security/test_input_attacks.py",
+    "tests/relay/test_limits.py",
 )
 
 
@@ -80,22 +81,32 @@ class Lanes(LoadScopeScheduling):
         return unit_of(nodeid, self._engine_folders)
 
     def _first_lane(self, node: WorkerController) -> bool:
-        return node.gateway.id == FIRST_WORKER or not any(
-            n.gateway.id == FIRST_WORKER and not n.shutting_down for n in self.nodes
-        )
+        """gw0, or while gw0 is gone (it crashed) the first worker left."""
+        live = [n for n in self.nodes if not n.shutting_down]
+        holder = next((n for n in live if n.gateway.id == FIRST_WORKER), live[0] if live else None)
+        return node is holder
 
     def _assign_work_unit(self, node: WorkerController) -> None:
-        """The timed modules, then the engines, then the rest for gw0; the rest for the others."""
+        """gw0: the timed modules, the engines, then any other; the others: any but those."""
         first = (*TIMED, ENGINES)
         if self._first_lane(node):
             scope = next((s for s in first if s in self.workqueue), next(iter(self.workqueue)))
         else:
             scope = next((s for s in self.workqueue if s not in first), "")
-        if not scope:  # what is left waits for gw0: this worker is done
-            if not self._pending_of(self.assigned_work.get(node, {})):
-                node.shutdown()
-            return
+            if not scope:  # what is left is gw0's: this worker is done (and runs the last
+                node.shutdown()  # test it holds: a worker keeps one back until told more)
+                return
         work_unit = self.workqueue.pop(scope)
         self.assigned_work.setdefault(node, {})[scope] = work_unit
         collection = self.registered_collections[node]
         node.send_runtest_some([collection.index(n) for n, done in work_unit.items() if not done])
+
+
+class Scheduler:
+    """The plugin that gives xdist's controller the scheduler above."""
+
+    def __init__(self, engine_folders: tuple[str, ...]) -> None:
+        self._engine_folders = engine_folders
+
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Producer) -> Lanes:
+        return Lanes(config, log, engine_folders=self._engine_folders)

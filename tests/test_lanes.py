@@ -46,31 +46,35 @@ class Node:
         self.shutting_down = True
 
 
-def _run(names: list[str], *, gone: str | None = None) -> dict[str, list[str]]:
-    """Every test run to the end, each node finishing its oldest test first, in turn."""
+def _run(names: list[str], *, gone: str | None = None) -> dict[str, Node]:
+    """Every test run to the end, each node finishing its oldest test first, in turn; as an
+    xdist worker does, a node runs the last test it was sent only once it is sent another or
+    told to shut down (it passes the next test to the hooks of the one it runs)."""
     config: Any = SimpleNamespace(
         getvalue=lambda name: [f"{len(names)}*popen"],
         option=SimpleNamespace(loadscopereorder=True),
     )
     sched = lanes.Lanes(config, engine_folders=FOLDERS)
-    nodes = {name: Node(name) for name in names}
-    for node in nodes.values():
+    world: dict[str, Node] = {}
+    done: dict[str, int] = dict.fromkeys(names, 0)
+    for name in names:
+        world[name] = node = Node(name)
         sched.add_node(node)  # type: ignore[arg-type]
         sched.add_node_collection(node, COLLECTION)  # type: ignore[arg-type]
     if gone is not None:  # a worker that died before it ran anything
-        sched.remove_node(nodes.pop(gone))  # type: ignore[arg-type]
+        sched.remove_node(world.pop(gone))  # type: ignore[arg-type]
     sched.schedule()
-    done: dict[str, int] = dict.fromkeys(nodes, 0)
     while not sched.tests_finished:
         moved = False
-        for name, node in nodes.items():
-            if done[name] < len(node.sent):
-                sched.mark_test_complete(node, COLLECTION.index(node.sent[done[name]]))  # type: ignore[arg-type]
+        for name, node in world.items():
+            if done[name] < len(node.sent) - (not node.shutting_down):
                 done[name] += 1
+                sched.mark_test_complete(node, COLLECTION.index(node.sent[done[name] - 1]))  # type: ignore[arg-type]
                 moved = True
         assert moved, "work left that no node was given"
-    assert all(node.shutting_down for node in nodes.values())
-    return {name: node.sent for name, node in nodes.items()}
+    assert all(node.shutting_down for node in world.values())
+    assert sorted(n for node in world.values() for n in node.sent) == sorted(COLLECTION)
+    return world
 
 
 def _modules(sent: list[str]) -> list[str]:
@@ -90,19 +94,17 @@ def _modules(sent: list[str]) -> list[str]:
 def test_gw0_runs_the_timed_modules_then_the_engines_and_the_others_the_rest(
     names: list[str],
 ) -> None:
-    sent = _run(names)
-    assert sorted(n for tests in sent.values() for n in tests) == sorted(COLLECTION)
-    first = [lanes.unit_of(n, FOLDERS) for n in sent["gw0"]][: len(TIMED) + 3]
-    assert _modules(first) == [*TIMED, lanes.ENGINES]
+    world = _run(names)
+    units = _modules(world["gw0"].sent)
+    assert units[: len(TIMED) + 1] == [*TIMED, lanes.ENGINES]
     for name in set(names) - {"gw0"}:
-        assert not set(_modules(sent[name])) & {*TIMED, lanes.ENGINES}, name
+        assert not set(_modules(world[name].sent)) & {*TIMED, lanes.ENGINES}, name
 
 
 def test_without_gw0_another_worker_takes_its_lane() -> None:
-    sent = _run(["gw0", "gw1", "gw2"], gone="gw0")
-    assert sorted(n for tests in sent.values() for n in tests) == sorted(COLLECTION)
-    holder = next(name for name, tests in sent.items() if lanes.ENGINES in _modules(tests))
-    assert set(_modules(sent[holder])) >= {lanes.ENGINES}
+    world = _run(["gw0", "gw1", "gw2"], gone="gw0")
+    holder = next(n for n in world.values() if lanes.ENGINES in _modules(n.sent))
+    assert _modules(holder.sent)[: len(TIMED) + 1] == [*TIMED, lanes.ENGINES]
 
 
 @pytest.mark.parametrize(
