@@ -37,8 +37,9 @@ NEEDS: dict[tuple[str, str], tuple[str, ...]] = {
     ("vllm_kv", "small_kv_vllm"): ("kv",),
 }
 LAST = ("vllm_agents", "vllm_kv")
+_NAMES = tuple(dict.fromkeys(folder for folder, _ in NEEDS))
 # The same folders as pytest names them (from the root): one unit of work (tests/lanes.py).
-FOLDERS = tuple(f"{HERE.relative_to(HERE.parents[1]).as_posix()}/{f}" for f, _ in NEEDS)
+FOLDERS = tuple(f"{HERE.relative_to(HERE.parents[1]).as_posix()}/{f}" for f in _NAMES)
 # BOOT key -> the engine's KV events (a policy backend's `kv_events`), fixed at its first boot
 # so that a restart on the same port publishes where it did.
 KV_EVENTS: dict[str, dict[str, str]] = {}
@@ -92,7 +93,7 @@ BOOT = Boot(
 
 def _folder(item: pytest.Item) -> str | None:
     parents = item.path.parents
-    return next((name for name in {f for f, _ in NEEDS} if HERE / name in parents), None)
+    return next((name for name in _NAMES if HERE / name in parents), None)
 
 
 def reorder(items: list[pytest.Item]) -> None:
