@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import httpx
+
 from loadtests.bench.kv_sessions import (
     MODEL,
     KvSession,
@@ -30,7 +32,7 @@ from loadtests.harness.gateway import GatewayServer
 from loadtests.harness.vllm_kv import SmallKvVllm
 from proxy.certs import CertFiles
 from tests.engines.boot import KV_EVENTS
-from tests.engines.vllm.common import logged, resident_tokens, wait_for
+from tests.engines.vllm.common import kv_events, logged, resident_tokens, wait_for
 
 SIM_SCALE = 0.25  # the simulator's run, 4x faster than the real engine's clock
 
@@ -57,6 +59,25 @@ def _check_direction(results: dict[str, ModeResult], workload: KvWorkload) -> No
     assert admitted.prefilled_per_turn < 0.6 * straight.prefilled_per_turn, results
 
 
+def _events_flow(gw: GatewayServer, engine: SmallKvVllm) -> None:
+    """Until the gateway's subscriber has applied a batch of the engine's: vLLM's publisher
+    reconnects to a freshly bound subscriber within ~0.2 s, and a batch sent before it
+    joins is lost unseen (the next batch shows the gap, and none follows a lone turn). Each
+    try stores a new prompt's first blocks (no session's); the cache is emptied after."""
+    for n in range(30):
+        prompt = " ".join(f"primer {n} {i}" for i in range(2 * engine.block_size))
+        resp = httpx.post(
+            f"{engine.url}/v1/completions",
+            json={"model": MODEL, "prompt": prompt, "max_tokens": 1},
+            timeout=60,
+        )
+        resp.raise_for_status()
+        if wait_for(lambda: kv_events(gw, "small-kv", "applied") > 0, 1):
+            engine.reset_prefix_cache()
+            return
+    raise AssertionError("no KV events batch reached the gateway in 30 tries")
+
+
 def test_an_evicted_prefix_is_logged_evicted(certs: CertFiles, small_kv_vllm: SmallKvVllm) -> None:
     """Session a's first turn, then three others' (b and c as long as a's, d a third of it):
     together past the 126 usable blocks, so vLLM evicts the least recently used, a's, from its
@@ -78,6 +99,7 @@ def test_an_evicted_prefix_is_logged_evicted(certs: CertFiles, small_kv_vllm: Sm
     rows: dict[str, Any] = {}
     with GatewayServer(doc, certs=certs) as gw, gw.client() as c:
         c.timeout = 120
+        _events_flow(gw, engine)
 
         def turn(name: str) -> Any:
             s = sessions[name]
@@ -98,7 +120,11 @@ def test_an_evicted_prefix_is_logged_evicted(certs: CertFiles, small_kv_vllm: Sm
         first = turn("a")
         key, block = first["session"], engine.block_size
         held = first["prompt_tokens"] // block * block
-        assert wait_for(lambda: (resident_tokens(gw, key) or 0) >= held, 10), held
+        assert wait_for(lambda: (resident_tokens(gw, key) or 0) >= held, 10), (
+            held,
+            resident_tokens(gw, key),
+            {w: kv_events(gw, "small-kv", w) for w in ("applied", "gap", "lost", "bad")},
+        )
         for name in "bcd":
             rows[name] = turn(name)
         assert wait_for(lambda: (resident_tokens(gw, key) or 0) < held, 10)
