@@ -9,7 +9,10 @@ priority test, on the same port, and leaves it so).
 from __future__ import annotations
 
 import threading
-import time
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
 
 from loadtests.harness.gateway import GatewayServer
 from loadtests.harness.vllm import SERVED
@@ -92,12 +95,23 @@ def test_stop_failover_restart_recover(vgw: GatewayServer, vllm: Engines) -> Non
 
 def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> None:
     """One slot (--max-num-seqs 1), a long request holding it, three queued behind it from
-    clients whose policy priorities are 9, 1 and 5: vLLM starts the lowest value first."""
-    assert vllm.ngram.max_num_seqs == 1
+    clients whose policy priorities are 9, 1 and 5 (arriving in that order): vLLM starts the
+    lowest value first.
 
-    def send(key: str, prio: int | None, tokens: int, hang_up: threading.Event | None) -> None:
-        rid = f"prio-{prio}"
-        body = {
+    While the blocker decodes, the engine, its API server and the gateway take the two cores:
+    each queued client connects before the blocker starts (no TLS handshake under that load),
+    is sent once vLLM holds the previous one, and waits as long as the test does; the blocker
+    reads its stream in paced chunks (a thread reading 300 lines a second starved this
+    process's other threads for seconds)."""
+    assert vllm.ngram.max_num_seqs == 1
+    waiting = "vllm:num_requests_waiting"
+
+    def counts() -> dict[str, float]:
+        page = samples(vllm.ngram.metrics_text())
+        return {"running": page[RUNNING], "waiting": page[waiting]}
+
+    def body(tokens: int) -> dict[str, Any]:
+        return {
             "model": f"{SERVED}-ngram",
             "messages": CHAT,
             "max_tokens": tokens,
@@ -105,41 +119,54 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
             "ignore_eos": True,  # the blocker holds the slot until it hangs up, EOS or not
             **GREEDY,
         }
-        with (
-            vgw.client(key=key) as c,
-            c.stream("POST", "/v1/chat/completions", json=body, headers={"x-request-id": rid}) as r,
-        ):
+
+    def queued(c: httpx.Client, prio: int, go: threading.Event) -> None:
+        go.wait()
+        rid = f"prio-{prio}"
+        with c.stream(
+            "POST", "/v1/chat/completions", json=body(48), headers={"x-request-id": rid}
+        ) as r:
             assert r.status_code == 200
-            for _ in r.iter_lines():
-                if hang_up is not None and hang_up.is_set():
-                    return  # the client hangs up: vLLM frees the slot
+            r.read()
 
     release = threading.Event()
-    blocker = threading.Thread(target=send, args=(PRIORITY_KEYS[0], None, 30000, release))
-    blocker.start()
-    assert wait_for(lambda: samples(vllm.ngram.metrics_text())[RUNNING] == 1, 30)
-    queued = []
-    for prio in (9, 1, 5):
-        t = threading.Thread(target=send, args=(PRIORITY_KEYS[prio], prio, 48, None))
-        t.start()
-        queued.append(t)
-        time.sleep(0.3)
-    waiting = "vllm:num_requests_waiting"
 
-    def counts() -> dict[str, float]:  # what the failure shows: one run failed here, unexplained
-        page = samples(vllm.ngram.metrics_text())
-        return {"running": page[RUNNING], "waiting": page[waiting]}
+    def blocker(c: httpx.Client) -> None:
+        with c.stream("POST", "/v1/chat/completions", json=body(30000)) as r:
+            assert r.status_code == 200
+            for _ in r.iter_raw():
+                if release.wait(0.05):  # the client hangs up: vLLM frees the slot
+                    return
 
-    assert wait_for(lambda: counts()["waiting"] == 3, 30), (
-        counts(),
-        vgw.admin_get("/admin/status").json()["backends"]["v-ngram"],
-        vgw.output[-20:],
-    )
-    release.set()  # the slot frees; the scheduler picks among the three by priority
-    for t in [blocker, *queued]:
-        t.join(60)
+    prios = (9, 1, 5)
+    with ExitStack() as stack:
+
+        def client(prio: int) -> httpx.Client:
+            c = stack.enter_context(vgw.client(key=PRIORITY_KEYS[prio]))
+            c.timeout = httpx.Timeout(120)  # a queued request's first byte: the test's waits
+            return c
+
+        clients = {p: client(p) for p in prios}
+        for c in clients.values():  # connected now, while the machine is quiet
+            assert c.get("/v1/models").status_code == 200
+        gos = {p: threading.Event() for p in prios}
+        threads = [threading.Thread(target=queued, args=(clients[p], p, gos[p])) for p in prios]
+        threads.append(threading.Thread(target=blocker, args=(client(0),)))
+        for t in threads:
+            t.start()
+        try:
+            assert wait_for(lambda: counts()["running"] == 1, 30), counts()
+            for n, p in enumerate(prios, start=1):
+                gos[p].set()
+                assert wait_for(lambda n=n: counts()["waiting"] == n, 30), (p, counts())
+        finally:
+            for go in gos.values():
+                go.set()
+            release.set()  # the slot frees; the scheduler picks among the three by priority
+            for t in threads:
+                t.join(120)
     # The order of their first tokens, on the gateway's clock (threads in this process may
     # read their answers in any order on a loaded machine).
-    first = {prio: logged(vgw, f"prio-{prio}") for prio in (9, 1, 5)}
+    first = {prio: logged(vgw, f"prio-{prio}") for prio in prios}
     order = sorted(first, key=lambda p: first[p]["time"] + first[p]["ttft_s"])
     assert order == [1, 5, 9], {p: (r["time"], r["ttft_s"]) for p, r in first.items()}
