@@ -22,7 +22,7 @@ class FairnessSpec(StrictModel):
     plus completion), so a short session is not stuck behind long ones. Subagents, compaction
     and auxiliary requests (policies/agent_signals.py) have a level of their own.
 
-    On by default: it acts only on backends with `priority_scheduling: true`, where the
+    Off unless `enabled`; it acts only on backends with `priority_scheduling: true`, where the
     operator already asked vLLM to order by `priority`; docs/sessions.md ("Fairness") has the
     measurement (turn times of short and long sessions, preemptions, on and off)."""
 
