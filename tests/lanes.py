@@ -43,6 +43,7 @@ TIMED = (
     "tests/bench/test_overhead_smoke.py",
     "tests/security/test_input_attacks.py",
     "tests/relay/test_limits.py",
+    "tests/relay/test_stream_cases.py",
 )
 
 
