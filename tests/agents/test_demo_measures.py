@@ -64,12 +64,17 @@ def _first_token_s(
 def test_a_stream_through_the_demo_is_logged_with_its_first_token(demo: Demo, api: str) -> None:
     path, body, marker = REQUESTS[api]
     since = time.time()
-    gaps = []
-    for i in range(3):  # best of three: one request can lose milliseconds to a neighbour
+    gaps: list[float] = []
+    # The best of up to ten, stopping at the first within the bound: a request can lose
+    # milliseconds to a neighbour (in a worker at low priority, three in a row did), while a
+    # TTFT that starts late or stops early misses it every time.
+    for i in range(10):
         rid = f"measure-{api}-{i}"
         client_ttft = _first_token_s(demo, path, body, marker, rid)
         row = next(r for r in demo.rows(since) if r["request_id"] == rid)
         assert row["completion_tokens"] > 0 and row["ttft_s"] is not None
         assert row["ttft_s"] <= client_ttft
         gaps.append(client_ttft - row["ttft_s"])
+        if gaps[-1] < 0.005:
+            break
     assert min(gaps) < 0.005, gaps

@@ -69,7 +69,7 @@ class Load:
                 json={
                     "model": "coder",
                     "stream": True,
-                    "max_tokens": 3000,
+                    "max_tokens": 30000,  # in flight until `off` (the test's turns set the pace)
                     "messages": [{"role": "user", "content": f"Other work {i}: refactor mod{i}."}],
                 },
                 headers={"x-claude-code-session-id": f"other-{i}"},
@@ -80,7 +80,7 @@ class Load:
                     break
 
 
-def _wait(predicate, timeout: float = 10.0) -> None:
+def _wait(predicate, timeout: float = 30.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if predicate():
