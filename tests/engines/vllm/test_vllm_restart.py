@@ -95,14 +95,14 @@ def test_stop_failover_restart_recover(vgw: GatewayServer, vllm: Engines) -> Non
 
 def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> None:
     """One slot (--max-num-seqs 1), a long request holding it, three queued behind it from
-    clients whose policy priorities are 9, 1 and 5 (arriving in that order): vLLM starts the
-    lowest value first.
+    clients whose policy priorities are 9, then 5 and 1: vLLM starts the lowest value first.
 
-    While the blocker decodes, the engine, its API server and the gateway take the two cores:
-    each queued client connects before the blocker starts (no TLS handshake under that load),
-    is sent once vLLM holds the previous one, and waits as long as the test does; the blocker
-    reads its stream in paced chunks (a thread reading 300 lines a second starved this
-    process's other threads for seconds)."""
+    While the blocker decodes, the engine, its API server and the gateway take the two cores.
+    The blocker is a completion (a chat stream's per-step rendering and parsing kept vLLM's API
+    server so busy that a queued request took 7-20 s to reach the scheduler) read in paced
+    chunks (a thread reading 300 lines a second starved this process's other threads for
+    seconds); each queued client connects before it starts (no TLS handshake under that load)
+    and waits as long as the test does."""
     assert vllm.ngram.max_num_seqs == 1
     waiting = "vllm:num_requests_waiting"
 
@@ -116,7 +116,7 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
             "messages": CHAT,
             "max_tokens": tokens,
             "stream": True,
-            "ignore_eos": True,  # the blocker holds the slot until it hangs up, EOS or not
+            "ignore_eos": True,  # every answer runs to its max_tokens
             **GREEDY,
         }
 
@@ -132,7 +132,10 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
     release = threading.Event()
 
     def blocker(c: httpx.Client) -> None:
-        with c.stream("POST", "/v1/chat/completions", json=body(30000)) as r:
+        # A completion: vLLM's API server renders no chat and runs no parser per step.
+        blocking = {"model": f"{SERVED}-ngram", "prompt": PROMPT, "max_tokens": 30000}
+        blocking |= {"stream": True, "ignore_eos": True, **GREEDY}
+        with c.stream("POST", "/v1/completions", json=blocking) as r:
             assert r.status_code == 200
             for _ in r.iter_raw():
                 if release.wait(0.05):  # the client hangs up: vLLM frees the slot
@@ -156,9 +159,12 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
             t.start()
         try:
             assert wait_for(lambda: counts()["running"] == 1, 30), counts()
-            for n, p in enumerate(prios, start=1):
-                gos[p].set()
-                assert wait_for(lambda n=n: counts()["waiting"] == n, 30), (p, counts())
+            # 9 first (FIFO would start it first), then 5 and 1 together (5 sent first).
+            gos[9].set()
+            assert wait_for(lambda: counts()["waiting"] == 1, 30), counts()
+            gos[5].set()
+            gos[1].set()
+            assert wait_for(lambda: counts()["waiting"] == 3, 30), counts()
         finally:
             for go in gos.values():
                 go.set()
