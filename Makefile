@@ -39,11 +39,10 @@ vllm:
 agent-recordings: $(STAMP) vllm
 	PYTHONPATH=. $(PY) -m tests.agents.record
 
-# TEST_WORKERS=4 runs the suite in four worker processes in two lanes (tests/lanes.py): about
-# 7.5 instead of 13 minutes, but 1-6 tests of ~2,480 still fail per run under that load
-# (docs/testing.md), so one process stays the default.
+# The suite in four worker processes, two lanes (tests/lanes.py): about 9 instead of 15 minutes
+# on a 2-core machine (docs/testing.md). TEST_WORKERS=0 runs it in one process.
 # The 30 slowest tests are printed at the end: where the next minute of the suite is.
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= 4
 test: lint system-deps vllm
 	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --durations=30 --cov --cov-report=term
 
