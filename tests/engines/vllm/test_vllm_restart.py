@@ -9,6 +9,7 @@ priority test, on the same port, and leaves it so).
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import ExitStack
 from typing import Any
 
@@ -157,22 +158,37 @@ def test_priority_reaches_vllms_scheduler(vgw: GatewayServer, vllm: Engines) -> 
         threads.append(threading.Thread(target=blocker, args=(client(0),)))
         for t in threads:
             t.start()
+        phases = Phases()  # printed: where a slow run's time went (pytest shows it on failure)
         try:
-            assert wait_for(lambda: counts()["running"] == 1, 30), counts()
+            assert wait_for(lambda: counts()["running"] == 1, 60), counts()
+            phases("blocker running")
             # 9 first (FIFO would start it first), then 5 and 1 together (5 sent first).
             gos[9].set()
-            assert wait_for(lambda: counts()["waiting"] == 1, 30), counts()
+            assert wait_for(lambda: counts()["waiting"] == 1, 60), counts()
+            phases("9 waiting")
             gos[5].set()
             gos[1].set()
-            assert wait_for(lambda: counts()["waiting"] == 3, 30), counts()
+            assert wait_for(lambda: counts()["waiting"] == 3, 60), counts()
+            phases("all 3 waiting")
         finally:
             for go in gos.values():
                 go.set()
             release.set()  # the slot frees; the scheduler picks among the three by priority
             for t in threads:
                 t.join(120)
+            phases("all answered")
     # The order of their first tokens, on the gateway's clock (threads in this process may
     # read their answers in any order on a loaded machine).
     first = {prio: logged(vgw, f"prio-{prio}") for prio in prios}
     order = sorted(first, key=lambda p: first[p]["time"] + first[p]["ttft_s"])
     assert order == [1, 5, 9], {p: (r["time"], r["ttft_s"]) for p, r in first.items()}
+
+
+class Phases:
+    """Seconds from the start to each named phase, printed as they pass."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        print(f"{time.monotonic() - self.start:6.2f} s {name}", flush=True)
