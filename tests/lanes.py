@@ -45,6 +45,7 @@ TIMED = (
     "tests/security/test_input_attacks.py",
     "tests/relay/test_limits.py",
     "tests/relay/test_stream_cases.py",
+    "tests/relay/test_sessions_e2e.py",
 )
 
 
