@@ -13,7 +13,7 @@ engines one at a time from the end of its collection, beside the timed modules, 
 one-process run does. The other workers run every other module at a lower CPU priority
 (`NICE`, inherited by the servers they start): gw0's tests keep the cores first, the others
 take most of the time gw0 leaves idle (at nice 19 they got so little that a forked simulator
-took over 5 s to exit: 5 tests failed in one run; at nice 10, 2). A test that fails under load in the second lane belongs in TIMED.
+took over 5 s to exit). A test that fails under load in the second lane belongs in TIMED.
 
 A worker that is not gw0 is given gw0's units only once gw0 is gone (it crashed): slower, not
 wrong (the engines boot when their first test asks).
