@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     # small writes and Nagle holds the second for the client's delayed ACK (~40 ms).
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
+    # Listening before the ready line: a client that connects at once is queued, not refused.
+    sock.listen(2048)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         make_app(args.upstream.rstrip("/"), parse=args.json),
