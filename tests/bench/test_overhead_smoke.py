@@ -20,6 +20,7 @@ from loadtests.bench.overhead import (
     Spec,
     Stack,
     agents,
+    bodies,
     interleaved,
     iter_frames,
     render,
@@ -274,6 +275,21 @@ async def test_interleaved_turns_pair_every_target(stack: Stack) -> None:
     assert all(len(v) == 4 and all(t > 0 for t in v) for v in ttft.values())
     text = interleaved.report(ttft, 4)
     assert "gateway - relay:" in text and "| gateway |" in text
+
+
+async def test_body_turns_pair_every_target_on_both_bodies(stack: Stack) -> None:
+    """What a body adds, request by request: each target answers the one-line and the agent's
+    request every turn, with its CPU time over the request; the report pairs gateway with
+    relay_json."""
+    fig = await bodies.run(stack, 2, ["chat"], 1, warm=0)
+    keys = {
+        (a, "chat", big) for a in ("direct", "gateway", "relay", "relay_json") for big in (0, 1)
+    }
+    assert set(fig.ttft_ms) == set(fig.cpu_us) == keys
+    assert all(len(v) == 2 and all(t > 0 for t in v) for v in fig.ttft_ms.values())
+    assert all(c > 0 for v in fig.cpu_us.values() for c in v)
+    text = bodies.report(fig, 2)
+    assert "| gateway |" in text and "gateway - relay_json, what the body adds (TTFT" in text
 
 
 def test_goals_against_the_measured_allowance() -> None:

@@ -6,6 +6,7 @@
     python -m loadtests.bench.overhead --json out.json
     python -m loadtests.bench.overhead --baseline-gateway ../other-checkout   # before / after
     python -m loadtests.bench.overhead.interleaved   # one-line TTFT, targets request by request
+    python -m loadtests.bench.overhead.bodies   # what an agent's body adds, request by request
 
 It starts, on loopback only:
 - the pacer (`loadtests/bench/pacer.py`), a vLLM-shaped SSE backend that costs next to nothing;
