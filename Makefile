@@ -67,9 +67,10 @@ SWEEP ?= decide
 sweep: $(STAMP)
 	$(PY) -m loadtests.bench.sweep $(SWEEP) $(SWEEP_ARGS)
 
+# BASE=<commit>: that commit's gateway beside this checkout's in the same rounds (a worktree).
 overhead: $(STAMP)
 	./scripts/system-deps.sh nginx
-	$(PY) -m loadtests.bench.overhead
+	$(PY) -m loadtests.bench.overhead $(if $(BASE),--baseline-commit $(BASE)) $(OVERHEAD_ARGS)
 
 soak: $(STAMP)
 	$(PY) -m loadtests.bench.soak

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 import loadtests.bench.overhead as package
-from loadtests.bench.overhead import agents
+from loadtests.bench.overhead import agents, baseline
 from loadtests.bench.overhead.plan import log, make_plan, run_plan
 from loadtests.bench.overhead.report import GOALS, describe, paced_cpu_ratio, render, summarize
 from loadtests.bench.overhead.result import RoundResult
@@ -63,14 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the gateway exports OpenTelemetry (--otlp-endpoint) to a receiver on loopback",
     )
-    ap.add_argument(
-        "--baseline-gateway",
-        type=Path,
-        metavar="CHECKOUT",
-        help="also run the gateway of another checkout of this repository (e.g. a `git "
-        "worktree` of main), by this interpreter with that checkout first on the path: a "
-        "`baseline` target beside `gateway`, interleaved in the same rounds",
-    )
+    baseline.add_arguments(ap)
     ap.add_argument(
         "--engine-without-request-id",
         action="store_true",
@@ -83,13 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     t_start = time.monotonic()
     try:
-        with Stack(
-            nginx=not args.no_nginx,
-            relay=not args.no_relay,
-            otlp=args.otlp,
-            baseline=args.baseline_gateway,
-            engine_echo=not args.engine_without_request_id,
-        ) as stack:
+        with (
+            baseline.checkout(args) as base_checkout,
+            Stack(
+                nginx=not args.no_nginx,
+                relay=not args.no_relay,
+                otlp=args.otlp,
+                baseline=base_checkout,
+                engine_echo=not args.engine_without_request_id,
+            ) as stack,
+        ):
             names = [n for n in TARGETS if n in stack.targets]
             log(
                 f"pacer pid {stack.pacer.pid if stack.pacer else '?'}, gateway pid "

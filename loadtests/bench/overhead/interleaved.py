@@ -20,8 +20,8 @@ import asyncio
 import random
 import statistics
 import sys
-from pathlib import Path
 
+from loadtests.bench.overhead import baseline
 from loadtests.bench.overhead.client import Pool, Tally, request_bytes
 from loadtests.bench.overhead.stack import Stack
 
@@ -85,14 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=600, help="turns (one request per target)")
     ap.add_argument("--prompt-bytes", type=int, default=4096)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument(
-        "--baseline-gateway",
-        type=Path,
-        metavar="CHECKOUT",
-        help="another checkout's gateway alternated with this one's (a git worktree)",
-    )
+    baseline.add_arguments(ap)
     args = ap.parse_args(argv)
-    with Stack(nginx=False, baseline=args.baseline_gateway) as stack:
+    with baseline.checkout(args) as base, Stack(nginx=False, baseline=base) as stack:
         ttft = asyncio.run(run(stack, args.requests, args.prompt_bytes, args.seed))
     print(report(ttft, args.requests))
     if stack.baseline_module:
