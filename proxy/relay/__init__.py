@@ -4,8 +4,6 @@
 - fields.py: the request fields, described once for the OpenAPI document and the checks.
 - body_shape.py: the body's containers, nesting and integers, checked in C; the containers'
   JSON kept for the upstream body.
-- collector.py: the cyclic collector paused while a request's parsed body is alive; the
-  tree freed when the request first waits (past the engine write).
 - models_list.py: GET /v1/models, each name's context window and the first-token limit.
 - exchange.py: `Exchange`, the one object that carries the request along the path, its state
   grouped by the phase that writes it (`Arrival`, `Decided`, `EngineLink`, `StreamRelay` |

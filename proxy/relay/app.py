@@ -7,8 +7,10 @@ policy decision and the relay. The admin surface lives on its own listener (prox
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -26,7 +28,6 @@ from proxy.relay import owned, required
 from proxy.relay.asgi import Receive, Send, lifespan, respond, respond_error
 from proxy.relay.body_shape import Encoded
 from proxy.relay.channel import PushChannel
-from proxy.relay.collector import PAUSE
 from proxy.relay.context import Services
 from proxy.relay.errors import error_body
 from proxy.relay.exchange import Decided, EngineLink, Exchange
@@ -256,15 +257,10 @@ class PublicApp:
             return
         lease.fit(len(raw))
         # From the parse to the decision, no await: the body's containers are made and, once
-        # decided, taken out of it (`release_tree`), the collector paused until they are
-        # freed, when this request first waits: past the engine write (proxy/relay/
-        # collector.py). An answer to send instead is sent with nothing of the tree kept.
-        tree: list[Any] = []
-        PAUSE.begin()
-        try:
-            answer = self._parse(x, client, raw) or self._decide(x, client, len(raw), tree)
-        finally:
-            PAUSE.end_when_waiting(tree)
+        # decided, freed (`release_tree`), without the collector walking them meanwhile (~0.3
+        # ms of an agent's 400 KiB body). An answer to send is sent after, collector on.
+        with paused_collector():
+            answer = self._parse(x, client, raw) or self._decide(x, client, len(raw))
         del raw  # held no longer than its parse
         if answer is not None:
             await answer
@@ -358,10 +354,9 @@ class PublicApp:
         return None
 
     def _decide(
-        self, x: Exchange[Any], client: ClientSpec, body_bytes: int, tree: list[Any]
+        self, x: Exchange[Any], client: ClientSpec, body_bytes: int
     ) -> Coroutine[Any, Any, None] | None:
-        """The policy's decision (`x.decided`); else the answer to send (a rejection). `tree`
-        gets the body's parsed containers, for the caller to free (`release_tree`)."""
+        """The policy's decision (`x.decided`); else the answer to send (a rejection)."""
         gw, arrival, body = self.gw, x.arrival, x.body
         policy, rid, model = arrival.policy, arrival.rid, body["model"]
         record = RequestRecord(
@@ -436,7 +431,7 @@ class PublicApp:
         if decision.defaults_applied:
             applied = ",".join(f"{k}={_fmt(decision.inject[k])}" for k in decision.defaults_applied)
             extra.append((b"x-specrouter-defaults", applied.encode()))
-        affinity, adaptable = x.release_tree(tree)
+        affinity, adaptable = x.release_tree()
         x.decided = Decided(model, body_bytes, record, decision, extra, affinity, adaptable)
         return None
 
@@ -468,6 +463,19 @@ def _arrived(receive: Receive) -> bool:
 
 def _nothing() -> None:
     pass
+
+
+@contextmanager
+def paused_collector() -> Iterator[None]:
+    """The cyclic garbage collector off for a block that makes many objects and frees them
+    all by reference counting before it ends (no await inside: no other request runs)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _fmt(value: Any) -> str:

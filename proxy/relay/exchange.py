@@ -173,15 +173,15 @@ class Exchange(Generic[R]):
             endpoint == "messages",
         )
 
-    def release_tree(self, tree: list[Any]) -> tuple[bytes | None, frozenset[str]]:
+    def release_tree(self) -> tuple[bytes | None, frozenset[str]]:
         """Once decided: what the relay reads of the body's tree (its affinity, its adaptable
         rules), then every container of the body that `check_fields` serialised is
-        replaced in `body` by those bytes (a `memoryview`, written upstream as it is) and
-        moved to `tree`, which then holds its last reference: the caller frees them when the
-        request first waits (proxy/relay/collector.py), so a request in flight holds its
-        body's bytes, not its objects (a list of empty objects is ~21 times its JSON as
-        objects). `stream_options` stays parsed (the usage plan reads and edits it); a
-        continuation parses the rest again (`parsed_body`)."""
+        replaced in `body` by those bytes (a `memoryview`, written upstream as it is),
+        so the parsed conversation is freed before the request first waits, and at most one
+        request's tree is alive at a time: a request in flight holds its body's bytes, not its
+        objects (a list of empty objects is ~21 times its JSON as objects). `stream_options`
+        stays parsed (the usage plan reads and edits it); a continuation parses the rest
+        again (`parsed_body`)."""
         body, arrival = self.body, self.arrival
         policy = arrival.policy
         affinity = prefix_affinity(body) if policy.several_engines else None
@@ -189,7 +189,6 @@ class Exchange(Generic[R]):
         for name, (value, json) in self.encoded.items():
             if name != "stream_options" and body.get(name) is value:
                 body[name] = json
-                tree.append(value)
         self.encoded = {}
         return affinity, adaptable
 
