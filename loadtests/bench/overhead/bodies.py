@@ -6,7 +6,8 @@ The agents' rounds (agents.py) measure each target in a round of its own, ~9 req
 stream: a body's figure minus the one-line figure of another round moved by more than the
 0.1 ms the goals allow. Here, as in interleaved.py, every target gets one request in turn on
 its own kept-alive TLS connection, for each API the one-line prompt then the agent's body
-(loadtests/bench/agent_body.py), the order of the targets rotating per turn. Per request: TTFT,
+(loadtests/bench/agent_body.py), the targets in a seeded random order each time (see
+interleaved.py on why not a rotation). Per request: TTFT,
 and the target's CPU time over the request (the scheduler's clock, /proc/PID/task/*/schedstat,
 read before the request is sent and after its last byte), so work the target does between
 requests is not counted. "What the body adds" is, per turn, the body request's figure minus the
@@ -79,9 +80,8 @@ async def run(stack: Stack, requests: int, apis: list[Api], seed: int, warm: int
     out = Figures()
     try:
         for i in range(requests + warm):
-            order = arms[i % len(arms) :] + arms[: i % len(arms)]
             for api, big in bodies:
-                for a in order:
+                for a in rng.sample(arms, len(arms)):
                     pids = stack.targets[a].pids()
                     before = cpu_ns(pids)
                     shot = await asyncio.wait_for(

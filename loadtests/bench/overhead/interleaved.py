@@ -5,12 +5,17 @@ The `ttft1` round of the overhead benchmark measures each target in a round of i
 ~75 requests), so what the machine does during one round and not the next (another process,
 the CPU's clock, the timer's phase) lands in one target's figure: on this 2-core machine the
 gateway-minus-relay difference of one repeat moved by 0.2-0.3 ms between repeats of one run,
-more than the 0.1 ms the goal allows. Here every target gets one request in turn, in an order
-that rotates, on its own kept-alive connection (TLS to the proxies, as in `ttft1`: the same
-one-line chat stream, 4 tokens at a 5 ms step, 5-15 ms of thinking between requests), so
-drift falls on all targets alike. Each turn gives one paired difference per target against
-the bare relay (and the baseline); the report is their median with the interquartile range,
-the medians of each target's own TTFT beside them.
+more than the 0.1 ms the goal allows. Here every target gets one request in turn, in a seeded
+random order each turn, on its own kept-alive connection (TLS to the proxies, as in `ttft1`:
+the same one-line chat stream, 4 tokens at a 5 ms step, 5-15 ms of thinking between
+requests), so drift falls on all targets alike. Not in a rotating order: then each target
+always runs right after the same one, and what that one leaves in the caches the processes
+share (probably the interpreter's and the libraries' code) lands in its figure: with the
+baseline always right after the gateway, four A/A runs (one commit as both, bodies.py) read
+the baseline's one-line TTFT 0.02-0.14 ms below the gateway's; shuffled, two runs read
+-0.03 to +0.03. Each turn gives one paired difference per target against the bare relay
+(and the baseline); the report is their median with the interquartile range, the medians of
+each target's own TTFT beside them.
 """
 
 from __future__ import annotations
@@ -42,8 +47,7 @@ async def run(stack: Stack, requests: int, prompt_bytes: int, seed: int) -> dict
     ttft: dict[str, list[float]] = {a: [] for a in arms}
     try:
         for i in range(requests + 20):  # the first 20 turns warm the caches and are dropped
-            order = arms[i % len(arms) :] + arms[: i % len(arms)]
-            for a in order:
+            for a in rng.sample(arms, len(arms)):
                 shot = await asyncio.wait_for(conns[a].request(payloads[a], record_times=False), 30)
                 if not shot.ok or shot.t_first is None:
                     raise RuntimeError(f"{a}: a failed response (status {shot.status})")
