@@ -64,13 +64,13 @@ def scenarios(quick: bool) -> list[Scenario]:
     return out
 
 
-def body_bytes(sc: Scenario) -> bytes:
+def body_bytes(sc: Scenario, step_ms: float = STEP_MS) -> bytes:
     body = (
         one_line(sc.api, model=MODEL) if sc.size == 0 else agent_body(sc.api, sc.size, model=MODEL)
     )
     limit = "max_output_tokens" if sc.api == "responses" else "max_tokens"
     body[limit] = CHUNKS
-    body["vllm_xargs"] = {"pacer_step_ms": STEP_MS, "pacer_tokens_per_chunk": 1}
+    body["vllm_xargs"] = {"pacer_step_ms": step_ms, "pacer_tokens_per_chunk": 1}
     return orjson.dumps(body)
 
 

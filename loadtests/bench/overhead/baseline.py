@@ -7,9 +7,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from loadtests.bench.overhead.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -54,3 +57,13 @@ def checkout(args: argparse.Namespace) -> Iterator[Path | None]:
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(where)],
                 capture_output=True,
             )
+
+
+@contextlib.contextmanager
+def alternated_stack(args: argparse.Namespace) -> Iterator[Stack]:
+    """The alternated benchmarks' stack (interleaved.py, bodies.py: no nginx) with the baseline
+    asked; which code the baseline ran is said on stderr after the run."""
+    with checkout(args) as base, Stack(nginx=False, baseline=base) as stack:
+        yield stack
+    if stack.baseline_module:
+        print(f"baseline: {stack.baseline_module}", file=sys.stderr)

@@ -22,21 +22,17 @@ import argparse
 import asyncio
 import random
 import statistics
-import sys
 from dataclasses import dataclass, field
 
-import orjson
-
-from loadtests.bench.agent_body import Api, agent_body, one_line
+from loadtests.bench.agent_body import Api
 from loadtests.bench.overhead import baseline
-from loadtests.bench.overhead.agents import KIB, PATHS
+from loadtests.bench.overhead.agents import CHUNKS, KIB, PATHS, Scenario, body_bytes, request
 from loadtests.bench.overhead.client import Pool, Tally
-from loadtests.bench.overhead.stack import MODEL, Arm, Stack
+from loadtests.bench.overhead.stack import Stack
 from loadtests.harness.procfs import cpu_ns
 
 _ARMS = ("direct", "gateway", "baseline", "relay", "relay_json")
 SIZE = 406 * KIB
-CHUNKS = 10
 STEP_MS = 2.0  # TTFT does not depend on it; the one-line and body requests share it
 WARM = 20  # turns dropped
 
@@ -49,38 +45,24 @@ class Figures:
     cpu_us: dict[tuple[str, Api, bool], list[float]] = field(default_factory=dict)
 
 
-def body_bytes(api: Api, big: bool) -> bytes:
-    body = agent_body(api, SIZE, model=MODEL) if big else one_line(api, model=MODEL)
-    body["max_output_tokens" if api == "responses" else "max_tokens"] = CHUNKS
-    body["vllm_xargs"] = {"pacer_step_ms": STEP_MS, "pacer_tokens_per_chunk": 1}
-    return orjson.dumps(body)
-
-
-def request(target: Arm, api: Api, body: bytes) -> bytes:
-    head = (
-        b"POST %s HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n"
-        b"content-type: application/json\r\naccept: text/event-stream\r\n"
-        % (PATHS[api], target.port)
-        + target.auth
-        + b"content-length: %d\r\n\r\n" % len(body)
-    )
-    return head + body
-
-
 async def run(stack: Stack, requests: int, apis: list[Api], seed: int, warm: int = WARM) -> Figures:
     """`requests` kept turns after `warm` dropped ones."""
     arms = [a for a in _ARMS if a in stack.targets]
     pools = {a: Pool(stack.targets[a], Tally()) for a in arms}
     conns = {a: (await pools[a].ensure(1))[0] for a in arms}
-    bodies = {(api, big): body_bytes(api, big) for api in apis for big in (False, True)}
+    scenarios = {
+        (api, big): Scenario(api, SIZE if big else 0, 1) for api in apis for big in (False, True)
+    }
     payloads = {
-        (a, *k): request(stack.targets[a], k[0], b) for a in arms for k, b in bodies.items()
+        (a, api, big): request(stack.targets[a], sc, body_bytes(sc, STEP_MS))
+        for (api, big), sc in scenarios.items()
+        for a in arms
     }
     rng = random.Random(seed)
     out = Figures()
     try:
         for i in range(requests + warm):
-            for api, big in bodies:
+            for api, big in scenarios:
                 for a in rng.sample(arms, len(arms)):
                     pids = stack.targets[a].pids()
                     before = cpu_ns(pids)
@@ -160,11 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--apis: {', '.join(unknown)}: not among {', '.join(PATHS)}")
     apis = [api for api in PATHS if api in wanted]
-    with baseline.checkout(args) as base, Stack(nginx=False, baseline=base) as stack:
+    with baseline.alternated_stack(args) as stack:
         fig = asyncio.run(run(stack, args.requests, apis, args.seed))
     print(report(fig, args.requests))
-    if stack.baseline_module:
-        print(f"baseline: {stack.baseline_module}", file=sys.stderr)
     return 0
 
 

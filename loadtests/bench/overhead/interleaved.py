@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import random
 import statistics
-import sys
 
 from loadtests.bench.overhead import baseline
 from loadtests.bench.overhead.client import Pool, Tally, request_bytes
@@ -91,11 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     baseline.add_arguments(ap)
     args = ap.parse_args(argv)
-    with baseline.checkout(args) as base, Stack(nginx=False, baseline=base) as stack:
+    with baseline.alternated_stack(args) as stack:
         ttft = asyncio.run(run(stack, args.requests, args.prompt_bytes, args.seed))
     print(report(ttft, args.requests))
-    if stack.baseline_module:
-        print(f"baseline: {stack.baseline_module}", file=sys.stderr)
     return 0
 
 
