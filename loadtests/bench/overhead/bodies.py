@@ -1,19 +1,18 @@
 """What an agent's 406 KiB body adds, the targets alternated request by request: `python -m
 loadtests.bench.overhead.bodies [--requests N] [--apis chat,responses,messages]
-[--baseline-gateway CHECKOUT]`.
+[--baseline-commit REV | --baseline-gateway CHECKOUT]`.
 
 The agents' rounds (agents.py) measure each target in a round of its own, ~9 requests at one
 stream: a body's figure minus the one-line figure of another round moved by more than the
 0.1 ms the goals allow. Here, as in interleaved.py, every target gets one request in turn on
 its own kept-alive TLS connection, for each API the one-line prompt then the agent's body
-(loadtests/bench/agent_body.py), the targets in a seeded random order each time (see
-interleaved.py on why not a rotation). Per request: TTFT,
-and the target's CPU time over the request (the scheduler's clock, /proc/PID/task/*/schedstat,
-read before the request is sent and after its last byte), so work the target does between
-requests is not counted. "What the body adds" is, per turn, the body request's figure minus the
-one-line request's of the same target; the report gives the median of those with the
-interquartile range, beside `relay_json`'s (one parse and one write of the body: the goals'
-allowance) and the paired differences to it.
+(loadtests/bench/agent_body.py), the targets in a seeded random order each time (interleaved.py
+says why not a rotation). Per request: TTFT, and the target's CPU time over the request (the
+scheduler's clock, /proc/PID/task/*/schedstat, read before the request is sent and after its
+last byte), so work the target does between requests is not counted. "What the body adds" is,
+per turn, the body request's figure minus the one-line request's of the same target; the
+report gives the median of those with the interquartile range, beside `relay_json`'s (one
+parse and one write of the body: the goals' allowance) and the paired differences to it.
 """
 
 from __future__ import annotations
@@ -132,7 +131,7 @@ def report(fig: Figures, requests: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtests.bench.overhead.bodies")
-    ap.add_argument("--requests", type=int, default=200, help="turns (one request per target)")
+    ap.add_argument("--requests", type=int, default=300, help="turns (one request per target)")
     ap.add_argument("--apis", default="chat,responses,messages")
     ap.add_argument("--seed", type=int, default=1)
     baseline.add_arguments(ap)
