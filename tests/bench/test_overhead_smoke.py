@@ -283,7 +283,9 @@ async def test_body_turns_pair_every_target_on_both_bodies(stack: Stack) -> None
     relay_json."""
     fig = await bodies.run(stack, 2, ["chat"], 1, warm=0)
     keys = {
-        (a, "chat", big) for a in ("direct", "gateway", "relay", "relay_json") for big in (0, 1)
+        (a, "chat", big)
+        for a in ("direct", "gateway", "relay", "relay_json")
+        for big in (False, True)
     }
     assert set(fig.ttft_ms) == set(fig.cpu_us) == keys
     assert all(len(v) == 2 and all(t > 0 for t in v) for v in fig.ttft_ms.values())
