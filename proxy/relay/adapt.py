@@ -186,12 +186,10 @@ def adapt(
     if kind != "vllm":
         return body, ()
     applied: list[str] = []
-    for rule in RULES:
-        if rule.endpoint != endpoint or not rule.refused_by(vllm_version):
+    for rule in RULES:  # the cheap checks first: most bodies are no rule's candidate
+        if rule.endpoint != endpoint or (only is not None and rule.name not in only):
             continue
-        if rule.opt_in and not opted_in:
-            continue
-        if only is not None and rule.name not in only:
+        if (rule.opt_in and not opted_in) or not rule.refused_by(vllm_version):
             continue
         edited = rule.edit(body)
         if edited is not None:
