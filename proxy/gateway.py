@@ -28,6 +28,7 @@ from proxy.observe.metrics import GatewayMetrics
 from proxy.observe.timeline import Timeline
 from proxy.operator import Operator
 from proxy.record.request import RequestRecord
+from proxy.relay.deadlines import Deadlines
 from proxy.relay.engine_conn import EnginePool
 from proxy.relay.limits import Limits, MemoryLimits, RedisLimits
 from proxy.relay.turnstate import TurnState
@@ -118,6 +119,7 @@ class Gateway:
         )
         # the push relay's kept-alive engine connections
         self.conns = EnginePool(max_head_bytes=settings.max_engine_header_bytes)
+        self.first_byte = Deadlines(settings.first_byte_timeout_s)
         self.in_flight: dict[int, RequestRecord] = {}  # by id(record): ids repeat in headers
         self.watches: dict[int, DisconnectWatch] = {}  # same keys: to end streams at shutdown
         self.draining = False
@@ -224,5 +226,6 @@ class Gateway:
         if self.residency_share is not None:
             await self.residency_share.aclose()
         self.conns.close()
+        self.first_byte.close()
         await self.upstream.aclose()
         await self.limits.aclose()

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from proxy.observe.metrics import GatewayMetrics
     from proxy.operator import Operator
     from proxy.record.request import RequestRecord
+    from proxy.relay.deadlines import Deadlines
     from proxy.relay.engine_conn import EnginePool
     from proxy.relay.limits import Limits
     from proxy.relay.turnstate import TurnState
@@ -68,6 +69,8 @@ class Services(Protocol):
     def upstream(self) -> Upstream: ...  # the pull relay's aiohttp client
     @property
     def conns(self) -> EnginePool: ...  # the push relay's kept-alive engine connections
+    @property
+    def first_byte(self) -> Deadlines: ...  # the push relay's first-byte timeouts
     @property
     def in_flight(self) -> dict[int, RequestRecord]: ...
     @property

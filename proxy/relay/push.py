@@ -62,29 +62,32 @@ async def _open_stream(
     settings = gw.settings
     stream: EngineStream | None = None
     sent: list[bool] = []
+    deadlines = gw.first_byte
+    deadline = deadlines.start()  # the first-byte timeout (proxy/relay/deadlines.py)
     try:
-        async with asyncio.timeout(settings.first_byte_timeout_s):
-            stream = await open_engine_stream(
-                gw.conns, url, payload, headers, settings.connect_timeout_s, sent
-            )
-            x.decided.record.m.t_headers = time.perf_counter()
-            try:
-                if stream.status >= 500 and check_status:
-                    raise UpstreamError(
-                        "status", f"backend answered {stream.status}", stream.status
-                    )
-                return stream, await stream.first_bytes()
-            except BaseException:
-                stream.close()
-                raise
-    except TimeoutError as exc:
+        stream = await open_engine_stream(
+            gw.conns, url, payload, headers, settings.connect_timeout_s, sent
+        )
+        x.decided.record.m.t_headers = time.perf_counter()
+        try:
+            if stream.status >= 500 and check_status:
+                raise UpstreamError("status", f"backend answered {stream.status}", stream.status)
+            return stream, await stream.first_bytes()
+        except BaseException:
+            stream.close()
+            raise
+    except asyncio.CancelledError as exc:
+        if not deadlines.expired(deadline):
+            raise
         # Once written, the request is the engine's (it may be generating without having sent
         # its head yet): it is not sent again, to this variant or another.
         raise UpstreamError(
             "timeout",
-            f"no first byte in {settings.first_byte_timeout_s:g}s",
+            f"no first byte in {deadlines.seconds:g}s",
             accepted=stream is not None or bool(sent),
         ) from exc
+    finally:
+        deadlines.end(deadline)
 
 
 async def relay_sse_push(x: Exchange[EngineStream]) -> StreamCore | str:
