@@ -43,6 +43,7 @@ class BodyBudget:
         self.used = 0
         self.by_client: dict[str, int] = {}
         self._freed = asyncio.Event()
+        self._waiting = 0  # requests waiting for bytes: only they need the event set
 
     def try_take(self, client: str, n: int) -> bool:
         mine = self.by_client.get(client, 0)
@@ -59,14 +60,18 @@ class BodyBudget:
             return BodyLease(self, client, n)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        while (left := deadline - loop.time()) > 0:
-            try:
-                await asyncio.wait_for(self._freed.wait(), left)
-            except TimeoutError:
-                return None
-            if self.try_take(client, n):
-                return BodyLease(self, client, n)
-        return None
+        self._waiting += 1
+        try:
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    await asyncio.wait_for(self._freed.wait(), left)
+                except TimeoutError:
+                    return None
+                if self.try_take(client, n):
+                    return BodyLease(self, client, n)
+            return None
+        finally:
+            self._waiting -= 1
 
     def give(self, client: str, n: int) -> None:
         """Give back `n` of `client`'s bytes (all of a request's, or what it did not use)."""
@@ -78,8 +83,9 @@ class BodyBudget:
             self.by_client[client] = left
         else:
             self.by_client.pop(client, None)
-        self._freed.set()
-        self._freed = asyncio.Event()
+        if self._waiting:  # a new event per give costs every request; only waiters need one
+            self._freed.set()
+            self._freed = asyncio.Event()
 
 
 class BodyLease:
