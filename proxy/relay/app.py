@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -259,8 +258,14 @@ class PublicApp:
         # From the parse to the decision, no await: the body's containers are made and, once
         # decided, freed (`release_tree`), without the collector walking them meanwhile (~0.3
         # ms of an agent's 400 KiB body). An answer to send is sent after, collector on.
-        with paused_collector():
+        # Inline, not a context manager: a generator's enter and exit cost ~10 us cold.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
             answer = self._parse(x, client, raw) or self._decide(x, client, len(raw))
+        finally:
+            if collecting:
+                gc.enable()
         del raw  # held no longer than its parse
         if answer is not None:
             await answer
@@ -333,7 +338,7 @@ class PublicApp:
             return x.error(400, f"request body is not valid JSON: {exc}", headers=rid)
         encoded: Encoded = {}
         problem = (
-            check_fields(x.arrival.endpoint, body, self.limits, encoded)
+            check_fields(x.arrival.endpoint, body, self.limits, encoded, len(raw))
             or required.missing(x.arrival.path, body)
             or owned.refused(body)
         )
@@ -463,19 +468,6 @@ def _arrived(receive: Receive) -> bool:
 
 def _nothing() -> None:
     pass
-
-
-@contextmanager
-def paused_collector() -> Iterator[None]:
-    """The cyclic garbage collector off for a block that makes many objects and frees them
-    all by reference counting before it ends (no await inside: no other request runs)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _fmt(value: Any) -> str:
