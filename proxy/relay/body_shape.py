@@ -30,7 +30,9 @@ _MANTISSA = frozenset(b"0123456789.-")
 _VALUE_START = frozenset(b"[,:")  # orjson writes no whitespace
 
 
-def shape(body: dict[str, Any], max_depth: int, encoded: Encoded) -> Problem | None:
+def shape(
+    body: dict[str, Any], max_depth: int, encoded: Encoded, size: int | None = None
+) -> Problem | None:
     """The body's nesting within `max_depth` and its integers within 64 bits.
 
     orjson does the walk, in C, one top-level container at a time: it refuses to write a value
@@ -38,8 +40,12 @@ def shape(body: dict[str, Any], max_depth: int, encoded: Encoded) -> Problem | N
     exactly when the body is too deep; and it writes every float of 2**63 or more with an
     exponent (`e+`). Only a container that fails or has such a number is walked in Python, to
     name the field. The bytes written go into `encoded` (a view, not a copy): the upstream body
-    reuses them instead of serialising the same containers again."""
-    wrap = _ORJSON_DEPTH - max_depth + 1
+    reuses them instead of serialising the same containers again.
+
+    `size`: the body's JSON length, when known. Each level of nesting opens and closes a
+    bracket, so a body shorter than `2 * (max_depth + 1)` bytes cannot be too deep: its
+    containers are written without the wrapper (~15 us of a one-line request, cold)."""
+    wrap = 0 if size is not None and size < 2 * (max_depth + 1) else _ORJSON_DEPTH - max_depth + 1
     outer, inner = _wrapper(wrap)
     try:
         for name, value in body.items():
@@ -50,7 +56,7 @@ def shape(body: dict[str, Any], max_depth: int, encoded: Encoded) -> Problem | N
                 continue
             inner[0] = value
             try:
-                out: bytes | None = orjson.dumps(outer)
+                out: bytes | None = orjson.dumps(outer if wrap else value)
             except orjson.JSONEncodeError:
                 out = None
             if out is None or _has_exponent(out):
@@ -58,7 +64,7 @@ def shape(body: dict[str, Any], max_depth: int, encoded: Encoded) -> Problem | N
                 if problem is not None:
                     return problem
             if out is not None:  # the container's own JSON, inside the `wrap` brackets
-                encoded[name] = (value, memoryview(out)[wrap:-wrap])
+                encoded[name] = (value, memoryview(out)[wrap : len(out) - wrap])
         return None
     finally:
         inner[0] = None  # the body is not held by the wrapper past its check

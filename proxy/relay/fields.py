@@ -357,11 +357,16 @@ def _compiled(limits: Limits) -> dict[Endpoint, tuple[dict[str, _Check], tuple[s
 
 
 def check_fields(
-    endpoint: Endpoint, body: Any, limits: Limits = DEFAULT_LIMITS, encoded: Encoded | None = None
+    endpoint: Endpoint,
+    body: Any,
+    limits: Limits = DEFAULT_LIMITS,
+    encoded: Encoded | None = None,
+    size: int | None = None,
 ) -> Problem | None:
     """None when the body passes the gateway's own checks, else (message, param) for its 400.
     A dict lookup per top-level key, and one serialisation of each container, which `encoded`
-    (when given) keeps for the body the gateway sends upstream (proxy/relay/rewrite.py)."""
+    (when given) keeps for the body the gateway sends upstream (proxy/relay/rewrite.py).
+    `size`: the body's JSON length when known (a short body's depth needs no check)."""
     if not isinstance(body, dict):
         return _NOT_AN_OBJECT
     checks, required = _compiled(limits)[endpoint]
@@ -376,7 +381,7 @@ def check_fields(
             problem = check.problem(value)
             if problem is not None:
                 return problem, name
-    return shape(body, limits.max_json_depth, {} if encoded is None else encoded)
+    return shape(body, limits.max_json_depth, {} if encoded is None else encoded, size)
 
 
 def too_many_containers(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> str | None:

@@ -217,6 +217,26 @@ def test_limits_are_the_settings() -> None:
         assert _wrapper(_ORJSON_DEPTH - depth + 1)[1] == [None]
 
 
+@pytest.mark.parametrize("depth", [1, 3, 4, 5, 40])
+@pytest.mark.parametrize("max_depth", [4, 16])
+def test_the_body_length_changes_no_answer_nor_the_bytes_kept(depth: int, max_depth: int) -> None:
+    """Given the body's length, a body too short to nest beyond the limit is written without
+    the depth wrapper: every answer and every container's JSON are those of the full check."""
+    limits = Limits.of(Settings(max_json_depth=max_depth))
+    for extra in ({}, {"big": float(2**64)}, {"y": [float(2**64)]}):  # 2**64 as orjson reads it
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "x": _nested(depth)}
+        body.update(extra)
+        full: Encoded = {}
+        sized: Encoded = {}
+        size = len(orjson.dumps(body))
+        want = check_fields("chat", body, limits, full)
+        assert check_fields("chat", body, limits, sized, size) == want
+        assert {k: bytes(v[1]) for k, v in sized.items()} == {
+            k: bytes(v[1]) for k, v in full.items()
+        }
+        assert all(bytes(v[1]) == orjson.dumps(v[0]) for v in sized.values())
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
