@@ -120,6 +120,7 @@ class Gateway:
         # the push relay's kept-alive engine connections
         self.conns = EnginePool(max_head_bytes=settings.max_engine_header_bytes)
         self.first_byte = Deadlines(settings.first_byte_timeout_s)
+        self.last_write = Deadlines(settings.client_write_timeout_s)
         self.in_flight: dict[int, RequestRecord] = {}  # by id(record): ids repeat in headers
         self.watches: dict[int, DisconnectWatch] = {}  # same keys: to end streams at shutdown
         self.draining = False
@@ -227,5 +228,6 @@ class Gateway:
             await self.residency_share.aclose()
         self.conns.close()
         self.first_byte.close()
+        self.last_write.close()
         await self.upstream.aclose()
         await self.limits.aclose()

@@ -15,7 +15,7 @@
 - hold.py: session-aware admission: a session's turn goes, moves where that pays, or waits
   (pinged, first come first served) for its engine's KV cache.
 - lease.py: `Lease`, a request's hold on one engine.
-- deadlines.py: the first-byte timeouts of the requests waiting on an engine, on one timer.
+- deadlines.py: timeouts of one length on one timer (an engine's first byte, a last write).
 - keepalive.py: the response headers and pings while no engine byte came (a route's
   `keepalive_s`).
 - stream_core.py: one relayed event stream's logic without I/O (frames, its end, failures and

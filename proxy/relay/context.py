@@ -72,6 +72,8 @@ class Services(Protocol):
     @property
     def first_byte(self) -> Deadlines: ...  # the push relay's first-byte timeouts
     @property
+    def last_write(self) -> Deadlines: ...  # a stream's last event to a paused client
+    @property
     def in_flight(self) -> dict[int, RequestRecord]: ...
     @property
     def watches(self) -> dict[int, DisconnectWatch]: ...

@@ -1,11 +1,11 @@
-"""The first-byte deadline of every request waiting on an engine, on one loop timer.
+"""Deadlines of one length for many requests, on one loop timer: the first-byte timeout of the
+requests waiting on an engine, the write timeout of a stream's last event.
 
-Every request gets the same first-byte timeout, so their deadlines come in the order they
-start: a queue holds them oldest first, and one timer, armed for the oldest, serves them all.
-An `asyncio.timeout` per request made and cancelled a timer per request: ~40 us of a request
-on its way to the engine once other work has taken the caches, as between a gateway's
-requests, against ~5 us here (a deadline that ends in time is only marked; it leaves the
-queue when it reaches the front).
+Deadlines of one length come in the order they start: a queue holds them oldest first, and one
+timer, armed for the oldest, serves them all. An `asyncio.timeout` per request made and
+cancelled a timer per request: ~40 us of a request on its way to the engine once other work
+has taken the caches, as between a gateway's requests, against ~5 us here (a deadline that ends
+in time is only marked; it leaves the queue when it reaches the front).
 
 An expired deadline cancels its task, as `asyncio.timeout` does; `expired(deadline)` in the
 task's `except CancelledError` tells that cancellation from any other (the client leaving).

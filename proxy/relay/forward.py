@@ -361,11 +361,16 @@ async def _relay_stream(x: Exchange[R]) -> str:
     outcome, error = core.result()
     # A client that reads nothing ran the idle deadline out in the relay; its last event must
     # not wait for it without end (uvicorn's `send` waits for the socket to drain).
+    deadlines = x.gw.last_write
+    deadline = deadlines.start()
     try:
-        async with asyncio.timeout(x.gw.settings.client_write_timeout_s):
-            return await end_stream(x.send, x.stream.filt, outcome, error)
-    except TimeoutError:
+        return await end_stream(x.send, x.stream.filt, outcome, error)
+    except asyncio.CancelledError:
+        if not deadlines.expired(deadline):
+            raise
         return "client_gone"
+    finally:
+        deadlines.end(deadline)
 
 
 async def resume_stream(x: Exchange[R]) -> tuple[R, bytes] | None:
