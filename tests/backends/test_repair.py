@@ -136,7 +136,9 @@ def _kill_pids(pidfile: Path) -> None:
 
 def test_cold_start_reads_as_starting_not_down(certs) -> None:
     with SimServer("mtp3", served_model_name="qwen3.8-27b", time_scale=0.02) as sim:
-        sim.fault("cold_start", seconds=150)  # 3 s at this time scale
+        # Cold until the test ends it (60 s at this time scale): a window of a few seconds
+        # could close before a gateway started in a loaded run first looked.
+        sim.fault("cold_start", seconds=3000)
         policy = coder_policy({"a": sim.url})
         policy["backends"]["a"]["startup_s"] = 60
         with GatewayServer(policy, certs=certs) as gw:
@@ -144,4 +146,5 @@ def test_cold_start_reads_as_starting_not_down(certs) -> None:
             with gw.client() as c:
                 r = c.get("/readyz")
             assert r.status_code == 503
+            sim.clear_faults()  # the engine has loaded
             _wait(lambda: _health(gw, "a") == "up", timeout=20)
