@@ -39,6 +39,7 @@ class Deadlines:
         self.seconds = seconds
         self._queue: deque[Deadline] = deque()
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the timer's
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -47,7 +48,8 @@ class Deadlines:
         loop = asyncio.get_running_loop()
         deadline = Deadline(loop.time() + self.seconds, asyncio.current_task())
         self._queue.append(deadline)
-        if self._timer is None:
+        if self._timer is None or self._loop is not loop:  # a loop's timer never fires in another
+            self._loop = loop
             self._timer = loop.call_at(deadline.at, self._fire)
         return deadline
 

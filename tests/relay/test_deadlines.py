@@ -151,3 +151,23 @@ async def test_the_queue_keeps_no_task_and_empties_once_the_oldest_ends() -> Non
     await tasks[0]
     assert len(deadlines) == 0
     deadlines.close()
+
+
+def test_one_set_of_deadlines_serves_one_event_loop_after_another() -> None:
+    """A timer armed on a loop that ended never fires: the next loop arms its own."""
+    deadlines = Deadlines(0.02)
+
+    async def never_answered() -> str:
+        loop = asyncio.get_running_loop()
+        try:
+            return await _wait(deadlines, loop.create_future())
+        except TimedOut:
+            return "timed out"
+
+    async def armed_then_left() -> None:
+        deadline = deadlines.start()  # arms the timer on this loop, which then ends
+        deadlines.end(deadline)
+
+    asyncio.run(armed_then_left())
+    assert asyncio.run(never_answered()) == "timed out"
+    deadlines.close()
