@@ -127,9 +127,16 @@ def test_a_limit_counter_that_is_not_a_number_is_repaired_not_a_500(stack: Stack
             for _ in range(2):
                 r = c.post("/v1/chat/completions", json=HELLO)
                 assert r.status_code == 200, (value, r.text)
-        # the gateway leaves the count after the response's last byte reached the client
-        # (at once on a quiet machine; the bound is for a starved one)
-        deadline = time.monotonic() + 20
-        while stack.r.get("specrouter:open:other") not in (b"0", None):
-            assert time.monotonic() < deadline, (value, stack.r.get("specrouter:open:other"))
-            time.sleep(0.02)
+            # the gateway leaves the count after the response's last byte reached the client
+            # (at once on a quiet machine; the bound is for a starved one). A round trip over
+            # the limits' 1 s timeout in a starved run leaves the counting to this replica for
+            # 5 s (proxy/relay/limits.py): a later request then meets the key and repairs it.
+            deadline = time.monotonic() + 20
+            ask_again = time.monotonic() + 1
+            while stack.r.get("specrouter:open:other") not in (b"0", None):
+                assert time.monotonic() < deadline, (value, stack.r.get("specrouter:open:other"))
+                if time.monotonic() >= ask_again:
+                    r = c.post("/v1/chat/completions", json=HELLO)
+                    assert r.status_code == 200, (value, r.text)
+                    ask_again = time.monotonic() + 1
+                time.sleep(0.02)
