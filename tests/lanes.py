@@ -46,6 +46,7 @@ TIMED = (
     "tests/relay/test_limits.py",
     "tests/relay/test_stream_cases.py",
     "tests/relay/test_sessions_e2e.py",
+    "tests/observe/test_measures_e2e.py",
 )
 
 
