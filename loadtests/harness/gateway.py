@@ -127,7 +127,9 @@ class GatewayServer:
         child = Child("gateway", cli("serve", *args), ready=SERVE_READY, keep=None)
         self._child = child
         self.output = child.output
-        child.start(timeout=20)
+        # A start takes ~1 s alone; a loaded suite's second lane (nice 10, engines booting
+        # beside it) once took over 20 s. A gateway that exits fails at once whatever this is.
+        child.start(timeout=60)
         assert child.match is not None
         self.proc = child.proc
         self.base, self.admin = child.match.group(1), child.match.group(2)
